@@ -1,0 +1,30 @@
+"""Data models shared by every part of Chorus.
+
+Owns: room events, participants, inbound messages, content types and the provider-facing AI
+context. Imports nothing from the rest of Chorus (pydantic only): every other package depends on
+these shapes, so they stay plain data with no behaviour beyond small helpers.
+"""
+
+from models.ai import AIContext, AIImagePart, AIMessage, AIPart, AITextPart
+from models.content import CompositeContent, Content, ImageContent, TextContent
+from models.events import EventKind, EventSource, RoomEvent, Visibility
+from models.messages import InboundMessage
+from models.participants import Participant
+
+__all__ = [
+    "AIContext",
+    "AIImagePart",
+    "AIMessage",
+    "AIPart",
+    "AITextPart",
+    "CompositeContent",
+    "Content",
+    "EventKind",
+    "EventSource",
+    "ImageContent",
+    "InboundMessage",
+    "Participant",
+    "RoomEvent",
+    "TextContent",
+    "Visibility",
+]

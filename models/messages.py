@@ -1,0 +1,17 @@
+"""What a transport hands the runtime: one message from one sender on one channel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from models.content import Content
+
+
+class InboundMessage(BaseModel):
+    channel_id: str
+    sender_id: str
+    content: Content
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    room_id: str | None = None

@@ -1,0 +1,1 @@
+"""One module per `chorus` subcommand; each defines `register(subparsers)` and sets `run`."""

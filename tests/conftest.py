@@ -1,0 +1,21 @@
+"""Shared test helpers: where the fixtures live, and the repo root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_FIXTURES = Path(
+    os.environ.get("CHORUS_FIXTURES", str(REPO.parent / "shared" / "fixtures"))
+)
+os.environ.setdefault("PYANNOTE_METRICS_ENABLED", "0")
+
+
+@pytest.fixture(scope="session")
+def shared_fixtures() -> Path:
+    if not SHARED_FIXTURES.is_dir():
+        pytest.fail(f"shared fixtures not found at {SHARED_FIXTURES} (set CHORUS_FIXTURES)")
+    return SHARED_FIXTURES
