@@ -1,0 +1,144 @@
+"""The diarization stage interface (rule P3): one shape for the embedded stage, the pyannote stage
+and scripted stages in tests.
+
+A stage is fed mono float32 audio and answers with a speaker timeline (who spoke when). Stages are
+synchronous and CPU-bound: the voice channel calls them through `asyncio.to_thread`, so a stage
+never runs on the event loop. Speaker names in a timeline are the stage's own: enrolled names
+(rule V8) or `Speaker A`, `Speaker B` … for voices that match nobody (rule V7).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Audio = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class SpeakerSegment:
+    """One stretch of one speaker's voice, in seconds from the start of the stream or file."""
+
+    start: float
+    end: float
+    speaker: str
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+@dataclass
+class SpeakerTimeline:
+    """Who spoke when. Segments may overlap (overlapped speech)."""
+
+    segments: list[SpeakerSegment] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[SpeakerSegment]:
+        return iter(sorted(self.segments, key=lambda s: (s.start, s.end, s.speaker)))
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    @property
+    def speakers(self) -> list[str]:
+        """Speakers in order of first appearance."""
+        seen: dict[str, None] = {}
+        for seg in self:
+            seen.setdefault(seg.speaker, None)
+        return list(seen)
+
+    def speaker_over(self, start: float, end: float) -> str | None:
+        """The speaker heard longest over [start, end] (rule V5), or None if nobody overlaps it.
+
+        A zero-length span (a word with no duration) takes the speaker of the nearest segment
+        within 0.5 s.
+        """
+        heard: dict[str, float] = defaultdict(float)
+        for seg in self.segments:
+            overlap = min(end, seg.end) - max(start, seg.start)
+            if overlap > 0:
+                heard[seg.speaker] += overlap
+        if heard:
+            return max(heard.items(), key=lambda kv: (kv[1], -self._first_start(kv[0])))[0]
+        mid = (start + end) / 2
+        best: tuple[float, str] | None = None
+        for seg in self.segments:
+            gap = max(seg.start - mid, mid - seg.end, 0.0)
+            if gap <= 0.5 and (best is None or gap < best[0]):
+                best = (gap, seg.speaker)
+        return best[1] if best else None
+
+    def _first_start(self, speaker: str) -> float:
+        return min(s.start for s in self.segments if s.speaker == speaker)
+
+    def to_rttm(self, file_id: str) -> str:
+        lines = [
+            f"SPEAKER {file_id} 1 {seg.start:.3f} {seg.duration:.3f} <NA> <NA> "
+            f"{seg.speaker.replace(' ', '_')} <NA> <NA>"
+            for seg in self
+            if seg.duration > 0
+        ]
+        return "\n".join(lines) + ("\n" if lines else "")
+
+    @classmethod
+    def from_rttm(cls, text: str, file_id: str | None = None) -> SpeakerTimeline:
+        segments: list[SpeakerSegment] = []
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) < 8 or parts[0] != "SPEAKER":
+                continue
+            if file_id is not None and parts[1] != file_id:
+                continue
+            start, duration = float(parts[3]), float(parts[4])
+            segments.append(SpeakerSegment(start, start + duration, parts[7]))
+        return cls(segments)
+
+    @classmethod
+    def read_rttm(cls, path: str | Path, file_id: str | None = None) -> SpeakerTimeline:
+        return cls.from_rttm(Path(path).read_text(), file_id)
+
+    @classmethod
+    def of(cls, segments: Iterable[SpeakerSegment]) -> SpeakerTimeline:
+        return cls(list(segments))
+
+
+@runtime_checkable
+class DiarizationStage(Protocol):
+    """Feed audio, read a speaker timeline, enroll, reset (rule P3)."""
+
+    sample_rate: int
+    """The rate the stage works at; callers resample before feeding."""
+
+    def feed(self, audio: Audio) -> SpeakerTimeline:
+        """Live mode: append audio (mono float32 at `sample_rate`) and return the timeline decided
+        so far over everything fed since the last reset."""
+        ...
+
+    def diarize(
+        self,
+        audio: Audio,
+        *,
+        num_speakers: int | None = None,
+        max_speakers: int | None = None,
+    ) -> SpeakerTimeline:
+        """Batch mode: the whole recording at once (refinement allowed). Independent of `feed`."""
+        ...
+
+    def enroll(self, name: str, audio: Audio) -> None:
+        """Register a voice under `name`; later segments by that voice carry the name (V8)."""
+        ...
+
+    def forget(self, name: str) -> None:
+        """Drop an enrolled voiceprint."""
+        ...
+
+    def reset(self) -> None:
+        """Forget the live stream (not the enrolled voices)."""
+        ...
