@@ -1,0 +1,38 @@
+"""`chorus bench NAME …`: runs a benchmark module from `bench/` (the same code path users run)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+from typing import Any
+
+import bench
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("bench", help="measure accuracy and speed (see docs/benchmarks.md)")
+    names = subparsers_for_benches(parser)
+    parser.set_defaults(run=lambda args: _no_bench(parser, names))
+
+
+def subparsers_for_benches(parser: argparse.ArgumentParser) -> list[str]:
+    benches = parser.add_subparsers(dest="bench", metavar="NAME")
+    names: list[str] = []
+    for info in sorted(pkgutil.iter_modules(bench.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"bench.{info.name}")
+        add_arguments = getattr(module, "add_arguments", None)
+        run = getattr(module, "run", None)
+        if add_arguments is None or run is None:
+            continue
+        doc = (module.__doc__ or "").strip().splitlines()
+        sub = benches.add_parser(info.name, help=doc[0] if doc else None)
+        add_arguments(sub)
+        sub.set_defaults(run=run)
+        names.append(info.name)
+    return names
+
+
+def _no_bench(parser: argparse.ArgumentParser, names: list[str]) -> int:
+    parser.print_help()
+    return 2 if names else 1
