@@ -19,6 +19,7 @@ second; used by the local Deepgram test server to emit words that match the audi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import shutil
@@ -152,9 +153,9 @@ def build(out_dir: Path, seed: int = 7) -> dict[str, object]:
         })
         cursor = end
     total = cursor + 1.0
-    mix = np.zeros(int(round(total * SAMPLE_RATE)), dtype=np.float32)
+    mix = np.zeros(round(total * SAMPLE_RATE), dtype=np.float32)
     for start, audio in pieces:
-        i = int(round(start * SAMPLE_RATE))
+        i = round(start * SAMPLE_RATE)
         mix[i : i + len(audio)] += audio
     mix += room_noise(len(mix), rng, level_db=-48.0)
     peak = float(np.max(np.abs(mix)))
@@ -189,7 +190,7 @@ def main() -> int:
     doc = build(args.out, seed=args.seed)
     turns = doc["turns"]
     assert isinstance(turns, list)
-    overlaps = sum(1 for a, b in zip(turns, turns[1:], strict=False) if b["start"] < a["end"])
+    overlaps = sum(1 for a, b in itertools.pairwise(turns) if b["start"] < a["end"])
     print(f"wrote {args.out}/meeting.wav ({doc['duration']} s, {len(turns)} turns, "
           f"{overlaps} overlaps), meeting.rttm, meeting.json")
     return 0
