@@ -398,3 +398,53 @@ class FrameDecoder:
         if self._resampler is None:
             return np.zeros(0, np.float32)
         return np.asarray(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True), np.float32)
+
+
+class AudioLog:
+    """The recent audio of one session (16 kHz mono float32), addressed by session time.
+
+    The STT base replays from it after a reconnect, and speaker matching (rule V4) and the
+    diarization pipeline cut runs out of it. It keeps the last `keep_seconds`.
+    """
+
+    def __init__(self, sample_rate: int = STT_SAMPLE_RATE, keep_seconds: float = 180.0) -> None:
+        self.sample_rate = sample_rate
+        self.keep = int(keep_seconds * sample_rate)
+        self._chunks: list[FloatAudio] = []
+        self._buffer = np.zeros(0, np.float32)
+        self.first = 0
+        """Session sample index of the first sample still held."""
+        self.total = 0
+        """Samples appended since the session started."""
+
+    def append(self, samples: FloatAudio) -> None:
+        if len(samples) == 0:
+            return
+        self._chunks.append(np.asarray(samples, np.float32))
+        self.total += len(samples)
+
+    def _compact(self) -> None:
+        if self._chunks:
+            self._buffer = np.concatenate([self._buffer, *self._chunks])
+            self._chunks = []
+        excess = len(self._buffer) - self.keep
+        if excess > 0:
+            self._buffer = self._buffer[excess:]
+            self.first += excess
+
+    @property
+    def seconds(self) -> float:
+        return self.total / self.sample_rate
+
+    def samples(self, start: int, end: int | None = None) -> FloatAudio:
+        """Samples [start, end) by session sample index (clamped to what is held)."""
+        self._compact()
+        end = self.total if end is None else min(end, self.total)
+        start = max(start, self.first)
+        if end <= start:
+            return np.zeros(0, np.float32)
+        return self._buffer[start - self.first : end - self.first].copy()
+
+    def between(self, start: float, end: float) -> FloatAudio:
+        """Audio between two session times in seconds."""
+        return self.samples(int(start * self.sample_rate), int(np.ceil(end * self.sample_rate)))
