@@ -213,13 +213,13 @@ class SttStream:
         self.audio.append(samples)
         self._audio_ready.set()
 
-    async def flush(self, timeout: float = 30.0) -> None:
+    async def flush(self, wait_seconds: float = 30.0) -> None:
         """Send what is queued, ask for everything to be final, and wait for the answer. A
         connection that drops meanwhile is replaced and the flush repeated on the new one."""
         for _ in range(self.max_reconnects + 2):
             if self.error is not None:
                 return
-            await self._wait_sent(timeout)
+            await self._wait_sent(wait_seconds)
             current = self._current
             if current is None or current.dropped:
                 return
@@ -227,9 +227,9 @@ class SttStream:
             with contextlib.suppress(Exception):
                 await current.conn.finalize()
             try:
-                await asyncio.wait_for(self._finalized.wait(), timeout)
+                await asyncio.wait_for(self._finalized.wait(), wait_seconds)
             except TimeoutError:
-                log.warning("%s: no answer to Finalize within %.0f s", self.provider.name, timeout)
+                log.warning("%s: no answer to Finalize within %.0f s", self.provider.name, wait_seconds)
                 return
             if not current.dropped:
                 return
@@ -256,9 +256,9 @@ class SttStream:
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _wait_sent(self, timeout: float) -> None:
+    async def _wait_sent(self, wait_seconds: float) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + wait_seconds
         while loop.time() < deadline:
             current = self._current
             if current is not None and not current.dropped and current.sent >= self.audio.total:
