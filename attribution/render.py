@@ -86,6 +86,11 @@ def _double_quote_table() -> dict[int, str]:
 _EXTRA_ESCAPES = {cp: f"\\u{cp:04x}" for cp in [*range(0x7F, 0xA0), 0x2028, 0x2029]}
 
 
+def other_double_quotes() -> frozenset[str]:
+    """C2: the double-quote marks other than `"` that a labelled line writes as `'`."""
+    return frozenset(chr(cp) for cp in _double_quote_table())
+
+
 def json_line(line: str) -> str:
     """C2: `line` as a JSON string; other double-quote marks become `'`.
 
@@ -104,20 +109,30 @@ def labelled_lines(label: str, text: str) -> str:
 # --- E3: runtime marks cannot be forged ---------------------------------------------------------
 
 
+def _visible(text: str) -> str:
+    return "".join(c for c in text if unicodedata.category(c) not in ("Mn", "Me", "Cf"))
+
+
 @cache
-def _mark_char(ch: str) -> str:
-    """How one character reads when looking for a mark: folded, prototyped, no marks or spaces."""
+def _mark_chars(ch: str) -> tuple[str, str]:
+    """How one character reads when looking for a mark, two ways: folded first, prototyped first.
+
+    Case folding and TR39 prototypes do not commute (`I` folds to `i` but its prototype is `l`), so
+    a copy is looked for under both orders. Spaces, invisible characters and combining marks read
+    as nothing.
+    """
     if ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc", "Zs", "Zl", "Zp"):
-        return ""
-    folded = skeleton(skeleton(ch).casefold()).casefold()
-    return "".join(c for c in folded if unicodedata.category(c) not in ("Mn", "Me", "Cf"))
+        return ("", "")
+    fold_first = skeleton(ch.casefold()).casefold()
+    proto_first = skeleton(skeleton(ch).casefold()).casefold()
+    return (_visible(fold_first), _visible(proto_first))
 
 
 @cache
-def _mark_core(mark: str) -> str:
-    """The words of a mark (without its bracket and colon), as `_mark_char` reads them."""
+def _mark_core(mark: str, way: int) -> str:
+    """The words of a mark (without its bracket and colon), as `_mark_chars` reads them."""
     core = mark.strip("[](){}<>: ")
-    return "".join(_mark_char(c) for c in core)
+    return "".join(_mark_chars(c)[way] for c in core)
 
 
 def _is_open_bracket(ch: str) -> bool:
@@ -135,29 +150,36 @@ def neutralize_marks(text: str, marks: Iterable[str] = RUNTIME_MARKS) -> str:
     invisible characters, combining marks, line breaks in between; an opening bracket right before
     it and a colon right after it go with it.
     """
-    readable: list[str] = []
-    origin: list[int] = []
-    for index, ch in enumerate(text):
-        for c in _mark_char(ch):
-            readable.append(c)
-            origin.append(index)
-    stream = "".join(readable)
+    marks = tuple(marks)
     spans: list[tuple[int, int]] = []
-    for mark in marks:
-        core = _mark_core(mark)
-        if not core:
-            continue
-        at = stream.find(core)
-        while at >= 0:
-            start, end = origin[at], origin[at + len(core) - 1] + 1
-            spans.append((start, end))
-            at = stream.find(core, at + len(core))
+    for way in (0, 1):
+        readable: list[str] = []
+        origin: list[int] = []
+        for index, ch in enumerate(text):
+            for c in _mark_chars(ch)[way]:
+                readable.append(c)
+                origin.append(index)
+        stream = "".join(readable)
+        for mark in marks:
+            core = _mark_core(mark, way)
+            if not core:
+                continue
+            at = stream.find(core)
+            while at >= 0:
+                spans.append((origin[at], origin[at + len(core) - 1] + 1))
+                at = stream.find(core, at + len(core))
     if not spans:
         return text
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
     out: list[str] = []
     cursor = 0
-    for start, end in sorted(spans):
-        if start < cursor:
+    for start, end in merged:
+        if start < cursor:  # the previous copy's colon was this one's first character
             start = cursor
             if end <= start:
                 continue
