@@ -16,12 +16,13 @@ D6: the register holds HMAC-SHA256 digests (keyed by the register's own random s
 no name in clear. It is plain pydantic data (JSON) so a store can persist it; the caller reads and
 writes it under the room lock.
 
-Why the author record (D3): `commit_turn` returns `{"name", "rank", "source"}`; rooms stores it as
+Why the author record (D3): `commit_turn` returns `{"name", "rank", "source", "seal"}`; rooms stores it as
 `event.metadata["author"]`, so a turn reads as its speaker was named and ranked when it was committed,
-however the window slides. `label_for` trusts a record only when the register holds the same
-(source, name, rank): a record copied or typed into metadata by a transport is ignored, and the
-turn is ranked against the register when read, like a turn older than the register or one replaced
-by `update_event`.
+however the window slides. `label_for` trusts a record only when its seal (a salted digest over the
+event id and the record) verifies and the register holds the same (source, name, rank): a record
+copied from another event or typed into metadata by a transport is ignored, and the turn is ranked
+against the register when read, like a turn older than the register or one replaced by
+`update_event`.
 """
 
 from __future__ import annotations
@@ -170,9 +171,21 @@ def commit_turn(register: Register, event: RoomEvent, participants: Participants
     speaker = resolve_speaker(event, participants)
     source_d = _source_digest(register, speaker.source)
     if speaker.name is None:
-        return {"name": None, "rank": None, "source": source_d}
-    rank = _rank(register, speaker.source, speaker.name, add=True)
-    return {"name": speaker.name, "rank": rank, "source": source_d}
+        rank: int | None = None
+    else:
+        rank = _rank(register, speaker.source, speaker.name, add=True)
+    return {
+        "name": speaker.name,
+        "rank": rank,
+        "source": source_d,
+        "seal": _seal(register, event, source_d, speaker.name, rank),
+    }
+
+
+def _seal(
+    register: Register, event: RoomEvent, source: str, name: str | None, rank: int | None
+) -> str:
+    return register.digest("seal", event.id, source, name or "", str(rank))
 
 
 def _trusted_record(event: RoomEvent, register: Register) -> tuple[str | None, int] | None:
@@ -183,12 +196,15 @@ def _trusted_record(event: RoomEvent, register: Register) -> tuple[str | None, i
     source = record.get("source")
     name = record.get("name")
     rank = record.get("rank")
-    if not isinstance(source, str):
+    if not isinstance(source, str) or not (name is None or isinstance(name, str)):
+        return None
+    if not (rank is None or isinstance(rank, int)):
+        return None
+    if record.get("seal") != _seal(register, event, source, name, rank):
         return None
     if name is None:
-        expected = _source_digest(register, ("channel", event.source.channel_id))
-        return (None, 0) if source == expected else None
-    if not isinstance(name, str) or not isinstance(rank, int) or shown_name(name) != name:
+        return (None, 0)
+    if rank is None or shown_name(name) != name:
         return None
     entry = _find(register, source, _name_digest(register, name))
     if entry is None or entry.rank != rank:

@@ -184,6 +184,25 @@ def test_D3_forged_author_record_is_ignored() -> None:
     assert label_for(nameless, [ALICE], register) == "@sms1"
 
 
+def test_D3_record_copied_from_another_event_is_not_trusted() -> None:
+    register = Register.new()
+    register_participant(register, ALICE)
+    alice = commit(register, turn(by="u-alice-7"), [ALICE])
+    impostor = commit(register, said("Alice", by="+1"), [ALICE])
+    impostor.metadata["author"] = dict(alice.metadata["author"])
+    assert label_for(impostor, [ALICE], register) == "Alice (2)"
+    typed = said("Alice", by="+2")
+    typed.metadata["author"] = dict(alice.metadata["author"])
+    assert label_for(typed, [ALICE], register) == "Alice (3)"
+
+
+def test_D3_record_from_another_register_is_not_trusted() -> None:
+    mine, theirs = Register.new(), Register.new()
+    register_participant(mine, ALICE)
+    event = commit(theirs, said("Alice"), [])
+    assert label_for(event, [ALICE], mine) == "Alice (2)"
+
+
 # --- D4 ----------------------------------------------------------------------------------------
 
 
