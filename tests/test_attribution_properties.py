@@ -21,6 +21,8 @@ from attribution import (
     neutralize_marks,
     other_double_quotes,
     register_participant,
+    render_chat_context,
+    render_plain_context,
     shown_name,
 )
 from models import EventSource, Participant, RoomEvent, TextContent
@@ -64,6 +66,41 @@ def turn(
         content=TextContent(body=text),
         metadata=metadata,
     )
+
+
+# --- A2 ----------------------------------------------------------------------------------------
+
+window_turn = st.tuples(
+    st.sampled_from(["speaker", "ai", "system", "speaker-stamped"]), st.text(max_size=30)
+)
+
+
+@SETTINGS
+@given(st.lists(window_turn, min_size=1, max_size=8), names)
+def test_A2_one_speaker_window_is_byte_identical(turns: list[tuple[str, str]], name: str) -> None:
+    alice = Participant(id="p1", display_name=name, connected_via=["chat"])
+    register = Register.new()
+    register_participant(register, alice)
+    window: list[RoomEvent] = []
+    for who, text in turns:
+        if who == "ai":
+            event = turn(text, channel="ai1")
+        elif who == "system":
+            event = turn(text, channel="runtime")
+            event.kind = "system"
+        elif who == "speaker-stamped" and shown_name(name) is not None:
+            event = turn(text, by="p1", sender_name=name)
+        else:
+            event = turn(text, by="p1")
+        author = commit_turn(register, event, [alice])
+        if author:
+            event.metadata["author"] = author
+        window.append(event)
+    labelled = render_chat_context(
+        window, window[-1], [alice], register, ai_channel_id="ai1", system_prompt="S"
+    )
+    plain = render_plain_context(window, window[-1], ai_channel_id="ai1", system_prompt="S")
+    assert labelled.model_dump_json() == plain.model_dump_json()
 
 
 # --- C2 ----------------------------------------------------------------------------------------
