@@ -83,7 +83,10 @@ def _double_quote_table() -> dict[int, str]:
     return {ord(ch): "'" for ch in marks}
 
 
-_EXTRA_ESCAPES = {cp: f"\\u{cp:04x}" for cp in [*range(0x7F, 0xA0), 0x2028, 0x2029]}
+_BIDI_CONTROLS = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_EXTRA_ESCAPES = {
+    cp: f"\\u{cp:04x}" for cp in [*range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI_CONTROLS]
+}
 
 
 def other_double_quotes() -> frozenset[str]:
@@ -95,7 +98,9 @@ def json_line(line: str) -> str:
     """C2: `line` as a JSON string; other double-quote marks become `'`.
 
     `"` and `\\` are escaped, control characters (C0 and C1) and U+2028/U+2029 are written as JSON
-    escapes, so `json.loads` gives back the line (with those quote marks turned into `'`).
+    escapes, and so are the bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E/F,
+    U+061C), which could otherwise reorder how the rest of the line displays. `json.loads` gives back
+    the line (with those quote marks turned into `'`).
     """
     text = line.translate(_double_quote_table())
     return json.dumps(text, ensure_ascii=False).translate(_EXTRA_ESCAPES)
