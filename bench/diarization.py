@@ -33,23 +33,50 @@ LATENCY_GRID = 0.1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="folders of WAV files")
     parser.add_argument(
-        "--reference", action="append", type=Path, required=True, metavar="REF.rttm",
+        "--reference",
+        action="append",
+        type=Path,
+        required=True,
+        metavar="REF.rttm",
         help="reference RTTM (repeat for several)",
     )
-    parser.add_argument("--uem", action="append", type=Path, default=[], metavar="UEM",
-                        help="scored regions (repeat for several); default: each whole file")
+    parser.add_argument(
+        "--uem",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="UEM",
+        help="scored regions (repeat for several); default: each whole file",
+    )
     parser.add_argument("--diarizer", choices=["embedded", "pyannote"], default="embedded")
     parser.add_argument("--pipeline", default=None, help="pyannote pipeline (hub id or directory)")
-    parser.add_argument("--num-speakers", type=int, default=None,
-                        help="give every file this many speakers (default: found)")
-    parser.add_argument("--oracle-speakers", action="store_true",
-                        help="give each file its reference number of speakers")
-    parser.add_argument("--live", action="store_true", help="also score the live path (20 ms frames)")
-    parser.add_argument("--cross-validate", action="store_true",
-                        help="also run the leave-one-file-out settings search (embedded only)")
+    parser.add_argument(
+        "--num-speakers",
+        type=int,
+        default=None,
+        help="give every file this many speakers (default: found)",
+    )
+    parser.add_argument(
+        "--oracle-speakers",
+        action="store_true",
+        help="give each file its reference number of speakers",
+    )
+    parser.add_argument(
+        "--live", action="store_true", help="also score the live path (20 ms frames)"
+    )
+    parser.add_argument(
+        "--cross-validate",
+        action="store_true",
+        help="also run the leave-one-file-out settings search (embedded only)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--json", type=Path, default=Path("diarization-bench.json"), metavar="OUT",
-                        help="where to write the results (default ./diarization-bench.json)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path("diarization-bench.json"),
+        metavar="OUT",
+        help="where to write the results (default ./diarization-bench.json)",
+    )
 
 
 @dataclass
@@ -67,12 +94,12 @@ class FileResult:
 
 
 def run(args: argparse.Namespace) -> int:
-    import soundfile as sf
     import torch
     from tqdm import tqdm
 
     from diarization import load_stage
     from diarization.scoring import COLLARS, DerScore, read_uem, score_collars
+    from voice.audio import read_audio_16k
     from voice.diarization_stage import SpeakerTimeline
 
     torch.set_num_threads(args.threads)
@@ -101,19 +128,17 @@ def run(args: argparse.Namespace) -> int:
         print("no WAV file with a reference to score", file=sys.stderr)
         return 2
 
-    stage = load_stage(args.diarizer, pipeline=args.pipeline) if args.diarizer == "pyannote" else load_stage()
+    stage = (
+        load_stage(args.diarizer, pipeline=args.pipeline)
+        if args.diarizer == "pyannote"
+        else load_stage()
+    )
     # warm-up (first-call allocations), not timed
-    first, sr = sf.read(scored[0], dtype="float32", always_2d=True)
-    stage.diarize(np.ascontiguousarray(first[: 2 * sr].mean(axis=1)))
+    stage.diarize(read_audio_16k(scored[0])[: 2 * stage.sample_rate])
 
     results: list[FileResult] = []
     for wav in tqdm(scored, desc=f"diarization ({args.diarizer})", unit="file", file=sys.stderr):
-        audio, sr = sf.read(wav, dtype="float32", always_2d=True)
-        mono = np.ascontiguousarray(audio.mean(axis=1))
-        if sr != stage.sample_rate:
-            import soxr
-
-            mono = soxr.resample(mono, sr, stage.sample_rate).astype(np.float32)
+        mono = read_audio_16k(wav)
         duration = len(mono) / stage.sample_rate
         ref = references[wav.stem]
         num = len(ref.speakers) if args.oracle_speakers else args.num_speakers
@@ -122,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - t0
         uem = uems.get(wav.stem)
         result = FileResult(
-            wav.stem, duration, len(ref.speakers), len(hyp.speakers), elapsed,
+            wav.stem,
+            duration,
+            len(ref.speakers),
+            len(hyp.speakers),
+            elapsed,
             batch=score_collars(ref, hyp, uem=uem, duration=duration, uri=wav.stem),
         )
         if args.live:
@@ -137,28 +166,41 @@ def run(args: argparse.Namespace) -> int:
         "diarizer": args.diarizer,
         "threads": args.threads,
         "files": [],
-        "command": " ".join(["chorus", "bench", "diarization", *sys.argv[3:]]) if len(sys.argv) > 3 else None,
+        "command": " ".join(["chorus", "bench", "diarization", *sys.argv[3:]])
+        if len(sys.argv) > 3
+        else None,
         "load_average": list(os.getloadavg()),
     }
     total_audio = sum(r.duration for r in results)
     total_time = sum(r.seconds for r in results)
-    lines = [f"{'file':<12} {'dur':>5} {'DER@0':>6} {'DER@.25':>7} {'miss':>5} {'FA':>5} {'conf':>5}"
-             f" {'spk':>5} {'RTF':>6}" + (f" {'live@.25':>8} {'lat50':>5} {'lat90':>5}" if args.live else "")]
+    lines = [
+        f"{'file':<12} {'dur':>5} {'DER@0':>6} {'DER@.25':>7} {'miss':>5} {'FA':>5} {'conf':>5}"
+        f" {'spk':>5} {'RTF':>6}"
+        + (f" {'live@.25':>8} {'lat50':>5} {'lat90':>5}" if args.live else "")
+    ]
     for r in results:
         b0, b25 = r.batch[0.0], r.batch[0.25]
-        line = (f"{r.file_id:<12} {r.duration:5.1f} {b0.der * 100:6.1f} {b25.der * 100:7.1f}"
-                f" {b25.missed / max(b25.total, 1e-9) * 100:5.1f} {b25.false_alarm / max(b25.total, 1e-9) * 100:5.1f}"
-                f" {b25.confusion / max(b25.total, 1e-9) * 100:5.1f} {r.speakers_found:>2}/{r.speakers_ref:<2}"
-                f" {r.seconds / r.duration:6.3f}")
+        line = (
+            f"{r.file_id:<12} {r.duration:5.1f} {b0.der * 100:6.1f} {b25.der * 100:7.1f}"
+            f" {b25.missed / max(b25.total, 1e-9) * 100:5.1f} {b25.false_alarm / max(b25.total, 1e-9) * 100:5.1f}"
+            f" {b25.confusion / max(b25.total, 1e-9) * 100:5.1f} {r.speakers_found:>2}/{r.speakers_ref:<2}"
+            f" {r.seconds / r.duration:6.3f}"
+        )
         entry: dict[str, Any] = {
-            "file": r.file_id, "duration": r.duration, "speakers_ref": r.speakers_ref,
-            "speakers_found": r.speakers_found, "seconds": r.seconds, "rtf": r.seconds / r.duration,
+            "file": r.file_id,
+            "duration": r.duration,
+            "speakers_ref": r.speakers_ref,
+            "speakers_found": r.speakers_found,
+            "seconds": r.seconds,
+            "rtf": r.seconds / r.duration,
             "batch": {str(c): s.as_dict() for c, s in r.batch.items()},
         }
         if args.live:
             l25 = r.live[0.25]
             lat = np.array(r.live_latencies) if r.live_latencies else np.array([np.nan])
-            line += f" {l25.der * 100:8.1f} {np.nanmedian(lat):5.2f} {np.nanpercentile(lat, 90):5.2f}"
+            line += (
+                f" {l25.der * 100:8.1f} {np.nanmedian(lat):5.2f} {np.nanpercentile(lat, 90):5.2f}"
+            )
             entry["live"] = {str(c): s.as_dict() for c, s in r.live.items()}
             entry["live_rtf"] = r.live_seconds / r.duration
             entry["live_speakers"] = r.live_speakers
@@ -168,24 +210,31 @@ def run(args: argparse.Namespace) -> int:
         summary["files"].append(entry)
     overall = {c: DerScore.sum(r.batch[c] for r in results) for c in COLLARS}
     o0, o25 = overall[0.0], overall[0.25]
-    lines.append(f"{'overall':<12} {total_audio:5.0f} {o0.der * 100:6.1f} {o25.der * 100:7.1f}"
-                 f" {o25.missed / o25.total * 100:5.1f} {o25.false_alarm / o25.total * 100:5.1f}"
-                 f" {o25.confusion / o25.total * 100:5.1f} {'':>5} {total_time / total_audio:6.3f}")
+    lines.append(
+        f"{'overall':<12} {total_audio:5.0f} {o0.der * 100:6.1f} {o25.der * 100:7.1f}"
+        f" {o25.missed / o25.total * 100:5.1f} {o25.false_alarm / o25.total * 100:5.1f}"
+        f" {o25.confusion / o25.total * 100:5.1f} {'':>5} {total_time / total_audio:6.3f}"
+    )
     summary["overall"] = {str(c): s.as_dict() for c, s in overall.items()}
     summary["rtf"] = total_time / total_audio
     if args.live:
         live_overall = {c: DerScore.sum(r.live[c] for r in results) for c in COLLARS}
-        all_lat = np.array([x for r in results for x in r.live_latencies]) if any(
-            r.live_latencies for r in results) else np.array([np.nan])
+        all_lat = (
+            np.array([x for r in results for x in r.live_latencies])
+            if any(r.live_latencies for r in results)
+            else np.array([np.nan])
+        )
         summary["live_overall"] = {str(c): s.as_dict() for c, s in live_overall.items()}
         summary["live_rtf"] = sum(r.live_seconds for r in results) / total_audio
         summary["live_latency_median"] = float(np.nanmedian(all_lat))
         summary["live_latency_p90"] = float(np.nanpercentile(all_lat, 90))
         summary["live_latency_mean"] = float(np.nanmean(all_lat))
-        lines.append(f"live: DER {live_overall[0.0].der * 100:.1f} % (collar 0), "
-                     f"{live_overall[0.25].der * 100:.1f} % (collar 0.25); decision latency median "
-                     f"{summary['live_latency_median']:.2f} s, p90 {summary['live_latency_p90']:.2f} s; "
-                     f"live RTF {summary['live_rtf']:.3f}")
+        lines.append(
+            f"live: DER {live_overall[0.0].der * 100:.1f} % (collar 0), "
+            f"{live_overall[0.25].der * 100:.1f} % (collar 0.25); decision latency median "
+            f"{summary['live_latency_median']:.2f} s, p90 {summary['live_latency_p90']:.2f} s; "
+            f"live RTF {summary['live_rtf']:.3f}"
+        )
     if args.cross_validate:
         if args.diarizer != "embedded":
             print("--cross-validate applies to the embedded stage only", file=sys.stderr)

@@ -29,7 +29,9 @@ def load_stage(
     pipeline object, `hf_token` the token for a hub id)."""
     if kind == "embedded":
         if pipeline is not None or hf_token is not None:
-            raise ValueError("the embedded stage takes no pipeline or hf_token (those are for pyannote)")
+            raise ValueError(
+                "the embedded stage takes no pipeline or hf_token (those are for pyannote)"
+            )
         from diarization.embedded import EmbeddedStage
 
         return EmbeddedStage(num_speakers=num_speakers, max_speakers=max_speakers)
@@ -42,7 +44,10 @@ def load_stage(
                 f"(pyannote.audio 4; see docs/diarization.md): {exc}"
             ) from exc
         stage: DiarizationStage = PyannoteStage(
-            pipeline=pipeline, hf_token=hf_token, num_speakers=num_speakers, max_speakers=max_speakers
+            pipeline=pipeline,
+            hf_token=hf_token,
+            num_speakers=num_speakers,
+            max_speakers=max_speakers,
         )
         return stage
     raise ValueError(f"unknown diarizer {kind!r}; choose one of {', '.join(STAGE_KINDS)}")

@@ -94,7 +94,7 @@ class EmbeddedStage:
         num_speakers: int | None = None,
         max_speakers: int | None = None,
         embedder: SpeakerEmbedder | None = None,
-        enroll_threshold: float = 0.7,
+        enroll_threshold: float = 0.8,
     ) -> None:
         self.settings = settings or Settings()
         self.live = live or LiveSettings()
@@ -138,7 +138,9 @@ class EmbeddedStage:
             if name not in self._voiceprints:
                 raise KeyError(f"no enrolled voice named {name!r}")
             del self._voiceprints[name]
-            self._live.voices = [v for v in self._live.voices if not (v.enrolled and v.name == name)]
+            self._live.voices = [
+                v for v in self._live.voices if not (v.enrolled and v.name == name)
+            ]
 
     def voiceprint(self, audio: Audio) -> FloatArray:
         """The voiceprint of a clip: the mean GE2E embedding of its speech (1.6 s partials)."""
@@ -185,31 +187,37 @@ class EmbeddedStage:
         segments = recipe.to_segments(main, second, names)
         duration = len(wav) / SAMPLE_RATE
         return SpeakerTimeline(
-            [SpeakerSegment(s.start, min(s.end, duration), s.speaker) for s in segments if s.start < duration]
+            [
+                SpeakerSegment(s.start, min(s.end, duration), s.speaker)
+                for s in segments
+                if s.start < duration
+            ]
         )
 
     def _names_for(self, cents: FloatArray, main: recipe.IntArray) -> list[str]:
-        """Enrolled names for centroids close to a voiceprint (best pairs first, each name once);
-        `Speaker A`, `B` … for the rest in order of first appearance."""
+        """Enrolled names for clusters whose centroid is close enough to a voiceprint (closest
+        pairs first, each name once per recording, so a voice that was not enrolled never takes
+        an enrolled name just because it is the nearest); `Speaker A`, `B` … for the others in
+        order of first appearance (V7)."""
         names: list[str | None] = [None] * len(cents)
         with self._lock:
             prints = list(self._voiceprints.items())
-        if prints:
+        if prints and len(cents):
             sims = cents @ np.stack([p for _, p in prints]).T
             pairs = sorted(
                 ((float(sims[i, j]), i, j) for i in range(len(cents)) for j in range(len(prints))),
                 reverse=True,
             )
-            used_c: set[int] = set()
-            used_p: set[int] = set()
+            used_clusters: set[int] = set()
+            used_prints: set[int] = set()
             for sim, i, j in pairs:
                 if sim < self.enroll_threshold:
                     break
-                if i in used_c or j in used_p:
+                if i in used_clusters or j in used_prints:
                     continue
                 names[i] = prints[j][0]
-                used_c.add(i)
-                used_p.add(j)
+                used_clusters.add(i)
+                used_prints.add(j)
         order = [int(k) for k in dict.fromkeys(main[main >= 0].tolist())]
         order += [k for k in range(len(cents)) if k not in order]
         letter = 0
@@ -217,7 +225,7 @@ class EmbeddedStage:
             if names[k] is None:
                 names[k] = speaker_letter(letter)
                 letter += 1
-        return [n for n in names if n is not None]
+        return [n if n is not None else "" for n in names]
 
     # -- live --------------------------------------------------------------------------------
 
@@ -325,7 +333,9 @@ class EmbeddedStage:
 
 
 def _segment(run: tuple[int, int, str]) -> SpeakerSegment:
-    return SpeakerSegment(round(run[0] * FRAME_SECONDS, 3), round((run[1] + 1) * FRAME_SECONDS, 3), run[2])
+    return SpeakerSegment(
+        round(run[0] * FRAME_SECONDS, 3), round((run[1] + 1) * FRAME_SECONDS, 3), run[2]
+    )
 
 
 def _checked(audio: Audio, *, allow_empty: bool = False) -> FloatArray:

@@ -38,21 +38,22 @@ MEL_SECONDS = MEL_HOP / SAMPLE_RATE  # 10 ms
 class Settings:
     """Every number of the recipe. Defaults are the cross-validated choice."""
 
-    vad_threshold: float = 0.2
-    normalize: bool = True
+    vad_threshold: float = 0.1
+    normalize: bool = False  # level normalisation before the VAD did not help on AMI (measured)
     min_speech: float = 0.1
-    max_gap: float = 0.15
-    window: float = 2.0  # seconds of speech per embedding window
+    max_gap: float = 0.8  # pauses up to this long inside a turn are bridged
+    speech_pad: float = 0.0  # seconds added to each side of a speech region
+    window: float = 1.5  # seconds of speech per embedding window
     hop: float = 0.5
     compact: bool = True  # windows over the speech only (silence removed) rather than wall time
     method: str = "spectral"  # "spectral" (eigengap) or "ahc" (distance threshold)
-    cluster_threshold: float = 0.3  # AHC: cosine distance at which merging stops
+    cluster_threshold: float = 0.4  # AHC: cosine distance at which merging stops
     prune: float = 0.8  # spectral: fraction of each affinity row zeroed (keeps the nearest)
     min_cluster_windows: int = 2
     refine_iterations: int = 2
-    switch_penalty: float = 0.05
-    overlap_margin: float = 0.0  # 0 = no overlap detection
-    overlap_min_score: float = 0.6
+    switch_penalty: float = 0.1
+    overlap_margin: float = 0.03  # second speaker where it scores within this of the first
+    overlap_min_score: float = 0.5
     change_overlap: float = 0.0  # seconds around a speaker change where both are kept
     max_speakers: int = 8
 
@@ -63,10 +64,14 @@ class Settings:
 def speech_mask(probs: FloatArray, settings: Settings) -> BoolArray:
     """Per 32 ms frame: is it speech (regions with hysteresis, gaps bridged, blips dropped)."""
     mask = np.zeros(len(probs), bool)
+    pad = round(settings.speech_pad / FRAME_SECONDS)
     for r in speech_regions(
-        probs, threshold=settings.vad_threshold, min_speech=settings.min_speech, max_gap=settings.max_gap
+        probs,
+        threshold=settings.vad_threshold,
+        min_speech=settings.min_speech,
+        max_gap=settings.max_gap,
     ):
-        mask[int(round(r.start / FRAME_SECONDS)) : int(round(r.end / FRAME_SECONDS))] = True
+        mask[max(0, round(r.start / FRAME_SECONDS) - pad) : round(r.end / FRAME_SECONDS) + pad] = True
     return mask
 
 
@@ -134,7 +139,9 @@ def plan_windows(mask: BoolArray, n_mel: int, settings: Settings) -> Windows:
         centers[i] = float(np.median(frames)) * FRAME_SECONDS
     rr = np.concatenate(r_list)
     cc = np.concatenate(c_list)
-    cover = sparse.csr_matrix((np.ones(len(rr), np.float32), (rr, cc)), shape=(len(rows), len(mask)))
+    cover = sparse.csr_matrix(
+        (np.ones(len(rr), np.float32), (rr, cc)), shape=(len(rows), len(mask))
+    )
     return Windows(mel_index, cover, centers)
 
 
@@ -156,7 +163,9 @@ def _runs(mask: BoolArray) -> list[tuple[int, int]]:
 
 
 def l2(x: FloatArray) -> FloatArray:
-    out: FloatArray = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+    out: FloatArray = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)).astype(
+        np.float32
+    )
     return out
 
 
@@ -179,7 +188,9 @@ def cluster(
         labels = spectral_labels(embeddings, settings.prune, num_speakers, cap)
     else:
         labels = ahc_labels(embeddings, settings.cluster_threshold, num_speakers, cap)
-    labels = _fold_small(embeddings, labels, settings.min_cluster_windows if num_speakers is None else 1)
+    labels = _fold_small(
+        embeddings, labels, settings.min_cluster_windows if num_speakers is None else 1
+    )
     for _ in range(settings.refine_iterations):
         cents = centroids(embeddings, labels)
         new = np.argmax(embeddings @ cents.T, axis=1)
@@ -192,7 +203,9 @@ def cluster(
     return _relabel(labels)
 
 
-def ahc_labels(embeddings: FloatArray, threshold: float, num_speakers: int | None, cap: int) -> IntArray:
+def ahc_labels(
+    embeddings: FloatArray, threshold: float, num_speakers: int | None, cap: int
+) -> IntArray:
     n = len(embeddings)
     tree = linkage(embeddings.astype(np.float64), method="average", metric="cosine")
     if num_speakers is not None:
@@ -204,7 +217,9 @@ def ahc_labels(embeddings: FloatArray, threshold: float, num_speakers: int | Non
     return np.asarray(labels, np.int64) - 1
 
 
-def spectral_labels(embeddings: FloatArray, prune: float, num_speakers: int | None, cap: int) -> IntArray:
+def spectral_labels(
+    embeddings: FloatArray, prune: float, num_speakers: int | None, cap: int
+) -> IntArray:
     """Spectral clustering of d-vectors as in Wang et al. 2018 (the GE2E diarization paper):
     cosine affinity, row-wise pruning, symmetrisation, diffusion, row-max normalisation; the
     number of speakers is the largest eigengap of the normalised Laplacian (at most `cap`)."""
@@ -251,7 +266,9 @@ def _kmeans(x: npt.NDArray[np.float64], k: int, restarts: int = 5) -> IntArray:
         labels = np.zeros(len(x), np.int64)
         for _ in range(50):
             labels = np.argmin(((x[:, None, :] - c[None]) ** 2).sum(axis=2), axis=1)
-            new = np.stack([x[labels == j].mean(axis=0) if np.any(labels == j) else c[j] for j in range(k)])
+            new = np.stack(
+                [x[labels == j].mean(axis=0) if np.any(labels == j) else c[j] for j in range(k)]
+            )
             if np.allclose(new, c):
                 break
             c = new
@@ -302,7 +319,9 @@ def frame_scores(windows: Windows, embeddings: FloatArray, cents: FloatArray) ->
     total = np.asarray(windows.cover.T @ sims, np.float32)
     count = np.asarray(windows.cover.sum(axis=0), np.float32).reshape(-1, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out: FloatArray = np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(np.float32)
+        out: FloatArray = np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(
+            np.float32
+        )
     return out
 
 
@@ -342,12 +361,14 @@ def decode(mask: BoolArray, scores: FloatArray, settings: Settings) -> tuple[Int
             top = seg[np.arange(b - a), main[a:b]]
             alt = np.where(order[:, 0] == main[a:b], order[:, 1], order[:, 0])
             alt_score = seg[np.arange(b - a), alt]
-            near = (alt_score >= top - settings.overlap_margin) & (alt_score >= settings.overlap_min_score)
+            near = (alt_score >= top - settings.overlap_margin) & (
+                alt_score >= settings.overlap_min_score
+            )
             second[a:b] = np.where(near, alt, -1)
         if settings.change_overlap > 0:
             reach = max(1, round(settings.change_overlap / FRAME_SECONDS))
             changes = np.flatnonzero(np.diff(main[a:b]) != 0) + a + 1
-            for c in changes:
+            for c in (int(x) for x in changes):
                 before, after = main[c - 1], main[c]
                 lo, hi = max(a, c - reach), min(b, c + reach)
                 for t in range(lo, c):
@@ -359,13 +380,15 @@ def decode(mask: BoolArray, scores: FloatArray, settings: Settings) -> tuple[Int
     return main, second
 
 
-def to_segments(main: IntArray, second: IntArray, names: list[str], *, min_duration: float = 0.0) -> list[SpeakerSegment]:
-    """Frame labels → segments (frame k spans [k, k+1) × 32 ms)."""
+def to_segments(
+    main: IntArray, second: IntArray, names: list[str], *, min_duration: float = 0.0
+) -> list[SpeakerSegment]:
+    """Frame labels → segments (frame k spans [k, k+1) × 32 ms); a speaker is active where it is
+    the main or the second speaker, so an overlap does not cut its runs into pieces."""
     segments: list[SpeakerSegment] = []
-    for labels in (main, second):
-        for k, name in enumerate(names):
-            for a, b in _runs(labels == k):
-                start, end = a * FRAME_SECONDS, b * FRAME_SECONDS
-                if end - start >= min_duration:
-                    segments.append(SpeakerSegment(round(start, 3), round(end, 3), name))
+    for k, name in enumerate(names):
+        for a, b in _runs((main == k) | (second == k)):
+            start, end = a * FRAME_SECONDS, b * FRAME_SECONDS
+            if end - start >= min_duration:
+                segments.append(SpeakerSegment(round(start, 3), round(end, 3), name))
     return segments

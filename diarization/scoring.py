@@ -105,7 +105,9 @@ def score(
     if uem is None:
         end = duration
         if end is None:
-            end = max([s.end for s in reference.segments] + [s.end for s in hypothesis.segments] + [0.0])
+            end = max(
+                [s.end for s in reference.segments] + [s.end for s in hypothesis.segments] + [0.0]
+            )
         uem = [(0.0, end)]
     metric = DiarizationErrorRate(collar=collar, skip_overlap=False)
     detail = metric(
@@ -133,5 +135,6 @@ def score_collars(
     collars: Iterable[float] = COLLARS,
 ) -> dict[float, DerScore]:
     return {
-        c: score(reference, hypothesis, uem=uem, duration=duration, collar=c, uri=uri) for c in collars
+        c: score(reference, hypothesis, uem=uem, duration=duration, collar=c, uri=uri)
+        for c in collars
     }
