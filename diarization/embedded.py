@@ -53,6 +53,7 @@ class LiveSettings:
     window: float = 2.0  # seconds of speech per embedding
     min_window: float = 1.0  # first decision once this much speech was heard
     hop: float = 0.5  # seconds of new speech between decisions
+    min_flush: float = 0.3  # at the end of speech, decide pending frames if this much was heard
     new_speaker_threshold: float = 0.75  # best centroid similarity under this opens a speaker
     centroid_momentum: float = 0.9  # running centroid update for discovered speakers
 
@@ -256,11 +257,16 @@ class EmbeddedStage:
         index = state.frames
         state.frames += 1
         threshold = self.settings.vad_threshold
+        was_speech = state.in_speech
         if state.in_speech:
             state.in_speech = prob >= max(threshold - 0.15, threshold * 0.5)
         else:
             state.in_speech = prob >= threshold
         if not state.in_speech:
+            # end of a stretch of speech: decide what is pending now rather than wait for more
+            heard = len(state.speech_audio) * FRAME_SECONDS
+            if was_speech and state.undecided and heard + 1e-9 >= self.live.min_flush:
+                self._live_decide(state)
             return
         per_window = round(self.live.window / FRAME_SECONDS)
         state.speech_audio.append(frame_audio.astype(np.float32))

@@ -71,7 +71,9 @@ def speech_mask(probs: FloatArray, settings: Settings) -> BoolArray:
         min_speech=settings.min_speech,
         max_gap=settings.max_gap,
     ):
-        mask[max(0, round(r.start / FRAME_SECONDS) - pad) : round(r.end / FRAME_SECONDS) + pad] = True
+        mask[max(0, round(r.start / FRAME_SECONDS) - pad) : round(r.end / FRAME_SECONDS) + pad] = (
+            True
+        )
     return mask
 
 

@@ -36,9 +36,12 @@ def test_P4_der_counts_missed_false_alarm_and_confusion() -> None:
     assert strict.missed == pytest.approx(5.0)
     assert strict.false_alarm == pytest.approx(0.0)
     assert strict.der == pytest.approx(0.5)
-    both = score_collars(ref, hyp, duration=20.0)
+    late = SpeakerTimeline([SpeakerSegment(0, 10.1, "X"), SpeakerSegment(10.1, 20, "Y")])
+    both = score_collars(ref, late, duration=20.0)
     assert set(both) == {0.0, 0.25}
-    assert both[0.25].der < both[0.0].der  # the collar forgives the boundaries
+    assert both[0.0].confusion == pytest.approx(0.1)
+    # pyannote's collar is the whole width around a reference boundary: 0.25 s forgives ±0.125 s
+    assert both[0.25].der == 0.0
 
 
 def test_P4_overlap_is_scored() -> None:

@@ -123,7 +123,7 @@ def test_V8_enrollment_needs_speech_and_a_name(sample: np.ndarray) -> None:
         stage.enroll("Quiet", np.zeros(3 * RATE, np.float32))
     with pytest.raises(ValueError, match="name"):
         stage.enroll("  ", cut(sample, ALICE_CLIP))
-    with pytest.raises(ValueError, match="0.5 s"):
+    with pytest.raises(ValueError, match=r"0\.5 s"):
         stage.enroll("Short", sample[: RATE // 10])
 
 
