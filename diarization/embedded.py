@@ -50,12 +50,13 @@ def speaker_letter(index: int) -> str:
 class LiveSettings:
     """Numbers of the live path (cross-validated like the batch ones, docs/benchmarks.md)."""
 
-    window: float = 2.0  # seconds of speech per embedding
+    window: float = 1.5  # seconds of speech per embedding
     min_window: float = 1.0  # first decision once this much speech was heard
     hop: float = 0.5  # seconds of new speech between decisions
-    min_flush: float = 0.3  # at the end of speech, decide pending frames if this much was heard
-    new_speaker_threshold: float = 0.75  # best centroid similarity under this opens a speaker
+    min_flush: float = 0.3  # a first utterance shorter than min_window is decided if this long
+    new_speaker_threshold: float = 0.72  # best centroid similarity under this opens a speaker
     centroid_momentum: float = 0.9  # running centroid update for discovered speakers
+    confirm_new: bool = True  # a new speaker needs two agreeing unmatched windows
 
 
 @dataclass
@@ -80,6 +81,7 @@ class _LiveState:
     labels: dict[int, str] = field(default_factory=dict)  # decided frame → speaker
     segments: list[SpeakerSegment] = field(default_factory=list)
     open_run: tuple[int, int, str] | None = None  # (first frame, last frame, speaker)
+    pending: FloatArray | None = None  # an unmatched window waiting for a second one
 
 
 class EmbeddedStage:
@@ -263,10 +265,17 @@ class EmbeddedStage:
         else:
             state.in_speech = prob >= threshold
         if not state.in_speech:
-            # end of a stretch of speech: decide what is pending now rather than wait for more
-            heard = len(state.speech_audio) * FRAME_SECONDS
-            if was_speech and state.undecided and heard + 1e-9 >= self.live.min_flush:
-                self._live_decide(state)
+            # end of a stretch of speech: pending frames (less than a hop) go to the speaker
+            # decided last, so an utterance's last words do not wait for the next utterance;
+            # before any decision, a short first utterance is embedded as it is
+            if was_speech and state.undecided:
+                if state.open_run is not None:
+                    for frame in state.undecided:
+                        self._live_extend(state, frame, state.open_run[2])
+                    state.undecided = []
+                    state.new_speech = 0
+                elif len(state.speech_audio) * FRAME_SECONDS + 1e-9 >= self.live.min_flush:
+                    self._live_decide(state)
             return
         per_window = round(self.live.window / FRAME_SECONDS)
         state.speech_audio.append(frame_audio.astype(np.float32))
@@ -309,16 +318,33 @@ class EmbeddedStage:
         discovered = [v for v in state.voices if not v.enrolled]
         if best is None and len(discovered) >= cap and discovered:
             best = max(discovered, key=lambda v: float(v.centroid @ embedding))
+        if best is None and self.live.confirm_new and state.voices:
+            # a voice that matches nobody opens a speaker only when the next unmatched window
+            # agrees with it; meanwhile the window goes to the nearest known voice
+            pending = state.pending
+            if (
+                pending is not None
+                and float(pending @ embedding) >= self.live.new_speaker_threshold
+            ):
+                state.pending = None
+                return self._open_voice(state, recipe.l2(pending + embedding)).name
+            state.pending = embedding.copy()
+            return max(state.voices, key=lambda v: float(v.centroid @ embedding)).name
         if best is None:
-            best = _Voice(speaker_letter(state.unknown_count), embedding.copy(), enrolled=False)
-            state.unknown_count += 1
-            state.voices.append(best)
-            return best.name
+            return self._open_voice(state, embedding.copy()).name
+        state.pending = None
         if not best.enrolled:
             m = self.live.centroid_momentum
             best.centroid = recipe.l2(m * best.centroid + (1 - m) * embedding)
             best.count += 1
         return best.name
+
+    @staticmethod
+    def _open_voice(state: _LiveState, centroid: FloatArray) -> _Voice:
+        voice = _Voice(speaker_letter(state.unknown_count), centroid, enrolled=False)
+        state.unknown_count += 1
+        state.voices.append(voice)
+        return voice
 
     def _live_extend(self, state: _LiveState, frame: int, speaker: str) -> None:
         run = state.open_run
