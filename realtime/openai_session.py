@@ -92,7 +92,9 @@ class _ReplyAssembler:
             except ValueError:
                 return [SessionError("bad_audio", "reply audio delta is not base64")]
             return [ReplyAudio(event.response_id, pcm, wire.OUTPUT_SAMPLE_RATE)]
-        if isinstance(event, wire.ResponseOutputAudioTranscriptDelta | wire.ResponseOutputTextDelta):
+        if isinstance(
+            event, wire.ResponseOutputAudioTranscriptDelta | wire.ResponseOutputTextDelta
+        ):
             self.transcripts.setdefault(event.response_id, []).append(event.delta)
             return [ReplyTranscript(event.response_id, event.delta)]
         if isinstance(event, wire.ResponseOutputAudioTranscriptDone):
@@ -107,7 +109,9 @@ class _ReplyAssembler:
             if text is None:
                 text = "".join(self.transcripts.get(rid, []))
             if not text:
-                text = "".join(item.text for item in event.response.output if item.role == "assistant")
+                text = "".join(
+                    item.text for item in event.response.output if item.role == "assistant"
+                )
             self.transcripts.pop(rid, None)
             return [ReplyDone(rid, text, event.response.status or "completed")]
         if isinstance(event, wire.ErrorEvent):

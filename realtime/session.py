@@ -104,7 +104,9 @@ class SessionReconnected:
     connection: int
 
 
-SessionEvent = ReplyStarted | ReplyAudio | ReplyTranscript | ReplyDone | SessionError | SessionReconnected
+SessionEvent = (
+    ReplyStarted | ReplyAudio | ReplyTranscript | ReplyDone | SessionError | SessionReconnected
+)
 Listener = Callable[[SessionEvent], Awaitable[None] | None]
 
 
@@ -198,6 +200,7 @@ class RealtimeSession(ABC):
 
     async def _send_cancel(self) -> None:
         """Cancel the active response (providers without cancel do nothing)."""
+        return None
 
     @abstractmethod
     def _receive(self) -> AsyncIterator[SessionEvent]:
@@ -275,10 +278,10 @@ class RealtimeSession(ABC):
         """Wait until every operation enqueued so far was written."""
         await self._queue.join()
 
-    async def wait_idle(self, timeout: float = 10.0) -> None:
+    async def wait_idle(self, limit: float = 10.0) -> None:
         """Wait until everything was written and no response is in flight or held."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + limit
         while True:
             await self.drain()
             if not self._in_flight and not self._pending_response and self._queue.empty():
@@ -403,11 +406,16 @@ class RealtimeSession(ABC):
                 if self._response_written:  # the reply it asked for was lost with the line
                     await self._send_response_create()
             except (SessionDropped, OSError) as exc:
-                if self.max_reconnect_attempts is not None and attempt >= self.max_reconnect_attempts:
+                if (
+                    self.max_reconnect_attempts is not None
+                    and attempt >= self.max_reconnect_attempts
+                ):
                     raise SessionFailed(
                         f"{self.provider}: could not open the session after {attempt} attempts: {exc}"
                     ) from exc
-                log.warning("%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc)
+                log.warning(
+                    "%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_reconnect_delay)
                 continue

@@ -1,0 +1,33 @@
+"""Realtime providers by name: `make_session("openai" | "gemini" | "recorder", options, **kw)`.
+
+Adding a provider is one module with a `RealtimeSession` subclass and one line here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realtime.session import RealtimeSession, SessionOptions
+
+PROVIDERS = ("recorder", "openai", "gemini")
+
+
+def make_session(
+    provider: str, options: SessionOptions | None = None, **kwargs: Any
+) -> RealtimeSession:
+    """A new session for `provider`; `kwargs` go to its constructor (model, api_key, base_url …)."""
+    if provider == "recorder":
+        from realtime.recorder import RecorderSession
+
+        return RecorderSession(options, **kwargs)
+    if provider == "openai":
+        from realtime.openai_session import OpenAIRealtimeSession
+
+        return OpenAIRealtimeSession(options, **kwargs)
+    if provider == "gemini":
+        from realtime.gemini_session import GeminiLiveSession
+
+        return GeminiLiveSession(options, **kwargs)
+    raise ValueError(
+        f"unknown realtime provider {provider!r}; choose one of {', '.join(PROVIDERS)}"
+    )
