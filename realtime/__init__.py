@@ -22,7 +22,14 @@ from realtime.policy import (
     SpeakTurn,
     default_policy,
 )
-from realtime.providers import PROVIDERS, make_session
+from realtime.providers import (
+    PROVIDERS,
+    GeminiLiveSessionFactory,
+    OpenAIRealtimeSessionFactory,
+    RecorderSessionFactory,
+    SessionFactory,
+    make_session,
+)
 from realtime.recorder import RecorderSession
 from realtime.replay import ReplayResult, replay_turns
 from realtime.session import (
@@ -49,9 +56,12 @@ __all__ = [
     "AnswerWhenAlone",
     "AnyOf",
     "ContextItem",
+    "GeminiLiveSessionFactory",
+    "OpenAIRealtimeSessionFactory",
     "RealtimeChannel",
     "RealtimeSession",
     "RecorderSession",
+    "RecorderSessionFactory",
     "ReplayResult",
     "ReplyAudio",
     "ReplyDone",
@@ -59,6 +69,7 @@ __all__ = [
     "ReplyTranscript",
     "SentEvent",
     "SessionError",
+    "SessionFactory",
     "SessionFailed",
     "SessionOptions",
     "SessionReconnected",

@@ -45,7 +45,7 @@ from rooms import AudioSink, Channel, RoomContext
 
 log = logging.getLogger(__name__)
 
-SessionFactory = Callable[[SessionOptions], RealtimeSession]
+SessionMaker = Callable[[SessionOptions], RealtimeSession]
 AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
 
 
@@ -81,7 +81,7 @@ class RealtimeChannel(Channel):
     def __init__(
         self,
         channel_id: str,
-        provider: str | SessionFactory = "recorder",
+        provider: str | SessionMaker = "recorder",
         *,
         assistant_name: str = "Assistant",
         instructions: str | None = None,

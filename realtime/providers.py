@@ -31,3 +31,28 @@ def make_session(
     raise ValueError(
         f"unknown realtime provider {provider!r}; choose one of {', '.join(PROVIDERS)}"
     )
+
+
+class SessionFactory:
+    """A provider with its settings, called once per room: `RealtimeChannel("rt",
+    OpenAIRealtimeSessionFactory(base_url=…))`. `kwargs` go to the session's constructor."""
+
+    provider: str = ""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+    def __call__(self, options: SessionOptions) -> RealtimeSession:
+        return make_session(self.provider, options, **self.kwargs)
+
+
+class OpenAIRealtimeSessionFactory(SessionFactory):
+    provider = "openai"
+
+
+class GeminiLiveSessionFactory(SessionFactory):
+    provider = "gemini"
+
+
+class RecorderSessionFactory(SessionFactory):
+    provider = "recorder"

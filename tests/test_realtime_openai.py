@@ -48,8 +48,18 @@ class Room:
     ) -> None:
         self.kit, self.id, self.voice, self.sms, self.realtime = kit, room_id, voice, sms, realtime
 
-    async def say(self, speaker: str, text: str, **kw: float) -> None:
-        await self.voice.say(self.id, speaker, text, **kw)
+    async def say(
+        self,
+        speaker: str,
+        text: str,
+        *,
+        start: float | None = None,
+        end: float | None = None,
+        participant_id: str | None = None,
+    ) -> None:
+        await self.voice.say(
+            self.id, speaker, text, start=start, end=end, participant_id=participant_id
+        )
 
     async def idle(self) -> None:
         await self.realtime.wait_idle(self.id)

@@ -174,6 +174,11 @@ class OpenAIRealtimeServer:
         for ws in list(self._live.values()):
             ws.transport.abort()
 
+    async def send_raw(self, data: str | bytes) -> None:
+        """Send a raw message (malformed on purpose, say) to every open connection."""
+        for ws in list(self._live.values()):
+            await ws.send(data)
+
     def drop_after(self, count: int, event_type: str | None = None) -> None:
         """Drop a connection right after it receives its `count`-th event (of `event_type`)."""
         self._drop_rules.append((count, event_type))
