@@ -409,6 +409,23 @@ def test_E1_note_when_the_trigger_is_not_a_user_turn() -> None:
     assert ctx.messages[2].content == "r"
 
 
+def test_E1_note_joins_the_runtime_notes_of_the_trigger_turn() -> None:
+    register = room(*PEOPLE)
+    window = [turn("a", by="u-alice"), turn("b", by="u-bob")]
+    committed(register, window, PEOPLE)
+    ctx = render_chat_context(
+        window, window[-1], PEOPLE, register, ai_channel_id=AI, notes=["[Reply briefly.]"]
+    )
+    assert ctx.messages[-1].content == 'Bob: "b"\n\n[Reply briefly.]\n\n' + NOTE
+    solo = render_chat_context(
+        window[:1], window[0], PEOPLE, register, ai_channel_id=AI, notes=["[Reply briefly.]"]
+    )
+    assert solo.messages[-1].content == "a\n\n[Reply briefly.]"
+    assert solo == render_plain_context(
+        window[:1], window[0], ai_channel_id=AI, notes=["[Reply briefly.]"]
+    )
+
+
 def test_E2_note_states_the_facts() -> None:
     assert NOTE.startswith("[Speaker labels from the runtime:")
     for fact in (
