@@ -1,0 +1,108 @@
+"""Channels: how events get into and out of a room.
+
+A channel is registered once with the hub and attached to any number of rooms. The hub calls
+`deliver` for each committed event from *another* channel that the channel may see, in commit
+order per room. Transports (text, voice, phone) produce events; agent channels (AI, realtime)
+answer them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from models import InboundMessage, Participant, RoomEvent, TextContent
+
+if TYPE_CHECKING:
+    from rooms.kit import InboundResult, RoomKit
+
+
+@dataclass(frozen=True)
+class RoomContext:
+    """What a channel may look at while an event is delivered to it."""
+
+    room_id: str
+    kit: RoomKit
+
+    async def participants(self) -> list[Participant]:
+        return await self.kit.get_participants(self.room_id)
+
+    async def events(self) -> list[RoomEvent]:
+        return await self.kit.list_events(self.room_id)
+
+
+class Channel(ABC):  # noqa: B024 - every method has a working default
+    channel_type: ClassVar[str] = "custom"
+
+    def __init__(self, channel_id: str) -> None:
+        self.channel_id = channel_id
+        self.kit: RoomKit | None = None
+
+    def bind(self, kit: RoomKit) -> None:
+        if self.kit is not None and self.kit is not kit:
+            raise RuntimeError(f"channel {self.channel_id!r} is already registered with another RoomKit")
+        self.kit = kit
+
+    def require_kit(self) -> RoomKit:
+        if self.kit is None:
+            raise RuntimeError(f"channel {self.channel_id!r} is not registered with a RoomKit")
+        return self.kit
+
+    async def on_attach(self, room_id: str) -> None:  # noqa: B027 - optional
+        """Called once when the channel is attached to a room."""
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:  # noqa: B027 - optional
+        """Called for each committed event from another channel this channel may see."""
+
+    async def close(self) -> None:  # noqa: B027 - optional
+        """Release connections and tasks."""
+
+
+@runtime_checkable
+class AudioSink(Protocol):
+    """A channel that can play audio into a room (the voice channel's loudspeaker)."""
+
+    async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None: ...
+
+
+class TextChannel(Channel):
+    """A transport channel for hosts, webhooks and tests that feed `process_inbound` themselves.
+
+    Whatever the room delivers to it is kept in `delivered` (and passed to `on_deliver`).
+    """
+
+    channel_type: ClassVar[str] = "text"
+
+    def __init__(
+        self,
+        channel_id: str,
+        on_deliver: Callable[[RoomEvent], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(channel_id)
+        self.delivered: list[RoomEvent] = []
+        self._on_deliver = on_deliver
+
+    async def send(
+        self,
+        sender_id: str,
+        text: str,
+        *,
+        room_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> InboundResult:
+        return await self.require_kit().process_inbound(
+            InboundMessage(
+                channel_id=self.channel_id,
+                sender_id=sender_id,
+                content=TextContent(body=text),
+                metadata=metadata or {},
+                room_id=room_id,
+            )
+        )
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        self.delivered.append(event)
+        if self._on_deliver is not None:
+            await self._on_deliver(event)

@@ -1,0 +1,138 @@
+"""Hooks: application code that sees, changes or stops what passes through a room.
+
+Two kinds, one registry. A *sync chain* (`BEFORE_BROADCAST`, `ON_TRANSCRIPTION`) runs hooks in
+priority order before anything is committed; each sees the value the previous hook returned and may
+allow, modify or block it. *Observers* (`AFTER_BROADCAST`, `ON_SPEAKER_CHANGE`, …) run after the
+fact as tasks; what they return is ignored and they can never stall the stream that fired them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from rooms.kit import RoomKit
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class HookTrigger(StrEnum):
+    BEFORE_BROADCAST = "before_broadcast"
+    """Sync chain over a `RoomEvent` about to be committed: modify or block it."""
+    AFTER_BROADCAST = "after_broadcast"
+    """Observer of a committed, delivered `RoomEvent`."""
+    ON_TRANSCRIPTION = "on_transcription"
+    """Sync chain over a voice `TranscriptionEvent` before it becomes a room event (V6)."""
+    ON_SPEAKER_CHANGE = "on_speaker_change"
+    """Observer: the speaker differs from the previous turn's (V6)."""
+    ON_ROOM_CREATED = "on_room_created"
+    """Observer of a new `Room`."""
+
+
+SYNC_TRIGGERS = frozenset({HookTrigger.BEFORE_BROADCAST, HookTrigger.ON_TRANSCRIPTION})
+
+
+@dataclass(frozen=True)
+class HookResult(Generic[T]):
+    action: Literal["allow", "modify", "block"]
+    value: T | None = None
+    reason: str | None = None
+
+    @classmethod
+    def allow(cls) -> HookResult[Any]:
+        return HookResult("allow")
+
+    @classmethod
+    def modify(cls, value: T) -> HookResult[T]:
+        return HookResult("modify", value=value)
+
+    @classmethod
+    def block(cls, reason: str | None = None) -> HookResult[Any]:
+        return HookResult("block", reason=reason)
+
+    @property
+    def blocked(self) -> bool:
+        return self.action == "block"
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """Where a hook fires: the room, the channel the value came from, and the hub."""
+
+    room_id: str
+    channel_id: str | None
+    kit: RoomKit
+    participant_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+HookFn = Callable[[Any, HookContext], "HookResult[Any] | Awaitable[HookResult[Any] | None] | None"]
+
+
+@dataclass(frozen=True)
+class _Hook:
+    trigger: HookTrigger
+    fn: HookFn
+    priority: int
+    name: str
+
+
+class HookRegistry:
+    def __init__(self) -> None:
+        self._hooks: dict[HookTrigger, list[_Hook]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(self, trigger: HookTrigger, fn: HookFn, *, priority: int = 0, name: str | None = None) -> None:
+        hooks = self._hooks.setdefault(trigger, [])
+        hooks.append(_Hook(trigger, fn, priority, name or str(getattr(fn, "__name__", "hook"))))
+        hooks.sort(key=lambda h: h.priority)
+
+    def has(self, trigger: HookTrigger) -> bool:
+        return bool(self._hooks.get(trigger))
+
+    async def run_chain(self, trigger: HookTrigger, value: T, ctx: HookContext) -> HookResult[T]:
+        """Run a sync chain. Returns `allow` (nothing changed), `modify` (the final value) or
+        `block` (the first hook that blocked, with its reason)."""
+        current = value
+        modified = False
+        for hook in self._hooks.get(trigger, []):
+            result = hook.fn(current, ctx)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is None or result.action == "allow":
+                continue
+            if result.action == "block":
+                return HookResult("block", reason=result.reason or f"blocked by hook {hook.name}")
+            if result.action == "modify":
+                if result.value is None:
+                    raise ValueError(f"hook {hook.name} returned modify() without a value")
+                current = result.value
+                modified = True
+        return HookResult("modify", value=current) if modified else HookResult("allow", value=current)
+
+    def emit(self, trigger: HookTrigger, value: Any, ctx: HookContext) -> None:
+        """Run observers as tasks; exceptions are logged, never raised into the caller."""
+        for hook in self._hooks.get(trigger, []):
+            task = asyncio.get_running_loop().create_task(self._observe(hook, value, ctx))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _observe(self, hook: _Hook, value: Any, ctx: HookContext) -> None:
+        try:
+            result = hook.fn(value, ctx)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("observer hook %s failed on %s", hook.name, hook.trigger)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

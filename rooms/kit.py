@@ -1,0 +1,391 @@
+"""RoomKit: the hub that carries events between channels.
+
+Every event enters through one path (`_commit`): under the room lock, BEFORE_BROADCAST hooks may
+change or stop it, the attribution engine fixes its author record (rank, rule D3), and the store
+keeps it. Then it is delivered to the other channels of the room in commit order, and
+AFTER_BROADCAST observers see it.
+
+Delivery order is kept per room by a queue with one deliverer at a time. An event committed while
+the room is delivering (an AI reply posted from inside `deliver`) joins the queue and is delivered
+right after the current one, by the same deliverer; any other caller waits until its own event has
+been delivered, so `await kit.process_inbound(...)` returns once the room has seen the message and
+everything it set off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from attribution import Register, commit_turn, label_for, rebuild_register, register_participant
+from models import (
+    Content,
+    EventKind,
+    EventSource,
+    InboundMessage,
+    Participant,
+    RoomEvent,
+    Visibility,
+)
+from rooms.channel import Channel, RoomContext
+from rooms.hooks import HookContext, HookFn, HookRegistry, HookResult, HookTrigger
+from rooms.locks import InProcessLocks, RoomLockManager
+from rooms.store import ChannelBinding, InMemoryStore, Room, RoomStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class RoutingError(ValueError):
+    """An inbound message cannot be placed in a room."""
+
+
+@dataclass
+class InboundResult:
+    room_id: str
+    event: RoomEvent | None
+    blocked: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class _Delivery:
+    event: RoomEvent
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _RoomDelivery:
+    queue: deque[_Delivery] = field(default_factory=deque)
+    deliverer: object | None = None
+
+
+_current_deliverer: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "chorus_current_deliverer", default=None
+)
+
+
+class RoomKit:
+    def __init__(
+        self,
+        *,
+        store: RoomStore | None = None,
+        locks: RoomLockManager | None = None,
+        attribution: bool = True,
+    ) -> None:
+        self.store = store or InMemoryStore()
+        self.locks = locks or InProcessLocks()
+        self.attribution = attribution
+        self.hooks = HookRegistry()
+        self._channels: dict[str, Channel] = {}
+        self._deliveries: dict[str, _RoomDelivery] = {}
+
+    # ----------------------------------------------------------------- rooms and channels
+
+    async def create_room(self, room_id: str | None = None, metadata: dict[str, Any] | None = None) -> Room:
+        room = Room(id=room_id or uuid.uuid4().hex, metadata=metadata or {})
+        async with self.locks.lock(room.id):
+            await self.store.create_room(room)
+            await self.store.put_register(room.id, Register.new().model_dump(mode="json"))
+        self.hooks.emit(HookTrigger.ON_ROOM_CREATED, room, HookContext(room.id, None, self))
+        return room
+
+    async def get_room(self, room_id: str) -> Room | None:
+        return await self.store.get_room(room_id)
+
+    async def _require_room(self, room_id: str) -> Room:
+        room = await self.store.get_room(room_id)
+        if room is None:
+            raise KeyError(f"no room {room_id!r}")
+        return room
+
+    def register_channel(self, channel: Channel) -> Channel:
+        if channel.channel_id in self._channels and self._channels[channel.channel_id] is not channel:
+            raise ValueError(f"a channel with id {channel.channel_id!r} is already registered")
+        channel.bind(self)
+        self._channels[channel.channel_id] = channel
+        return channel
+
+    def get_channel(self, channel_id: str) -> Channel:
+        try:
+            return self._channels[channel_id]
+        except KeyError:
+            raise KeyError(f"no channel {channel_id!r} is registered") from None
+
+    async def attach_channel(self, room_id: str, channel_id: str, group: bool = False) -> ChannelBinding:
+        await self._require_room(room_id)
+        channel = self.get_channel(channel_id)
+        binding = ChannelBinding(room_id=room_id, channel_id=channel_id, group=group)
+        async with self.locks.lock(room_id):
+            await self.store.add_binding(binding)
+        await channel.on_attach(room_id)
+        return binding
+
+    async def channels_in(self, room_id: str) -> list[Channel]:
+        return [
+            self._channels[b.channel_id]
+            for b in await self.store.get_bindings(room_id)
+            if b.channel_id in self._channels
+        ]
+
+    # ----------------------------------------------------------------- participants
+
+    async def ensure_participant(
+        self,
+        room_id: str,
+        channel_id: str,
+        participant_id: str,
+        display_name: str | None = None,
+        identity_id: str | None = None,
+    ) -> Participant:
+        """Bookkeeping only: no event, no hook. Returns the existing record when there is one
+        (adding `channel_id` to the channels it is reached through)."""
+        await self._require_room(room_id)
+        async with self.locks.lock(room_id):
+            for existing in await self.store.get_participants(room_id):
+                if existing.id == participant_id:
+                    if channel_id not in existing.connected_via:
+                        existing.connected_via.append(channel_id)
+                        await self.store.upsert_participant(room_id, existing)
+                    return existing
+            participant = Participant(
+                id=participant_id,
+                display_name=display_name,
+                identity_id=identity_id,
+                connected_via=[channel_id],
+            )
+            await self.store.upsert_participant(room_id, participant)
+            register = await self._load_register(room_id)
+            register_participant(register, participant)
+            await self.store.put_register(room_id, register.model_dump(mode="json"))
+            return participant
+
+    async def update_participant(self, room_id: str, participant_id: str, *, display_name: str) -> Participant:
+        """Rename a participant. Earlier turns keep the name they were committed under (D3)."""
+        async with self.locks.lock(room_id):
+            for existing in await self.store.get_participants(room_id):
+                if existing.id == participant_id:
+                    updated = existing.model_copy(update={"display_name": display_name})
+                    await self.store.upsert_participant(room_id, updated)
+                    register = await self._load_register(room_id)
+                    register_participant(register, updated)
+                    await self.store.put_register(room_id, register.model_dump(mode="json"))
+                    return updated
+        raise KeyError(f"no participant {participant_id!r} in room {room_id!r}")
+
+    async def get_participants(self, room_id: str) -> list[Participant]:
+        return await self.store.get_participants(room_id)
+
+    # ----------------------------------------------------------------- events
+
+    async def process_inbound(self, message: InboundMessage) -> InboundResult:
+        """Route a transport's message to its room and commit it."""
+        channel = self.get_channel(message.channel_id)
+        room_id = await self._route(message)
+        event = RoomEvent(
+            room_id=room_id,
+            source=EventSource(
+                channel_id=message.channel_id,
+                participant_id=message.sender_id,
+                channel_type=channel.channel_type,
+            ),
+            content=message.content,
+            metadata=dict(message.metadata),
+        )
+        committed, reason = await self._commit(event)
+        return InboundResult(room_id=room_id, event=committed, blocked=committed is None, reason=reason)
+
+    async def _route(self, message: InboundMessage) -> str:
+        """The default router: an explicit `room_id` wins; a group binding takes every sender on
+        the channel; otherwise each new sender on a channel gets a room of their own."""
+        if message.room_id is not None:
+            await self._require_room(message.room_id)
+            bound = {b.channel_id for b in await self.store.get_bindings(message.room_id)}
+            if message.channel_id not in bound:
+                await self.attach_channel(message.room_id, message.channel_id)
+            return message.room_id
+        groups = [b for b in await self.store.bindings_for_channel(message.channel_id) if b.group]
+        if len(groups) == 1:
+            return groups[0].room_id
+        if len(groups) > 1:
+            raise RoutingError(
+                f"channel {message.channel_id!r} is a group in {len(groups)} rooms; "
+                "the message must name its room_id"
+            )
+        known = await self.store.find_sender_room(message.channel_id, message.sender_id)
+        if known is not None:
+            return known
+        room = await self.create_room()
+        await self.attach_channel(room.id, message.channel_id)
+        await self.store.set_sender_room(message.channel_id, message.sender_id, room.id)
+        return room.id
+
+    async def post_event(
+        self,
+        room_id: str,
+        channel_id: str,
+        content: Content,
+        *,
+        participant_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        visibility: Visibility = "all",
+        kind: EventKind = "message",
+    ) -> RoomEvent | None:
+        """Commit an event a channel produced itself (a voice turn, an AI reply, a notice).
+
+        Returns the stored event, or None when a BEFORE_BROADCAST hook blocked it."""
+        await self._require_room(room_id)
+        channel = self.get_channel(channel_id)
+        event = RoomEvent(
+            room_id=room_id,
+            source=EventSource(
+                channel_id=channel_id, participant_id=participant_id, channel_type=channel.channel_type
+            ),
+            content=content,
+            kind=kind,
+            metadata=dict(metadata or {}),
+            visibility=visibility,
+        )
+        committed, _ = await self._commit(event)
+        return committed
+
+    async def update_event(
+        self,
+        room_id: str,
+        event_id: str,
+        *,
+        content: Content | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RoomEvent:
+        """Replace an event's content and/or metadata. The replaced event loses its author record
+        and is ranked against the register when read (D3)."""
+        async with self.locks.lock(room_id):
+            event = await self.store.get_event(room_id, event_id)
+            if event is None:
+                raise KeyError(f"no event {event_id!r} in room {room_id!r}")
+            new_metadata = dict(metadata if metadata is not None else event.metadata)
+            new_metadata.pop("author", None)
+            updated = event.model_copy(
+                update={"content": content or event.content, "metadata": new_metadata}
+            )
+            await self.store.replace_event(updated)
+            return updated
+
+    async def list_events(self, room_id: str, limit: int | None = None) -> list[RoomEvent]:
+        return await self.store.list_events(room_id, limit)
+
+    async def get_register(self, room_id: str) -> Register | None:
+        data = await self.store.get_register(room_id)
+        return Register.model_validate(data) if data is not None else None
+
+    async def label_for(self, room_id: str, event: RoomEvent) -> str:
+        """The label the attribution engine gives a committed event in this room."""
+        participants = await self.store.get_participants(room_id)
+        register = await self.get_register(room_id) or Register.new()
+        return label_for(event, participants, register)
+
+    async def _load_register(self, room_id: str) -> Register:
+        """The room's register; a room from before the register rebuilds it from its timeline (D7)."""
+        data = await self.store.get_register(room_id)
+        if data is not None:
+            return Register.model_validate(data)
+        timeline = [e for e in await self.store.list_events(room_id) if e.kind == "message"]
+        return rebuild_register(timeline, await self.store.get_participants(room_id))
+
+    async def _commit(self, event: RoomEvent) -> tuple[RoomEvent | None, str | None]:
+        room_id = event.room_id
+        ctx = HookContext(room_id, event.source.channel_id, self, event.source.participant_id)
+        async with self.locks.lock(room_id):
+            result: HookResult[RoomEvent] = await self.hooks.run_chain(
+                HookTrigger.BEFORE_BROADCAST, event, ctx
+            )
+            if result.blocked:
+                return None, result.reason
+            if result.value is not None:
+                event = result.value
+            if self.attribution and event.kind == "message":
+                participants = await self.store.get_participants(room_id)
+                register = await self._load_register(room_id)
+                author = commit_turn(register, event, participants)
+                if author:
+                    event = event.model_copy(update={"metadata": {**event.metadata, "author": author}})
+                await self.store.put_register(room_id, register.model_dump(mode="json"))
+            await self.store.add_event(event)
+            delivery = _Delivery(event)
+            self._deliveries.setdefault(room_id, _RoomDelivery()).queue.append(delivery)
+        await self._deliver_through(room_id, delivery)
+        return event, None
+
+    async def _deliver_through(self, room_id: str, delivery: _Delivery) -> None:
+        state = self._deliveries[room_id]
+        if state.deliverer is not None:
+            if _current_deliverer.get() is state.deliverer:
+                return  # committed from inside a delivery: the running deliverer takes it next
+            await delivery.done.wait()
+            return
+        token = object()
+        state.deliverer = token
+        reset = _current_deliverer.set(token)
+        try:
+            while state.queue:
+                current = state.queue.popleft()
+                try:
+                    await self._deliver(current.event)
+                finally:
+                    current.done.set()
+        finally:
+            state.deliverer = None
+            _current_deliverer.reset(reset)
+
+    async def _deliver(self, event: RoomEvent) -> None:
+        ctx = RoomContext(event.room_id, self)
+        for channel in await self.channels_in(event.room_id):
+            if channel.channel_id == event.source.channel_id or not event.visible_to(channel.channel_id):
+                continue
+            try:
+                await channel.deliver(event, ctx)
+            except Exception:
+                log.exception("channel %s failed to take event %s", channel.channel_id, event.id)
+        self.hooks.emit(
+            HookTrigger.AFTER_BROADCAST,
+            event,
+            HookContext(event.room_id, event.source.channel_id, self, event.source.participant_id),
+        )
+
+    # ----------------------------------------------------------------- hooks
+
+    def hook(
+        self, trigger: HookTrigger, *, priority: int = 0, name: str | None = None
+    ) -> Callable[[HookFn], HookFn]:
+        """Register a hook: `@kit.hook(HookTrigger.BEFORE_BROADCAST)`."""
+
+        def decorator(fn: HookFn) -> HookFn:
+            self.hooks.add(trigger, fn, priority=priority, name=name)
+            return fn
+
+        return decorator
+
+    async def run_hooks(self, trigger: HookTrigger, value: T, ctx: HookContext) -> HookResult[T]:
+        return await self.hooks.run_chain(trigger, value, ctx)
+
+    def emit(self, trigger: HookTrigger, value: Any, ctx: HookContext) -> None:
+        self.hooks.emit(trigger, value, ctx)
+
+    async def drain(self) -> None:
+        """Wait for observer hooks still running (tests, shutdown)."""
+        await self.hooks.drain()
+
+    async def close(self) -> None:
+        await self.drain()
+        for channel in list(self._channels.values()):
+            try:
+                await channel.close()
+            except Exception:
+                log.exception("closing channel %s failed", channel.channel_id)

@@ -1,0 +1,207 @@
+"""The room runtime: routing, participants, hooks, commit and delivery order, memory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from models import InboundMessage, Participant, RoomEvent, TextContent
+from rooms import (
+    AIChannel,
+    HookContext,
+    HookResult,
+    HookTrigger,
+    MockAIProvider,
+    RoomKit,
+    RoutingError,
+    SlidingWindowMemory,
+    TextChannel,
+)
+
+
+def text(channel: str, sender: str, body: str, **kw: object) -> InboundMessage:
+    return InboundMessage(channel_id=channel, sender_id=sender, content=TextContent(body=body), **kw)  # type: ignore[arg-type]
+
+
+async def test_new_sender_gets_a_room_of_their_own() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("sms"))
+    a = await kit.process_inbound(text("sms", "+1", "hi"))
+    b = await kit.process_inbound(text("sms", "+2", "hello"))
+    again = await kit.process_inbound(text("sms", "+1", "me again"))
+    assert a.room_id != b.room_id
+    assert again.room_id == a.room_id
+    assert [e.text for e in await kit.list_events(a.room_id)] == ["hi", "me again"]
+
+
+async def test_group_binding_takes_every_sender() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("bridge"))
+    await kit.create_room(room_id="r")
+    await kit.attach_channel("r", "bridge", group=True)
+    a = await kit.process_inbound(text("bridge", "alice", "one"))
+    b = await kit.process_inbound(text("bridge", "bob", "two"))
+    assert a.room_id == b.room_id == "r"
+
+
+async def test_two_group_rooms_need_an_explicit_room() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("bridge"))
+    for room in ("r1", "r2"):
+        await kit.create_room(room_id=room)
+        await kit.attach_channel(room, "bridge", group=True)
+    with pytest.raises(RoutingError, match="must name its room_id"):
+        await kit.process_inbound(text("bridge", "alice", "one"))
+    result = await kit.process_inbound(text("bridge", "alice", "one", room_id="r2"))
+    assert result.room_id == "r2"
+
+
+async def test_unknown_channel_is_refused() -> None:
+    kit = RoomKit()
+    with pytest.raises(KeyError, match="no channel 'nope'"):
+        await kit.process_inbound(text("nope", "a", "x"))
+
+
+async def test_ensure_participant_is_bookkeeping_only() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    await kit.create_room(room_id="r")
+    seen: list[RoomEvent] = []
+
+    @kit.hook(HookTrigger.BEFORE_BROADCAST)
+    def watch(event: RoomEvent, ctx: HookContext) -> None:
+        seen.append(event)
+
+    first = await kit.ensure_participant("r", "web", "u1", display_name="Alice")
+    second = await kit.ensure_participant("r", "web", "u1", display_name="Someone else")
+    assert first == second == Participant(id="u1", display_name="Alice", connected_via=["web"])
+    assert await kit.list_events("r") == []
+    assert seen == []
+
+
+async def test_before_broadcast_hook_modifies_and_blocks() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    await kit.create_room(room_id="r")
+
+    @kit.hook(HookTrigger.BEFORE_BROADCAST)
+    def censor(event: RoomEvent, ctx: HookContext) -> HookResult[RoomEvent]:
+        if "secret" in event.text:
+            return HookResult.block("no secrets")
+        return HookResult.modify(event.model_copy(update={"content": TextContent(body=event.text.upper())}))
+
+    ok = await kit.process_inbound(text("web", "u", "hello", room_id="r"))
+    blocked = await kit.process_inbound(text("web", "u", "the secret", room_id="r"))
+    assert ok.event is not None and ok.event.text == "HELLO"
+    assert blocked.blocked and blocked.event is None and blocked.reason == "no secrets"
+    assert [e.text for e in await kit.list_events("r")] == ["HELLO"]
+
+
+async def test_after_broadcast_observer_sees_committed_events() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    await kit.create_room(room_id="r")
+    seen: list[str] = []
+
+    @kit.hook(HookTrigger.AFTER_BROADCAST)
+    async def observe(event: RoomEvent, ctx: HookContext) -> None:
+        seen.append(event.text)
+
+    await kit.process_inbound(text("web", "u", "one", room_id="r"))
+    await kit.drain()
+    assert seen == ["one"]
+
+
+async def test_failing_observer_does_not_break_the_room() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    await kit.create_room(room_id="r")
+
+    @kit.hook(HookTrigger.AFTER_BROADCAST)
+    def explode(event: RoomEvent, ctx: HookContext) -> None:
+        raise RuntimeError("boom")
+
+    result = await kit.process_inbound(text("web", "u", "one", room_id="r"))
+    await kit.drain()
+    assert result.event is not None
+
+
+async def test_ai_reply_is_stored_and_delivered_after_the_trigger() -> None:
+    kit = RoomKit()
+    web = TextChannel("web")
+    kit.register_channel(web)
+    kit.register_channel(AIChannel("ai", provider=MockAIProvider(["Hi there."])))
+    await kit.create_room(room_id="r")
+    await kit.attach_channel("r", "web")
+    await kit.attach_channel("r", "ai")
+    await kit.process_inbound(text("web", "u", "hello", room_id="r"))
+    events = await kit.list_events("r")
+    assert [(e.source.channel_id, e.text) for e in events] == [("web", "hello"), ("ai", "Hi there.")]
+    assert [e.text for e in web.delivered] == ["Hi there."]
+
+
+async def test_concurrent_messages_are_delivered_in_commit_order() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    sink = TextChannel("sink")
+    kit.register_channel(sink)
+    await kit.create_room(room_id="r")
+    await kit.attach_channel("r", "web")
+    await kit.attach_channel("r", "sink")
+    await asyncio.gather(*(kit.process_inbound(text("web", f"u{i}", str(i), room_id="r")) for i in range(20)))
+    committed = [e.text for e in await kit.list_events("r")]
+    assert [e.text for e in sink.delivered] == committed
+    assert sorted(committed, key=int) == [str(i) for i in range(20)]
+
+
+async def test_visibility_limits_delivery() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    a, b = TextChannel("a"), TextChannel("b")
+    kit.register_channel(a)
+    kit.register_channel(b)
+    await kit.create_room(room_id="r")
+    for ch in ("web", "a", "b"):
+        await kit.attach_channel("r", ch)
+    await kit.post_event("r", "web", TextContent(body="for a"), visibility=["a"])
+    await kit.post_event("r", "web", TextContent(body="stored only"), visibility="none")
+    assert [e.text for e in a.delivered] == ["for a"]
+    assert b.delivered == []
+    assert len(await kit.list_events("r")) == 2
+
+
+async def test_update_event_replaces_content_and_drops_the_author_record() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    await kit.create_room(room_id="r")
+    result = await kit.process_inbound(text("web", "u", "draft", room_id="r", metadata={"sender_name": "Alice"}))
+    assert result.event is not None and "author" in result.event.metadata
+    updated = await kit.update_event("r", result.event.id, content=TextContent(body="final"))
+    assert updated.text == "final" and "author" not in updated.metadata
+    assert [e.text for e in await kit.list_events("r")] == ["final"]
+
+
+def test_sliding_window_keeps_the_newest_visible_events() -> None:
+    from models import EventSource
+
+    events = [
+        RoomEvent(room_id="r", source=EventSource(channel_id="web"), content=TextContent(body=str(i)))
+        for i in range(10)
+    ]
+    events[8] = events[8].model_copy(update={"visibility": ["other"]})
+    window = SlidingWindowMemory(max_events=3).window(events, "ai")
+    assert [e.text for e in window] == ["6", "7", "9"]
+
+
+async def test_stored_register_holds_no_id_and_no_name_in_clear() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    await kit.create_room(room_id="room-1")
+    await kit.ensure_participant("room-1", "web", "user-4711", display_name="Marguerite")
+    await kit.process_inbound(text("web", "user-4711", "hi", room_id="room-1"))
+    await kit.process_inbound(text("web", "guest-0815", "yo", room_id="room-1", metadata={"sender_name": "Bartholomew"}))
+    stored = json.dumps(await kit.store.get_register("room-1"))
+    for secret in ("user-4711", "guest-0815", "Marguerite", "marguerite", "Bartholomew", "bartholomew", "web"):
+        assert secret not in stored
