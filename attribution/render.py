@@ -84,8 +84,10 @@ def _double_quote_table() -> dict[int, str]:
 
 
 _BIDI_CONTROLS = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_LONE_SURROGATES = range(0xD800, 0xE000)
 _EXTRA_ESCAPES = {
-    cp: f"\\u{cp:04x}" for cp in [*range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI_CONTROLS]
+    cp: f"\\u{cp:04x}"
+    for cp in [*range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI_CONTROLS, *_LONE_SURROGATES]
 }
 
 
@@ -99,7 +101,8 @@ def json_line(line: str) -> str:
 
     `"` and `\\` are escaped, control characters (C0 and C1) and U+2028/U+2029 are written as JSON
     escapes, and so are the bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E/F,
-    U+061C), which could otherwise reorder how the rest of the line displays. `json.loads` gives back
+    U+061C), which could otherwise reorder how the rest of the line displays, and lone surrogates
+    (text decoded with `surrogateescape`), which no provider could encode. `json.loads` gives back
     the line (with those quote marks turned into `'`).
     """
     text = line.translate(_double_quote_table())
