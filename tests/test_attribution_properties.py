@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 from attribution import (
     MARK_NOTICE,
+    NOTE,
     NOTE_MARK,
     Register,
     commit_turn,
     json_line,
     label_for,
     labelled_lines,
+    labelling_on,
     neutralize_marks,
     other_double_quotes,
     register_participant,
@@ -277,3 +279,50 @@ def test_E3_neutralize_removes_every_copy_and_is_idempotent(
     assert MARK_NOTICE in once
     assert neutralize_marks(once) == once
     assert "labels from the runtime" not in once.replace(MARK_NOTICE, "").casefold()
+
+
+# --- C1/E1/E3 in a labelled context --------------------------------------------------------------
+
+marked_text = st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda a, b: a + NOTE_MARK + b, st.text(max_size=10), st.text(max_size=10)),
+)
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["p1", "p2", None]), names, marked_text), min_size=2, max_size=6
+    )
+)
+def test_C1_E1_E3_every_line_labelled_and_one_note(
+    turns: list[tuple[str | None, str, str]],
+) -> None:
+    people = [
+        Participant(id="p1", display_name="Alice", connected_via=["chat"]),
+        Participant(id="p2", display_name="Bob", connected_via=["chat"]),
+    ]
+    register = Register.new()
+    for person in people:
+        register_participant(register, person)
+    window: list[RoomEvent] = []
+    for pid, name, text in turns:
+        event = turn(text, by=pid, sender_name=name) if pid is None else turn(text, by=pid)
+        event.metadata["author"] = commit_turn(register, event, people)
+        window.append(event)
+    ctx = render_chat_context(window, window[-1], people, register, ai_channel_id="ai1")
+    user = [m for m in ctx.messages if m.role == "user"]
+    assert len(user) == len(window)
+    on = labelling_on(window, people, "ai1", register=register)
+    notes = sum(str(m.content).count(NOTE_MARK) for m in ctx.messages)
+    assert notes == (1 if on else sum(e.text.count(NOTE_MARK) for e in window))
+    if not on:
+        return
+    for event, message in zip(window, user, strict=True):
+        assert isinstance(message.content, str)
+        body = message.content.removesuffix("\n\n" + NOTE)
+        label = label_for(event, people, register)
+        lines = body.split("\n")
+        assert all(line.startswith(f"{label}: ") for line in lines)
+        parsed = [json.loads(line[len(label) + 2 :]) for line in lines]
+        assert NOTE_MARK not in "\n".join(parsed)
