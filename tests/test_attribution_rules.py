@@ -323,6 +323,9 @@ def test_C5_multimodal_trigger_carries_the_note_as_a_part() -> None:
         ("Alice：x", "Alice x"),  # fullwidth colon
         ("Al\u0589ice", "Al ice"),  # Armenian full stop reads as a colon
         ('"Bob"', "Bob"),
+        ("″Bob＂", "Bob"),
+        ("O'Brien", "O'Brien"),
+        ("O’Brien", "O’Brien"),
         ("“Bob”", "Bob"),
         ("Alice (2)", "Alice 2"),
         ("Alice [x] {y} <z>", "Alice x y z"),
