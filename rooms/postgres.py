@@ -230,7 +230,8 @@ class PostgresAdvisoryLocks(RoomLockManager):
             return bool(row and row[0])
 
     async def acquire(self, room_id: str) -> None:
-        while not await self._scalar("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", room_id):
+        # Polled, not awaited on the server: another process's release cannot set a local Event.
+        while not await self._scalar("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", room_id):  # noqa: ASYNC110
             await asyncio.sleep(self._poll)
 
     async def release(self, room_id: str) -> None:
