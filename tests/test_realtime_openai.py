@@ -105,6 +105,14 @@ def responses_after(server: OpenAIRealtimeServer) -> list[str]:
 async def test_R2_G1_G3_two_voices_lines_in_order_note_once(server: OpenAIRealtimeServer) -> None:
     room = await open_room(server, policy=AnswerWhenAddressed())
     turns = meeting_turns(REPO, limit=8)
+    turns.append(
+        {
+            "speaker": turns[0]["speaker"],
+            "text": "Chorus, what did we decide?",
+            "start": 60.0,
+            "end": 62.0,
+        }
+    )
     for turn in turns:
         await room.say(turn["speaker"], turn["text"], start=turn["start"], end=turn["end"])
         await room.idle()
@@ -431,3 +439,38 @@ async def test_R1_wrong_key_is_a_clear_error_not_a_hang() -> None:
         with pytest.raises(Exception, match="could not open the session"):
             await asyncio.wait_for(kit.attach_channel("r1", "rt"), 10)
         assert server.refused == ["authorization", "authorization"]
+
+
+async def test_R3_meeting_audio_each_turn_committed_then_labelled(
+    server: OpenAIRealtimeServer,
+) -> None:
+    import soundfile
+
+    from realtime import replay_turns
+
+    wav = REPO / "examples" / "meeting" / "meeting.wav"
+    if not wav.is_file():
+        pytest.skip("the generated meeting is not in this checkout")
+    samples, rate = soundfile.read(str(wav), dtype="int16")
+    turns = meeting_turns(REPO, limit=4)
+    result = await replay_turns(
+        turns,
+        "openai",
+        audio=(samples.tobytes(), rate),
+        policy=AnswerWhenAddressed(),
+        api_key="sk-test",
+        base_url=server.base_url,
+    )
+    await server.wait_for(lambda s: s.latest.types.count("input_audio_buffer.commit") == 4)
+    assert collapse_appends(server.latest.types) == [
+        "session.update",
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        *["input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create"] * 3,
+    ]
+    assert lines_sent(server) == result.lines[1:]
+    assert lines_sent(server)[0] == f'{turns[1]["speaker"]}: "{turns[1]["text"]}"\n\n{NOTE}'
+    # each commit holds that turn's span of the recording (24 kHz, 16-bit)
+    spans = [t["end"] - t["start"] for t in turns]
+    for committed, span in zip(server.latest.audio_bytes_committed, spans, strict=True):
+        assert abs(committed / 48_000 - span) < 0.01
