@@ -194,7 +194,9 @@ class RealtimeChannel(Channel):
             text = event.text
         state.lines.append(text)
         item = ContextItem("user", text)
-        pcm = self._take_turn_audio(state, event) if self.audio_mode else None
+        pcm = None
+        if self.audio_mode and event.metadata.get("source") == "voice":
+            pcm = self._take_turn_audio(state, event)  # a typed message has no audio
         if pcm is not None:
             session.post_audio_turn(pcm, item, send_item=state.labelling)
         else:

@@ -153,8 +153,12 @@ class RealtimeSession(ABC):
         max_reconnect_attempts: int | None = 8,
         reconnect_delay: float = 0.05,
         max_reconnect_delay: float = 2.0,
+        reconnect_forever: bool = True,
     ) -> None:
         self.options = options or SessionOptions()
+        self.reconnect_forever = reconnect_forever
+        """After one successful connection, keep reconnecting (capped backoff) instead of giving
+        up after `max_reconnect_attempts`: lines wait in order until the provider is back."""
         self.max_reconnect_attempts = max_reconnect_attempts
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
@@ -167,6 +171,7 @@ class RealtimeSession(ABC):
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._connected = False
+        self._ever_connected = False
         self._closing = False
         self._in_flight = False  # requested and not done
         self._response_written = False  # response.create went on the wire, no reply yet
@@ -293,15 +298,18 @@ class RealtimeSession(ABC):
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
+        """Write what is queued (while connected), then close the connection."""
         if self._closing:
             return
-        if self._writer is not None:
+        if self._writer is not None and self._connected:
             await self._queue.put(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._writer), 5)
-        self._closing = True
+        self._closing = True  # a writer still reconnecting gives up
         if self._writer is not None and not self._writer.done():
             self._writer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._writer
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(BaseException):
@@ -391,6 +399,8 @@ class RealtimeSession(ABC):
         attempt = 0
         delay = self.reconnect_delay
         while True:
+            if self._closing:
+                raise SessionFailed(f"{self.provider} session was closed while reconnecting")
             attempt += 1
             if self._reader is not None and not self._reader.done():
                 self._reader.cancel()
@@ -406,10 +416,12 @@ class RealtimeSession(ABC):
                 if self._response_written:  # the reply it asked for was lost with the line
                     await self._send_response_create()
             except (SessionDropped, OSError) as exc:
-                if (
-                    self.max_reconnect_attempts is not None
-                    and attempt >= self.max_reconnect_attempts
-                ):
+                # The first connection has a budget (a wrong key or URL is a clear error); a
+                # session that worked keeps trying, so nothing is lost while the provider is away.
+                budget = self.max_reconnect_attempts
+                if self._ever_connected and self.reconnect_forever:
+                    budget = None
+                if budget is not None and attempt >= budget:
                     raise SessionFailed(
                         f"{self.provider}: could not open the session after {attempt} attempts: {exc}"
                     ) from exc
@@ -420,6 +432,7 @@ class RealtimeSession(ABC):
                 delay = min(delay * 2, self.max_reconnect_delay)
                 continue
             self._connected = True
+            self._ever_connected = True
             self._reader = asyncio.create_task(self._read_loop(self.connection_index))
             if self.connection_index > 0:
                 await self._emit(SessionReconnected(self.connection_index))

@@ -474,3 +474,26 @@ async def test_R3_meeting_audio_each_turn_committed_then_labelled(
     spans = [t["end"] - t["start"] for t in turns]
     for committed, span in zip(server.latest.audio_bytes_committed, spans, strict=True):
         assert abs(committed / 48_000 - span) < 0.01
+
+
+async def test_R6_provider_away_longer_than_the_first_connect_budget_nothing_lost() -> None:
+    async with OpenAIRealtimeServer() as server:
+        room = await open_room(
+            server,
+            policy=AnswerWhenAddressed(),
+            max_reconnect_attempts=3,
+            reconnect_delay=0.01,
+            max_reconnect_delay=0.02,
+        )
+        await room.say("Speaker A", "One.")
+        await room.idle()
+        server.refuse_connections(6)  # twice the first-connect budget
+        server.drop()
+        await room.say("Speaker B", "Two.")
+        await room.say("Speaker A", "Chorus, three?")
+        await room.idle()
+        await server.wait_for(lambda s: s.latest.types.count("response.create") == 1)
+        assert server.refused == ["unavailable"] * 6
+        assert lines_sent(server) == await expected_lines(room.kit, room.id, "rt")
+        assert len(lines_sent(server)) == 3
+        await room.kit.close()

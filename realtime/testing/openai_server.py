@@ -22,12 +22,14 @@ import contextlib
 import json
 import math
 import struct
+from http import HTTPStatus
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request, Response
 from websockets.exceptions import ConnectionClosed
 
 from realtime.openai_wire import (
@@ -139,6 +141,7 @@ class OpenAIRealtimeServer:
         self._live: dict[int, ServerConnection] = {}
         self._drop_rules: list[tuple[int, str | None]] = []
         self._responses = 0
+        self._refuse = 0
         self.port = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -151,7 +154,13 @@ class OpenAIRealtimeServer:
         await self.stop()
 
     async def start(self) -> None:
-        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=16 * 1024 * 1024)
+        self._server = await serve(
+            self._handle,
+            "127.0.0.1",
+            0,
+            max_size=16 * 1024 * 1024,
+            process_request=self._process_request,
+        )
         sock = next(iter(self._server.sockets))
         self.port = int(sock.getsockname()[1])
 
@@ -173,6 +182,17 @@ class OpenAIRealtimeServer:
         """Drop every open connection now, as a network failure would (no close frame)."""
         for ws in list(self._live.values()):
             ws.transport.abort()
+
+    def refuse_connections(self, count: int) -> None:
+        """Answer the next `count` connection attempts with HTTP 503 (the service is away)."""
+        self._refuse += count
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if self._refuse > 0:
+            self._refuse -= 1
+            self.refused.append("unavailable")
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "Service Unavailable\n")
+        return None
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send a raw message (malformed on purpose, say) to every open connection."""
