@@ -22,15 +22,15 @@ import contextlib
 import json
 import math
 import struct
-from http import HTTPStatus
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.http11 import Request, Response
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from realtime.openai_wire import (
     ACTIVE_RESPONSE_CODE,
