@@ -68,7 +68,7 @@ class RecorderSession(RealtimeSession):
         self._record(wire.client_event_wire(event))
 
     async def _send_configure(self) -> None:
-        self._send(wire.SessionUpdate(session=session_config(self.options, self.model)))
+        self._send(wire.SessionUpdate(session=session_config(self.options)))
 
     async def _send_item(self, item: ContextItem) -> None:
         self._send(client_item_event(item))
