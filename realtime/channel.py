@@ -90,9 +90,12 @@ class RealtimeChannel(Channel):
         output_audio: bool = True,
         voice: str | None = None,
         answer_agents: bool = False,
+        max_held_seconds: float = 120.0,
         **provider_options: Any,
     ) -> None:
         super().__init__(channel_id)
+        self.max_held_seconds = max_held_seconds
+        """Audio mode: at most this much pushed audio waits for its turn event."""
         self.provider = provider
         self.provider_options = provider_options
         self.assistant_name = assistant_name
@@ -144,7 +147,11 @@ class RealtimeChannel(Channel):
         for past in await kit.list_events(room_id):  # who already spoke (G3 counts the room)
             if self._counts(past):
                 state.speakers.add(label_for(past, participants, register))
-        await session.start()
+        try:
+            await session.start()
+        except BaseException:
+            del self._rooms[room_id]  # the next event (or attach) tries again
+            raise
 
     async def close(self) -> None:
         for state in self._rooms.values():
@@ -247,6 +254,13 @@ class RealtimeChannel(Channel):
                 state.resampler_rate = sample_rate
             samples = state.resampler.resample_chunk(samples)
         _hold(state, samples)
+        excess = len(state.audio) // 2 - round(self.max_held_seconds * target)
+        if excess > 0:  # no turn came for that long (a hook blocked them?): drop the oldest
+            log.warning(
+                "%s: dropping %.1f s of audio no turn claimed", self.channel_id, excess / target
+            )
+            del state.audio[: excess * 2]
+            state.audio_start += excess
 
     def _flush_resampler(self, state: _RoomState) -> None:
         """Emit what the streaming resampler still holds back (its look-ahead, ~20-30 ms) so a

@@ -74,15 +74,24 @@ def client_item_event(item: ContextItem) -> wire.ConversationItemCreate:
     return wire.ConversationItemCreate(item=message)
 
 
+def response_create_event(number: int) -> wire.ResponseCreate:
+    """The n-th `response.create` of a session. Its `event_id` comes back in an `error` that
+    refuses it, so a refused request does not leave a response "in flight" forever."""
+    return wire.ResponseCreate(event_id=f"chorus_response_{number}")
+
+
 class _ReplyAssembler:
-    """Turns OpenAI server events into the base class's reply events (shared with the recorder)."""
+    """Turns OpenAI server events into the base class's reply events."""
 
     def __init__(self) -> None:
         self.transcripts: dict[str, list[str]] = {}
         self.finished: dict[str, str] = {}
+        self.pending_request: str | None = None
+        """The `event_id` of the `response.create` not yet answered by `response.created`."""
 
     def feed(self, event: wire.ServerEvent) -> list[SessionEvent]:
         if isinstance(event, wire.ResponseCreated):
+            self.pending_request = None
             rid = event.response.id or ""
             self.transcripts[rid] = []
             return [ReplyStarted(rid)]
@@ -115,7 +124,14 @@ class _ReplyAssembler:
             self.transcripts.pop(rid, None)
             return [ReplyDone(rid, text, event.response.status or "completed")]
         if isinstance(event, wire.ErrorEvent):
-            return [SessionError(event.error.code, event.error.message)]
+            out: list[SessionEvent] = [SessionError(event.error.code, event.error.message)]
+            refused = event.error.event_id
+            if refused is not None and refused == self.pending_request:
+                self.pending_request = None
+                if event.error.code != wire.ACTIVE_RESPONSE_CODE:
+                    # The request was refused: no response will come for it.
+                    out.append(ReplyDone("", "", "failed"))
+            return out
         return []
 
 
@@ -157,6 +173,7 @@ class OpenAIRealtimeSession(RealtimeSession):
         self.client = client
         self._conn: Any = None
         self._assembler = _ReplyAssembler()
+        self._requests = 0
 
     async def _connect(self) -> None:
         try:
@@ -201,7 +218,10 @@ class OpenAIRealtimeSession(RealtimeSession):
         await self._send(wire.InputAudioBufferCommit())
 
     async def _send_response_create(self) -> None:
-        await self._send(wire.ResponseCreate())
+        self._requests += 1
+        event = response_create_event(self._requests)
+        self._assembler.pending_request = event.event_id
+        await self._send(event)
 
     async def _send_cancel(self) -> None:
         await self._send(wire.ResponseCancel())

@@ -331,9 +331,13 @@ class RealtimeSession(ABC):
             raise RuntimeError(f"{self.provider} session is closed")
         if self.failed is not None:
             raise SessionFailed(str(self.failed)) from self.failed
-        op.done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Callers may not await it (the channel posts and moves on): a failure is reported as a
+        # SessionError event, so mark it retrieved here.
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        op.done = done
         self._queue.put_nowait(op)
-        return op.done
+        return done
 
     async def _write_loop(self) -> None:
         while True:

@@ -497,3 +497,20 @@ async def test_R6_provider_away_longer_than_the_first_connect_budget_nothing_los
         assert lines_sent(server) == await expected_lines(room.kit, room.id, "rt")
         assert len(lines_sent(server)) == 3
         await room.kit.close()
+
+
+async def test_R4_a_refused_response_create_does_not_block_later_answers(
+    server: OpenAIRealtimeServer,
+) -> None:
+    room = await open_room(server, policy=AnswerAlways())
+    server.refuse_responses(1)
+    await room.say("Speaker A", "First?")
+    await room.idle()  # the refusal releases the request: nothing stays "in flight"
+    await room.say("Speaker A", "Second?")
+    await room.idle()
+    assert [e["code"] for e in server.latest.errors] == ["rate_limit_exceeded"]
+    assert server.latest.errors[0]["event_id"] == "chorus_response_1"
+    assert types_sent(server).count("response.create") == 2
+    replies = [e.text for e in await room.kit.list_events("r1") if e.source.channel_id == "rt"]
+    assert replies == ["Reply 1"]
+    await room.kit.close()

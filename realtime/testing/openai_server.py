@@ -142,6 +142,7 @@ class OpenAIRealtimeServer:
         self._drop_rules: list[tuple[int, str | None]] = []
         self._responses = 0
         self._refuse = 0
+        self._refuse_responses: list[str] = []
         self.port = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -193,6 +194,10 @@ class OpenAIRealtimeServer:
             self.refused.append("unavailable")
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "Service Unavailable\n")
         return None
+
+    def refuse_responses(self, count: int, code: str = "rate_limit_exceeded") -> None:
+        """Refuse the next `count` `response.create` events with an `error` naming them."""
+        self._refuse_responses += [code] * count
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send a raw message (malformed on purpose, say) to every open connection."""
@@ -389,6 +394,15 @@ class OpenAIRealtimeServer:
             state.audio.clear()
             await self._send(ws, InputAudioBufferCleared(event_id=new_id("event")))
         elif isinstance(event, ResponseCreate):
+            if self._refuse_responses:
+                await self._error(
+                    ws,
+                    log,
+                    "The response could not be created.",
+                    code=self._refuse_responses.pop(0),
+                    client_event_id=event.event_id,
+                )
+                return
             if state.active_response is not None:
                 await self._error(
                     ws,
