@@ -15,8 +15,15 @@ PROVIDERS = ("recorder", "openai", "gemini")
 def make_session(
     provider: str, options: SessionOptions | None = None, **kwargs: Any
 ) -> RealtimeSession:
-    """A new session for `provider`; `kwargs` go to its constructor (model, api_key, base_url …)."""
+    """A new session for `provider`; `kwargs` go to its constructor (model, api_key, base_url …).
+
+    Options left at `None` take the provider's defaults, so one configuration section can serve
+    every provider; the recorder ignores connection options (it connects nowhere).
+    """
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if provider == "recorder":
+        for name in ("api_key", "base_url", "websocket_base_url", "ssl", "client"):
+            kwargs.pop(name, None)
         from realtime.recorder import RecorderSession
 
         return RecorderSession(options, **kwargs)

@@ -49,11 +49,25 @@ class ReplayResult:
         """A human-readable account of what the model was sent, one client event per line."""
         out = [f"realtime session ({self.provider}): {len(self.sent)} client events"]
         connection = 0
+        appends: list[int] = []  # consecutive appends (one turn's audio) read as one line
+
+        def flush() -> None:
+            if appends:
+                count = f" ×{len(appends)}" if len(appends) > 1 else ""
+                out.append(f"→ input_audio_buffer.append{count}  ({sum(appends)} bytes of audio)")
+                appends.clear()
+
         for sent in self.sent:
             if sent.connection != connection:
+                flush()
                 connection = sent.connection
                 out.append(f"-- reconnected (connection {connection}); the session is replayed --")
+            if sent.type == "input_audio_buffer.append":
+                appends.append(len(str(sent.event.get("audio", ""))) * 3 // 4)
+                continue
+            flush()
             out.append(_render_event(sent.event))
+        flush()
         if self.replies:
             out.append("replies posted into the room:")
             out.extend(f"  {reply}" for reply in self.replies)
@@ -86,9 +100,6 @@ def _render_event(event: Mapping[str, Any]) -> str:
         text = "".join(p.get("text", "") for p in item.get("content") or [])
         head = f"→ conversation.item.create  [{item.get('role')}] "
         return head + _indent(text, " " * len(head))
-    if kind == "input_audio_buffer.append":
-        audio = str(event.get("audio", ""))
-        return f"→ input_audio_buffer.append  ({len(audio) * 3 // 4} bytes of audio)"
     if kind in ("client_content", "realtime_input", "setup"):
         return f"→ {kind}  {json.dumps(event[kind], ensure_ascii=False)[:200]}"
     return f"→ {kind}"

@@ -3,6 +3,7 @@ and `chorus transcribe --realtime recorder`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,32 @@ async def test_R1_openai_reads_key_and_base_url_from_environment(
         result = await replay_turns(TURNS[:1], "openai", policy=AnswerNever())
         assert result.types == ["session.update", "conversation.item.create"]
         assert server.latest.headers["authorization"] == "Bearer sk-env"
+
+
+async def test_R1_one_config_section_serves_every_provider() -> None:
+    """`None` options take the provider's defaults; the recorder ignores connection options."""
+    session = make_session(
+        "recorder", SessionOptions(), model=None, api_key="k", base_url="http://x"
+    )
+    assert isinstance(session, RecorderSession)
+    result = await replay_turns(
+        TURNS[:1], "recorder", model=None, api_key=None, base_url="http://x"
+    )
+    assert result.types[:2] == ["session.update", "conversation.item.create"]
+
+
+def test_python_m_realtime_prints_what_the_recorder_was_sent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from realtime.__main__ import main
+
+    path = tmp_path / "turns.json"
+    path.write_text(json.dumps({"turns": TURNS}))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("realtime session (recorder): 6 client events\n")
+    assert 'Speaker B: "Alice: I approve"' in out
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"turns": 3}')
+    assert main([str(bad)]) == 2
+    assert "expected a list of turns" in capsys.readouterr().err
