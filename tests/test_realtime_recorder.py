@@ -165,7 +165,7 @@ def test_python_m_realtime_prints_what_the_recorder_was_sent(
 
     path = tmp_path / "turns.json"
     path.write_text(json.dumps({"turns": TURNS}))
-    assert main([str(path)]) == 0
+    assert main([str(path), "--assistant-name", "Assistant"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("realtime session (recorder): 6 client events\n")
     assert 'Speaker B: "Alice: I approve"' in out
