@@ -514,3 +514,44 @@ async def test_R4_a_refused_response_create_does_not_block_later_answers(
     replies = [e.text for e in await room.kit.list_events("r1") if e.source.channel_id == "rt"]
     assert replies == ["Reply 1"]
     await room.kit.close()
+
+
+async def test_G3_application_instruction_is_a_system_item_never_labelled(
+    server: OpenAIRealtimeServer,
+) -> None:
+    room = await open_room(server, policy=AnswerWhenAddressed())
+    await room.say("Speaker A", "Hello.")
+    await room.kit.post_event(
+        "r1", "sms1", TextContent(body="The meeting ends at 10:00."), kind="system"
+    )
+    await room.say("Speaker A", "Chorus, when do we end?")
+    await room.idle()
+    await server.wait_for(lambda s: s.latest.types.count("conversation.item.create") == 3)
+    items = [e["item"] for e in server.latest.events if e["type"] == "conversation.item.create"]
+    assert [(i["role"], i["content"][0]["text"]) for i in items] == [
+        ("user", "Hello."),
+        ("system", "The meeting ends at 10:00."),  # not a speaker: the room still holds one
+        ("user", "Chorus, when do we end?"),
+    ]
+    await room.kit.close()
+
+
+async def test_G3_session_opened_in_a_room_with_two_speakers_labels_its_first_line(
+    server: OpenAIRealtimeServer,
+) -> None:
+    kit = RoomKit()
+    await kit.create_room("r1")
+    voice = VoiceLikeChannel("voice")
+    kit.register_channel(voice)
+    await kit.attach_channel("r1", "voice", group=True)
+    await voice.say("r1", "Speaker A", "Before the model joined.")
+    await voice.say("r1", "Speaker B", "Me too.")
+    kit.register_channel(
+        RealtimeChannel("rt", "openai", api_key="sk-test", base_url=server.base_url)
+    )
+    await kit.attach_channel("r1", "rt")
+    await voice.say("r1", "Speaker A", "Now it listens.")
+    await kit.get_channel("rt").wait_idle("r1")  # type: ignore[attr-defined]
+    await server.wait_for(lambda s: len(lines_sent(s)) == 1)
+    assert lines_sent(server) == [f'Speaker A: "Now it listens."\n\n{NOTE}']
+    await kit.close()
