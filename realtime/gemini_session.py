@@ -43,6 +43,7 @@ from realtime.session import (
     SessionError,
     SessionEvent,
     SessionOptions,
+    connect_error,
 )
 
 DEFAULT_MODEL = "gemini-live-2.5-flash-preview"
@@ -136,12 +137,9 @@ class GeminiLiveSession(RealtimeSession):
             self._session = await stack.enter_async_context(
                 self.client.aio.live.connect(model=self.model, config=self.connect_config())
             )
-        except (OSError, ConnectionClosed, genai_errors.APIError) as exc:
+        except Exception as exc:  # OSError, APIError, websockets' InvalidStatus, InvalidURI …
             await stack.aclose()
-            raise SessionDropped(f"could not connect: {exc}") from exc
-        except Exception as exc:  # websockets handshake errors (InvalidStatus, InvalidURI …)
-            await stack.aclose()
-            raise SessionDropped(f"could not connect: {exc}") from exc
+            raise connect_error(self.provider, exc) from exc
         self._stack = stack
         self._current = None
         self._started = False

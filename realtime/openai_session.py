@@ -18,7 +18,7 @@ from typing import Any
 
 from openai import AsyncOpenAI, OpenAIError
 from pydantic import BaseModel
-from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+from websockets.exceptions import ConnectionClosed
 
 from realtime import openai_wire as wire
 from realtime.session import (
@@ -32,6 +32,7 @@ from realtime.session import (
     SessionError,
     SessionEvent,
     SessionOptions,
+    connect_error,
 )
 
 DEFAULT_MODEL = "gpt-realtime"
@@ -178,10 +179,8 @@ class OpenAIRealtimeSession(RealtimeSession):
     async def _connect(self) -> None:
         try:
             self._conn = await self.client.realtime.connect(model=self.model).enter()
-        except (OSError, ConnectionClosed, OpenAIError) as exc:
-            raise SessionDropped(f"could not connect: {exc}") from exc
-        except Exception as exc:  # websockets' InvalidStatus, InvalidURI, handshake errors
-            raise SessionDropped(f"could not connect: {exc}") from exc
+        except Exception as exc:  # OSError, OpenAIError, websockets' InvalidStatus, InvalidURI …
+            raise connect_error(self.provider, exc) from exc
         self._assembler = _ReplyAssembler()
 
     async def _disconnect(self) -> None:
@@ -233,14 +232,10 @@ class OpenAIRealtimeSession(RealtimeSession):
         while True:
             try:
                 raw = await conn.recv_bytes()
-            except ConnectionClosedOK as exc:
-                if self._closing:
-                    return
-                raise SessionDropped(f"closed by the server: {exc}") from exc
             except (ConnectionClosed, OSError) as exc:
                 if self._closing:
                     return
-                raise SessionDropped(str(exc)) from exc
+                raise connect_error(self.provider, exc) from exc
             try:
                 event = wire.parse_server_event(raw)
             except ValueError as exc:

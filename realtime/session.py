@@ -37,6 +37,27 @@ class SessionFailed(Exception):
     """The session could not be (re)opened within its reconnect budget."""
 
 
+class SessionRefused(SessionFailed):
+    """The provider refused the session for good (a bad key, an unknown model): retrying cannot
+    help, so it is reported at once instead of after the reconnect budget."""
+
+
+def connect_error(provider: str, exc: BaseException) -> SessionDropped | SessionRefused:
+    """Classify a failed connect: HTTP 4xx (but 408/429) and close code 1008 are refusals."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        if 400 <= status < 500 and status not in (408, 429):
+            body = exc.response.body.decode("utf-8", "replace").strip()[:200]
+            return SessionRefused(f"{provider} refused the session: HTTP {status} {body}".rstrip())
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None and exc.rcvd.code == 1008:
+        return SessionRefused(
+            f"{provider} refused the session: {exc.rcvd.reason or 'policy violation'}"
+        )
+    return SessionDropped(f"could not connect: {exc}")
+
+
 # --------------------------------------------------------------------------- what goes in
 
 
@@ -446,6 +467,13 @@ class RealtimeSession(ABC):
         try:
             async for event in self._receive():
                 await self._on_event(event)
+        except SessionRefused as exc:
+            if self._closing or connection != self.connection_index:
+                return
+            log.error("%s", exc)
+            self.failed = exc
+            self._connected = False
+            await self._emit(SessionError("session_refused", str(exc)))
         except SessionDropped:
             if self._closing or connection != self.connection_index:
                 return

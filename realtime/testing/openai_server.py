@@ -189,6 +189,23 @@ class OpenAIRealtimeServer:
         self._refuse += count
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if (
+            self.api_key is not None
+            and request.headers.get("Authorization") != f"Bearer {self.api_key}"
+        ):
+            self.refused.append("authorization")
+            return connection.respond(
+                HTTPStatus.UNAUTHORIZED,
+                json.dumps(
+                    {
+                        "error": {
+                            "type": "invalid_request_error",
+                            "code": "invalid_api_key",
+                            "message": "Incorrect API key provided.",
+                        }
+                    }
+                ),
+            )
         if self._refuse > 0:
             self._refuse -= 1
             self.refused.append("unavailable")
@@ -236,10 +253,6 @@ class OpenAIRealtimeServer:
         if not parts.path.rstrip("/").endswith("/realtime"):
             self.refused.append(f"path {parts.path}")
             await ws.close(1008, "unknown path")
-            return
-        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
-            self.refused.append("authorization")
-            await ws.close(1008, "invalid api key")
             return
         models = query.get("model") or []
         model = models[0] if models else None
