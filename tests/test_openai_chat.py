@@ -70,7 +70,8 @@ class ChatServer:
                             index=0,
                             finish_reason="stop",
                             message=ChatCompletionMessage(
-                                role="assistant", content=server.replies.pop(0)
+                                role="assistant",
+                                content=server.replies.pop(0) if server.replies else "OK.",
                             ),
                         )
                     ],
@@ -90,7 +91,9 @@ class ChatServer:
                 return None
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def base_url(self) -> str:
@@ -107,7 +110,7 @@ class ChatServer:
 
 @pytest.fixture
 def chat_server() -> Iterator[ChatServer]:
-    with ChatServer(["Alice proposed Tuesday; Bob, Thursday.", "Sure."]) as server:
+    with ChatServer(["Noted.", "Noted.", "Alice proposed Tuesday; Bob, Thursday."]) as server:
         yield server
 
 
@@ -142,9 +145,14 @@ async def test_H_chat_model_sees_labelled_turns_and_reply_comes_back(
     assert all("name" not in m for m in last["messages"])  # F3: no per-message name fields
     assert chat_server.headers[-1]["authorization"] == "Bearer sk-chat"
     replies = [e for e in await kit.list_events("r1") if e.source.channel_id == "ai"]
-    assert replies[0].text == "Alice proposed Tuesday; Bob, Thursday."
-    assert replies[0].metadata["model"] == "gpt-test"
-    assert replies[0].metadata["finish_reason"] == "stop"
+    assert [e.text for e in replies] == [
+        "Noted.",
+        "Noted.",
+        "Alice proposed Tuesday; Bob, Thursday.",
+    ]
+    assert replies[-1].metadata["model"] == "gpt-test"
+    assert replies[-1].metadata["finish_reason"] == "stop"
+    assert replies[-1].metadata["usage"]["total_tokens"] == 13
 
 
 async def test_A2_one_speaker_request_has_no_labels(chat_server: ChatServer) -> None:
@@ -204,5 +212,5 @@ async def test_base_url_from_environment(
     response = await OpenAIChatProvider("gpt-env").generate(
         AIContext(messages=[AIMessage(role="user", content="hi")])
     )
-    assert response.text == "Alice proposed Tuesday; Bob, Thursday."
+    assert response.text == "Noted."
     assert chat_server.headers[-1]["authorization"] == "Bearer sk-env"
