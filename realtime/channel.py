@@ -109,7 +109,6 @@ class RealtimeChannel(Channel):
             voice=voice,
         )
         self._rooms: dict[str, _RoomState] = {}
-        self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ sessions
 
@@ -121,6 +120,10 @@ class RealtimeChannel(Channel):
     def session_for(self, room_id: str) -> RealtimeSession:
         """The room's session (attach the channel first)."""
         return self._state(room_id).session
+
+    def replies_for(self, room_id: str) -> list[RoomEvent]:
+        """The model's replies this channel posted into the room, in order (R5)."""
+        return list(self._state(room_id).replies)
 
     def lines_for(self, room_id: str) -> list[str]:
         """Every context line this channel sent for the room, in order."""

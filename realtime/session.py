@@ -156,11 +156,11 @@ class _Op:
 
 
 class RealtimeSession(ABC):
-    """Base of every provider session. Use: `await s.start()`, `await s.add_item(...)`,
-    `await s.audio_turn(pcm, item)`, `await s.request_response()`, `await s.close()`.
-
-    All methods enqueue and return once the operation was written (or, for `request_response`,
-    decided); they never interleave on the wire.
+    """Base of every provider session: `await s.start()`, then `s.post_item(item)`,
+    `s.post_audio_turn(pcm, item)`, `s.post_response()` (enqueue and return at once, for a
+    channel's `deliver`) or their awaited forms `add_item`, `audio_turn`, `request_response`;
+    `await s.wait_idle()`, `await s.close()`. Operations go on the wire in call order, never
+    interleaved.
     """
 
     provider: ClassVar[str]
