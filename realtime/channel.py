@@ -50,16 +50,74 @@ AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
 
 
 @dataclass
+class _HeldAudio:
+    """One stream's pushed audio (16-bit mono at the session's rate) until a turn claims it."""
+
+    rate: int
+    audio: bytearray = field(default_factory=bytearray)
+    start: int = 0
+    """Stream position (samples) of `audio[0]`; stream time 0 is the first sample pushed."""
+    resampler: Any = None
+    resampler_rate: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.audio) // 2
+
+    def push(self, samples: np.ndarray[Any, Any], sample_rate: int) -> None:
+        if sample_rate != self.rate:
+            import soxr
+
+            if self.resampler is None or self.resampler_rate != sample_rate:
+                self.flush()
+                self.resampler = soxr.ResampleStream(sample_rate, self.rate, 1, dtype="float32")
+                self.resampler_rate = sample_rate
+            samples = self.resampler.resample_chunk(samples)
+        self._hold(samples)
+
+    def flush(self) -> None:
+        """Emit what the streaming resampler still holds back (its look-ahead, ~20-30 ms), so a
+        turn ending at the edge of the pushed audio gets all of it; the next push starts anew."""
+        if self.resampler is not None:
+            self._hold(self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+            self.resampler = None
+
+    def _hold(self, samples: np.ndarray[Any, Any]) -> None:
+        out = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
+        self.audio.extend(out.tobytes())
+
+    def drop_oldest(self, keep_seconds: float) -> float:
+        excess = len(self.audio) // 2 - round(keep_seconds * self.rate)
+        if excess <= 0:
+            return 0.0
+        del self.audio[: excess * 2]
+        self.start += excess
+        return excess / self.rate
+
+    def take(self, start_s: float | None, end_s: float | None) -> bytes | None:
+        """The span `start_s`…`end_s` (seconds of stream time), consuming everything up to its end."""
+        if end_s is None or round(end_s * self.rate) > self.end:
+            self.flush()
+        held = len(self.audio) // 2
+        begin, end = 0, held
+        if end_s is not None:
+            end = min(held, max(0, round(end_s * self.rate) - self.start))
+        if start_s is not None:
+            begin = min(end, max(0, round(start_s * self.rate) - self.start))
+        pcm = bytes(self.audio[begin * 2 : end * 2])
+        del self.audio[: end * 2]
+        self.start += end
+        return pcm or None
+
+
+@dataclass
 class _RoomState:
     session: RealtimeSession
     speakers: set[str] = field(default_factory=set)
     labelling: bool = False
     note_sent: bool = False
-    audio: bytearray = field(default_factory=bytearray)
-    audio_start: int = 0
-    """Stream position (samples at the session's input rate) of `audio[0]`."""
-    resampler: Any = None
-    resampler_rate: int = 0
+    streams: dict[str | None, _HeldAudio] = field(default_factory=dict)
+    """Audio mode: pushed audio waiting for its turn, per stream (`voice_session_id`)."""
     replies: list[RoomEvent] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     """Every context line sent for this room, as sent (labelled or plain)."""
@@ -231,12 +289,19 @@ class RealtimeChannel(Channel):
     # ------------------------------------------------------------------ audio (R3)
 
     async def push_audio(
-        self, room_id: str, pcm16: bytes, sample_rate: int, channels: int = 1
+        self,
+        room_id: str,
+        pcm16: bytes,
+        sample_rate: int,
+        channels: int = 1,
+        *,
+        stream_id: str | None = None,
     ) -> None:
-        """Feed the room's shared-mic audio (16-bit PCM, any rate, interleaved channels).
+        """Feed shared-mic audio (16-bit PCM, any rate, interleaved channels) of one stream.
 
-        The audio is held until the voice channel's turn event says whose it was; stream time 0 is
-        the first sample pushed (the voice channel's `start`/`end` count from the same point).
+        The audio is held until the voice channel's turn event says whose it was. Stream time 0 is
+        the stream's first sample pushed, the point the voice channel's `start`/`end` count from;
+        `stream_id` is the stream's `voice_session_id` when a room has several microphones.
         """
         if not self.audio_mode:
             raise RuntimeError(f"channel {self.channel_id!r} is not in audio mode")
@@ -245,58 +310,30 @@ class RealtimeChannel(Channel):
         if len(pcm16) % (2 * channels):
             raise ValueError("pcm16 length is not a whole number of 16-bit frames")
         state = self._state(room_id)
+        held = state.streams.get(stream_id)
+        if held is None:
+            held = state.streams[stream_id] = _HeldAudio(state.session.input_sample_rate)
         samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
         if channels > 1:
             samples = samples.reshape(-1, channels).mean(axis=1)
-        target = state.session.input_sample_rate
-        if sample_rate != target:
-            import soxr
-
-            if state.resampler is None or state.resampler_rate != sample_rate:
-                state.resampler = soxr.ResampleStream(sample_rate, target, 1, dtype="float32")
-                state.resampler_rate = sample_rate
-            samples = state.resampler.resample_chunk(samples)
-        _hold(state, samples)
-        excess = len(state.audio) // 2 - round(self.max_held_seconds * target)
-        if excess > 0:  # no turn came for that long (a hook blocked them?): drop the oldest
-            log.warning(
-                "%s: dropping %.1f s of audio no turn claimed", self.channel_id, excess / target
-            )
-            del state.audio[: excess * 2]
-            state.audio_start += excess
-
-    def _flush_resampler(self, state: _RoomState) -> None:
-        """Emit what the streaming resampler still holds back (its look-ahead, ~20-30 ms) so a
-        turn ending at the edge of the pushed audio gets all of it; the next push starts a new
-        stream."""
-        if state.resampler is not None:
-            _hold(state, state.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
-            state.resampler = None
+        held.push(samples, sample_rate)
+        dropped = held.drop_oldest(self.max_held_seconds)
+        if dropped:  # no turn came for that long (a hook blocked them?)
+            log.warning("%s: dropped %.1f s of audio no turn claimed", self.channel_id, dropped)
 
     def _take_turn_audio(self, state: _RoomState, event: RoomEvent) -> bytes | None:
-        """The audio of one turn (from its `start` to its `end`), consumed from the held stream."""
-        rate = state.session.input_sample_rate
-        end_s = event.metadata.get("end")
-        if (
-            not isinstance(end_s, int | float)
-            or round(float(end_s) * rate) > state.audio_start + len(state.audio) // 2
-        ):
-            self._flush_resampler(state)
-        if not state.audio:
+        """The audio of one voice turn (its `start`…`end`), from its stream's held audio."""
+        stream = event.metadata.get("voice_session_id")
+        held = state.streams.get(stream) if isinstance(stream, str) else None
+        if held is None:
+            held = state.streams.get(None)
+        if held is None:
             return None
-        held = len(state.audio) // 2
-        begin, end = 0, held
-        start_s = event.metadata.get("start")
-        if isinstance(end_s, int | float):
-            end = min(held, max(0, round(float(end_s) * rate) - state.audio_start))
-        if isinstance(start_s, int | float):
-            begin = min(end, max(0, round(float(start_s) * rate) - state.audio_start))
-        if end <= begin:
-            return None
-        pcm = bytes(state.audio[begin * 2 : end * 2])
-        del state.audio[: end * 2]
-        state.audio_start += end
-        return pcm
+        start_s, end_s = event.metadata.get("start"), event.metadata.get("end")
+        return held.take(
+            float(start_s) if isinstance(start_s, int | float) else None,
+            float(end_s) if isinstance(end_s, int | float) else None,
+        )
 
     # ------------------------------------------------------------------ replies (R5)
 
@@ -327,8 +364,3 @@ class RealtimeChannel(Channel):
             )
             if posted is not None and state is not None:
                 state.replies.append(posted)
-
-
-def _hold(state: _RoomState, samples: np.ndarray[Any, Any]) -> None:
-    out = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
-    state.audio.extend(out.tobytes())

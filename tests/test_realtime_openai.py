@@ -556,3 +556,21 @@ async def test_G3_session_opened_in_a_room_with_two_speakers_labels_its_first_li
     await server.wait_for(lambda s: len(lines_sent(s)) == 1)
     assert lines_sent(server) == [f'Speaker A: "Now it listens."\n\n{NOTE}']
     await kit.close()
+
+
+async def test_R3_two_microphones_each_turn_takes_its_own_streams_audio(
+    server: OpenAIRealtimeServer,
+) -> None:
+    room = await open_room(server, policy=AnswerAlways(), audio_mode=True)
+    await room.realtime.push_audio("r1", _tone(2.0), 16_000, stream_id="mic-1")
+    await room.realtime.push_audio("r1", _tone(0.5, rate=48_000), 48_000, stream_id="mic-2")
+    await room.voice.say(
+        "r1", "Speaker A", "From the first room.", start=0.0, end=2.0, stream="mic-1"
+    )
+    await room.voice.say(
+        "r1", "Speaker B", "From the second room.", start=0.0, end=0.5, stream="mic-2"
+    )
+    await room.idle()
+    await server.wait_for(lambda s: len(s.latest.audio_bytes_committed) == 2)
+    assert server.latest.audio_bytes_committed == [2 * 48_000, 48_000 // 2]
+    await room.kit.close()

@@ -71,11 +71,12 @@ class VoiceLikeChannel(Channel):
         start: float | None = None,
         end: float | None = None,
         participant_id: str | None = None,
+        stream: str = "test",
     ) -> RoomEvent:
         metadata: dict[str, Any] = {
             "sender_name": speaker,
             "speaker_label": speaker,
-            "voice_session_id": "test",
+            "voice_session_id": stream,
             "source": "voice",
         }
         if start is not None:
