@@ -12,7 +12,12 @@ import pytest
 from tests.voice_helpers import meeting, stream, turns_of, voice_room
 from voice.channel import VoiceChannel
 from voice.stt.deepgram import DeepgramSTT, environment_for
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, ScriptedWords, SpokenWord
+from voice.testing.deepgram_server import (
+    DeepgramTestServer,
+    MeetingWords,
+    ScriptedWords,
+    SpokenWord,
+)
 
 SILENCE = np.zeros(32000, np.float32)
 

@@ -298,8 +298,7 @@ class VoiceSession:
         # A hook that matched the voice to a participant without naming it lets the room's
         # participant record name the turn (attribution B2); otherwise the name is stamped (B1).
         name = final.sender_name
-        matched_only = (final.participant_id != proposed.participant_id
-                        and final.sender_name == proposed.sender_name)
+        matched_only = final.participant_id != self.participant_id and name == label
         if name and not matched_only:
             metadata["sender_name"] = name
         event = await kit.post_event(self.room_id, self.channel.channel_id,
