@@ -253,7 +253,11 @@ class VoiceSession:
             self.interim = ()
             words = list(event.words)
             if self._diarizer is not None and words:
-                words = await self._speakers_from_stage(words)
+                try:
+                    words = await self._speakers_from_stage(words)
+                except Exception:
+                    log.exception("voice session %s: the diarization stage failed; these words "
+                                  "keep no speaker", self.id)
             self._pending.extend(words)
             await self._emit_pending(force=event.speech_final)
 

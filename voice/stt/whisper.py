@@ -135,9 +135,16 @@ class WhisperSTT(SttProvider):
             for segment in segments:
                 for w in segment.words or []:
                     text = w.word.strip()
-                    if text:
-                        words.append(RawWord(text, offset + float(w.start), offset + float(w.end),
-                                             float(w.probability)))
+                    if not text:
+                        continue
+                    if words and not w.word.startswith(" "):
+                        # A piece glued to the previous word ("o" + "'clock", "day" + "-to").
+                        prev = words[-1]
+                        words[-1] = RawWord(prev.text + text, prev.start, offset + float(w.end),
+                                            min(prev.confidence, float(w.probability)))
+                        continue
+                    words.append(RawWord(text, offset + float(w.start), offset + float(w.end),
+                                         float(w.probability)))
         return tuple(words)
 
 
