@@ -152,7 +152,7 @@ FORMATS = ("text", "json", "srt", "vtt", "rttm")
 def clock(seconds: float, *, sep: str = ".", hours: bool = False, digits: int = 2) -> str:
     """`83.2` → `01:23.20` (or `00:01:23,200` with hours=True, sep=",", digits=3)."""
     scale = 10**digits
-    total = int(round(max(0.0, seconds) * scale))
+    total = round(max(0.0, seconds) * scale)
     whole, frac = divmod(total, scale)
     h, rem = divmod(whole, 3600)
     m, s = divmod(rem, 60)
