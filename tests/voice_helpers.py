@@ -31,7 +31,7 @@ class Meeting:
     def speaker_at(self, start: float, end: float) -> str:
         """The script speaker whose turn overlaps [start, end] most."""
         def overlap(t: dict[str, Any]) -> float:
-            return min(end, t["end"]) - max(start, t["start"])
+            return float(min(end, t["end"]) - max(start, t["start"]))
         return str(max(self.turns, key=overlap)["speaker"])
 
 

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         stt = _stt(args)
         diarizer = None
         if args.pipeline_speakers:
-            from diarization import load_stage
+            from diarization import load_stage  # type: ignore[attr-defined,unused-ignore]
 
             diarizer = load_stage(args.diarizer, num_speakers=args.num_speakers)
     except (AudioError, FileNotFoundError, ImportError, ValueError, RuntimeError) as exc:
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(result.turns)} turns from {duration:.1f} s of audio in {result.elapsed:.1f} s "
           f"(real-time factor {result.real_time_factor:.3f}, {result.stt})", file=sys.stderr)
     if args.realtime:
-        from realtime import replay_turns
+        from realtime import replay_turns  # type: ignore[attr-defined,unused-ignore]
 
         replayed: Any = replay_turns([t.as_json() for t in result.turns], provider=args.realtime)
         if inspect.isawaitable(replayed):
