@@ -88,8 +88,8 @@ class WhisperSTT(SttProvider):
         compute_type: str = "int8",
         cpu_threads: int = 1,
         vad_threshold: float = 0.35,
-        min_silence: float = 0.45,
-        max_utterance: float = 12.0,
+        min_silence: float = 0.3,
+        max_utterance: float = 8.0,
         pad: float = 0.2,
     ) -> None:
         self.model_name = model
