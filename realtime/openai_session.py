@@ -1,0 +1,228 @@
+"""OpenAI Realtime (GA) through the `openai` package's realtime client.
+
+Only the wire loop lives here (the base class owns order, reconnect and one-response-at-a-time).
+The connection is `AsyncOpenAI(api_key=…, base_url=…).realtime.connect(model=…)`; the client
+derives `wss://…/v1/realtime?model=…` from the base URL (or `websocket_base_url`), so a local
+server (`realtime.testing.OpenAIRealtimeServer`) or a proxy is reached by configuration alone.
+The SDK's own reconnect is left off: after a drop the service holds an empty conversation, and
+only the base class knows what to replay. Client events are built from `realtime.openai_wire`
+models and sent as the JSON the SDK would send; server events are parsed with the same models.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from openai import AsyncOpenAI, OpenAIError
+from pydantic import BaseModel
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+
+from realtime import openai_wire as wire
+from realtime.session import (
+    ContextItem,
+    RealtimeSession,
+    ReplyAudio,
+    ReplyDone,
+    ReplyStarted,
+    ReplyTranscript,
+    SessionDropped,
+    SessionError,
+    SessionEvent,
+    SessionOptions,
+)
+
+DEFAULT_MODEL = "gpt-realtime"
+
+
+def session_config(options: SessionOptions, model: str | None = None) -> wire.SessionConfig:
+    """The `session.update` body for these options.
+
+    Audio mode sets `audio.input.turn_detection` to `null` (the model's own turn detection off,
+    R3) and the input format to 24 kHz PCM; text mode leaves turn detection alone (the model
+    gets no audio).
+    """
+    config = wire.SessionConfig(type="realtime")
+    if model is not None:
+        config.model = model
+    if options.instructions is not None:
+        config.instructions = options.instructions
+    config.output_modalities = ["audio"] if options.output_audio else ["text"]
+    audio: wire.AudioConfig | None = None
+    if options.audio_input or options.voice is not None:
+        audio = wire.AudioConfig()
+        if options.audio_input:
+            audio.input = wire.AudioInputConfig(
+                format=wire.AudioFormat(type="audio/pcm", rate=wire.INPUT_SAMPLE_RATE),
+                turn_detection=None,
+            )
+        if options.voice is not None:
+            audio.output = wire.AudioOutputConfig(voice=options.voice)
+        config.audio = audio
+    return config
+
+
+def client_item_event(item: ContextItem) -> wire.ConversationItemCreate:
+    if item.role == "user":
+        message = wire.user_text_item(item.text)
+    elif item.role == "system":
+        message = wire.system_text_item(item.text)
+    else:
+        message = wire.assistant_text_item(item.text)
+    return wire.ConversationItemCreate(item=message)
+
+
+class _ReplyAssembler:
+    """Turns OpenAI server events into the base class's reply events (shared with the recorder)."""
+
+    def __init__(self) -> None:
+        self.transcripts: dict[str, list[str]] = {}
+        self.finished: dict[str, str] = {}
+
+    def feed(self, event: wire.ServerEvent) -> list[SessionEvent]:
+        if isinstance(event, wire.ResponseCreated):
+            rid = event.response.id or ""
+            self.transcripts[rid] = []
+            return [ReplyStarted(rid)]
+        if isinstance(event, wire.ResponseOutputAudioDelta):
+            try:
+                pcm = base64.b64decode(event.delta, validate=True)
+            except ValueError:
+                return [SessionError("bad_audio", "reply audio delta is not base64")]
+            return [ReplyAudio(event.response_id, pcm, wire.OUTPUT_SAMPLE_RATE)]
+        if isinstance(event, wire.ResponseOutputAudioTranscriptDelta | wire.ResponseOutputTextDelta):
+            self.transcripts.setdefault(event.response_id, []).append(event.delta)
+            return [ReplyTranscript(event.response_id, event.delta)]
+        if isinstance(event, wire.ResponseOutputAudioTranscriptDone):
+            self.finished[event.response_id] = event.transcript
+            return []
+        if isinstance(event, wire.ResponseOutputTextDone):
+            self.finished[event.response_id] = event.text
+            return []
+        if isinstance(event, wire.ResponseDone):
+            rid = event.response.id or ""
+            text = self.finished.pop(rid, None)
+            if text is None:
+                text = "".join(self.transcripts.get(rid, []))
+            if not text:
+                text = "".join(item.text for item in event.response.output if item.role == "assistant")
+            self.transcripts.pop(rid, None)
+            return [ReplyDone(rid, text, event.response.status or "completed")]
+        if isinstance(event, wire.ErrorEvent):
+            return [SessionError(event.error.code, event.error.message)]
+        return []
+
+
+class OpenAIRealtimeSession(RealtimeSession):
+    """`OpenAIRealtimeSession(model=…, api_key=…, base_url=…, options=SessionOptions(...))`.
+
+    `api_key` and `base_url` default to `OPENAI_API_KEY` and `OPENAI_BASE_URL` (the `openai`
+    client's own defaults); `websocket_base_url` overrides the websocket address alone.
+    """
+
+    provider = "openai"
+    input_sample_rate = wire.INPUT_SAMPLE_RATE
+
+    def __init__(
+        self,
+        options: SessionOptions | None = None,
+        *,
+        model: str = DEFAULT_MODEL,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        websocket_base_url: str | None = None,
+        client: AsyncOpenAI | None = None,
+        **reconnect: Any,
+    ) -> None:
+        super().__init__(options, **reconnect)
+        self.model = model
+        if client is None:
+            key = api_key or os.environ.get("OPENAI_API_KEY")
+            if not key:
+                raise ValueError(
+                    "the OpenAI realtime session needs an API key: pass api_key= or set "
+                    "OPENAI_API_KEY (use provider='recorder' to run without one)"
+                )
+            client = AsyncOpenAI(
+                api_key=key,
+                base_url=base_url or os.environ.get("OPENAI_BASE_URL") or None,
+                websocket_base_url=websocket_base_url,
+            )
+        self.client = client
+        self._conn: Any = None
+        self._assembler = _ReplyAssembler()
+
+    async def _connect(self) -> None:
+        try:
+            self._conn = await self.client.realtime.connect(model=self.model).enter()
+        except (OSError, ConnectionClosed, OpenAIError) as exc:
+            raise SessionDropped(f"could not connect: {exc}") from exc
+        except Exception as exc:  # websockets' InvalidStatus, InvalidURI, handshake errors
+            raise SessionDropped(f"could not connect: {exc}") from exc
+        self._assembler = _ReplyAssembler()
+
+    async def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close()
+            except Exception:  # already gone
+                pass
+
+    async def _send(self, event: BaseModel) -> None:
+        data = wire.client_event_wire(event)
+        if self._conn is None:
+            raise SessionDropped("not connected")
+        try:
+            await self._conn.send(data)
+        except (ConnectionClosed, OSError, OpenAIError) as exc:
+            raise SessionDropped(str(exc)) from exc
+        self._record(data)
+
+    async def _send_configure(self) -> None:
+        await self._send(wire.SessionUpdate(session=session_config(self.options)))
+
+    async def _send_item(self, item: ContextItem) -> None:
+        await self._send(client_item_event(item))
+
+    async def _send_audio(self, pcm16: bytes) -> None:
+        chunk = self.input_sample_rate * 2  # one second per append, far below the 15 MiB cap
+        for start in range(0, len(pcm16), chunk):
+            audio = base64.b64encode(pcm16[start : start + chunk]).decode("ascii")
+            await self._send(wire.InputAudioBufferAppend(audio=audio))
+
+    async def _send_commit(self) -> None:
+        await self._send(wire.InputAudioBufferCommit())
+
+    async def _send_response_create(self) -> None:
+        await self._send(wire.ResponseCreate())
+
+    async def _send_cancel(self) -> None:
+        await self._send(wire.ResponseCancel())
+
+    async def _receive(self) -> AsyncIterator[SessionEvent]:
+        conn = self._conn
+        if conn is None:
+            raise SessionDropped("not connected")
+        while True:
+            try:
+                raw = await conn.recv_bytes()
+            except ConnectionClosedOK as exc:
+                if self._closing:
+                    return
+                raise SessionDropped(f"closed by the server: {exc}") from exc
+            except (ConnectionClosed, OSError) as exc:
+                if self._closing:
+                    return
+                raise SessionDropped(str(exc)) from exc
+            try:
+                event = wire.parse_server_event(raw)
+            except ValueError as exc:
+                yield SessionError("malformed_server_event", str(exc))
+                continue
+            if event is None:
+                continue
+            for out in self._assembler.feed(event):
+                yield out

@@ -1,0 +1,459 @@
+"""One interface for every realtime model session, and the hard part written once.
+
+Why this shape (LiveKit's `RecognizeStream` keeps retry and reconnect in the base): a provider
+module only speaks its protocol — connect, send one item, append audio, commit, ask for a response,
+read replies. `RealtimeSession` owns everything that must be right for every provider:
+
+- **order and exactly-once (R6)**: every operation goes through one writer task, in call order.
+  An item joins the session's history only after it was sent; when the connection drops, the
+  session reconnects (with backoff), sends the configuration again, replays the history (the note
+  and every line the model had, in order), re-asks for a response that was in flight, then carries
+  on with what arrived meanwhile. Each line reaches the new connection exactly once.
+- **one response at a time (R4)**: a response is requested only when none is in flight; a request
+  made while one is in flight is held (coalesced) and sent when the active one is done, so the
+  service never answers `conversation_already_has_active_response`.
+- **replies (R5)**: providers turn their wire events into `ReplyStarted`, `ReplyAudio`,
+  `ReplyTranscript` and `ReplyDone` values handed to listeners (the `RealtimeChannel`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+log = logging.getLogger(__name__)
+
+
+class SessionDropped(Exception):
+    """The provider connection closed without Chorus asking it to."""
+
+
+class SessionFailed(Exception):
+    """The session could not be (re)opened within its reconnect budget."""
+
+
+# --------------------------------------------------------------------------- what goes in
+
+
+ItemRole = Literal["user", "system", "assistant"]
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    """One line of context the model holds: a labelled user line, an application instruction
+    (`system`), or one of the model's own earlier replies (`assistant`, replayed on reconnect)."""
+
+    role: ItemRole
+    text: str
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a session is configured with on every (re)connect."""
+
+    instructions: str | None = None
+    audio_input: bool = False
+    """Audio mode (R3): the model's own turn detection is off and the channel commits turns."""
+    output_audio: bool = True
+    voice: str | None = None
+
+
+# --------------------------------------------------------------------------- what comes out
+
+
+@dataclass(frozen=True)
+class ReplyStarted:
+    response_id: str
+
+
+@dataclass(frozen=True)
+class ReplyAudio:
+    response_id: str
+    pcm16: bytes
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class ReplyTranscript:
+    """A transcript delta of the reply in progress."""
+
+    response_id: str
+    delta: str
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    response_id: str
+    transcript: str
+    status: str = "completed"
+
+
+@dataclass(frozen=True)
+class SessionError:
+    code: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class SessionReconnected:
+    connection: int
+
+
+SessionEvent = ReplyStarted | ReplyAudio | ReplyTranscript | ReplyDone | SessionError | SessionReconnected
+Listener = Callable[[SessionEvent], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class SentEvent:
+    """One client event as it went on the wire, and on which connection (0, 1, … after drops)."""
+
+    connection: int
+    event: dict[str, Any]
+
+    @property
+    def type(self) -> str:
+        return str(self.event.get("type"))
+
+
+# --------------------------------------------------------------------------- operations
+
+
+@dataclass
+class _Op:
+    kind: Literal["item", "audio_turn", "response", "cancel", "reconnect"]
+    item: ContextItem | None = None
+    audio: bytes = b""
+    send_item: bool = True
+    done: asyncio.Future[None] | None = None
+
+
+class RealtimeSession(ABC):
+    """Base of every provider session. Use: `await s.start()`, `await s.add_item(...)`,
+    `await s.audio_turn(pcm, item)`, `await s.request_response()`, `await s.close()`.
+
+    All methods enqueue and return once the operation was written (or, for `request_response`,
+    decided); they never interleave on the wire.
+    """
+
+    provider: ClassVar[str]
+    input_sample_rate: ClassVar[int] = 24_000
+    """The sample rate `audio_turn` expects (16-bit mono PCM)."""
+
+    def __init__(
+        self,
+        options: SessionOptions | None = None,
+        *,
+        max_reconnect_attempts: int | None = 8,
+        reconnect_delay: float = 0.05,
+        max_reconnect_delay: float = 2.0,
+    ) -> None:
+        self.options = options or SessionOptions()
+        self.max_reconnect_attempts = max_reconnect_attempts
+        self.reconnect_delay = reconnect_delay
+        self.max_reconnect_delay = max_reconnect_delay
+        self.sent: list[SentEvent] = []
+        self.history: list[ContextItem] = []
+        self.connection_index = -1
+        self.failed: BaseException | None = None
+        self._listeners: list[Listener] = []
+        self._queue: asyncio.Queue[_Op | None] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._connected = False
+        self._closing = False
+        self._in_flight = False  # requested and not done
+        self._response_written = False  # response.create went on the wire, no reply yet
+        self._pending_response = False
+
+    # ------------------------------------------------------------------ provider hooks
+
+    @abstractmethod
+    async def _connect(self) -> None:
+        """Open a fresh connection (the service holds no conversation yet)."""
+
+    @abstractmethod
+    async def _disconnect(self) -> None:
+        """Close the current connection, ignoring errors."""
+
+    @abstractmethod
+    async def _send_configure(self) -> None: ...
+
+    @abstractmethod
+    async def _send_item(self, item: ContextItem) -> None: ...
+
+    @abstractmethod
+    async def _send_audio(self, pcm16: bytes) -> None:
+        """Append audio (16-bit mono PCM at `input_sample_rate`) to the model's input buffer."""
+
+    @abstractmethod
+    async def _send_commit(self) -> None: ...
+
+    @abstractmethod
+    async def _send_response_create(self) -> None: ...
+
+    async def _send_cancel(self) -> None:
+        """Cancel the active response (providers without cancel do nothing)."""
+
+    @abstractmethod
+    def _receive(self) -> AsyncIterator[SessionEvent]:
+        """Yield reply events from the current connection until it closes.
+
+        Ends normally when Chorus closed the session; raises `SessionDropped` when it dropped.
+        """
+
+    # ------------------------------------------------------------------ recording
+
+    def _record(self, event: dict[str, Any]) -> None:
+        self.sent.append(SentEvent(self.connection_index, event))
+
+    # ------------------------------------------------------------------ public API
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    @property
+    def response_in_flight(self) -> bool:
+        return self._in_flight
+
+    async def start(self) -> None:
+        """Open the first connection (errors such as a refused key surface here), then write."""
+        if self._writer is not None:
+            return
+        await self._ensure_connected()
+        self._writer = asyncio.create_task(self._write_loop(), name=f"{self.provider}-writer")
+
+    def post_item(self, item: ContextItem) -> asyncio.Future[None]:
+        """Enqueue one context item without waiting (order is the order of calls)."""
+        return self._enqueue(_Op("item", item=item))
+
+    def post_audio_turn(
+        self, pcm16: bytes, item: ContextItem | None, *, send_item: bool = True
+    ) -> asyncio.Future[None]:
+        """Enqueue one diarized turn in audio mode (R3): append its audio, commit, then `item`.
+
+        `item` is what the model keeps as text: the labelled line naming the speaker
+        (`send_item=True`), or, in a one-speaker room, the plain transcript that is not sent now
+        (the model heard the audio) but is replayed as text after a reconnect, when the audio is
+        gone (`send_item=False`).
+        """
+        return self._enqueue(_Op("audio_turn", item=item, audio=pcm16, send_item=send_item))
+
+    def post_response(self) -> bool:
+        """Ask the model to answer. True if requested now; False if held until the active
+        response is done (R4: never two at once, never `conversation_already_has_active_response`)."""
+        if self._in_flight:
+            self._pending_response = True
+            return False
+        self._in_flight = True
+        self._enqueue(_Op("response"))
+        return True
+
+    async def add_item(self, item: ContextItem) -> None:
+        await self.post_item(item)
+
+    async def audio_turn(
+        self, pcm16: bytes, item: ContextItem | None, *, send_item: bool = True
+    ) -> None:
+        await self.post_audio_turn(pcm16, item, send_item=send_item)
+
+    async def request_response(self) -> bool:
+        sent = self.post_response()
+        await self.drain()
+        return sent
+
+    async def cancel_response(self) -> None:
+        self._pending_response = False
+        if self._in_flight:
+            await self._enqueue(_Op("cancel"))
+
+    async def drain(self) -> None:
+        """Wait until every operation enqueued so far was written."""
+        await self._queue.join()
+
+    async def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until everything was written and no response is in flight or held."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            await self.drain()
+            if not self._in_flight and not self._pending_response and self._queue.empty():
+                return
+            if self.failed is not None:
+                raise SessionFailed(str(self.failed)) from self.failed
+            if loop.time() > deadline:
+                raise TimeoutError(f"{self.provider} session did not finish its response")
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        if self._writer is not None:
+            await self._queue.put(None)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._writer), 5)
+        self._closing = True
+        if self._writer is not None and not self._writer.done():
+            self._writer.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        await self._disconnect()
+        self._connected = False
+
+    async def __aenter__(self) -> RealtimeSession:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _enqueue(self, op: _Op) -> asyncio.Future[None]:
+        if self._closing:
+            raise RuntimeError(f"{self.provider} session is closed")
+        if self.failed is not None:
+            raise SessionFailed(str(self.failed)) from self.failed
+        op.done = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(op)
+        return op.done
+
+    async def _write_loop(self) -> None:
+        while True:
+            op = await self._queue.get()
+            try:
+                if op is None:
+                    return
+                try:
+                    await self._perform_with_reconnect(op)
+                except Exception as exc:  # the session is unusable: fail every waiter
+                    self.failed = exc
+                    await self._emit(SessionError("session_failed", str(exc)))
+                    if op.done is not None and not op.done.done():
+                        op.done.set_exception(SessionFailed(str(exc)))
+                    self._fail_pending()
+                    return
+                if op.done is not None and not op.done.done():
+                    op.done.set_result(None)
+            finally:
+                self._queue.task_done()
+
+    def _fail_pending(self) -> None:
+        while not self._queue.empty():
+            op = self._queue.get_nowait()
+            if op is not None and op.done is not None and not op.done.done():
+                op.done.set_exception(SessionFailed(str(self.failed)))
+            self._queue.task_done()
+
+    async def _perform_with_reconnect(self, op: _Op) -> None:
+        while True:
+            await self._ensure_connected()
+            try:
+                await self._perform(op)
+                return
+            except SessionDropped:
+                log.info("%s session dropped while sending; reconnecting", self.provider)
+                self._connected = False
+
+    async def _perform(self, op: _Op) -> None:
+        if op.kind == "item":
+            assert op.item is not None
+            await self._send_item(op.item)
+            self.history.append(op.item)
+        elif op.kind == "audio_turn":
+            if op.audio:
+                await self._send_audio(op.audio)
+            await self._send_commit()
+            if op.item is not None:
+                if op.send_item:
+                    await self._send_item(op.item)
+                self.history.append(op.item)
+        elif op.kind == "response":
+            if not self._response_written:  # a reconnect may already have re-sent it
+                await self._send_response_create()
+                self._response_written = True
+        elif op.kind == "cancel":
+            await self._send_cancel()
+        # "reconnect": _ensure_connected already did the work
+
+    async def _ensure_connected(self) -> None:
+        if self._connected:
+            return
+        attempt = 0
+        delay = self.reconnect_delay
+        while True:
+            attempt += 1
+            if self._reader is not None and not self._reader.done():
+                self._reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._reader
+            await self._disconnect()
+            self.connection_index += 1
+            try:
+                await self._connect()
+                await self._send_configure()
+                for item in self.history:
+                    await self._send_item(item)
+                if self._response_written:  # the reply it asked for was lost with the line
+                    await self._send_response_create()
+            except (SessionDropped, OSError) as exc:
+                if self.max_reconnect_attempts is not None and attempt >= self.max_reconnect_attempts:
+                    raise SessionFailed(
+                        f"{self.provider}: could not open the session after {attempt} attempts: {exc}"
+                    ) from exc
+                log.warning("%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_reconnect_delay)
+                continue
+            self._connected = True
+            self._reader = asyncio.create_task(self._read_loop(self.connection_index))
+            if self.connection_index > 0:
+                await self._emit(SessionReconnected(self.connection_index))
+            return
+
+    async def _read_loop(self, connection: int) -> None:
+        try:
+            async for event in self._receive():
+                await self._on_event(event)
+        except SessionDropped:
+            if self._closing or connection != self.connection_index:
+                return
+            log.info("%s connection %d dropped; reconnecting", self.provider, connection)
+            self._connected = False
+            # Reconnect now (not at the next line) so a held reply still comes back.
+            with contextlib.suppress(RuntimeError):
+                self._queue.put_nowait(_Op("reconnect"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s reader failed", self.provider)
+            await self._emit(SessionError("reader_failed", str(exc)))
+
+    async def _on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, ReplyDone):
+            self._in_flight = False
+            self._response_written = False
+            if event.transcript:
+                self.history.append(ContextItem("assistant", event.transcript))
+            await self._emit(event)
+            if self._pending_response and not self._closing:
+                self._pending_response = False
+                self._in_flight = True
+                self._queue.put_nowait(_Op("response"))
+            return
+        await self._emit(event)
+
+    async def _emit(self, event: SessionEvent) -> None:
+        for listener in list(self._listeners):
+            try:
+                result = listener(event)
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("realtime session listener failed on %s", type(event).__name__)

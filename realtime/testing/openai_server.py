@@ -1,0 +1,460 @@
+"""A local server that speaks the OpenAI Realtime GA wire protocol (websockets on 127.0.0.1).
+
+Why: tests drive the real `openai` realtime client (`AsyncOpenAI(base_url=server.base_url)
+.realtime.connect(model=…)`) against something that answers like the service, without a key or a
+network. It parses every client event with `realtime.openai_wire` (the models the client sends
+with), logs each connection's events in order, answers with the real server events
+(`session.created`, `session.updated`, `conversation.item.added`/`done`,
+`input_audio_buffer.committed`, `response.created`, `response.output_audio.delta`,
+`response.output_audio_transcript.delta`/`done`, `response.done`), refuses a second
+`response.create` while one is active with the service's `conversation_already_has_active_response`
+error, and can be told to drop a connection (now, or right after a given client event).
+
+Test helpers read like the behaviour: `lines_sent(server)` is the text of every user item the
+latest connection received, `types_sent(server)` the event types in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import math
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from realtime.openai_wire import (
+    ACTIVE_RESPONSE_CODE,
+    OUTPUT_SAMPLE_RATE,
+    ConversationItemAdded,
+    ConversationItemCreate,
+    ConversationItemCreated,
+    ConversationItemDone,
+    ErrorDetail,
+    ErrorEvent,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    InputAudioBufferCleared,
+    InputAudioBufferCommit,
+    InputAudioBufferCommitted,
+    InputAudioPart,
+    MessageItem,
+    OutputAudioPart,
+    ResponseCancel,
+    ResponseCreate,
+    ResponseCreated,
+    ResponseDone,
+    ResponseInfo,
+    ResponseOutputAudioDelta,
+    ResponseOutputAudioDone,
+    ResponseOutputAudioTranscriptDelta,
+    ResponseOutputAudioTranscriptDone,
+    SessionCreated,
+    SessionUpdate,
+    SessionUpdated,
+    new_id,
+    parse_client_event,
+    server_event_wire,
+)
+
+ReplyScript = Callable[["RealtimeConnectionLog"], str]
+
+
+@dataclass
+class RealtimeConnectionLog:
+    """What one client connection sent, in order, and what the server made of it."""
+
+    index: int
+    path: str
+    model: str | None
+    headers: dict[str, str]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    session: dict[str, Any] = field(default_factory=dict)
+    audio_bytes_committed: list[int] = field(default_factory=list)
+
+    @property
+    def types(self) -> list[str]:
+        return [str(e.get("type")) for e in self.events]
+
+    @property
+    def user_lines(self) -> list[str]:
+        """The text of every user `input_text` item created on this connection, in order."""
+        out: list[str] = []
+        for e in self.events:
+            if e.get("type") != "conversation.item.create":
+                continue
+            item = e.get("item") or {}
+            if item.get("role") != "user":
+                continue
+            for part in item.get("content") or []:
+                if part.get("type") == "input_text":
+                    out.append(part.get("text", ""))
+        return out
+
+
+def _tone(seconds: float, rate: int = OUTPUT_SAMPLE_RATE, hz: float = 440.0) -> bytes:
+    n = int(seconds * rate)
+    return struct.pack(f"<{n}h", *(int(3000 * math.sin(2 * math.pi * hz * i / rate)) for i in range(n)))
+
+
+class OpenAIRealtimeServer:
+    """`async with OpenAIRealtimeServer() as server:` then point `AsyncOpenAI(base_url=server.base_url)`.
+
+    - `replies`: transcripts for successive responses (then `reply_script`, then `"Reply N"`).
+    - `response_delay`: seconds a response stays active before `response.done` (so a second
+      `response.create` can be seen colliding with it).
+    - `item_events`: `("added", "done")` (GA, default) or `("created",)` (the pre-GA name).
+    - `api_key`: when set, a connection without `Authorization: Bearer <api_key>` is refused.
+    """
+
+    def __init__(
+        self,
+        *,
+        replies: Sequence[str] = (),
+        reply_script: ReplyScript | None = None,
+        response_delay: float = 0.0,
+        reply_audio_seconds: float = 0.1,
+        item_events: tuple[str, ...] = ("added", "done"),
+        api_key: str | None = None,
+    ) -> None:
+        self.replies = list(replies)
+        self.reply_script = reply_script
+        self.response_delay = response_delay
+        self.reply_audio_seconds = reply_audio_seconds
+        self.item_events = item_events
+        self.api_key = api_key
+        self.connections: list[RealtimeConnectionLog] = []
+        self.refused: list[str] = []
+        self._server: Server | None = None
+        self._live: dict[int, ServerConnection] = {}
+        self._drop_rules: list[tuple[int, str | None]] = []
+        self._responses = 0
+        self.port = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> OpenAIRealtimeServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=16 * 1024 * 1024)
+        sock = next(iter(self._server.sockets))
+        self.port = int(sock.getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+
+    @property
+    def base_url(self) -> str:
+        """What `AsyncOpenAI(base_url=…)` takes: the client derives `ws://…/v1/realtime` from it."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # ------------------------------------------------------------------ drops
+
+    def drop(self) -> None:
+        """Drop every open connection now, as a network failure would (no close frame)."""
+        for ws in list(self._live.values()):
+            ws.transport.abort()
+
+    def drop_after(self, count: int, event_type: str | None = None) -> None:
+        """Drop a connection right after it receives its `count`-th event (of `event_type`)."""
+        self._drop_rules.append((count, event_type))
+
+    async def wait_for(
+        self, predicate: Callable[[OpenAIRealtimeServer], bool], timeout: float = 5.0
+    ) -> None:
+        """Wait until `predicate(self)` holds (the client runs on the same loop)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate(self):
+            if loop.time() > deadline:
+                raise TimeoutError("the realtime server did not reach the expected state")
+            await asyncio.sleep(0.01)
+
+    @property
+    def latest(self) -> RealtimeConnectionLog:
+        if not self.connections:
+            raise LookupError("no client has connected")
+        return self.connections[-1]
+
+    # ------------------------------------------------------------------ protocol
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        request = ws.request
+        assert request is not None
+        parts = urlsplit(request.path)
+        query = parse_qs(parts.query)
+        headers = {k.lower(): v for k, v in request.headers.raw_items()}
+        if not parts.path.rstrip("/").endswith("/realtime"):
+            self.refused.append(f"path {parts.path}")
+            await ws.close(1008, "unknown path")
+            return
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            self.refused.append("authorization")
+            await ws.close(1008, "invalid api key")
+            return
+        model = (query.get("model") or [None])[0]
+        log = RealtimeConnectionLog(
+            index=len(self.connections), path=parts.path, model=model, headers=headers
+        )
+        log.session = {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": new_id("sess"),
+            "model": model,
+            "output_modalities": ["audio"],
+            "instructions": "",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": 24000},
+                    "turn_detection": {"type": "server_vad"},
+                },
+                "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin"},
+            },
+        }
+        self.connections.append(log)
+        self._live[log.index] = ws
+        state = _ConnectionState()
+        try:
+            await self._send(ws, SessionCreated(event_id=new_id("event"), session=log.session))
+            async for raw in ws:
+                await self._on_message(ws, log, state, raw)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._live.pop(log.index, None)
+            if state.response_task is not None:
+                state.response_task.cancel()
+
+    async def _send(self, ws: ServerConnection, event: Any) -> None:
+        await ws.send(server_event_wire(event))
+
+    async def _error(
+        self,
+        ws: ServerConnection,
+        log: RealtimeConnectionLog,
+        message: str,
+        *,
+        code: str | None = None,
+        client_event_id: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        detail = ErrorDetail(
+            type="invalid_request_error",
+            code=code,
+            message=message,
+            param=param,
+            event_id=client_event_id,
+        )
+        log.errors.append(detail.model_dump())
+        await self._send(ws, ErrorEvent(event_id=new_id("event"), error=detail))
+
+    def _should_drop(self, log: RealtimeConnectionLog, kind: str) -> bool:
+        for count, event_type in self._drop_rules:
+            seen = sum(1 for t in log.types if event_type is None or t == event_type)
+            if (event_type is None or kind == event_type) and seen == count:
+                self._drop_rules.remove((count, event_type))
+                return True
+        return False
+
+    async def _on_message(
+        self,
+        ws: ServerConnection,
+        log: RealtimeConnectionLog,
+        state: _ConnectionState,
+        raw: str | bytes,
+    ) -> None:
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            await self._error(ws, log, "The message is not valid JSON.")
+            return
+        if isinstance(obj, dict):
+            log.events.append(obj)
+        try:
+            event = parse_client_event(obj)
+        except ValueError as exc:
+            client_id = obj.get("event_id") if isinstance(obj, dict) else None
+            await self._error(ws, log, f"Invalid client event: {exc}", client_event_id=client_id)
+            return
+        if self._should_drop(log, event.type):
+            ws.transport.abort()
+            return
+        if isinstance(event, SessionUpdate):
+            update = event.session.model_dump(mode="json", exclude_unset=True)
+            _merge(log.session, update)
+            await self._send(ws, SessionUpdated(event_id=new_id("event"), session=log.session))
+        elif isinstance(event, ConversationItemCreate):
+            item = event.item.model_copy(
+                update={"id": event.item.id or new_id("item"), "object": "realtime.item",
+                        "status": "completed"}
+            )
+            await self._announce_item(ws, state, item)
+        elif isinstance(event, InputAudioBufferAppend):
+            try:
+                state.audio.extend(base64.b64decode(event.audio, validate=True))
+            except ValueError:
+                await self._error(ws, log, "Invalid base64 audio.", client_event_id=event.event_id,
+                                  param="audio")
+        elif isinstance(event, InputAudioBufferCommit):
+            if not state.audio:
+                await self._error(
+                    ws, log,
+                    "Error committing input audio buffer: buffer too small. Expected at least "
+                    "100ms of audio, but buffer only has 0.00ms of audio.",
+                    code="input_audio_buffer_commit_empty", client_event_id=event.event_id,
+                )
+                return
+            log.audio_bytes_committed.append(len(state.audio))
+            state.audio.clear()
+            item_id = new_id("item")
+            await self._send(
+                ws, InputAudioBufferCommitted(event_id=new_id("event"), item_id=item_id,
+                                              previous_item_id=state.last_item)
+            )
+            item = MessageItem(id=item_id, object="realtime.item", status="completed", role="user",
+                               content=[InputAudioPart(transcript=None)])
+            await self._announce_item(ws, state, item)
+        elif isinstance(event, InputAudioBufferClear):
+            state.audio.clear()
+            await self._send(ws, InputAudioBufferCleared(event_id=new_id("event")))
+        elif isinstance(event, ResponseCreate):
+            if state.active_response is not None:
+                await self._error(
+                    ws, log,
+                    f"Conversation already has an active response in progress: "
+                    f"{state.active_response}. Wait until the response is finished before "
+                    f"creating a new one.",
+                    code=ACTIVE_RESPONSE_CODE, client_event_id=event.event_id,
+                )
+                return
+            response_id = new_id("resp")
+            state.active_response = response_id
+            await self._send(ws, ResponseCreated(
+                event_id=new_id("event"),
+                response=ResponseInfo(id=response_id, status="in_progress",
+                                      output_modalities=["audio"]),
+            ))
+            state.response_task = asyncio.create_task(self._respond(ws, log, state, response_id))
+        elif isinstance(event, ResponseCancel):
+            if state.active_response is None:
+                await self._error(ws, log, "Cancellation failed: no active response found",
+                                  code="response_cancel_not_active", client_event_id=event.event_id)
+                return
+            if state.response_task is not None:
+                state.response_task.cancel()
+            response_id = state.active_response
+            state.active_response = None
+            await self._send(ws, ResponseDone(
+                event_id=new_id("event"),
+                response=ResponseInfo(id=response_id, status="cancelled"),
+            ))
+
+    async def _announce_item(
+        self, ws: ServerConnection, state: _ConnectionState, item: MessageItem
+    ) -> None:
+        previous = state.last_item
+        state.last_item = item.id
+        for kind in self.item_events:
+            cls = {"added": ConversationItemAdded, "done": ConversationItemDone,
+                   "created": ConversationItemCreated}[kind]
+            await self._send(ws, cls(event_id=new_id("event"), item=item, previous_item_id=previous))
+
+    def _next_reply(self, log: RealtimeConnectionLog) -> str:
+        self._responses += 1
+        if self.replies:
+            return self.replies.pop(0)
+        if self.reply_script is not None:
+            return self.reply_script(log)
+        return f"Reply {self._responses}"
+
+    async def _respond(
+        self,
+        ws: ServerConnection,
+        log: RealtimeConnectionLog,
+        state: _ConnectionState,
+        response_id: str,
+    ) -> None:
+        try:
+            if self.response_delay:
+                await asyncio.sleep(self.response_delay)
+            text = self._next_reply(log)
+            item_id = new_id("item")
+            ids = {"response_id": response_id, "item_id": item_id, "output_index": 0,
+                   "content_index": 0}
+            in_progress = MessageItem(id=item_id, object="realtime.item", status="in_progress",
+                                      role="assistant", content=[])
+            await self._announce_item(ws, state, in_progress)
+            audio = _tone(self.reply_audio_seconds)
+            chunk = OUTPUT_SAMPLE_RATE // 20 * 2  # 50 ms
+            for start in range(0, len(audio), chunk):
+                delta = base64.b64encode(audio[start : start + chunk]).decode()
+                await self._send(ws, ResponseOutputAudioDelta(event_id=new_id("event"), delta=delta,
+                                                              **ids))
+            words = text.split(" ")
+            for i, word in enumerate(words):
+                piece = word if i == 0 else " " + word
+                await self._send(ws, ResponseOutputAudioTranscriptDelta(
+                    event_id=new_id("event"), delta=piece, **ids))
+            await self._send(ws, ResponseOutputAudioDone(event_id=new_id("event"), **ids))
+            await self._send(ws, ResponseOutputAudioTranscriptDone(
+                event_id=new_id("event"), transcript=text, **ids))
+            done_item = MessageItem(id=item_id, object="realtime.item", status="completed",
+                                    role="assistant", content=[OutputAudioPart(transcript=text)])
+            state.active_response = None
+            await self._send(ws, ResponseDone(
+                event_id=new_id("event"),
+                response=ResponseInfo(id=response_id, status="completed", output=[done_item],
+                                      output_modalities=["audio"]),
+            ))
+        except ConnectionClosed:
+            state.active_response = None
+
+
+@dataclass
+class _ConnectionState:
+    audio: bytearray = field(default_factory=bytearray)
+    active_response: str | None = None
+    response_task: asyncio.Task[None] | None = None
+    last_item: str | None = None
+
+
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+# ---------------------------------------------------------------------- test helpers
+
+
+def lines_sent(server: OpenAIRealtimeServer, connection: int = -1) -> list[str]:
+    """The text of every user item a connection (default: the latest) received, in order."""
+    return server.connections[connection].user_lines
+
+
+def types_sent(server: OpenAIRealtimeServer, connection: int = -1) -> list[str]:
+    """The client event types a connection (default: the latest) received, in order."""
+    return server.connections[connection].types
+
+
+def events_sent(server: OpenAIRealtimeServer, connection: int = -1) -> list[dict[str, Any]]:
+    return server.connections[connection].events

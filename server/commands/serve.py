@@ -1,0 +1,103 @@
+"""`chorus serve [--host 127.0.0.1] [--port 8765] [--config chorus.toml]`: run the server.
+
+Loads the configuration (defaults < file < environment), settles the secret, loads the models
+once, and serves until interrupted. Without a secret the server starts only when every address
+it listens on is loopback; it then makes a secret for this run and prints it so `chorus token`
+can be pointed at it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+from typing import Any
+
+from server.auth import check_secret, generate_secret
+from server.config import ConfigError, ServerConfig, load_config
+
+log = logging.getLogger("chorus.server")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the server for room devices and phone bridges"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free)")
+    parser.add_argument("--config", default=None, help="chorus.toml (see docs/server.md)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING …")
+    parser.set_defaults(run=run)
+
+
+def is_loopback_only(host: str) -> bool:
+    """True when every address `host` resolves to is a loopback address."""
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    addresses = {info[4][0] for info in infos}
+    return bool(addresses) and all(
+        ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addresses
+    )
+
+
+def settle_secret(config: ServerConfig, host: str) -> str:
+    """The configured secret; a fresh one on loopback; otherwise a clear refusal."""
+    if config.secret:
+        check_secret(config.secret)
+        return config.secret
+    if not is_loopback_only(host):
+        raise ConfigError(
+            f"refusing to listen on {host!r} without a secret: set CHORUS_SECRET or `secret` in "
+            "the config file (only a loopback-only server may run without one)"
+        )
+    secret = generate_secret()
+    print(
+        "chorus serve: no secret configured; listening on loopback only, so made one for this run:\n"
+        f"  export CHORUS_SECRET={secret}\n"
+        "  (then `chorus token ROOM` prints tokens this server accepts)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return secret
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+        secret = settle_secret(config, args.host)
+    except (ConfigError, ValueError) as exc:
+        print(f"chorus serve: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(config, secret, args.host, args.port))
+
+
+async def _serve(config: ServerConfig, secret: str, host: str, port: int) -> int:
+    from server.app import ChorusServer
+    from server.pipeline import build_pipeline
+
+    pipeline = await build_pipeline(config)
+    server = ChorusServer(config, pipeline, secret)
+    await server.start(host, port)
+    print(f"chorus serve: listening on http://{host}:{server.port}/", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("chorus serve: shutting down", file=sys.stderr, flush=True)
+    await server.stop()
+    return 0

@@ -1,0 +1,393 @@
+"""Live rooms: what the server holds per room while devices, phone legs and feeds are connected.
+
+Owns the wiring between sockets and the room runtime: one `RoomKit` for the whole server, a room
+per room id (created on first use, with the pipeline's channels attached), the streams open in
+each room, the live event feed, speaker renames, stream limits and turn latency.
+
+Turns and replies come back through one `ServerOutput` channel attached to every room: the kit
+delivers every committed event to it in commit order, and as an `AudioSink` it receives the
+assistant's reply audio (R5). Nothing here awaits a client: messages go to bounded per-socket
+queues, so a slow device or page never stalls audio handling or another room.
+
+Renames from the page go through `ON_TRANSCRIPTION` (V6) exactly as an application hook's
+rename would: the server's own hook rewrites `sender_name` of the matching voice's turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import dataclasses
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from models import RoomEvent
+from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
+from server.config import ServerConfig
+from server.feed import FeedConsumer, RoomFeed
+from server.metrics import ServerMetrics
+from server.pipeline import Pipeline, StreamAudio, StreamInfo
+from server.protocol import (
+    RenamedMessage,
+    ReplyMessage,
+    SpeakerChangeMessage,
+    StreamEventMessage,
+    TurnMessage,
+    dump,
+)
+
+log = logging.getLogger(__name__)
+
+StreamKind = Literal["device", "twilio"]
+Outgoing = str | bytes
+OUTBOX_SIZE = 1024
+
+
+class StreamLimitError(Exception):
+    """No room for another stream (server-wide or in this room)."""
+
+
+@dataclass(eq=False)
+class LiveStream:
+    """One open audio stream: a conference-room device or a phone leg."""
+
+    info: StreamInfo
+    kind: StreamKind
+    reply_audio: Callable[[bytes, int], list[Outgoing]]
+    """Turns reply audio (pcm16 at a rate) into what this socket sends (binary or Twilio media)."""
+    outbox: asyncio.Queue[Outgoing] = field(default_factory=lambda: asyncio.Queue(OUTBOX_SIZE))
+    audio: StreamAudio | None = None
+    received_s: float = 0.0
+    _clock_audio: list[float] = field(default_factory=list)
+    _clock_wall: list[float] = field(default_factory=list)
+    dropped_messages: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.info.stream_id
+
+    @property
+    def room_id(self) -> str:
+        return self.info.room_id
+
+    def send(self, message: Outgoing) -> None:
+        try:
+            self.outbox.put_nowait(message)
+        except asyncio.QueueFull:
+            self.dropped_messages += 1
+
+    def note_audio(self, seconds: float) -> None:
+        """Record when the audio up to `received_s` arrived (for turn latency)."""
+        self.received_s += seconds
+        self._clock_audio.append(self.received_s)
+        self._clock_wall.append(time.monotonic())
+        if len(self._clock_audio) > 20_000:  # keep the last ~10 minutes of 30 ms frames
+            del self._clock_audio[:10_000]
+            del self._clock_wall[:10_000]
+
+    def latency_of(self, turn_end_s: float) -> float | None:
+        """Seconds between receiving the audio up to `turn_end_s` and now."""
+        i = bisect.bisect_left(self._clock_audio, turn_end_s - 1e-6)
+        if i >= len(self._clock_audio):
+            i = len(self._clock_audio) - 1
+        if i < 0:
+            return None
+        return max(0.0, time.monotonic() - self._clock_wall[i])
+
+
+@dataclass(eq=False)
+class LiveRoom:
+    room_id: str
+    feed: RoomFeed
+    streams: dict[str, LiveStream] = field(default_factory=dict)
+    renames: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    """(stream id or None for every stream, raw speaker label) → name."""
+
+
+class ServerOutput(Channel):
+    """The server's own channel in every room: sees every committed event, plays reply audio."""
+
+    channel_type: ClassVar[str] = "server"
+
+    def __init__(self, hub: LiveRooms) -> None:
+        super().__init__("chorus-server")
+        self.hub = hub
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        self.hub.committed(event)
+
+    async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
+        self.hub.play_reply(room_id, pcm16, sample_rate)
+
+
+class LiveRooms:
+    def __init__(self, config: ServerConfig, metrics: ServerMetrics, pipeline: Pipeline) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.pipeline = pipeline
+        self.kit = RoomKit()
+        self.rooms: dict[str, LiveRoom] = {}
+        self.output = ServerOutput(self)
+        self.kit.register_channel(self.output)
+        self._sessions: dict[str, LiveStream] = {}
+        self._room_locks: dict[str, asyncio.Lock] = {}
+        self._stream_count = 0
+        self._serial = itertools.count(1)
+        self.kit.hooks.add(
+            HookTrigger.ON_TRANSCRIPTION, self._apply_rename, priority=1000, name="server-rename"
+        )
+        self.kit.hooks.add(
+            HookTrigger.ON_SPEAKER_CHANGE, self._speaker_changed, name="server-speaker-change"
+        )
+
+    # ------------------------------------------------------------------ rooms
+
+    async def room(self, room_id: str) -> LiveRoom:
+        live = self.rooms.get(room_id)
+        if live is not None:
+            return live
+        lock = self._room_locks.setdefault(room_id, asyncio.Lock())
+        async with lock:
+            live = self.rooms.get(room_id)
+            if live is not None:
+                return live
+            if await self.kit.get_room(room_id) is None:
+                await self.kit.create_room(room_id=room_id)
+                await self.kit.attach_channel(room_id, self.output.channel_id)
+                await self.pipeline.attach_room(self.kit, room_id)
+            live = LiveRoom(
+                room_id=room_id,
+                feed=RoomFeed(
+                    self.config.limits.feed_queue,
+                    self.config.limits.history,
+                    on_drop=self._feed_dropped,
+                ),
+            )
+            self.rooms[room_id] = live
+            return live
+
+    def subscribe(self, live: LiveRoom) -> FeedConsumer:
+        if len(live.feed.consumers) >= self.config.limits.max_feed_consumers_per_room:
+            raise StreamLimitError(
+                f"room {live.room_id!r} already has "
+                f"{self.config.limits.max_feed_consumers_per_room} feed consumers"
+            )
+        self.metrics.feed_consumers += 1
+        return live.feed.subscribe()
+
+    def unsubscribe(self, live: LiveRoom, consumer: FeedConsumer) -> None:
+        self.metrics.feed_consumers -= 1
+        live.feed.unsubscribe(consumer)
+
+    def _feed_dropped(self, consumer: FeedConsumer) -> None:
+        self.metrics.feed_dropped_total += 1
+
+    # ------------------------------------------------------------------ streams
+
+    def has_capacity(self) -> bool:
+        return self._stream_count < self.config.limits.max_streams
+
+    async def open_stream(
+        self,
+        room_id: str,
+        *,
+        kind: StreamKind,
+        participant: str,
+        name: str | None,
+        shared_mic: bool,
+        sample_rate: int,
+        encoding: str,
+        channels: int,
+        reply_audio: Callable[[bytes, int], list[Outgoing]],
+    ) -> LiveStream:
+        limits = self.config.limits
+        if self._stream_count >= limits.max_streams:
+            raise StreamLimitError(f"the server already has {limits.max_streams} streams")
+        live = await self.room(room_id)
+        if len(live.streams) >= limits.max_streams_per_room:
+            raise StreamLimitError(
+                f"room {room_id!r} already has {limits.max_streams_per_room} streams"
+            )
+        self._stream_count += 1
+        info = StreamInfo(
+            room_id=room_id,
+            stream_id=f"{kind}-{next(self._serial)}-{uuid.uuid4().hex[:6]}",
+            participant=participant,
+            name=name,
+            shared_mic=shared_mic,
+            sample_rate=sample_rate,
+            encoding=encoding,
+            channels=channels,
+        )
+        stream = LiveStream(info=info, kind=kind, reply_audio=reply_audio)
+        live.streams[stream.id] = stream
+        try:
+            stream.audio = await self.pipeline.open_stream(self.kit, info)
+        except BaseException:
+            live.streams.pop(stream.id, None)
+            self._stream_count -= 1
+            raise
+        self._sessions[stream.audio.session_id] = stream
+        self.metrics.streams_active[kind] += 1
+        self.metrics.streams_total[kind] += 1
+        live.feed.publish(
+            dump(
+                StreamEventMessage(
+                    type="stream_started",
+                    room=room_id,
+                    stream=stream.id,
+                    participant=participant,
+                    name=name,
+                    kind=kind,
+                )
+            )
+        )
+        return stream
+
+    async def push_audio(self, stream: LiveStream, pcm_or_mulaw: bytes) -> None:
+        info = stream.info
+        width = 2 if info.encoding == "pcm16" else 1
+        seconds = len(pcm_or_mulaw) / (width * info.channels * info.sample_rate)
+        stream.note_audio(seconds)
+        self.metrics.audio_seconds_total += seconds
+        assert stream.audio is not None
+        await stream.audio.push(pcm_or_mulaw)
+
+    async def close_stream(self, stream: LiveStream) -> None:
+        """Flush the stream's last turns, then forget it. Safe to call once per stream."""
+        live = self.rooms.get(stream.room_id)
+        try:
+            if stream.audio is not None:
+                await stream.audio.finish()
+        except Exception:
+            log.exception("closing stream %s failed", stream.id)
+        finally:
+            if live is not None and live.streams.pop(stream.id, None) is not None:
+                self._stream_count -= 1
+                self.metrics.streams_active[stream.kind] -= 1
+                live.feed.publish(
+                    dump(
+                        StreamEventMessage(
+                            type="stream_stopped",
+                            room=stream.room_id,
+                            stream=stream.id,
+                            participant=stream.info.participant,
+                            name=stream.info.name,
+                            kind=stream.kind,
+                        )
+                    )
+                )
+
+    # ------------------------------------------------------------------ what the room says
+
+    def _stream_of(self, metadata: dict[str, Any]) -> LiveStream | None:
+        session = metadata.get("voice_session_id")
+        return self._sessions.get(str(session)) if session is not None else None
+
+    def committed(self, event: RoomEvent) -> None:
+        """Every committed event of every room, in commit order (from `ServerOutput.deliver`)."""
+        live = self.rooms.get(event.room_id)
+        if live is None or event.kind != "message":
+            return
+        meta = event.metadata
+        if meta.get("source") == "voice" or event.source.channel_type == "voice":
+            stream = self._stream_of(meta)
+            end = float(meta.get("end", 0.0))
+            turn = TurnMessage(
+                room=event.room_id,
+                speaker=str(meta.get("sender_name") or meta.get("speaker_label") or "?"),
+                text=event.text,
+                start=float(meta.get("start", 0.0)),
+                end=end,
+                participant=event.source.participant_id,
+                label=meta.get("speaker_label"),
+                stream=stream.id if stream else None,
+                event_id=event.id,
+            )
+            self.metrics.turns_total += 1
+            if stream is not None:
+                latency = stream.latency_of(end)
+                if latency is not None:
+                    self.metrics.turn_latency.observe(latency)
+            text = dump(turn)
+            live.feed.publish(text)
+            if stream is not None:
+                stream.send(text)
+        elif event.source.channel_type in ("realtime", "ai"):
+            self.metrics.replies_total += 1
+            text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))
+            live.feed.publish(text)
+            for stream in list(live.streams.values()):
+                stream.send(text)
+
+    def play_reply(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
+        live = self.rooms.get(room_id)
+        if live is None:
+            return
+        for stream in list(live.streams.values()):
+            for message in stream.reply_audio(pcm16, sample_rate):
+                stream.send(message)
+
+    def _speaker_changed(self, value: Any, ctx: HookContext) -> None:
+        live = self.rooms.get(ctx.room_id)
+        if live is None:
+            return
+        session = getattr(value, "session", None) or getattr(value, "voice_session_id", None)
+        stream = self._sessions.get(str(session)) if session is not None else None
+        speaker = getattr(value, "sender_name", None) or getattr(value, "speaker", None) or "?"
+        previous = getattr(value, "previous", None) or getattr(value, "previous_speaker", None)
+        message = SpeakerChangeMessage(
+            room=ctx.room_id,
+            speaker=str(speaker),
+            previous=str(previous) if previous is not None else None,
+            is_new_speaker=bool(getattr(value, "is_new_speaker", False)),
+            participant=getattr(value, "participant_id", None) or ctx.participant_id,
+            stream=stream.id if stream else None,
+        )
+        self.metrics.speaker_changes_total += 1
+        text = dump(message)
+        live.feed.publish(text)
+        if stream is not None:
+            stream.send(text)
+
+    # ------------------------------------------------------------------ renames
+
+    def rename(self, room_id: str, label: str, name: str, stream_id: str | None = None) -> None:
+        """From now on turns of `label` (in `stream_id`, or any stream) read `name` (V6 path)."""
+        live = self.rooms.get(room_id)
+        if live is None:
+            return
+        live.renames[(stream_id, label)] = name
+        live.feed.publish(
+            dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
+        )
+
+    def _apply_rename(self, value: Any, ctx: HookContext) -> HookResult[Any] | None:
+        live = self.rooms.get(ctx.room_id)
+        if live is None or not live.renames:
+            return None
+        label = getattr(value, "speaker", None)
+        session = getattr(value, "session", None)
+        stream = self._sessions.get(str(session)) if session is not None else None
+        name = None
+        if stream is not None:
+            name = live.renames.get((stream.id, str(label)))
+        if name is None:
+            name = live.renames.get((None, str(label)))
+        if name is None or name == getattr(value, "sender_name", None):
+            return None
+        return HookResult.modify(dataclasses.replace(value, sender_name=name))
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def close(self) -> None:
+        for live in list(self.rooms.values()):
+            for stream in list(live.streams.values()):
+                await self.close_stream(stream)
+        await self.kit.close()
+        await self.pipeline.close()

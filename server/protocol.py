@@ -1,0 +1,337 @@
+"""Wire messages of the server: the device stream protocol, the live event feed, and Twilio Media
+Streams framing — typed pydantic values with a `Literal` discriminator.
+
+Owns every JSON shape that crosses the server's sockets, so the server, the demo, the load
+benchmark and the tests build and parse the same values and cannot drift apart. Client → server
+messages are parsed through discriminated unions (`parse_device_message`, `parse_twilio_message`);
+server → client messages are built as models and sent with `dump`.
+
+Twilio shapes follow Twilio's Media Streams WebSocket messages: `connected`, `start` (with
+`start.streamSid`, `callSid`, `customParameters`, `mediaFormat`), `media` (base64 8 kHz µ-law in
+`media.payload`), `mark`, `dtmf`, `stop`; to Twilio: `media`, `mark`, `clear` on the same
+`streamSid`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+
+class CloseCode(enum.IntEnum):
+    """Close codes the server uses; the close reason repeats the problem in words.
+
+    Auth and protocol problems are refused before any audio is read.
+    """
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    FRAME_TOO_LARGE = 1009
+    """A message over `limits.max_frame_bytes` (the websockets library closes with 1009)."""
+    INTERNAL_ERROR = 1011
+    BAD_MESSAGE = 4400
+    """Not JSON, an unknown `type`/`event`, or a field out of range."""
+    TOKEN_MISSING = 4401
+    TOKEN_INVALID = 4403
+    """Malformed token or bad signature."""
+    TOKEN_WRONG_ROOM = 4404
+    """A valid token for another room."""
+    AUDIO_BEFORE_START = 4409
+    START_TIMEOUT = 4408
+    TOKEN_EXPIRED = 4419
+    UNSUPPORTED_ENCODING = 4415
+    TOO_MANY_STREAMS = 4429
+    FEED_TOO_SLOW = 4430
+    """An event-feed consumer fell behind and was dropped."""
+    UNKNOWN_ROUTE = 4444
+    SHUTTING_DOWN = 4503
+
+
+Encoding = Literal["pcm16", "mulaw"]
+SUPPORTED_ENCODINGS: tuple[str, ...] = ("pcm16", "mulaw")
+
+_ID = r"^[A-Za-z0-9_.:@+-]{1,64}$"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# --- device stream: client → server -------------------------------------------------------
+
+
+class StartMessage(_Wire):
+    """Opens a device stream. Audio frames follow as binary messages."""
+
+    type: Literal["start"] = "start"
+    participant: str = Field(pattern=_ID)
+    name: str | None = Field(default=None, max_length=80)
+    sample_rate: int = Field(default=16000, ge=8000, le=48000)
+    encoding: Encoding = "pcm16"
+    channels: int = Field(default=1, ge=1, le=8)
+    shared_mic: bool = True
+    """True: several people at one microphone (diarized). False: one person, turns carry `name`."""
+
+    @model_validator(mode="after")
+    def _phone_rate(self) -> StartMessage:
+        if self.encoding == "mulaw" and self.sample_rate != 8000:
+            raise ValueError("mulaw streams are 8000 Hz (G.711)")
+        return self
+
+
+class StopMessage(_Wire):
+    type: Literal["stop"] = "stop"
+
+
+DeviceMessage = Annotated[StartMessage | StopMessage, Field(discriminator="type")]
+_device_adapter: TypeAdapter[StartMessage | StopMessage] = TypeAdapter(DeviceMessage)
+
+
+def parse_device_message(text: str | bytes) -> StartMessage | StopMessage:
+    """Raises `pydantic.ValidationError` for bad JSON, an unknown type or a bad field."""
+    return _device_adapter.validate_json(text)
+
+
+# --- server → device and event feed ----------------------------------------------------------
+
+
+class StartedMessage(_Wire):
+    """The server's answer to `start`: the stream is live."""
+
+    type: Literal["started"] = "started"
+    room: str
+    stream: str
+    participant: str
+
+
+class TurnMessage(_Wire):
+    """One speaker turn (V2). `speaker` is the name shown (after renames); `label` the raw label."""
+
+    type: Literal["turn"] = "turn"
+    room: str
+    speaker: str
+    text: str
+    start: float
+    end: float
+    participant: str | None
+    label: str | None = None
+    stream: str | None = None
+    event_id: str | None = None
+
+
+class SpeakerChangeMessage(_Wire):
+    type: Literal["speaker_change"] = "speaker_change"
+    room: str
+    speaker: str
+    previous: str | None = None
+    is_new_speaker: bool = False
+    participant: str | None = None
+    stream: str | None = None
+
+
+class ReplyMessage(_Wire):
+    """What the room's assistant said (R5); its audio follows as binary frames on device streams."""
+
+    type: Literal["reply"] = "reply"
+    room: str
+    text: str
+    event_id: str | None = None
+
+
+class RenamedMessage(_Wire):
+    """A speaker label now reads as `name` for the rest of its session (feed only)."""
+
+    type: Literal["renamed"] = "renamed"
+    room: str
+    label: str
+    name: str
+    stream: str | None = None
+
+
+class StreamEventMessage(_Wire):
+    """A device or phone leg joined or left the room (feed only)."""
+
+    type: Literal["stream_started", "stream_stopped"]
+    room: str
+    stream: str
+    participant: str
+    name: str | None = None
+    kind: Literal["device", "twilio"] = "device"
+
+
+class ErrorMessage(_Wire):
+    """Sent just before the server closes a socket for a protocol error."""
+
+    type: Literal["error"] = "error"
+    code: int
+    reason: str
+
+
+FeedMessage = (
+    TurnMessage
+    | SpeakerChangeMessage
+    | ReplyMessage
+    | RenamedMessage
+    | StreamEventMessage
+    | StartedMessage
+    | ErrorMessage
+)
+_feed_adapter: TypeAdapter[FeedMessage] = TypeAdapter(
+    Annotated[FeedMessage, Field(discriminator="type")]
+)
+
+
+def parse_server_message(text: str | bytes) -> FeedMessage:
+    """What a client (device, page, demo, benchmark) reads off a server socket."""
+    return _feed_adapter.validate_json(text)
+
+
+# --- event feed: client → server -------------------------------------------------------------
+
+
+class RenameRequest(_Wire):
+    """Rename a speaker label in this room; goes through the ON_TRANSCRIPTION rename path (V6)."""
+
+    type: Literal["rename"] = "rename"
+    label: str = Field(min_length=1, max_length=80)
+    name: str = Field(min_length=1, max_length=80)
+    stream: str | None = None
+    """Limit the rename to one stream's session (default: every stream in the room)."""
+
+
+_feed_request_adapter: TypeAdapter[RenameRequest] = TypeAdapter(RenameRequest)
+
+
+def parse_feed_request(text: str | bytes) -> RenameRequest:
+    return _feed_request_adapter.validate_json(text)
+
+
+# --- Twilio Media Streams ----------------------------------------------------------------------
+
+
+class _Twilio(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+
+class TwilioMediaFormat(_Twilio):
+    encoding: str = "audio/x-mulaw"
+    sampleRate: int = 8000
+    channels: int = 1
+
+
+class TwilioStartInfo(_Twilio):
+    accountSid: str = ""
+    streamSid: str
+    callSid: str
+    tracks: list[str] = Field(default_factory=lambda: ["inbound"])
+    customParameters: dict[str, str] = Field(default_factory=dict)
+    mediaFormat: TwilioMediaFormat = Field(default_factory=TwilioMediaFormat)
+
+
+class TwilioConnected(_Twilio):
+    event: Literal["connected"] = "connected"
+    protocol: str = "Call"
+    version: str = "1.0.0"
+
+
+class TwilioStart(_Twilio):
+    event: Literal["start"] = "start"
+    sequenceNumber: str = "1"
+    start: TwilioStartInfo
+    streamSid: str
+
+
+class TwilioMediaPayload(_Twilio):
+    track: str = "inbound"
+    chunk: str = "1"
+    timestamp: str = "0"
+    payload: str
+
+
+class TwilioMedia(_Twilio):
+    event: Literal["media"] = "media"
+    sequenceNumber: str = "0"
+    media: TwilioMediaPayload
+    streamSid: str
+
+
+class TwilioMarkName(_Twilio):
+    name: str
+
+
+class TwilioMark(_Twilio):
+    event: Literal["mark"] = "mark"
+    sequenceNumber: str = "0"
+    streamSid: str
+    mark: TwilioMarkName
+
+
+class TwilioDtmfDigit(_Twilio):
+    track: str = "inbound_track"
+    digit: str
+
+
+class TwilioDtmf(_Twilio):
+    event: Literal["dtmf"] = "dtmf"
+    sequenceNumber: str = "0"
+    streamSid: str
+    dtmf: TwilioDtmfDigit
+
+
+class TwilioStopInfo(_Twilio):
+    accountSid: str = ""
+    callSid: str = ""
+
+
+class TwilioStop(_Twilio):
+    event: Literal["stop"] = "stop"
+    sequenceNumber: str = "0"
+    streamSid: str
+    stop: TwilioStopInfo = Field(default_factory=TwilioStopInfo)
+
+
+TwilioInbound = TwilioConnected | TwilioStart | TwilioMedia | TwilioMark | TwilioDtmf | TwilioStop
+_twilio_adapter: TypeAdapter[TwilioInbound] = TypeAdapter(
+    Annotated[TwilioInbound, Field(discriminator="event")]
+)
+
+
+def parse_twilio_message(text: str | bytes) -> TwilioInbound:
+    return _twilio_adapter.validate_json(text)
+
+
+class TwilioOutboundMediaPayload(_Twilio):
+    payload: str
+
+
+class TwilioOutboundMedia(_Twilio):
+    """Audio to play to the caller: base64 8 kHz µ-law on the leg's `streamSid`."""
+
+    event: Literal["media"] = "media"
+    streamSid: str
+    media: TwilioOutboundMediaPayload
+
+
+class TwilioOutboundMark(_Twilio):
+    event: Literal["mark"] = "mark"
+    streamSid: str
+    mark: TwilioMarkName
+
+
+class TwilioClear(_Twilio):
+    event: Literal["clear"] = "clear"
+    streamSid: str
+
+
+def dump(message: BaseModel) -> str:
+    """A wire message as compact JSON (absent optionals kept as null: clients see every key)."""
+    return message.model_dump_json()
+
+
+def error_location(errors: list[Any]) -> tuple[str, ...]:
+    """The field path of the first validation error (to tell an unknown encoding apart)."""
+    if not errors:
+        return ()
+    return tuple(str(p) for p in errors[0].get("loc", ()))

@@ -1,0 +1,406 @@
+"""The STT interface (rule S3): one base stream owns the hard part; a provider speaks its protocol.
+
+Why shaped so (as LiveKit's `RecognizeStream`): keepalive, reconnect with carried-over audio,
+time offsets and speaker-label continuity are the same for every provider, and they are where
+streaming STT goes wrong. `SttStream` owns them once:
+
+- **Audio accounting.** Every pushed sample lands in the session's `AudioLog`. The stream tracks
+  how far the current connection has been sent and the end of the last final result.
+- **Reconnect (S2).** When a connection drops (the provider's event iterator ends or raises while
+  the stream is open), the stream opens a new one and resends the audio from just before the last
+  final's end (`REPLAY_MARGIN`): the unsent audio and the sent-but-unfinalized audio are carried
+  over, so no word is lost. Words the new connection reports that were already final (same word,
+  same time within `DUPLICATE_TOLERANCE`) are dropped, so none is duplicated.
+- **Time offsets.** Provider times are relative to their connection; the stream shifts them to
+  session time.
+- **Labels (V3, V4).** Raw per-connection speaker ids become `Speaker A`, `Speaker B` … through
+  `SpeakerContinuity`, which matches a new connection's voices to the session's by embedding.
+- **Keepalive.** When no audio has been sent for `keepalive_interval`, `SttConnection.keepalive`
+  is called (Deepgram: a `KeepAlive` text frame).
+
+A provider implements `SttProvider.connect` returning an `SttConnection`: `send_audio` (PCM16 at
+16 kHz), `keepalive`, `finalize`, `close`, and `events()` yielding `RawResult`, `RawUtteranceEnd`
+and `RawFinalized` in connection time.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from voice.audio import STT_SAMPLE_RATE, AudioLog, float_to_pcm16
+from voice.speakers import SpeakerContinuity
+from voice.turns import Word
+
+log = logging.getLogger(__name__)
+
+REPLAY_MARGIN = 0.5
+"""Seconds of audio before the last final's end that are resent after a reconnect."""
+DUPLICATE_TOLERANCE = 0.3
+"""A replayed word within this many seconds of an already-final identical word is a duplicate."""
+SEND_CHUNK = 0.1
+"""Seconds of audio per binary frame sent to a provider."""
+
+
+# ------------------------------------------------------------------ provider-side types
+
+
+@dataclass(frozen=True)
+class RawWord:
+    """A word as a provider reports it: connection time, the provider's own speaker id."""
+
+    text: str
+    start: float
+    end: float
+    confidence: float = 1.0
+    speaker: int | None = None
+
+
+@dataclass(frozen=True)
+class RawResult:
+    words: tuple[RawWord, ...]
+    is_final: bool
+    speech_final: bool = False
+    from_finalize: bool = False
+
+
+@dataclass(frozen=True)
+class RawUtteranceEnd:
+    last_word_end: float
+
+
+@dataclass(frozen=True)
+class RawFinalized:
+    """The provider has answered a `finalize()`: everything sent so far is final."""
+
+
+RawEvent = RawResult | RawUtteranceEnd | RawFinalized
+
+
+class SttConnection(abc.ABC):
+    """One live connection to a provider. Times in its events are relative to its first sample."""
+
+    @abc.abstractmethod
+    async def send_audio(self, pcm16: bytes) -> None: ...
+
+    async def keepalive(self) -> None:  # noqa: B027 - optional for providers that never idle out
+        """Tell the provider the stream is alive while no audio flows."""
+
+    @abc.abstractmethod
+    async def finalize(self) -> None:
+        """Ask for everything sent so far to be final; answered by a final `from_finalize` result
+        or a `RawFinalized` event."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close cleanly (after which `events()` ends)."""
+
+    @abc.abstractmethod
+    def events(self) -> AsyncIterator[RawEvent]:
+        """Results in order. Ends when the connection closes; raises or ends early on a drop."""
+
+    async def abort(self) -> None:
+        """Tear down without ceremony (used after a drop)."""
+        with contextlib.suppress(Exception):
+            await self.close()
+
+
+class SttProvider(abc.ABC):
+    """A speech-to-text engine behind one interface (rule S3)."""
+
+    name: str = "stt"
+    diarizes: bool = False
+    """True when results carry per-word speaker ids (V3)."""
+    keepalive_interval: float | None = None
+    sample_rate: int = STT_SAMPLE_RATE
+
+    @abc.abstractmethod
+    async def connect(self) -> SttConnection: ...
+
+    def describe(self) -> str:
+        return self.name
+
+    async def aclose(self) -> None:  # noqa: B027 - optional
+        """Release shared resources (models, clients)."""
+
+
+# ------------------------------------------------------------------ stream events (session time)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    words: tuple[Word, ...]
+    is_final: bool
+    speech_final: bool = False
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class UtteranceEnd:
+    last_word_end: float
+
+
+@dataclass(frozen=True)
+class StreamError:
+    message: str
+
+
+SttEvent = Transcript | UtteranceEnd | StreamError
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^\w']", "", text.lower())
+
+
+@dataclass
+class _Connection:
+    conn: SttConnection
+    generation: int
+    offset_samples: int
+    sent: int
+    """Session sample index up to which this connection has been sent audio."""
+    last_send: float = 0.0
+    dropped: bool = False
+
+
+@dataclass
+class SttStream:
+    """One voice session's STT stream: the base that owns keepalive, reconnect and labels."""
+
+    provider: SttProvider
+    on_event: Callable[[SttEvent], Awaitable[None]]
+    audio: AudioLog = field(default_factory=AudioLog)
+    speakers: SpeakerContinuity = field(default_factory=SpeakerContinuity)
+    max_reconnects: int = 5
+    reconnect_delay: float = 0.2
+
+    generation: int = field(default=-1, init=False)
+    reconnects: int = field(default=0, init=False)
+    final_until: float = field(default=0.0, init=False)
+    """Session time of the end of the last final word."""
+
+    def __post_init__(self) -> None:
+        self._current: _Connection | None = None
+        self._audio_ready = asyncio.Event()
+        self._finalized = asyncio.Event()
+        self._closing = False
+        self._runner: asyncio.Task[None] | None = None
+        self._recent_finals: list[Word] = []
+        self._connected = asyncio.Event()
+        self.error: str | None = None
+
+    # -- public API ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the first connection (raises if the provider cannot be reached at all)."""
+        self._runner = asyncio.create_task(self._run(), name=f"stt-{self.provider.name}")
+        waiter = asyncio.ensure_future(self._connected.wait())
+        await asyncio.wait([waiter, self._runner], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self.error is not None:
+            raise ConnectionError(self.error)
+
+    def push(self, samples: npt.NDArray[np.float32]) -> None:
+        """Queue 16 kHz mono float32 audio (it is logged in `audio` and sent in order)."""
+        self.audio.append(samples)
+        self._audio_ready.set()
+
+    async def flush(self, wait_seconds: float = 30.0) -> None:
+        """Send what is queued, ask for everything to be final, and wait for the answer. A
+        connection that drops meanwhile is replaced and the flush repeated on the new one."""
+        for _ in range(self.max_reconnects + 2):
+            if self.error is not None:
+                return
+            await self._wait_sent(wait_seconds)
+            current = self._current
+            if current is None or current.dropped:
+                return
+            self._finalized.clear()
+            with contextlib.suppress(Exception):
+                await current.conn.finalize()
+            try:
+                await asyncio.wait_for(self._finalized.wait(), wait_seconds)
+            except TimeoutError:
+                log.warning("%s: no answer to Finalize within %.0f s", self.provider.name, wait_seconds)
+                return
+            if not current.dropped:
+                return
+
+    async def aclose(self) -> None:
+        """Flush, close the connection cleanly, stop the tasks."""
+        if self._runner is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.flush()
+        self._closing = True
+        self._audio_ready.set()
+        current = self._current
+        if current is not None:
+            with contextlib.suppress(Exception):
+                await current.conn.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._runner), 10.0)
+        except (TimeoutError, Exception):
+            self._runner.cancel()
+            with contextlib.suppress(BaseException):
+                await self._runner
+        self._runner = None
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _wait_sent(self, wait_seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_seconds
+        while loop.time() < deadline:
+            current = self._current
+            if current is not None and not current.dropped and current.sent >= self.audio.total:
+                return
+            if self._runner is None or self._runner.done():
+                return
+            await asyncio.sleep(0.01)
+
+    async def _connect(self) -> _Connection:
+        attempt = 0
+        while True:
+            try:
+                conn = await self.provider.connect()
+                break
+            except Exception as exc:
+                attempt += 1
+                if attempt > self.max_reconnects:
+                    raise
+                log.warning("%s: connect failed (%s), retry %d", self.provider.name, exc, attempt)
+                await asyncio.sleep(self.reconnect_delay * attempt)
+        self.generation += 1
+        resume = max(0.0, self.final_until - REPLAY_MARGIN) if self.generation else 0.0
+        start = max(int(resume * STT_SAMPLE_RATE), self.audio.first)
+        loop = asyncio.get_running_loop()
+        return _Connection(conn, self.generation, start, start, loop.time())
+
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                current = await self._connect()
+            except Exception as exc:
+                self.error = f"{self.provider.name}: cannot connect ({exc})"
+                self._connected.set()
+                await self.on_event(StreamError(self.error))
+                return
+            self._current = current
+            self._connected.set()
+            if current.generation:
+                log.info("%s: reconnected (connection %d), replaying from %.2f s",
+                         self.provider.name, current.generation,
+                         current.offset_samples / STT_SAMPLE_RATE)
+            sender = asyncio.create_task(self._send_loop(current))
+            keeper = asyncio.create_task(self._keepalive_loop(current))
+            try:
+                await self._receive_loop(current)
+            except Exception as exc:
+                log.warning("%s: connection %d dropped: %s", self.provider.name,
+                            current.generation, exc)
+            finally:
+                sender.cancel()
+                keeper.cancel()
+                for task in (sender, keeper):
+                    with contextlib.suppress(BaseException):
+                        await task
+            if self._closing:
+                break
+            current.dropped = True
+            self.reconnects += 1
+            self._finalized.set()  # wake a flush waiting on the dead connection; it retries
+            with contextlib.suppress(Exception):
+                await current.conn.abort()
+            if self.reconnects > self.max_reconnects:
+                self.error = f"{self.provider.name}: gave up after {self.max_reconnects} reconnects"
+                await self.on_event(StreamError(self.error))
+                break
+            await asyncio.sleep(self.reconnect_delay)
+
+    async def _send_loop(self, current: _Connection) -> None:
+        chunk = int(SEND_CHUNK * STT_SAMPLE_RATE)
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            if current.sent >= self.audio.total:
+                self._audio_ready.clear()
+                if current.sent >= self.audio.total:
+                    await self._audio_ready.wait()
+                continue
+            end = min(current.sent + chunk, self.audio.total)
+            samples = self.audio.samples(current.sent, end)
+            if len(samples) == 0:  # fell out of the log (a very long outage): skip ahead
+                current.sent = end
+                continue
+            await current.conn.send_audio(float_to_pcm16(samples))
+            current.sent = end
+            current.last_send = loop.time()
+
+    async def _keepalive_loop(self, current: _Connection) -> None:
+        interval = self.provider.keepalive_interval
+        if not interval:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval / 4)
+            if loop.time() - current.last_send >= interval:
+                await current.conn.keepalive()
+                current.last_send = loop.time()
+
+    async def _receive_loop(self, current: _Connection) -> None:
+        offset = current.offset_samples / STT_SAMPLE_RATE
+        async for event in current.conn.events():
+            if isinstance(event, RawFinalized):
+                self._finalized.set()
+            elif isinstance(event, RawUtteranceEnd):
+                await self.on_event(UtteranceEnd(event.last_word_end + offset))
+            elif isinstance(event, RawResult):
+                await self._on_result(current, event, offset)
+                if event.from_finalize:
+                    self._finalized.set()
+        if not self._closing:
+            raise ConnectionError("the provider closed the connection")
+
+    async def _on_result(self, current: _Connection, result: RawResult, offset: float) -> None:
+        raw = [(w, w.start + offset, w.end + offset) for w in result.words]
+        if not result.is_final:
+            words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
+            await self.on_event(Transcript(words, False, False, current.generation))
+            return
+        kept = [(w, s, e) for w, s, e in raw if not self._is_duplicate(w.text, s)]
+        labels: dict[object, str] = {}
+        if self.provider.diarizes and any(w.speaker is not None for w, _, _ in kept):
+            runs: dict[object, list[npt.NDArray[np.float32]]] = {}
+            for w, s, e in kept:
+                if w.speaker is not None:
+                    runs.setdefault(w.speaker, []).append(self.audio.between(s, e))
+            audio = {k: np.concatenate(v) for k, v in runs.items()}
+            labels = await asyncio.to_thread(self.speakers.resolve, current.generation, audio)
+        words = tuple(
+            Word(w.text, s, e, w.confidence,
+                 labels.get(w.speaker) if w.speaker is not None else None)
+            for w, s, e in kept
+        )
+        if words:
+            self.final_until = max(self.final_until, max(w.end for w in words))
+            self._recent_finals.extend(words)
+            horizon = self.final_until - 30.0
+            self._recent_finals = [w for w in self._recent_finals if w.end >= horizon]
+        await self.on_event(Transcript(words, True, result.speech_final, current.generation))
+
+    def _is_duplicate(self, text: str, start: float) -> bool:
+        if start > self.final_until + DUPLICATE_TOLERANCE:
+            return False
+        key = _norm(text)
+        return any(
+            _norm(w.text) == key and abs(w.start - start) <= DUPLICATE_TOLERANCE
+            for w in reversed(self._recent_finals)
+        )

@@ -1,0 +1,122 @@
+"""Words with speakers → speaker turns: the one place a turn's boundaries are decided.
+
+Why a module of its own: the STT path (Deepgram's per-word speaker labels, rule V3) and the
+pipeline path (the diarization stage's timeline, rule V5) must cut turns the same way: a turn is a
+run of consecutive words by one speaker, never a majority vote over an utterance. Both paths hand
+this module a list of `Word`s and get `SpeakerTurn`s back; the CLI, the bench and the
+`VoiceChannel` all go through it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from voice.diarization_stage import SpeakerTimeline
+
+
+@dataclass(frozen=True)
+class Word:
+    """One recognised word. Times are seconds from the start of the voice session."""
+
+    text: str
+    start: float
+    end: float
+    confidence: float = 1.0
+    speaker: str | None = None
+    """The session's speaker label (`Speaker A` …), or None when nobody labelled it."""
+
+    def shifted(self, offset: float) -> Word:
+        return replace(self, start=self.start + offset, end=self.end + offset)
+
+
+@dataclass(frozen=True)
+class SpeakerTurn:
+    """A run of consecutive words by one speaker (rules V3, V5)."""
+
+    speaker: str | None
+    words: tuple[Word, ...]
+
+    @property
+    def text(self) -> str:
+        return join_words(w.text for w in self.words)
+
+    @property
+    def start(self) -> float:
+        return self.words[0].start
+
+    @property
+    def end(self) -> float:
+        return self.words[-1].end
+
+
+def join_words(words: Iterable[str]) -> str:
+    """Join word tokens with single spaces (Whisper tokens may carry their own leading space)."""
+    return " ".join(w.strip() for w in words if w.strip())
+
+
+def speaker_runs(words: Sequence[Word]) -> list[SpeakerTurn]:
+    """Split words into runs of consecutive words with the same speaker (rule V3)."""
+    return [
+        SpeakerTurn(speaker, tuple(group))
+        for speaker, group in itertools.groupby(words, key=lambda w: w.speaker)
+    ]
+
+
+def assign_speakers(words: Sequence[Word], timeline: SpeakerTimeline) -> list[Word]:
+    """Each word takes the speaker the stage heard longest over it (rule V5); a word nobody
+    overlaps takes the previous word's speaker (or the next one's, at the start)."""
+    out = [replace(w, speaker=timeline.speaker_over(w.start, w.end)) for w in words]
+    last: str | None = None
+    for i, w in enumerate(out):
+        if w.speaker is None and last is not None:
+            out[i] = replace(w, speaker=last)
+        last = out[i].speaker
+    following: str | None = None
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].speaker is None and following is not None:
+            out[i] = replace(out[i], speaker=following)
+        following = out[i].speaker
+    return out
+
+
+def letter_label(index: int) -> str:
+    """0 → `Speaker A`, 25 → `Speaker Z`, 26 → `Speaker AA` …"""
+    letters = string.ascii_uppercase
+    name = ""
+    index += 1
+    while index:
+        index, rem = divmod(index - 1, 26)
+        name = letters[rem] + name
+    return f"Speaker {name}"
+
+
+@dataclass
+class SpeakerLetters:
+    """Session labels in order of first appearance (rule V3): raw key → `Speaker A`, `Speaker B` …
+
+    A raw key is whatever identifies a voice on one STT connection, e.g. `(generation, 0)`.
+    """
+
+    labels: dict[object, str] = field(default_factory=dict)
+    count: int = 0
+
+    def get(self, key: object) -> str | None:
+        return self.labels.get(key)
+
+    def bind(self, key: object, label: str) -> str:
+        self.labels[key] = label
+        return label
+
+    def new_label(self) -> str:
+        label = letter_label(self.count)
+        self.count += 1
+        return label
+
+    def label(self, key: object) -> str:
+        existing = self.labels.get(key)
+        if existing is not None:
+            return existing
+        return self.bind(key, self.new_label())
