@@ -40,7 +40,8 @@ test: lint unit test-pyannote
 # installs (Python version, chorus's dependencies with the `dev` and `pyannote` extras, this
 # recipe's revision), so a fresh clone on a machine that keeps the cache reuses it. It holds
 # chorus's dependencies only; chorus itself is imported from the checkout (PYTHONPATH), so a cached
-# env never runs stale code. Built under a lock, and marked complete only at the end.
+# env never runs stale code. Built under a lock, and marked complete only at the end; a new build
+# removes superseded pyannote-* envs (about 8 GB each) that no other build or run is holding.
 PYANNOTE_ENV_REV := 1
 PYANNOTE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/chorus
 PYANNOTE_REQS_CMD := $(PYTHON) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; o = p["optional-dependencies"]; print("\n".join(sorted(set(p["dependencies"] + o["dev"] + o["pyannote"]))))'
@@ -65,16 +66,20 @@ $(PYANNOTE_STAMP):
 	$(PYANNOTE_PY) -m pip install -q -r "$(PYANNOTE_ENV)/requirements.txt" && \
 	PYANNOTE_METRICS_ENABLED=0 $(PYANNOTE_PY) -c 'import torch, torchaudio, pyannote.audio; print("pyannote.audio", pyannote.audio.__version__, "torch", torch.__version__, "torchaudio", torchaudio.__version__)' && \
 	touch "$(PYANNOTE_STAMP)" && \
-	echo "pyannote env built in $$((SECONDS - t0)) s, $$(du -sh "$(PYANNOTE_ENV)" | cut -f1): $(PYANNOTE_ENV)"
+	echo "pyannote env built in $$((SECONDS - t0)) s, $$(du -sh "$(PYANNOTE_ENV)" | cut -f1): $(PYANNOTE_ENV)" && \
+	for old in "$(PYANNOTE_CACHE)"/pyannote-*/; do old=$${old%/}; \
+	  if [ -d "$$old" ] && [ "$$old" != "$(PYANNOTE_ENV)" ] && (exec 8>"$$old.lock" && flock -n 8); then \
+	    echo "removing the superseded pyannote env $$old"; rm -rf "$$old" "$$old.lock"; fi; done
 
 pyannote-env: $(PYANNOTE_STAMP)
 	@echo "pyannote env: $(PYANNOTE_ENV)"
 
 # The real run of tests/pyannote (the main venv's run skips them: no pyannote.audio there).
 # CHORUS_PYANNOTE_ENV=1 turns a missing pyannote into a failure instead of a skip; no hub access.
+# The shared lock keeps another checkout's build from removing this env while the tests run.
 test-pyannote: pyannote-env
 	cd "$(CURDIR)" && CHORUS_PYANNOTE_ENV=1 HF_HUB_OFFLINE=1 PYTHONPATH="$(CURDIR)" \
-		$(PYANNOTE_PY) -m pytest tests/pyannote -q -p no:cacheprovider
+		flock -s "$(PYANNOTE_ENV).lock" $(PYANNOTE_PY) -m pytest tests/pyannote -q -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

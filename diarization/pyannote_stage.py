@@ -38,8 +38,8 @@ is built, so importing this module never needs them.
 
 from __future__ import annotations
 
+import importlib
 import logging
-import math
 import os
 import threading
 import warnings
@@ -236,9 +236,9 @@ def _clip(
     return out
 
 
-def _overlap(a: Sequence[tuple[float, float, str]], b: Sequence[SpeakerSegment]) -> dict[
-    tuple[str, str], float
-]:
+def _overlap(
+    a: Sequence[tuple[float, float, str]], b: Sequence[SpeakerSegment]
+) -> dict[tuple[str, str], float]:
     seconds: dict[tuple[str, str], float] = {}
     for s1, e1, label in a:
         for seg in b:
@@ -249,9 +249,9 @@ def _overlap(a: Sequence[tuple[float, float, str]], b: Sequence[SpeakerSegment])
     return seconds
 
 
-def _assign(score: npt.NDArray[np.float64], minimum: npt.NDArray[np.float64]) -> list[
-    tuple[int, int]
-]:
+def _assign(
+    score: npt.NDArray[np.float64], minimum: npt.NDArray[np.float64]
+) -> list[tuple[int, int]]:
     """One-to-one pairs (row, col) maximising `score`, keeping pairs with score >= minimum[row]."""
     if score.size == 0:
         return []
@@ -269,6 +269,17 @@ class PyannoteStage:
     """A pyannote.audio 4 pipeline as a diarization stage (P2, P3). See the module docstring."""
 
     sample_rate: int = 16_000
+
+    # live state, set by reset()
+    _buffer: Audio
+    _buffer_start: int
+    _fed: int
+    _processed: int
+    _commit_until: float
+    _committed: list[SpeakerSegment]
+    _tail: list[SpeakerSegment]
+    _voices: dict[str, _Voice]
+    _letters: int
 
     def __init__(
         self,
@@ -361,8 +372,7 @@ class PyannoteStage:
                     "local directory holding config.yaml and its models (docs/pyannote.md)"
                 ) from exc
             raise RuntimeError(
-                f"could not load the pyannote pipeline from {source}: "
-                f"{type(exc).__name__}: {exc}"
+                f"could not load the pyannote pipeline from {source}: {type(exc).__name__}: {exc}"
             ) from exc
         if loaded is None:
             raise RuntimeError(f"pyannote returned no pipeline for {source}")
@@ -496,13 +506,13 @@ class PyannoteStage:
         if samples.size:
             self._buffer = np.concatenate([self._buffer, samples])
             self._fed += samples.size
-        hop = int(round(self.hop_s * self.sample_rate))
+        hop = round(self.hop_s * self.sample_rate)
         while self._fed - self._processed >= hop:
             self._live_step(self._processed + hop)
         return SpeakerTimeline(_merge(self._committed + self._tail))
 
     def _live_step(self, end_sample: int) -> None:
-        width = int(round(self.window_s * self.sample_rate))
+        width = round(self.window_s * self.sample_rate)
         start_sample = max(0, end_sample - width)
         window = self._buffer[start_sample - self._buffer_start : end_sample - self._buffer_start]
         start, end = start_sample / self.sample_rate, end_sample / self.sample_rate
@@ -563,9 +573,7 @@ class PyannoteStage:
                 names[label] = speaker_name(self._letters)
                 self._letters += 1
             name = names[label]
-            voice = self._voices.setdefault(
-                name, _Voice(name, enrolled=name in self._enrolled)
-            )
+            voice = self._voices.setdefault(name, _Voice(name, enrolled=name in self._enrolled))
             voice.add(run.embeddings.get(label))
         return names
 
@@ -586,8 +594,7 @@ class PyannoteStage:
         waveform = torch.from_numpy(np.ascontiguousarray(samples))[None, None]
         rate = int(getattr(model, "sample_rate", self.sample_rate))
         if rate != self.sample_rate:
-            import torchaudio
-
+            torchaudio = importlib.import_module("torchaudio")
             waveform = torchaudio.functional.resample(waveform, self.sample_rate, rate)
         minimum = int(getattr(model, "min_num_samples", 0))
         if waveform.shape[-1] < max(minimum, 1):
@@ -617,12 +624,12 @@ class PyannoteStage:
 
     def reset(self) -> None:
         """Forget the live stream (not the enrolled voices)."""
-        self._buffer: Audio = np.zeros(0, dtype=np.float32)
+        self._buffer = np.zeros(0, dtype=np.float32)
         self._buffer_start = 0
         self._fed = 0
         self._processed = 0
         self._commit_until = 0.0
-        self._committed: list[SpeakerSegment] = []
-        self._tail: list[SpeakerSegment] = []
-        self._voices: dict[str, _Voice] = {}
+        self._committed = []
+        self._tail = []
+        self._voices = {}
         self._letters = 0

@@ -19,16 +19,19 @@ import pytest
 # pyannote's telemetry stays off.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["PYANNOTE_METRICS_ENABLED"] = "0"
+# No FFmpeg here, so torchcodec cannot load and pyannote.audio warns at import that it cannot
+# decode files; the stage never asks it to (it passes in-memory waveforms).
+_TORCHCODEC_WARNING = r"(?s).*torchcodec is not installed"
+warnings.filterwarnings("ignore", message=_TORCHCODEC_WARNING)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("filterwarnings", f"ignore:{_TORCHCODEC_WARNING}:UserWarning")
 
 
 @pytest.fixture(scope="session")
 def pyannote_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pipeline directory built from pyannote's own model classes, untrained."""
-    with warnings.catch_warnings():
-        # No FFmpeg here, so torchcodec cannot load; the stage passes in-memory waveforms.
-        warnings.filterwarnings("ignore", message=r"(?s).*torchcodec is not installed")
-        import pyannote.audio  # noqa: F401
-
     from tests.pyannote.local_pipeline import build_pipeline_dir
 
     return build_pipeline_dir(tmp_path_factory.mktemp("pyannote") / "pipeline")

@@ -9,6 +9,7 @@ and RTTM output; they say nothing about accuracy (the weights are random).
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -149,7 +150,7 @@ def test_P2_live_feed_rolling_windows(pyannote_stage: PyannoteStage, sample_audi
     assert final.speakers == _letters(final)
     assert max(seg.end for seg in final) == pytest.approx(14.0, abs=0.05)
     # What was frozen (older than commit_lag_s before the newest processed audio) never changes.
-    for (fed, earlier), (_, later) in zip(snapshots, snapshots[1:], strict=False):
+    for (fed, earlier), (_, later) in itertools.pairwise(snapshots):
         processed = int(fed * RATE) // int(stage.hop_s * RATE) * stage.hop_s
         frozen_until = processed - stage.commit_lag_s
         assert _clipped(later, frozen_until) == _clipped(earlier, frozen_until)
@@ -184,7 +185,7 @@ def test_P2_enroll_names_a_voice_through_the_pipeline_embedding(
     with pytest.raises(ValueError, match="too short"):
         stage.enroll("Bob", sample_audio[:10])
     with pytest.raises(ValueError, match="empty"):
-        stage.enroll(" ", sample_audio[: RATE])
+        stage.enroll(" ", sample_audio[:RATE])
 
 
 def test_P2_bad_input_is_refused_clearly(pyannote_stage: PyannoteStage) -> None:
