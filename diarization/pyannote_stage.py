@@ -306,8 +306,7 @@ class PyannoteStage:
         available). Live mode: a `window_s` window every `hop_s` of new audio, frozen up to
         `commit_lag_s` before the newest audio. `link_threshold` / `enroll_threshold`: cosine
         similarities above which a window's speaker is the same as a session speaker / an
-        enrolled voice (set for pyannote's WeSpeaker embeddings, not tuned here: see
-        docs/pyannote.md).
+        enrolled voice (untuned defaults: no real weights are reachable here, docs/pyannote.md).
         """
         if num_speakers is not None and num_speakers < 1:
             raise ValueError(f"num_speakers must be >= 1, got {num_speakers}")
