@@ -137,22 +137,26 @@ def test_P2_live_feed_rolling_windows(pyannote_stage: PyannoteStage, sample_audi
     frame = RATE // 50  # 20 ms frames, as a live stream sends them
 
     stage.reset()
-    snapshots: list[tuple[float, SpeakerTimeline]] = []
+    hop = round(stage.hop_s * RATE)
+    snapshots: list[tuple[float, SpeakerTimeline]] = []  # the timeline at every hop boundary
     for i in range(0, audio.size, frame):
         timeline = stage.feed(audio[i : i + frame])
-        fed = min(i + frame, audio.size) / RATE
-        if not snapshots or timeline.segments != snapshots[-1][1].segments:
-            snapshots.append((fed, timeline))
+        fed = min(i + frame, audio.size)
+        if fed % hop == 0:
+            snapshots.append((fed / RATE, timeline))
+        elif fed < hop:
+            assert len(timeline) == 0  # nothing is decided before the first hop
     final = snapshots[-1][1]
 
-    assert len(snapshots) >= 4  # one decision per 2 s hop
+    assert [t for t, _ in snapshots] == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0]
+    for t, timeline in snapshots:  # each hop decides up to the newest audio
+        assert len(timeline) > 0
+        assert max(seg.end for seg in timeline) == pytest.approx(t, abs=0.05)
     _assert_exclusive(final, 14.0)
     assert final.speakers == _letters(final)
-    assert max(seg.end for seg in final) == pytest.approx(14.0, abs=0.05)
     # What was frozen (older than commit_lag_s before the newest processed audio) never changes.
-    for (fed, earlier), (_, later) in itertools.pairwise(snapshots):
-        processed = int(fed * RATE) // int(stage.hop_s * RATE) * stage.hop_s
-        frozen_until = processed - stage.commit_lag_s
+    for (t, earlier), (_, later) in itertools.pairwise(snapshots):
+        frozen_until = t - stage.commit_lag_s
         assert _clipped(later, frozen_until) == _clipped(earlier, frozen_until)
 
     # Frames of any size give the same timeline (V1): the windows sit at fixed sample positions.
