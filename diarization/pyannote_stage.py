@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import threading
 import warnings
@@ -521,7 +522,8 @@ class PyannoteStage:
         names = self._link(run, start)
 
         new_commit = max(self._commit_until, end - self.commit_lag_s)
-        named = [(s, e, names[label]) for s, e, label in run.exclusive]
+        fresh = _clip(run.exclusive, self._commit_until, end)  # what this window may still decide
+        named = [(s, e, names[label]) for s, e, label in fresh]
         frozen = [SpeakerSegment(*t) for t in _clip(named, self._commit_until, new_commit)]
         self._committed = _merge(self._committed + frozen)
         self._tail = _merge(SpeakerSegment(*t) for t in _clip(named, new_commit, end))
@@ -534,8 +536,15 @@ class PyannoteStage:
             self._buffer_start = keep_from
 
     def _link(self, run: _Run, start: float) -> dict[str, str]:
-        """Map the window's labels onto session speakers: overlap, then voice, else new."""
-        labels = run.labels_in_order()
+        """Map the window's labels onto session speakers: overlap, then voice, else new.
+
+        Only labels heard in the part of the window that is not frozen yet are named (a label
+        heard only in overlapped speech, or only in the frozen past, would never show and must
+        not use up a letter).
+        """
+        fresh = _clip(run.exclusive, self._commit_until, math.inf)
+        visible = {label for _, _, label in fresh}
+        labels = [label for label in run.labels_in_order() if label in visible]
         names: dict[str, str] = {}
         decided = [s for s in self._committed + self._tail if s.end > start]
         if decided and labels:

@@ -48,7 +48,7 @@ DURATION = 32.0
 
 def _voices() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
-    return {who: rng.standard_normal(16).astype(np.float32) for who in "XYZ"}
+    return {who: rng.standard_normal(16).astype(np.float32) for who in "XYZW"}
 
 
 def _who(t: float) -> str | None:
@@ -77,7 +77,8 @@ class ScriptedEmbedding:
 
 
 class ScriptedPipeline:
-    def __init__(self) -> None:
+    def __init__(self, overlap: list[tuple[float, float, str]] | None = None) -> None:
+        self.overlap = overlap or []  # speech heard only under someone else's (overlapped)
         self.voices = _voices()
         self._embedding = ScriptedEmbedding(self.voices)
         self.calls = 0
@@ -97,6 +98,12 @@ class ScriptedPipeline:
             if e > s:
                 label = labels.setdefault(who, f"SPEAKER_{len(labels):02d}")
                 annotation[Segment(s - start, e - start)] = label
+        exclusive = annotation.copy()
+        for s, e, who in self.overlap:
+            s, e = max(s, start), min(e, end)
+            if e > s:
+                label = labels.setdefault(who, f"SPEAKER_{len(labels):02d}")
+                annotation[Segment(s - start, e - start), "overlap"] = label
         by_label = {label: who for who, label in labels.items()}
         rng = np.random.default_rng(self.calls)
         embeddings = (
@@ -111,7 +118,7 @@ class ScriptedPipeline:
         )
         return DiarizeOutput(
             speaker_diarization=annotation,
-            exclusive_speaker_diarization=annotation.copy(),
+            exclusive_speaker_diarization=exclusive,
             speaker_embeddings=embeddings,
         )
 
@@ -186,3 +193,16 @@ def test_P2_batch_names_follow_order_of_appearance() -> None:
     timeline = stage.diarize(ramp(4.0, DURATION))
     assert timeline.speakers == ["Speaker A", "Speaker B", "Speaker C"]
     assert next(iter(timeline)).start == pytest.approx(0.0)
+
+
+def test_P2_overlap_only_voice_does_not_use_up_a_letter() -> None:
+    # W is heard only under Y (5-6 s): in pyannote's overlapping diarization, never in the
+    # exclusive one that words align to.
+    stage = PyannoteStage(ScriptedPipeline(overlap=[(5.0, 6.0, "W")]), device="cpu")
+    names = {"X": "Speaker A", "Y": "Speaker B", "Z": "Speaker C"}
+    assert _feed_all(stage, 0.02) == _expected(names, DURATION)
+
+    result = stage.diarize_detailed(ramp(0.0, DURATION))
+    assert result.exclusive.speakers == ["Speaker A", "Speaker B", "Speaker C"]
+    assert result.overlapping.speakers == ["Speaker A", "Speaker B", "Speaker D", "Speaker C"]
+    assert set(result.embeddings) == {"Speaker A", "Speaker B", "Speaker C", "Speaker D"}
