@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYANNOTE_METRICS_ENABLED := 0
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install system-deps demo test lint unit clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Programs the tests start themselves (Postgres for the shared store); installed from Debian when
+# the machine lacks them (CI runs as root).
+system-deps:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ apt-get update -q && apt-get install -y -q postgresql; }
+
 demo: install
 	$(PY) examples/ai_multi_speaker.py
 
@@ -28,7 +34,7 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-unit: install
+unit: install system-deps
 	$(PY) -m pytest -q
 
 test: lint unit test-pyannote
