@@ -5,15 +5,16 @@ Two paths share the recipe in `diarization.recipe`:
 - `diarize(audio)` (batch, whole files): VAD over the file, windows over the speech embedded in one
   batched pass, clustering with the number of speakers found (or given), centroid refinement,
   frame-level Viterbi smoothing, overlap where two centroids score alike.
-- `feed(audio)` (live): frames of any size; every `live_hop` seconds of new speech the last
+- `feed(audio)` (live): frames of any size; every `LiveSettings.hop` seconds of new speech the last
   `window` seconds of speech are embedded and matched against the speaker centroids (enrolled
-  voices first); a window that matches nobody opens a new speaker. Decisions are never revised,
-  so a word's speaker does not change after it was handed out.
+  voices first); two agreeing windows that match nobody open a new speaker. Decisions are never
+  revised, so a word's speaker does not change after it was handed out.
 
 Speaker names: an enrolled name when a cluster's centroid is close enough to that voiceprint
 (each name used once per recording), otherwise `Speaker A`, `Speaker B` … in order of first
 appearance. Voiceprints are embeddings only; no audio is kept after `enroll` returns.
-Model work is synchronous and CPU-bound; torch runs on `threads` threads (1 by default).
+Model work is synchronous and CPU-bound: GE2E runs torch on one thread (the embedder's
+`threads`), the VAD onnxruntime on one thread.
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ class _LiveState:
     new_speech: int = 0  # speech frames since the last decision
     voices: list[_Voice] = field(default_factory=list)
     unknown_count: int = 0
-    labels: dict[int, str] = field(default_factory=dict)  # decided frame → speaker
     segments: list[SpeakerSegment] = field(default_factory=list)
     open_run: tuple[int, int, str] | None = None  # (first frame, last frame, speaker)
     pending: FloatArray | None = None  # an unmatched window waiting for a second one
@@ -299,7 +299,6 @@ class EmbeddedStage:
         embedding = self.embedder.embed_mels(mel[None, :n])[0]
         speaker = self._live_match(state, embedding)
         for frame in state.undecided:
-            state.labels[frame] = speaker
             self._live_extend(state, frame, speaker)
         state.undecided = []
         state.new_speech = 0

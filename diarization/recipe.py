@@ -2,8 +2,8 @@
 and by the tuning script.
 
 speech probabilities (Silero, 32 ms frames) → speech mask → embedding windows over the speech
-(GE2E, one batched pass) → clustering (agglomerative, average linkage, cosine distance, with a
-threshold when the number of speakers is not given) → refinement (centroid re-estimation) →
+(GE2E, one batched pass) → clustering (spectral with an eigengap speaker count by default, or
+agglomerative with a distance threshold) → refinement (centroid re-estimation) →
 frame scores (each frame averages the similarity of the windows that cover it to each centroid)
 → Viterbi smoothing with a speaker-switch penalty → optional second speaker where two centroids
 score alike (overlap) → segments.
@@ -178,8 +178,8 @@ def cluster(
     num_speakers: int | None = None,
     max_speakers: int | None = None,
 ) -> IntArray:
-    """Cluster labels 0..K-1 for window embeddings (AHC, average linkage, cosine distance),
-    then refined by centroid re-assignment; tiny clusters are folded into their nearest."""
+    """Cluster labels 0..K-1 for window embeddings (`settings.method`: spectral or AHC), then
+    refined by centroid re-assignment; tiny clusters are folded into their nearest."""
     n = len(embeddings)
     if n == 0:
         return np.zeros(0, np.int64)
