@@ -94,3 +94,26 @@ def test_P4_bench_diarization_prints_a_table_and_writes_json(
     assert result["rtf"] > 0
     assert result["files"][0]["speakers_ref"] == 2
     assert result["live_latency_median"] >= 0
+
+
+@pytest.mark.slow
+def test_P4_leave_one_file_out_scores_each_file_with_settings_tuned_on_the_others(
+    shared_fixtures: Path,
+) -> None:
+    from diarization.recipe import Settings
+    from diarization.tuning import TuningFile, cross_validate
+
+    ami = shared_fixtures / "ami"
+    files = [
+        TuningFile.load(ami / f"{fid}.wav", SpeakerTimeline.read_rttm(ami / "train.rttm", fid))
+        for fid in ("trn03", "trn05", "trn06")
+    ]
+    good = Settings()
+    bad = Settings(vad_threshold=0.9)  # misses most of the far-field speech
+    cv = cross_validate(files, [bad, good])
+    assert set(cv.chosen) == {"trn03", "trn05", "trn06"}
+    assert all(s == good for s in cv.chosen.values())
+    assert cv.best_settings == good
+    assert cv.held_out.der == pytest.approx(cv.best_on_all.der)
+    assert cv.grid_size == 2
+    assert "leave-one-file-out" in cv.describe()
