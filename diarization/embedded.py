@@ -34,6 +34,7 @@ from voice.embedding import SpeakerEmbedder, default_embedder, mel_spectrogram
 from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, VadStream
 
 SAMPLE_RATE = 16000
+EMBED_BATCH = 128  # windows per GE2E forward pass (bounds memory on long recordings)
 
 
 def speaker_letter(index: int) -> str:
@@ -181,7 +182,12 @@ class EmbeddedStage:
         windows = recipe.plan_windows(mask, len(mel), self.settings)
         if len(windows.mel_index) == 0:
             return SpeakerTimeline()
-        embeddings = self.embedder.embed_mels(mel[windows.mel_index])
+        embeddings = np.concatenate(
+            [
+                self.embedder.embed_mels(mel[windows.mel_index[i : i + EMBED_BATCH]])
+                for i in range(0, len(windows.mel_index), EMBED_BATCH)
+            ]
+        )
         labels = recipe.cluster(embeddings, self.settings, num_speakers=num, max_speakers=cap)
         cents = recipe.centroids(embeddings, labels)
         scores = recipe.frame_scores(windows, embeddings, cents)

@@ -56,6 +56,7 @@ class Settings:
     overlap_min_score: float = 0.5
     change_overlap: float = 0.0  # seconds around a speaker change where both are kept
     max_speakers: int = 8
+    max_cluster_points: int = 1500  # beyond this many windows, cluster block means
 
     def but(self, **changes: Any) -> Settings:
         return replace(self, **changes)
@@ -186,10 +187,18 @@ def cluster(
     if n == 1:
         return np.zeros(1, np.int64)
     cap = settings.max_speakers if max_speakers is None else max_speakers
+    # long recordings: cluster block means of consecutive windows (the affinity matrix and its
+    # eigen-decomposition grow as n² and n³), then give each window its nearest centroid
+    points, block = embeddings, max(1, -(-n // settings.max_cluster_points))
+    if block > 1:
+        padded = np.concatenate([embeddings, embeddings[-1:].repeat(-n % block, axis=0)])
+        points = l2(padded.reshape(-1, block, embeddings.shape[1]).mean(axis=1))
     if settings.method == "spectral":
-        labels = spectral_labels(embeddings, settings.prune, num_speakers, cap)
+        labels = spectral_labels(points, settings.prune, num_speakers, cap)
     else:
-        labels = ahc_labels(embeddings, settings.cluster_threshold, num_speakers, cap)
+        labels = ahc_labels(points, settings.cluster_threshold, num_speakers, cap)
+    if block > 1:
+        labels = np.argmax(embeddings @ centroids(points, _relabel(labels)).T, axis=1)
     labels = _fold_small(
         embeddings, labels, settings.min_cluster_windows if num_speakers is None else 1
     )
