@@ -117,3 +117,17 @@ def test_P4_leave_one_file_out_scores_each_file_with_settings_tuned_on_the_other
     assert cv.held_out.der == pytest.approx(cv.best_on_all.der)
     assert cv.grid_size == 2
     assert "leave-one-file-out" in cv.describe()
+
+
+def test_P4_bench_set_overrides_recipe_settings_with_typed_values() -> None:
+    from bench.diarization import parse_settings
+
+    settings = parse_settings(["vad_threshold=0.5", "compact=false", "method=ahc", "hop=1"])
+    assert settings.vad_threshold == 0.5
+    assert settings.compact is False
+    assert settings.method == "ahc"
+    assert settings.hop == 1.0
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_settings(["nope=1"])
+    with pytest.raises(ValueError, match="not a float"):
+        parse_settings(["window=long"])
