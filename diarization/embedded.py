@@ -8,7 +8,12 @@ Two paths share the recipe in `diarization.recipe`:
 - `feed(audio)` (live): frames of any size; every `LiveSettings.hop` seconds of new speech the last
   `window` seconds of speech are embedded and matched against the speaker centroids (enrolled
   voices first); two agreeing windows that match nobody open a new speaker. Decisions are never
-  revised, so a word's speaker does not change after it was handed out.
+  revised, so a word's speaker does not change after it was handed out. Because they cannot be
+  revised, the live path avoids deciding across a speaker change: a window never reaches back
+  over a pause (`cut_pause`: a speaker change almost always follows one), the tail of an
+  utterance is embedded on its own rather than handed to the last speaker, and the frames of a
+  window that matches nobody stay undecided until the next window confirms a new voice (or
+  matches a known one). Latency pays for it: a new stretch of speech waits for `min_window`.
 
 Speaker names: an enrolled name when a cluster's centroid is close enough to that voiceprint
 (each name used once per recording), otherwise `Speaker A`, `Speaker B` … in order of first
@@ -55,7 +60,7 @@ class LiveSettings:
     window: float = 1.5  # seconds of speech per embedding
     min_window: float = 1.0  # first decision once this much speech was heard
     hop: float = 0.5  # seconds of new speech between decisions
-    min_flush: float = 0.3  # a first utterance shorter than min_window is decided if this long
+    min_flush: float = 0.3  # an utterance's undecided tail is embedded if its stretch is this long
     new_speaker_threshold: float = 0.72  # best centroid similarity under this opens a speaker
     centroid_momentum: float = 0.9  # running centroid update for discovered speakers
     confirm_new: bool = True  # a new speaker needs two agreeing unmatched windows

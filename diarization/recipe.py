@@ -40,7 +40,7 @@ class Settings:
 
     vad_threshold: float = 0.1
     normalize: bool = False  # level normalisation before the VAD did not help on AMI (measured)
-    min_speech: float = 0.1
+    min_speech: float = 0.2  # speech regions shorter than this (s) are dropped (LOO-CV: 0.1 or 0.2)
     max_gap: float = 0.8  # pauses up to this long inside a turn are bridged
     speech_pad: float = 0.0  # seconds added to each side of a speech region
     window: float = 1.5  # seconds of speech per embedding window

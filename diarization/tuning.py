@@ -46,6 +46,7 @@ GRID: dict[str, Sequence[Any]] = {
     "window": (1.5, 2.0),
     "prune": (0.75, 0.8),
     "overlap_margin": (0.0, 0.03),
+    "min_speech": (0.1, 0.2),
 }
 
 
