@@ -61,8 +61,8 @@ class LiveSettings:
     min_window: float = 1.0  # first decision once this much speech was heard
     hop: float = 0.5  # seconds of new speech between decisions
     min_flush: float = 0.3  # an utterance's undecided tail is embedded if its stretch is this long
-    new_speaker_threshold: float = 0.72  # best centroid similarity under this opens a speaker
-    centroid_momentum: float = 0.9  # running centroid update for discovered speakers
+    new_speaker_threshold: float = 0.76  # best centroid similarity under this opens a speaker
+    centroid_momentum: float = 0.8  # running centroid update for discovered speakers
     confirm_new: bool = True  # a new speaker needs two agreeing unmatched windows
     # speaker changes (measured on the demo meeting and the AMI excerpts, docs/benchmarks.md):
     cut_pause: float = 0.25  # a pause this long (s) starts a new stretch: windows never span it
@@ -287,6 +287,17 @@ class EmbeddedStage:
             state.gap += 1
             if was_speech and state.undecided:
                 self._live_end_of_speech(state)
+            elif (
+                state.pending is not None
+                and state.undecided
+                and state.voices
+                and (state.frames - state.undecided[0]) * FRAME_SECONDS >= self.live.max_hold
+            ):
+                # held frames of an unconfirmed voice wait at most max_hold, speech or not
+                pending = state.pending
+                self._live_assign(
+                    state, max(state.voices, key=lambda v: float(v.centroid @ pending)).name
+                )
             return
         cut = self.live.cut_pause
         if cut > 0 and state.gap * FRAME_SECONDS + 1e-9 >= cut and state.speech_audio:
