@@ -232,3 +232,21 @@ async def test_V10_bad_live_frames_are_refused_and_other_streams_lose_nothing() 
     assert bad.skipped_frames and "absurd frame size" in bad.skipped_frames[0]
     assert [t.text for t in good_turns] == ["Hello everyone.", "Hi.", "How are you?"]
     del kit
+
+
+async def test_V1_stereo_48k_stream_reaches_the_stt_as_16k_mono_and_may_pause() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1", sample_rate=48000, channels=2)
+        tone = (0.1 * np.sin(np.arange(48000) / 7)).astype(np.float32)
+        stereo = np.repeat(tone, 2)  # interleaved L R
+        pcm = float_to_pcm16(stereo)
+        for i in range(0, len(pcm), 1001):  # odd frame sizes split samples across frames
+            session.push(pcm[i : i + 1001])
+        session.pause()
+        assert session.push(pcm[:4000]) == 0  # dropped while paused
+        session.resume()
+        await session.finish()
+        received = len(server.connections[0].audio) // 2
+    assert abs(received - 16000) <= 64  # one second of 16 kHz mono

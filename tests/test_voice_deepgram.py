@@ -142,3 +142,15 @@ def test_S2_missing_api_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("DEEPGRAM_API_KEY", raising=False)
     with pytest.raises(ValueError, match="DEEPGRAM_API_KEY"):
         DeepgramSTT()
+
+
+async def test_S2_repeated_words_of_one_connection_are_not_mistaken_for_duplicates() -> None:
+    script = ScriptedWords([[SpokenWord("no", 0.10, 0.30, 0, "No,"),
+                             SpokenWord("no", 0.35, 0.55, 0, "no,"),
+                             SpokenWord("no", 0.60, 0.80, 0, "no.")]])
+    async with DeepgramTestServer(script) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        turns = await turns_of(session, SILENCE, 16000)
+    assert [t.text for t in turns] == ["No, no, no."]

@@ -392,6 +392,11 @@ class FrameDecoder:
             return samples
         return np.asarray(self._resampler.resample_chunk(samples), np.float32)
 
+    def skip(self, frame: bytes) -> None:
+        """Drop a frame (a paused stream) but keep the byte alignment of the ones after it."""
+        data = self._carry + bytes(frame)
+        self._carry = data[len(data) - len(data) % self.format.bytes_per_frame :]
+
     def flush(self) -> FloatAudio:
         """The resampler's tail at end of stream."""
         self._carry = b""

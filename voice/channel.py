@@ -152,6 +152,7 @@ class VoiceSession:
         self._fed = 0
         self._diar_task: asyncio.Task[None] | None = None
         self._diar_wake = asyncio.Event()
+        self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
         self.error: str | None = None
 
     # -- audio in --------------------------------------------------------------------------
@@ -163,13 +164,16 @@ class VoiceSession:
         session goes on (rule V10)."""
         if self.finished:
             raise RuntimeError(f"voice session {self.id} is finished")
+        if self.paused:
+            self.decoder.skip(frame)
+            return 0
         try:
             samples = self.decoder.decode(frame)
         except AudioError as exc:
             self.skipped_frames.append(str(exc))
             log.warning("voice session %s: skipped a frame: %s", self.id, exc)
             raise
-        if self.paused or len(samples) == 0:
+        if len(samples) == 0:
             return 0
         return self._accept(samples)
 
@@ -211,9 +215,6 @@ class VoiceSession:
 
     async def flush(self) -> None:
         """Make everything heard so far final and commit its turns."""
-        tail = self.decoder.flush()
-        if len(tail):
-            self._accept(tail)
         await self.stt.flush()
         async with self._lock:
             await self._emit_pending(force=True)
@@ -222,6 +223,9 @@ class VoiceSession:
         """End the stream: flush, close the STT connection, return the session's turns."""
         if self.finished:
             return self.turns
+        tail = self.decoder.flush()  # the resampler's last samples (ends the decoder)
+        if len(tail) and not self.paused:
+            self._accept(tail)
         await self.flush()
         self.finished = True
         await self.stt.aclose()
@@ -336,15 +340,16 @@ class VoiceSession:
                 await self._feed_stage(stage, self.audio.total)
 
     async def _feed_stage(self, stage: DiarizationStage, upto: int) -> None:
-        if upto <= self._fed:
-            return
-        chunk = self.audio.samples(self._fed, upto)
-        self._fed = upto
-        if len(chunk) == 0:
-            return
-        if stage.sample_rate != STT_SAMPLE_RATE:
-            chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
-        self._timeline = await asyncio.to_thread(stage.feed, chunk)
+        async with self._feed_lock:
+            if upto <= self._fed:
+                return
+            chunk = self.audio.samples(self._fed, upto)
+            self._fed = upto
+            if len(chunk) == 0:
+                return
+            if stage.sample_rate != STT_SAMPLE_RATE:
+                chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
+            self._timeline = await asyncio.to_thread(stage.feed, chunk)
 
     async def _speakers_from_stage(self, words: list[Word]) -> list[Word]:
         stage = self._diarizer

@@ -193,7 +193,8 @@ class SttStream:
         self._finalized = asyncio.Event()
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
-        self._recent_finals: list[Word] = []
+        self._recent_finals: list[tuple[int, Word]] = []
+        """Final words of the last 30 s with the connection that reported them (for dedup)."""
         self._connected = asyncio.Event()
         self.error: str | None = None
 
@@ -375,7 +376,8 @@ class SttStream:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
             await self._emit(Transcript(words, False, False, current.generation))
             return
-        kept = [(w, s, e) for w, s, e in raw if not self._is_duplicate(w.text, s)]
+        kept = [(w, s, e) for w, s, e in raw
+                if not self._is_duplicate(w.text, s, current.generation)]
         labels: dict[object, str] = {}
         if self.provider.diarizes and any(w.speaker is not None for w, _, _ in kept):
             runs: dict[object, list[npt.NDArray[np.float32]]] = {}
@@ -396,18 +398,20 @@ class SttStream:
         )
         if words:
             self.final_until = max(self.final_until, max(w.end for w in words))
-            self._recent_finals.extend(words)
+            self._recent_finals.extend((current.generation, w) for w in words)
             horizon = self.final_until - 30.0
-            self._recent_finals = [w for w in self._recent_finals if w.end >= horizon]
+            self._recent_finals = [(g, w) for g, w in self._recent_finals if w.end >= horizon]
         await self._emit(Transcript(words, True, result.speech_final, current.generation))
 
-    def _is_duplicate(self, text: str, start: float) -> bool:
-        if start > self.final_until + DUPLICATE_TOLERANCE:
+    def _is_duplicate(self, text: str, start: float, generation: int) -> bool:
+        """A word an earlier connection already made final (replayed audio). Words of the same
+        connection are never duplicates: "no, no" stays two words."""
+        if generation == 0 or start > self.final_until + DUPLICATE_TOLERANCE:
             return False
         key = _norm(text)
         return any(
-            _norm(w.text) == key and abs(w.start - start) <= DUPLICATE_TOLERANCE
-            for w in reversed(self._recent_finals)
+            g < generation and _norm(w.text) == key and abs(w.start - start) <= DUPLICATE_TOLERANCE
+            for g, w in reversed(self._recent_finals)
         )
 
     async def _emit(self, event: SttEvent) -> None:
