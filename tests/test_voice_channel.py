@@ -250,3 +250,19 @@ async def test_V1_stereo_48k_stream_reaches_the_stt_as_16k_mono_and_may_pause() 
         await session.finish()
         received = len(server.connections[0].audio) // 2
     assert abs(received - 16000) <= 64  # one second of 16 kHz mono
+
+
+async def test_V10_a_failing_hook_drops_its_turn_only() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def broken(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            if event.speaker == "Speaker B":
+                raise RuntimeError("hook bug")
+            return HookResult.allow()
+
+        events = await run(kit, channel)
+    assert [e.text for e in events] == ["Hello everyone.", "How are you?"]
+    assert len(server.connections) == 1  # not mistaken for a dropped STT connection

@@ -272,7 +272,12 @@ class VoiceSession:
         done = runs if force else runs[:-1]
         self._pending = [] if force else list(runs[-1].words)
         for run in done:
-            await self._commit(run)
+            try:
+                await self._commit(run)
+            except Exception:
+                # Fail closed: a hook that raises may have been the one that blocks this turn.
+                log.exception("voice session %s: a turn was dropped because committing it failed",
+                              self.id)
 
     async def _commit(self, run: SpeakerTurn) -> None:
         kit = self.channel.require_kit()
