@@ -395,6 +395,7 @@ class VoiceChannel(Channel):
         if diarizer is not None and not isinstance(diarizer, DiarizationStage):
             raise TypeError(f"diarizer must implement voice.diarization_stage.DiarizationStage, "
                             f"got {type(diarizer).__name__}")
+        self._owns_stt = stt is None
         if stt is None:
             from voice.stt.whisper import WhisperSTT
 
@@ -487,7 +488,8 @@ class VoiceChannel(Channel):
                 await session.finish()
         for task in list(self._tasks):
             task.cancel()
-        await self.stt.aclose()
+        if self._owns_stt:  # a provider passed in may serve other channels: its owner closes it
+            await self.stt.aclose()
 
 
 def pcm16_frames(audio: FloatAudio, sample_rate: int, frame_seconds: float = 0.1) -> list[bytes]:
