@@ -157,13 +157,16 @@ class ScriptedStage:
 
     sample_rate = 16000
 
-    def __init__(self, timeline: SpeakerTimeline) -> None:
+    def __init__(self, timeline: SpeakerTimeline, lag: float = 0.0) -> None:
         self.timeline = timeline
+        self.lag = lag  # a segment is decided `lag` seconds after it ends
         self.fed = 0
 
     def feed(self, audio: np.ndarray) -> SpeakerTimeline:
         self.fed += len(audio)
-        return SpeakerTimeline([s for s in self.timeline.segments if s.start < self.fed / 16000])
+        heard = self.fed / 16000
+        return SpeakerTimeline([s for s in self.timeline.segments
+                                if s.start < heard and (not self.lag or s.end + self.lag <= heard)])
 
     def diarize(self, audio: np.ndarray, *, num_speakers: int | None = None,
                 max_speakers: int | None = None) -> SpeakerTimeline:
@@ -190,6 +193,25 @@ async def test_V5_pipeline_speakers_split_one_utterance_into_two_turns() -> None
     assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
                                                                    ("Bob", "No, wait.")]
     assert stage.fed > 0
+
+
+async def test_V5_words_wait_for_a_stage_that_decides_late() -> None:
+    one_utterance = ScriptedWords([[
+        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
+        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
+    ]])
+    stage = ScriptedStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
+                                           SpeakerSegment(0.85, 1.7, "Bob")]), lag=1.0)
+    async with DeepgramTestServer(one_utterance) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=stage, speaker_wait=2.0)
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, AUDIO, 16000, speed=8.0)  # the final comes before Bob is decided
+        await session.finish()
+        events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
+                                                                   ("Bob", "No, wait.")]
 
 
 def test_V5_pipeline_speakers_without_a_stage_is_refused() -> None:

@@ -26,6 +26,7 @@ from voice.audio import float_to_pcm16
 from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider
+from voice.turns import Word
 
 FloatAudio = npt.NDArray[np.float32]
 
@@ -40,6 +41,7 @@ class Turn:
     """The raw label before renames (`Speaker A`)."""
     latency: float | None = None
     """Seconds from the end of the turn's speech (as streamed) to its room event (paced runs)."""
+    words: tuple[Word, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {"speaker": self.speaker, "text": self.text, "start": round(self.start, 3),
@@ -133,6 +135,7 @@ async def transcribe_audio(
             end=c.end,
             label=c.transcription.speaker,
             latency=(c.committed_at - (t0 + c.end / speed)) if speed else None,
+            words=c.transcription.words,
         )
         for c in committed
     ]
