@@ -154,3 +154,11 @@ async def test_S2_repeated_words_of_one_connection_are_not_mistaken_for_duplicat
         session = await channel.start_session("room", "mic-1")
         turns = await turns_of(session, SILENCE, 16000)
     assert [t.text for t in turns] == ["No, no, no."]
+
+
+async def test_S2_unreachable_server_is_a_clear_error_not_a_hang() -> None:
+    channel = VoiceChannel(stt=DeepgramSTT("k", url="ws://127.0.0.1:9"))  # nothing listens there
+    await voice_room(channel)
+    with pytest.raises(ConnectionError, match="deepgram: cannot connect"):
+        await asyncio.wait_for(channel.start_session("room", "mic-1"), 20)
+    assert channel.sessions == []
