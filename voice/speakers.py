@@ -43,7 +43,7 @@ class SpeakerContinuity:
     """Session speakers across STT connections (generations)."""
 
     embedder: VoiceEmbedder | Callable[[], VoiceEmbedder] | None = None
-    threshold: float = 0.70
+    threshold: float = 0.75
     """Cosine similarity a new label's voice needs with a known speaker's centroid to take it."""
     letters: SpeakerLetters = field(default_factory=SpeakerLetters)
     centroids: dict[str, FloatAudio] = field(default_factory=dict)
@@ -73,41 +73,59 @@ class SpeakerContinuity:
 
     def resolve(self, generation: int, runs: Mapping[object, FloatAudio]) -> dict[object, str]:
         """Session labels for the raw labels of one final result; `runs` holds each raw label's
-        audio in that result (all its words). Updates the centroids. Blocking: run in a thread."""
-        out: dict[object, str] = {}
+        audio in that result (all its words). Updates the centroids. Blocking: run in a thread.
+
+        The labels a reconnected stream introduces in one result are matched together: the
+        one-to-one assignment to unclaimed session speakers with the highest total similarity
+        (so a new voice cannot take a known speaker's letter just because it was read first)."""
         embeddings = {raw: self._embed(audio) for raw, audio in runs.items()}
+        out: dict[object, str] = {}
+        unbound = []
+        for raw in embeddings:
+            label = self.letters.get((generation, raw))
+            if label is not None:
+                out[raw] = label
+            else:
+                unbound.append(raw)
+        if generation == 0 or not self.centroids:
+            for raw in unbound:
+                out[raw] = self.letters.label((generation, raw))
+                self.decisions.append((generation, raw, out[raw], None))
+        else:
+            out.update(self._match(generation, {raw: embeddings[raw] for raw in unbound}))
         for raw, vec in embeddings.items():
-            key = (generation, raw)
-            label = self.letters.get(key)
-            if label is None:
-                label = self._bind_new(generation, raw, vec)
-            out[raw] = label
             if vec is not None:
-                weight = len(runs[raw]) / 16000
-                self._update(label, vec, weight)
+                self._update(out[raw], vec, len(runs[raw]) / 16000)
         return out
 
-    def _bind_new(self, generation: int, raw: object, vec: FloatAudio | None) -> str:
-        key = (generation, raw)
-        if generation == 0 or vec is None or not self.centroids:
-            label = self.letters.label(key)
-            self.decisions.append((generation, raw, label, None))
-            return label
+    def _match(self, generation: int, new: dict[object, FloatAudio | None]) -> dict[object, str]:
+        from scipy.optimize import linear_sum_assignment
+
         claimed = {lab for key, lab in self.letters.labels.items()
                    if isinstance(key, tuple) and key[0] == generation}
-        scores = {lab: float(vec @ c) for lab, c in self.centroids.items() if lab not in claimed}
-        best = max(scores.items(), key=lambda kv: kv[1]) if scores else None
-        if best is not None and best[1] >= self.threshold:
-            label = self.letters.bind(key, best[0])
-            self.decisions.append((generation, raw, label, best[1]))
-            log.info("reconnect: STT label %s of connection %d is %s by voice (cosine %.2f)",
-                     raw, generation, label, best[1])
-            return label
-        label = self.letters.bind(key, self.letters.new_label())
-        self.decisions.append((generation, raw, label, best[1] if best else None))
-        log.info("reconnect: STT label %s of connection %d matches nobody (best %s): new %s",
-                 raw, generation, f"{best[1]:.2f}" if best else "none", label)
-        return label
+        free = [lab for lab in self.centroids if lab not in claimed]
+        voiced = [raw for raw, vec in new.items() if vec is not None]
+        out: dict[object, str] = {}
+        if free and voiced:
+            sims = np.array([[float(new[raw] @ self.centroids[lab]) for lab in free]  # type: ignore[operator]
+                             for raw in voiced])
+            for i, j in zip(*linear_sum_assignment(-sims), strict=True):
+                if sims[i, j] >= self.threshold:
+                    raw, label = voiced[i], free[j]
+                    out[raw] = self.letters.bind((generation, raw), label)
+                    self.decisions.append((generation, raw, label, float(sims[i, j])))
+                    log.info("reconnect: STT label %s of connection %d is %s by voice (cosine %.2f)",
+                             raw, generation, label, sims[i, j])
+        for raw, vec in new.items():
+            if raw in out:
+                continue
+            best = max((float(vec @ c) for c in self.centroids.values()), default=None) \
+                if vec is not None else None
+            out[raw] = self.letters.bind((generation, raw), self.letters.new_label())
+            self.decisions.append((generation, raw, out[raw], best))
+            log.info("reconnect: STT label %s of connection %d matches nobody (best %s): new %s",
+                     raw, generation, f"{best:.2f}" if best is not None else "none", out[raw])
+        return out
 
     def _update(self, label: str, vec: FloatAudio, weight: float) -> None:
         old = self.centroids.get(label)
