@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scripted turns (JSON with a `turns` list of {speaker, text, start, end})")
     parser.add_argument("--stt", choices=("whisper", "deepgram"), default="whisper")
     parser.add_argument("--whisper-model", default=None)
+    parser.add_argument("--local-deepgram", action="store_true",
+                        help="with --stt deepgram: start the local Deepgram-protocol server, which "
+                             "replays the script's words from the audio it receives (measures the "
+                             "streaming path's latency; its WER is 0 by construction)")
     parser.add_argument("--pipeline-speakers", action="store_true",
                         help="speakers from a diarization stage; adds speaker-attributed accuracy")
     parser.add_argument("--diarizer", choices=("embedded", "pyannote"), default="embedded")
@@ -86,12 +90,35 @@ def speaker_accuracy(turns: list[Any], script: list[dict[str, Any]]) -> dict[str
             "speaker_labels": float(len(hyp))}
 
 
+def _local_deepgram(audio_dir: Path) -> str:
+    """Start the local Deepgram-protocol server on its own loop (a daemon thread); its URL."""
+    import threading
+
+    from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+    server = DeepgramTestServer(MeetingWords.from_meeting(audio_dir))
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.start())
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, name="local-deepgram", daemon=True).start()
+    ready.wait(10)
+    return server.url
+
+
 def _stt(args: argparse.Namespace) -> Any:
     if args.stt == "deepgram":
         import os
 
         from voice.stt.deepgram import DeepgramSTT
 
+        if args.local_deepgram:
+            return DeepgramSTT("local", url=_local_deepgram(args.audio.parent))
         return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
