@@ -380,17 +380,16 @@ class SttStream:
                 if not self._is_duplicate(w.text, s, current.generation)]
         labels: dict[object, str] = {}
         if self.provider.diarizes and any(w.speaker is not None for w, _, _ in kept):
-            runs: dict[object, list[npt.NDArray[np.float32]]] = {}
+            spans: dict[object, list[tuple[float, float]]] = {}
             for w, s, e in kept:
                 if w.speaker is not None:
-                    runs.setdefault(w.speaker, []).append(self.audio.between(s, e))
-            audio = {k: np.concatenate(v) for k, v in runs.items()}
+                    spans.setdefault(w.speaker, []).append((s, e))
             try:
-                labels = await asyncio.to_thread(self.speakers.resolve, current.generation, audio)
+                labels = await self._resolve_speakers(current.generation, spans)
             except Exception:
                 log.exception("%s: matching voices failed; labels follow this connection's ids",
                               self.provider.name)
-                labels = {k: self.speakers.letters.label((current.generation, k)) for k in audio}
+                labels = {k: self.speakers.letters.label((current.generation, k)) for k in spans}
         words = tuple(
             Word(w.text, s, e, w.confidence,
                  labels.get(w.speaker) if w.speaker is not None else None)
@@ -402,6 +401,22 @@ class SttStream:
             horizon = self.final_until - 30.0
             self._recent_finals = [(g, w) for g, w in self._recent_finals if w.end >= horizon]
         await self._emit(Transcript(words, True, result.speech_final, current.generation))
+
+    async def _resolve_speakers(self, generation: int,
+                                spans: dict[object, list[tuple[float, float]]]) -> dict[object, str]:
+        """V3/V4 labels. Cheap bookkeeping unless a reconnected stream brings a label the session
+        has not bound: then the voices are embedded in a worker thread, from audio copied here
+        (the log is only touched on the event loop)."""
+        if not self.speakers.needs_voices(generation, spans):
+            return self.speakers.resolve(generation, spans, self.audio.between)
+        wanted = [sp for runs in (spans, self.speakers.history) for v in runs.values() for sp in v]
+        clips = {sp: self.audio.between(*sp) for sp in wanted}
+        empty = np.zeros(0, np.float32)
+
+        def read(start: float, end: float) -> npt.NDArray[np.float32]:
+            return clips.get((start, end), empty)
+
+        return await asyncio.to_thread(self.speakers.resolve, generation, spans, read)
 
     def _is_duplicate(self, text: str, start: float, generation: int) -> bool:
         """A word an earlier connection already made final (replayed audio). Words of the same
