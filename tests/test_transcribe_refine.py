@@ -68,3 +68,11 @@ async def test_V5_live_diarization_reads_the_stages_live_decisions() -> None:
 def test_P3_known_timeline_stage_hands_out_its_timeline() -> None:
     stage = KnownTimelineStage(BATCH)
     assert stage.feed(AUDIO[:320]) is BATCH and stage.diarize(AUDIO) is BATCH
+
+
+def test_V5_a_word_without_duration_takes_the_speaker_of_the_word_it_touches() -> None:
+    from voice.turns import Word, assign_speakers
+
+    timeline = SpeakerTimeline([SpeakerSegment(0.0, 4.6, "Speaker A"), SpeakerSegment(4.1, 6.0, "Speaker B")])
+    words = [Word("meeting.", 3.5, 4.0), Word("Good", 4.5, 4.5), Word("morning.", 4.5, 5.1)]
+    assert [w.speaker for w in assign_speakers(words, timeline)] == ["Speaker A", "Speaker B", "Speaker B"]
