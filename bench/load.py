@@ -46,10 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", default="1,2,4,6,8", help="comma-separated N to try, rising")
     parser.add_argument("--seconds", type=float, default=60.0, help="audio per stream per step")
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="16 kHz mono WAV to stream")
-    parser.add_argument("--soak", type=float, default=0.0, help="soak seconds after the ramp (0: none)")
-    parser.add_argument("--soak-streams", type=int, default=0, help="streams during the soak (0: the largest N that held)")
+    parser.add_argument(
+        "--soak", type=float, default=0.0, help="soak seconds after the ramp (0: none)"
+    )
+    parser.add_argument(
+        "--soak-streams",
+        type=int,
+        default=0,
+        help="streams during the soak (0: the largest N that held)",
+    )
     parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--keep-going", action="store_true", help="do not stop at the first N over target")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="do not stop at the first N over target"
+    )
 
 
 # --------------------------------------------------------------------------- processes
@@ -78,7 +87,9 @@ class ProcessProbe:
         return float("nan")
 
 
-async def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, within_s: float = 120) -> None:
+async def _wait_port(
+    port: int, proc: subprocess.Popen[bytes], what: str, within_s: float = 120
+) -> None:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -135,7 +146,9 @@ async def _one_device(base: str, room: str, audio: bytes, seconds: float) -> Str
 
     start = StartMessage(participant=f"dev-{room}", name=room, sample_rate=16000, shared_mic=True)
     try:
-        device = await DeviceStream.open(base, room, issue_token(SECRET, room), start, on_message=on_message)
+        device = await DeviceStream.open(
+            base, room, issue_token(SECRET, room), start, on_message=on_message
+        )
         total = int(seconds * 16000) * 2
         frame = 3200  # 100 ms
         began = time.monotonic()
@@ -181,7 +194,9 @@ class StepResult:
         return not self.errors and self.turns > 0 and self.p95_latency_s < LATENCY_TARGET_S
 
 
-async def _step(base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float, tag: str) -> StepResult:
+async def _step(
+    base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float, tag: str
+) -> StepResult:
     rss_before = probe.rss_mib()
     cpu_before = probe.cpu_seconds()
     wall_before = time.monotonic()
@@ -212,7 +227,9 @@ async def _step(base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: f
     )
 
 
-async def _soak(base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float) -> dict[str, Any]:
+async def _soak(
+    base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float
+) -> dict[str, Any]:
     samples: list[tuple[float, float]] = []
     began = time.monotonic()
     tasks = [asyncio.create_task(_one_device(base, f"soak-{i}", audio, seconds)) for i in range(n)]
@@ -259,19 +276,32 @@ async def _run(args: argparse.Namespace) -> int:
     dg_port, port = _free_port(), _free_port()
     config = workdir / "chorus.toml"
     config.write_text(
-        "[stt]\nprovider = \"deepgram\"\n"
-        f"deepgram_url = \"ws://127.0.0.1:{dg_port}\"\ndeepgram_api_key = \"bench\"\ndiarize = false\n"
-        "[diarizer]\nkind = \"embedded\"\n"
-        "[realtime]\nprovider = \"recorder\"\n"
+        '[stt]\nprovider = "deepgram"\n'
+        f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\ndiarize = false\n'
+        '[diarizer]\nkind = "embedded"\n'
+        '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {max([*counts, args.soak_streams]) + 4}\nmax_streams_per_room = 2\n"
     )
     py = sys.executable
     steps: list[StepResult] = []
     soak: dict[str, Any] | None = None
     with (
-        _process(deepgram_server_command(py, dg_port, args.audio), env, workdir / "deepgram.log") as dg,
         _process(
-            [py, "-m", "server.cli", "serve", "--port", str(port), "--config", str(config), "--log-level", "WARNING"],
+            deepgram_server_command(py, dg_port, args.audio), env, workdir / "deepgram.log"
+        ) as dg,
+        _process(
+            [
+                py,
+                "-m",
+                "server.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--config",
+                str(config),
+                "--log-level",
+                "WARNING",
+            ],
             env,
             workdir / "server.log",
         ) as srv,
@@ -280,7 +310,10 @@ async def _run(args: argparse.Namespace) -> int:
         await _wait_port(port, srv, "chorus serve")
         probe = ProcessProbe(srv.pid)
         base = f"ws://127.0.0.1:{port}"
-        print(f"server pid {srv.pid}, idle RSS {probe.rss_mib():.0f} MiB; logs in {workdir}", file=sys.stderr)
+        print(
+            f"server pid {srv.pid}, idle RSS {probe.rss_mib():.0f} MiB; logs in {workdir}",
+            file=sys.stderr,
+        )
         for n in tqdm(counts, desc="streams", unit="step"):
             step = await _step(base, probe, audio, n, args.seconds, "load")
             steps.append(step)
@@ -297,7 +330,9 @@ async def _run(args: argparse.Namespace) -> int:
             soak = await _soak(base, probe, audio, n_soak, args.soak)
     largest = max((s.streams for s in steps if s.holds), default=0)
     print()
-    print("| streams | turns | p50 latency (s) | p95 latency (s) | CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) |")
+    print(
+        "| streams | turns | p50 latency (s) | p95 latency (s) | CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for s in steps:
         print(

@@ -64,6 +64,8 @@ ROOM_ID = r"[A-Za-z0-9_.:-]{1,64}"
 STREAM_ROUTE = re.compile(rf"^/v1/rooms/(?P<room>{ROOM_ID})/stream$")
 EVENTS_ROUTE = re.compile(rf"^/v1/rooms/(?P<room>{ROOM_ID})/events$")
 TWILIO_ROUTE = "/v1/twilio"
+REFUSAL_WAIT_S = 3.0
+"""How long a refused peer gets to take the error and the close frame before it is cut off."""
 
 _TOKEN_CODES = {
     TokenProblem.MISSING: CloseCode.TOKEN_MISSING,
@@ -198,12 +200,18 @@ class ChorusServer:
                 await ws.close(CloseCode.INTERNAL_ERROR, "internal error")
 
     async def _refuse(self, ws: ServerConnection, refusal: Refusal) -> None:
+        """Say why, close with the code; a peer that does not read is cut off (bounded)."""
         self.metrics.refused_total[refusal.metric] += 1
         log.info("refused %s: %s (%d)", ws.remote_address, refusal.reason, refusal.code)
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(dump(ErrorMessage(code=int(refusal.code), reason=refusal.reason)))
-        with contextlib.suppress(Exception):
-            await ws.close(refusal.code, refusal.reason[:120])
+        try:
+            async with asyncio.timeout(REFUSAL_WAIT_S):
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(dump(ErrorMessage(code=int(refusal.code), reason=refusal.reason)))
+                await ws.close(refusal.code, refusal.reason[:120])
+        except TimeoutError:
+            ws.transport.abort()
+        except Exception:
+            ws.transport.abort()
 
     @staticmethod
     def _token(ws: ServerConnection, query: dict[str, list[str]]) -> str | None:

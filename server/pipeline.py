@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from voice.channel import VoiceChannel, VoiceSession
+
 from diarization import load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from rooms import RoomKit
 from server.config import ServerConfig
 from voice.audio import AudioError
-from voice.channel import VoiceChannel, VoiceSession
 from voice.stt.base import SttProvider
 
 
@@ -230,7 +231,20 @@ def _realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
 
 
 async def build_pipeline(config: ServerConfig) -> VoicePipeline:
-    """The configured pipeline, with its STT provider created once (models load lazily, off
-    the loop, on the first stream that needs them)."""
-    stt = await asyncio.to_thread(_stt_provider, config)
+    """The configured pipeline, with its STT provider created and its models loaded once,
+    before the server takes its first stream.
+
+    Modules are imported here on the loop's thread, never inside worker threads: importing in
+    two threads at once trips a CPython 3.11 bug in the ast module (seen under pytest).
+    """
+    stt = _stt_provider(config)
+    if config.diarizer.kind == "embedded":
+        import diarization.embedded  # noqa: F401  (see above)
+
+        from voice.embedding import default_embedder
+
+        await asyncio.to_thread(default_embedder)
+    load = getattr(stt, "load", None)
+    if load is not None:
+        await load()  # Whisper: the model, in a worker thread
     return VoicePipeline(config, stt)

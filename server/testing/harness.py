@@ -43,7 +43,9 @@ class RunningServer:
 
     async def http_get(self, path: str) -> tuple[int, str]:
         reader, writer = await asyncio.open_connection(self.host, self.port)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n\r\n".encode())
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n\r\n".encode()
+        )
         await writer.drain()
         data = await reader.read()
         writer.close()
