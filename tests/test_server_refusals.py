@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg, events_url, stream_url
 from server.protocol import CloseCode, StartMessage, dump
-from server.testing.harness import SECRET, RunningServer, running_server, tone
+from server.testing.harness import SECRET, RunningServer, eventually, running_server, tone
 from voice.testing.deepgram_server import DeepgramTestServer
 
 pytestmark = pytest.mark.asyncio
@@ -73,9 +73,7 @@ async def bystanders(server: RunningServer) -> AsyncIterator[tuple[DeviceStream,
         StartMessage(participant="steady", name="Steady", shared_mic=False),
     )
     await device.send_audio(tone(0.5), realtime=False)
-    async with asyncio.timeout(10):
-        while server.audio_read() < 0.5:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: server.audio_read() >= 0.5)
     yield device, feed
     # unharmed: still open, still takes audio, and stops cleanly
     assert device.ws.close_code is None and feed.ws.close_code is None
@@ -215,9 +213,7 @@ async def test_slow_feed_consumer_is_dropped_without_stalling(
     live.feed.queue_size = 4  # the next consumer may fall 4 messages behind
     silent = await _silent_feed_reader(server, "calm", issue_token(SECRET, "calm"))
     try:
-        async with asyncio.timeout(10):
-            while len(live.feed.consumers) < 2:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: len(live.feed.consumers) == 2)
         live.feed.queue_size = 256
         slowest = 0.0
         for _ in range(300):  # 15 MB: more than the kernel buffers hold for a silent reader
@@ -229,12 +225,10 @@ async def test_slow_feed_consumer_is_dropped_without_stalling(
         assert server.server.metrics.feed_dropped_total == 1
         assert server.server.metrics.refused_total["feed_too_slow"] <= 1
         # the reading consumer got everything, the device stream is untouched (fixture)
-        async with asyncio.timeout(20):
-            while sum(1 for m in reader.received if m.type == "reply") < 300:
-                await asyncio.sleep(0.05)
-        async with asyncio.timeout(20):  # the server let go of the silent socket
-            while len(server.server._server.connections) > 2 if server.server._server else False:
-                await asyncio.sleep(0.1)
+        await eventually(lambda: sum(m.type == "reply" for m in reader.received) == 300, 20)
+        assert server.server._server is not None
+        connections = server.server._server.connections
+        await eventually(lambda: len(connections) == 2, 20, "the server to let go of the silent socket")
     finally:
         silent.close()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,3 +76,13 @@ def tone(seconds: float, rate: int = 16000, freq: float = 220.0, level: float = 
     t = np.arange(int(seconds * rate)) / rate
     wave = level * np.sin(2 * math.pi * freq * t)
     return (np.round(wave * 32767)).astype("<i2").tobytes()
+
+
+async def eventually(predicate: Callable[[], bool], within_s: float = 10.0, what: str = "") -> None:
+    """Wait until `predicate()` holds (polling the loop), or raise `TimeoutError`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or predicate}")
+        await asyncio.sleep(0.02)
