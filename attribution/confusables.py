@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 _BIDI_MARKS = str.maketrans("", "", "\u200e\u200f")
@@ -97,7 +97,7 @@ def _fold(text: str) -> str:
     return unicodedata.normalize("NFD", text.casefold())
 
 
-@cache
+@lru_cache(maxsize=16384)
 def reading_keys(name: str) -> frozenset[str]:
     """The forms `name` reads as: case-folded, skeleton, and both in either order, to a fixpoint.
 

@@ -2,9 +2,10 @@
 
 Owns `shown_name` (the only form of a name the engine ranks, stores and prints) and the role-word
 check. A name comes from whoever set it (a chat nickname, an STT label, a hook), so everything that
-could end or fake a label becomes a space: colons and their look-alikes, quotes, brackets and
-parentheses (and their look-alikes), line breaks and other control characters, and a leading `@`
-(and its look-alikes); format characters (zero-width joiners, bidi overrides) are dropped so they
+could end or fake a label becomes a space: colons and their look-alikes, double-quote marks,
+brackets and parentheses (and their look-alikes), line breaks and other control characters, and a
+leading `@` (and its look-alikes); apostrophes stay (`O'Brien`: a single quote cannot end a label
+or open its JSON string); format characters (zero-width joiners, bidi overrides) are dropped so they
 cannot make two names look different while reading the same. Runs of spaces collapse.
 
 Hence no shown name starts with `@` (the nameless-sender form, C4), contains `(` (so it cannot
@@ -34,21 +35,31 @@ chat APIs use.
 PARTICIPANT_SUFFIX = " (a participant)"
 
 # Characters that end or fake a label, by their prototype or compatibility form.
-_FORGING_PROTOTYPES = frozenset(":\"'`()[]{}<>")
+_FORGING_PROTOTYPES = frozenset(':"()[]{}<>')
 _LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 _SPACES = re.compile(r"\s+")
 
 
 @cache
 def _is_forging(ch: str) -> bool:
-    """True for a character that could end or fake a label, or that hides as something else."""
+    """True for a character that could end or fake a label.
+
+    Apostrophes (`'`, `’`, and whatever else reads as one) stay: a label is `Name: "line"`, and a
+    single quote can neither end it nor open the JSON string, while names like `O'Brien` are
+    common. Double-quote marks, colons, brackets and parentheses (and their look-alikes) go.
+    """
     if ch in _LINE_BREAKS:
         return True
     category = unicodedata.category(ch)
-    if category in ("Cc", "Zl", "Zp", "Ps", "Pe", "Pi", "Pf"):
+    if category in ("Cc", "Zl", "Zp"):
         return True
-    forms = {unicodedata.normalize("NFKC", ch), skeleton(ch)}
-    return any(c in _FORGING_PROTOTYPES for form in forms for c in form)
+    prototype = skeleton(ch)
+    if prototype == "'":
+        return False
+    if category in ("Ps", "Pe", "Pi", "Pf"):
+        return True
+    forms = (unicodedata.normalize("NFKC", ch), prototype)
+    return any("''" in form or not _FORGING_PROTOTYPES.isdisjoint(form) for form in forms)
 
 
 @cache

@@ -60,14 +60,14 @@ class RegisterEntry(BaseModel):
     source: str
     name: str
     keys: list[str]
-    rank: int
+    rank: int = Field(ge=1)
 
 
 class Register(BaseModel):
     """A room's register: its random salt and its entries, in the order they were added."""
 
     version: int = 1
-    salt: str
+    salt: str = Field(pattern=r"^[0-9a-f]{32,128}$")
     entries: list[RegisterEntry] = Field(default_factory=list)
 
     @classmethod

@@ -84,8 +84,10 @@ def _double_quote_table() -> dict[int, str]:
 
 
 _BIDI_CONTROLS = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_LONE_SURROGATES = range(0xD800, 0xE000)
 _EXTRA_ESCAPES = {
-    cp: f"\\u{cp:04x}" for cp in [*range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI_CONTROLS]
+    cp: f"\\u{cp:04x}"
+    for cp in [*range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI_CONTROLS, *_LONE_SURROGATES]
 }
 
 
@@ -99,7 +101,8 @@ def json_line(line: str) -> str:
 
     `"` and `\\` are escaped, control characters (C0 and C1) and U+2028/U+2029 are written as JSON
     escapes, and so are the bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E/F,
-    U+061C), which could otherwise reorder how the rest of the line displays. `json.loads` gives back
+    U+061C), which could otherwise reorder how the rest of the line displays, and lone surrogates
+    (text decoded with `surrogateescape`), which no provider could encode. `json.loads` gives back
     the line (with those quote marks turned into `'`).
     """
     text = line.translate(_double_quote_table())
@@ -296,20 +299,54 @@ def _plain_message(event: RoomEvent, ai_channel_id: str) -> AIMessage:
     return AIMessage(role=role, content=event.text if parts is None else parts)
 
 
+def _attach_notes(
+    messages: list[AIMessage],
+    turns: list[RoomEvent],
+    trigger: RoomEvent | None,
+    notes: Sequence[str],
+) -> None:
+    """E1: the trigger turn carries the notes, after a blank line (a text part each, multimodal).
+
+    If the trigger is not a user turn (an agent's own turn), the notes ride the last user turn, or
+    a user turn of their own when there is none.
+    """
+    if not notes:
+        return
+    target = None
+    if trigger is not None:
+        target = next(i for i, e in enumerate(turns) if e.id == trigger.id)
+    if target is None or messages[target].role != "user":
+        users = [i for i, m in enumerate(messages) if m.role == "user"]
+        target = users[-1] if users else None
+    if target is None:
+        messages.append(AIMessage(role="user", content="\n\n".join(notes)))
+        return
+    message = messages[target]
+    if isinstance(message.content, str):
+        content: str | list[AIPart] = "\n\n".join([message.content, *notes])
+    else:
+        content = [*message.content, *(AITextPart(text=note) for note in notes)]
+    messages[target] = AIMessage(role=message.role, content=content)
+
+
 def render_plain_context(
     window: Sequence[RoomEvent],
     trigger: RoomEvent | None,
     *,
     ai_channel_id: str,
     system_prompt: str | None = None,
+    notes: Sequence[str] = (),
 ) -> AIContext:
     """The context a room without the engine builds: roles only, content exactly as stored.
 
     The AI channel's own turns are `assistant`, runtime system events `system`, every other turn
     `user` with its text (or its parts, for image and multimodal turns). The trigger is appended
-    unless the window already holds it.
+    unless the window already holds it; `notes` the runtime attaches to the trigger turn follow its
+    text after a blank line.
     """
-    messages = [_plain_message(event, ai_channel_id) for event in _turns(window, trigger)]
+    turns = _turns(window, trigger)
+    messages = [_plain_message(event, ai_channel_id) for event in turns]
+    _attach_notes(messages, turns, trigger, notes)
     return AIContext(messages=messages, system_prompt=system_prompt)
 
 
@@ -331,12 +368,6 @@ def _labelled_message(
     return AIMessage(role="user", content=lead)
 
 
-def _with_note(message: AIMessage) -> AIMessage:
-    if isinstance(message.content, str):
-        return AIMessage(role=message.role, content=f"{message.content}\n\n{NOTE}")
-    return AIMessage(role=message.role, content=[*message.content, AITextPart(text=NOTE)])
-
-
 def render_chat_context(
     window: Sequence[RoomEvent],
     trigger: RoomEvent | None,
@@ -345,32 +376,24 @@ def render_chat_context(
     *,
     ai_channel_id: str,
     system_prompt: str | None = None,
+    notes: Sequence[str] = (),
 ) -> AIContext:
     """The full chat context for one model call (A–F, H).
 
     Labelling is decided per call from the window and the trigger (A1, A3). Off: exactly
     `render_plain_context` (A2). On: labelled user turns, unprefixed assistant turns, and the note
-    after a blank line at the end of the trigger turn (E1); if the trigger is not a user turn (an
-    agent's own turn), the note rides the last user turn, or a user turn of its own when there is
-    none. The system prompt is passed through unchanged.
+    joining the notes the trigger turn carries, last, after a blank line (E1) — once per call and
+    never in the system prompt, which is passed through unchanged. `notes` are the runtime's own
+    notes for the trigger turn (written as given, in both modes).
     """
     people = participant_list(participants)
     turns = _turns(window, trigger)
     if not labelling_on(turns, people, ai_channel_id, register=register):
         return render_plain_context(
-            window, trigger, ai_channel_id=ai_channel_id, system_prompt=system_prompt
+            window, trigger, ai_channel_id=ai_channel_id, system_prompt=system_prompt, notes=notes
         )
     messages = [_labelled_message(e, people, register, ai_channel_id) for e in turns]
-    target = None
-    if trigger is not None:
-        target = next(i for i, e in enumerate(turns) if e.id == trigger.id)
-    if target is None or messages[target].role != "user":
-        users = [i for i, m in enumerate(messages) if m.role == "user"]
-        target = users[-1] if users else None
-    if target is None:
-        messages.append(AIMessage(role="user", content=NOTE))
-    else:
-        messages[target] = _with_note(messages[target])
+    _attach_notes(messages, turns, trigger, [*notes, NOTE])
     return AIContext(
         messages=messages, system_prompt=system_prompt, metadata=dict(LABELLED_METADATA)
     )

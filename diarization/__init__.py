@@ -1,1 +1,53 @@
-"""placeholder"""
+"""Diarization: who spoke when (rules P1–P4, V7, V8).
+
+Owns the diarization stages (the embedded Silero + GE2E stage, and the lazily imported pyannote
+stage), enrollment of voices, and scoring (DER, RTTM, UEM). May import models, rooms and voice;
+nothing below it imports diarization.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from voice.diarization_stage import DiarizationStage, SpeakerSegment, SpeakerTimeline
+
+STAGE_KINDS = ("embedded", "pyannote")
+
+__all__ = ["STAGE_KINDS", "DiarizationStage", "SpeakerSegment", "SpeakerTimeline", "load_stage"]
+
+
+def load_stage(
+    kind: str = "embedded",
+    *,
+    num_speakers: int | None = None,
+    max_speakers: int | None = None,
+    pipeline: Any = None,
+    hf_token: str | None = None,
+) -> DiarizationStage:
+    """A diarization stage by kind: `embedded` (offline, CPU; P1) or `pyannote` (P2; needs the
+    optional pyannote environment; `pipeline` is a Hugging Face id, a local directory or a
+    pipeline object, `hf_token` the token for a hub id)."""
+    if kind == "embedded":
+        if pipeline is not None or hf_token is not None:
+            raise ValueError(
+                "the embedded stage takes no pipeline or hf_token (those are for pyannote)"
+            )
+        from diarization.embedded import EmbeddedStage
+
+        return EmbeddedStage(num_speakers=num_speakers, max_speakers=max_speakers)
+    if kind == "pyannote":
+        try:
+            from diarization.pyannote_stage import PyannoteStage  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise RuntimeError(
+                "the pyannote stage needs the optional pyannote environment "
+                f"(pyannote.audio 4; see docs/diarization.md): {exc}"
+            ) from exc
+        stage: DiarizationStage = PyannoteStage(
+            pipeline=pipeline,
+            hf_token=hf_token,
+            num_speakers=num_speakers,
+            max_speakers=max_speakers,
+        )
+        return stage
+    raise ValueError(f"unknown diarizer {kind!r}; choose one of {', '.join(STAGE_KINDS)}")

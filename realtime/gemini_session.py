@@ -43,6 +43,7 @@ from realtime.session import (
     SessionError,
     SessionEvent,
     SessionOptions,
+    connect_error,
 )
 
 DEFAULT_MODEL = "gemini-live-2.5-flash-preview"
@@ -93,7 +94,8 @@ class GeminiLiveSession(RealtimeSession):
             if ssl is not None:
                 http_options["async_client_args"] = {"ssl": ssl}
             client = genai.Client(
-                api_key=key, http_options=types.HttpOptions(**http_options) if http_options else None
+                api_key=key,
+                http_options=types.HttpOptions(**http_options) if http_options else None,
             )
         self.client = client
         self._stack: contextlib.AsyncExitStack | None = None
@@ -107,7 +109,9 @@ class GeminiLiveSession(RealtimeSession):
     def connect_config(self) -> types.LiveConnectConfig:
         options = self.options
         config = types.LiveConnectConfig(
-            response_modalities=[types.Modality.AUDIO if options.output_audio else types.Modality.TEXT],
+            response_modalities=[
+                types.Modality.AUDIO if options.output_audio else types.Modality.TEXT
+            ],
         )
         if options.instructions:
             config.system_instruction = types.Content(
@@ -133,12 +137,9 @@ class GeminiLiveSession(RealtimeSession):
             self._session = await stack.enter_async_context(
                 self.client.aio.live.connect(model=self.model, config=self.connect_config())
             )
-        except (OSError, ConnectionClosed, genai_errors.APIError) as exc:
+        except Exception as exc:  # OSError, APIError, websockets' InvalidStatus, InvalidURI …
             await stack.aclose()
-            raise SessionDropped(f"could not connect: {exc}") from exc
-        except Exception as exc:  # websockets handshake errors (InvalidStatus, InvalidURI …)
-            await stack.aclose()
-            raise SessionDropped(f"could not connect: {exc}") from exc
+            raise connect_error(self.provider, exc) from exc
         self._stack = stack
         self._current = None
         self._started = False
@@ -169,8 +170,12 @@ class GeminiLiveSession(RealtimeSession):
     async def _send_item(self, item: ContextItem) -> None:
         role = "model" if item.role == "assistant" else "user"
         await self._call(
-            {"client_content": {"turns": [{"role": role, "parts": [{"text": item.text}]}],
-                                "turn_complete": False}},
+            {
+                "client_content": {
+                    "turns": [{"role": role, "parts": [{"text": item.text}]}],
+                    "turn_complete": False,
+                }
+            },
             "send_client_content",
             turns=types.Content(role=role, parts=[types.Part(text=item.text)]),
             turn_complete=False,
@@ -178,24 +183,36 @@ class GeminiLiveSession(RealtimeSession):
 
     async def _send_audio(self, pcm16: bytes) -> None:
         if not self._activity_open:
-            await self._call({"realtime_input": {"activity_start": {}}}, "send_realtime_input",
-                             activity_start=types.ActivityStart())
+            await self._call(
+                {"realtime_input": {"activity_start": {}}},
+                "send_realtime_input",
+                activity_start=types.ActivityStart(),
+            )
             self._activity_open = True
         chunk = self.input_sample_rate * 2
         mime = f"audio/pcm;rate={self.input_sample_rate}"
         for start in range(0, len(pcm16), chunk):
             piece = pcm16[start : start + chunk]
             await self._call(
-                {"realtime_input": {"audio": {"data": base64.b64encode(piece).decode("ascii"),
-                                              "mime_type": mime}}},
+                {
+                    "realtime_input": {
+                        "audio": {
+                            "data": base64.b64encode(piece).decode("ascii"),
+                            "mime_type": mime,
+                        }
+                    }
+                },
                 "send_realtime_input",
                 audio=types.Blob(data=piece, mime_type=mime),
             )
 
     async def _send_commit(self) -> None:
         if self._activity_open:
-            await self._call({"realtime_input": {"activity_end": {}}}, "send_realtime_input",
-                             activity_end=types.ActivityEnd())
+            await self._call(
+                {"realtime_input": {"activity_end": {}}},
+                "send_realtime_input",
+                activity_end=types.ActivityEnd(),
+            )
             self._activity_open = False
 
     async def _send_response_create(self) -> None:
@@ -203,8 +220,12 @@ class GeminiLiveSession(RealtimeSession):
         self._current = f"gemini_resp_{self.connection_index}_{self._responses}"
         self._started = False
         self._transcript = []
-        await self._call({"client_content": {"turn_complete": True}}, "send_client_content",
-                         turns=None, turn_complete=True)
+        await self._call(
+            {"client_content": {"turn_complete": True}},
+            "send_client_content",
+            turns=None,
+            turn_complete=True,
+        )
 
     async def _receive(self) -> AsyncIterator[SessionEvent]:
         session = self._session
@@ -242,16 +263,22 @@ class GeminiLiveSession(RealtimeSession):
             for part in content.model_turn.parts or []:
                 if part.inline_data is not None and part.inline_data.data:
                     start()
-                    out.append(ReplyAudio(rid, part.inline_data.data,
-                                          _rate_of(part.inline_data.mime_type)))
+                    out.append(
+                        ReplyAudio(rid, part.inline_data.data, _rate_of(part.inline_data.mime_type))
+                    )
                 elif part.text and not self.options.output_audio:
                     start()
                     self._transcript.append(part.text)
                     out.append(ReplyTranscript(rid, part.text))
         if content.turn_complete:
             start()
-            out.append(ReplyDone(rid, "".join(self._transcript).strip(),
-                                 "cancelled" if content.interrupted else "completed"))
+            out.append(
+                ReplyDone(
+                    rid,
+                    "".join(self._transcript).strip(),
+                    "cancelled" if content.interrupted else "completed",
+                )
+            )
             self._current = None
             self._started = False
             self._transcript = []

@@ -18,7 +18,7 @@ from typing import Any
 
 from openai import AsyncOpenAI, OpenAIError
 from pydantic import BaseModel
-from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+from websockets.exceptions import ConnectionClosed
 
 from realtime import openai_wire as wire
 from realtime.session import (
@@ -32,6 +32,7 @@ from realtime.session import (
     SessionError,
     SessionEvent,
     SessionOptions,
+    connect_error,
 )
 
 DEFAULT_MODEL = "gpt-realtime"
@@ -74,15 +75,24 @@ def client_item_event(item: ContextItem) -> wire.ConversationItemCreate:
     return wire.ConversationItemCreate(item=message)
 
 
+def response_create_event(number: int) -> wire.ResponseCreate:
+    """The n-th `response.create` of a session. Its `event_id` comes back in an `error` that
+    refuses it, so a refused request does not leave a response "in flight" forever."""
+    return wire.ResponseCreate(event_id=f"chorus_response_{number}")
+
+
 class _ReplyAssembler:
-    """Turns OpenAI server events into the base class's reply events (shared with the recorder)."""
+    """Turns OpenAI server events into the base class's reply events."""
 
     def __init__(self) -> None:
         self.transcripts: dict[str, list[str]] = {}
         self.finished: dict[str, str] = {}
+        self.pending_request: str | None = None
+        """The `event_id` of the `response.create` not yet answered by `response.created`."""
 
     def feed(self, event: wire.ServerEvent) -> list[SessionEvent]:
         if isinstance(event, wire.ResponseCreated):
+            self.pending_request = None
             rid = event.response.id or ""
             self.transcripts[rid] = []
             return [ReplyStarted(rid)]
@@ -92,7 +102,9 @@ class _ReplyAssembler:
             except ValueError:
                 return [SessionError("bad_audio", "reply audio delta is not base64")]
             return [ReplyAudio(event.response_id, pcm, wire.OUTPUT_SAMPLE_RATE)]
-        if isinstance(event, wire.ResponseOutputAudioTranscriptDelta | wire.ResponseOutputTextDelta):
+        if isinstance(
+            event, wire.ResponseOutputAudioTranscriptDelta | wire.ResponseOutputTextDelta
+        ):
             self.transcripts.setdefault(event.response_id, []).append(event.delta)
             return [ReplyTranscript(event.response_id, event.delta)]
         if isinstance(event, wire.ResponseOutputAudioTranscriptDone):
@@ -107,11 +119,20 @@ class _ReplyAssembler:
             if text is None:
                 text = "".join(self.transcripts.get(rid, []))
             if not text:
-                text = "".join(item.text for item in event.response.output if item.role == "assistant")
+                text = "".join(
+                    item.text for item in event.response.output if item.role == "assistant"
+                )
             self.transcripts.pop(rid, None)
             return [ReplyDone(rid, text, event.response.status or "completed")]
         if isinstance(event, wire.ErrorEvent):
-            return [SessionError(event.error.code, event.error.message)]
+            out: list[SessionEvent] = [SessionError(event.error.code, event.error.message)]
+            refused = event.error.event_id
+            if refused is not None and refused == self.pending_request:
+                self.pending_request = None
+                if event.error.code != wire.ACTIVE_RESPONSE_CODE:
+                    # The request was refused: no response will come for it.
+                    out.append(ReplyDone("", "", "failed"))
+            return out
         return []
 
 
@@ -153,14 +174,13 @@ class OpenAIRealtimeSession(RealtimeSession):
         self.client = client
         self._conn: Any = None
         self._assembler = _ReplyAssembler()
+        self._requests = 0
 
     async def _connect(self) -> None:
         try:
             self._conn = await self.client.realtime.connect(model=self.model).enter()
-        except (OSError, ConnectionClosed, OpenAIError) as exc:
-            raise SessionDropped(f"could not connect: {exc}") from exc
-        except Exception as exc:  # websockets' InvalidStatus, InvalidURI, handshake errors
-            raise SessionDropped(f"could not connect: {exc}") from exc
+        except Exception as exc:  # OSError, OpenAIError, websockets' InvalidStatus, InvalidURI …
+            raise connect_error(self.provider, exc) from exc
         self._assembler = _ReplyAssembler()
 
     async def _disconnect(self) -> None:
@@ -197,7 +217,10 @@ class OpenAIRealtimeSession(RealtimeSession):
         await self._send(wire.InputAudioBufferCommit())
 
     async def _send_response_create(self) -> None:
-        await self._send(wire.ResponseCreate())
+        self._requests += 1
+        event = response_create_event(self._requests)
+        self._assembler.pending_request = event.event_id
+        await self._send(event)
 
     async def _send_cancel(self) -> None:
         await self._send(wire.ResponseCancel())
@@ -209,14 +232,10 @@ class OpenAIRealtimeSession(RealtimeSession):
         while True:
             try:
                 raw = await conn.recv_bytes()
-            except ConnectionClosedOK as exc:
-                if self._closing:
-                    return
-                raise SessionDropped(f"closed by the server: {exc}") from exc
             except (ConnectionClosed, OSError) as exc:
                 if self._closing:
                     return
-                raise SessionDropped(str(exc)) from exc
+                raise connect_error(self.provider, exc) from exc
             try:
                 event = wire.parse_server_event(raw)
             except ValueError as exc:

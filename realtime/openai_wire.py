@@ -242,7 +242,9 @@ def parse_client_event(data: str | bytes | dict[str, Any]) -> ClientEvent:
     try:
         return _client_adapter.validate_python(obj)
     except ValidationError as exc:
-        raise ValueError(f"malformed {kind}: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from exc
+        raise ValueError(
+            f"malformed {kind}: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}"
+        ) from exc
 
 
 # ---------------------------------------------------------------- server events
@@ -344,7 +346,9 @@ class ResponseOutputAudioDone(_ResponsePartEvent):
 
 
 class ResponseOutputAudioTranscriptDelta(_ResponsePartEvent):
-    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    type: Literal["response.output_audio_transcript.delta"] = (
+        "response.output_audio_transcript.delta"
+    )
     delta: str
 
 
@@ -427,7 +431,9 @@ def parse_server_event(data: str | bytes) -> ServerEvent | None:
     try:
         return _server_adapter.validate_python(obj)
     except ValidationError as exc:
-        raise ValueError(f"malformed server event {obj.get('type')!r}: {exc.errors()[0]['msg']}") from exc
+        raise ValueError(
+            f"malformed server event {obj.get('type')!r}: {exc.errors()[0]['msg']}"
+        ) from exc
 
 
 def server_event_wire(event: BaseModel) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from realtime import openai_wire as wire
-from realtime.openai_session import client_item_event, session_config
+from realtime.openai_session import client_item_event, response_create_event, session_config
 from realtime.session import (
     ContextItem,
     RealtimeSession,
@@ -68,7 +68,7 @@ class RecorderSession(RealtimeSession):
         self._record(wire.client_event_wire(event))
 
     async def _send_configure(self) -> None:
-        self._send(wire.SessionUpdate(session=session_config(self.options, self.model)))
+        self._send(wire.SessionUpdate(session=session_config(self.options)))
 
     async def _send_item(self, item: ContextItem) -> None:
         self._send(client_item_event(item))
@@ -83,8 +83,8 @@ class RecorderSession(RealtimeSession):
         self._send(wire.InputAudioBufferCommit())
 
     async def _send_response_create(self) -> None:
-        self._send(wire.ResponseCreate())
         self._responses += 1
+        self._send(response_create_event(self._responses))
         rid = f"resp_recorded_{self._responses}"
         text = self.replies.pop(0) if self.replies else ""
         self._events.put_nowait(ReplyStarted(rid))

@@ -37,6 +37,27 @@ class SessionFailed(Exception):
     """The session could not be (re)opened within its reconnect budget."""
 
 
+class SessionRefused(SessionFailed):
+    """The provider refused the session for good (a bad key, an unknown model): retrying cannot
+    help, so it is reported at once instead of after the reconnect budget."""
+
+
+def connect_error(provider: str, exc: BaseException) -> SessionDropped | SessionRefused:
+    """Classify a failed connect: HTTP 4xx (but 408/429) and close code 1008 are refusals."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        if 400 <= status < 500 and status not in (408, 429):
+            body = exc.response.body.decode("utf-8", "replace").strip()[:200]
+            return SessionRefused(f"{provider} refused the session: HTTP {status} {body}".rstrip())
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None and exc.rcvd.code == 1008:
+        return SessionRefused(
+            f"{provider} refused the session: {exc.rcvd.reason or 'policy violation'}"
+        )
+    return SessionDropped(f"could not connect: {exc}")
+
+
 # --------------------------------------------------------------------------- what goes in
 
 
@@ -104,7 +125,9 @@ class SessionReconnected:
     connection: int
 
 
-SessionEvent = ReplyStarted | ReplyAudio | ReplyTranscript | ReplyDone | SessionError | SessionReconnected
+SessionEvent = (
+    ReplyStarted | ReplyAudio | ReplyTranscript | ReplyDone | SessionError | SessionReconnected
+)
 Listener = Callable[[SessionEvent], Awaitable[None] | None]
 
 
@@ -133,11 +156,11 @@ class _Op:
 
 
 class RealtimeSession(ABC):
-    """Base of every provider session. Use: `await s.start()`, `await s.add_item(...)`,
-    `await s.audio_turn(pcm, item)`, `await s.request_response()`, `await s.close()`.
-
-    All methods enqueue and return once the operation was written (or, for `request_response`,
-    decided); they never interleave on the wire.
+    """Base of every provider session: `await s.start()`, then `s.post_item(item)`,
+    `s.post_audio_turn(pcm, item)`, `s.post_response()` (enqueue and return at once, for a
+    channel's `deliver`) or their awaited forms `add_item`, `audio_turn`, `request_response`;
+    `await s.wait_idle()`, `await s.close()`. Operations go on the wire in call order, never
+    interleaved.
     """
 
     provider: ClassVar[str]
@@ -151,8 +174,12 @@ class RealtimeSession(ABC):
         max_reconnect_attempts: int | None = 8,
         reconnect_delay: float = 0.05,
         max_reconnect_delay: float = 2.0,
+        reconnect_forever: bool = True,
     ) -> None:
         self.options = options or SessionOptions()
+        self.reconnect_forever = reconnect_forever
+        """After one successful connection, keep reconnecting (capped backoff) instead of giving
+        up after `max_reconnect_attempts`: lines wait in order until the provider is back."""
         self.max_reconnect_attempts = max_reconnect_attempts
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
@@ -165,6 +192,7 @@ class RealtimeSession(ABC):
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._connected = False
+        self._ever_connected = False
         self._closing = False
         self._in_flight = False  # requested and not done
         self._response_written = False  # response.create went on the wire, no reply yet
@@ -198,6 +226,7 @@ class RealtimeSession(ABC):
 
     async def _send_cancel(self) -> None:
         """Cancel the active response (providers without cancel do nothing)."""
+        return None
 
     @abstractmethod
     def _receive(self) -> AsyncIterator[SessionEvent]:
@@ -275,10 +304,10 @@ class RealtimeSession(ABC):
         """Wait until every operation enqueued so far was written."""
         await self._queue.join()
 
-    async def wait_idle(self, timeout: float = 10.0) -> None:
+    async def wait_idle(self, limit: float = 10.0) -> None:
         """Wait until everything was written and no response is in flight or held."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + limit
         while True:
             await self.drain()
             if not self._in_flight and not self._pending_response and self._queue.empty():
@@ -290,15 +319,18 @@ class RealtimeSession(ABC):
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
+        """Write what is queued (while connected), then close the connection."""
         if self._closing:
             return
-        if self._writer is not None:
+        if self._writer is not None and self._connected:
             await self._queue.put(None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._writer), 5)
-        self._closing = True
+        self._closing = True  # a writer still reconnecting gives up
         if self._writer is not None and not self._writer.done():
             self._writer.cancel()
+            with contextlib.suppress(BaseException):
+                await self._writer
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(BaseException):
@@ -320,9 +352,13 @@ class RealtimeSession(ABC):
             raise RuntimeError(f"{self.provider} session is closed")
         if self.failed is not None:
             raise SessionFailed(str(self.failed)) from self.failed
-        op.done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Callers may not await it (the channel posts and moves on): a failure is reported as a
+        # SessionError event, so mark it retrieved here.
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        op.done = done
         self._queue.put_nowait(op)
-        return op.done
+        return done
 
     async def _write_loop(self) -> None:
         while True:
@@ -388,6 +424,8 @@ class RealtimeSession(ABC):
         attempt = 0
         delay = self.reconnect_delay
         while True:
+            if self._closing:
+                raise SessionFailed(f"{self.provider} session was closed while reconnecting")
             attempt += 1
             if self._reader is not None and not self._reader.done():
                 self._reader.cancel()
@@ -403,15 +441,23 @@ class RealtimeSession(ABC):
                 if self._response_written:  # the reply it asked for was lost with the line
                     await self._send_response_create()
             except (SessionDropped, OSError) as exc:
-                if self.max_reconnect_attempts is not None and attempt >= self.max_reconnect_attempts:
+                # The first connection has a budget (a wrong key or URL is a clear error); a
+                # session that worked keeps trying, so nothing is lost while the provider is away.
+                budget = self.max_reconnect_attempts
+                if self._ever_connected and self.reconnect_forever:
+                    budget = None
+                if budget is not None and attempt >= budget:
                     raise SessionFailed(
                         f"{self.provider}: could not open the session after {attempt} attempts: {exc}"
                     ) from exc
-                log.warning("%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc)
+                log.warning(
+                    "%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_reconnect_delay)
                 continue
             self._connected = True
+            self._ever_connected = True
             self._reader = asyncio.create_task(self._read_loop(self.connection_index))
             if self.connection_index > 0:
                 await self._emit(SessionReconnected(self.connection_index))
@@ -421,6 +467,13 @@ class RealtimeSession(ABC):
         try:
             async for event in self._receive():
                 await self._on_event(event)
+        except SessionRefused as exc:
+            if self._closing or connection != self.connection_index:
+                return
+            log.error("%s", exc)
+            self.failed = exc
+            self._connected = False
+            await self._emit(SessionError("session_refused", str(exc)))
         except SessionDropped:
             if self._closing or connection != self.connection_index:
                 return

@@ -275,6 +275,12 @@ class RoomKit:
             updated = event.model_copy(
                 update={"content": content or event.content, "metadata": new_metadata}
             )
+            if self.attribution and updated.kind == "message":
+                # The replaced turn is ranked on read (D3), but its (possibly new) name still joins
+                # the register, so no later sender can take the rank it reads with (D5).
+                register = await self._load_register(room_id)
+                commit_turn(register, updated, await self.store.get_participants(room_id))
+                await self.store.put_register(room_id, register.model_dump(mode="json"))
             await self.store.replace_event(updated)
             return updated
 

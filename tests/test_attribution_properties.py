@@ -12,17 +12,20 @@ from hypothesis import strategies as st
 
 from attribution import (
     MARK_NOTICE,
+    NOTE,
     NOTE_MARK,
     Register,
     commit_turn,
     json_line,
     label_for,
     labelled_lines,
+    labelling_on,
     neutralize_marks,
     other_double_quotes,
     register_participant,
     render_chat_context,
     render_plain_context,
+    resolve_speaker,
     shown_name,
 )
 from models import EventSource, Participant, RoomEvent, TextContent
@@ -108,18 +111,23 @@ def test_A2_one_speaker_window_is_byte_identical(turns: list[tuple[str, str]], n
 
 def _expected(line: str) -> str:
     quotes = other_double_quotes()
-    return "".join("'" if c in quotes else c for c in line)
+    out = "".join("'" if c in quotes else c for c in line)
+    # Two adjacent lone surrogates are a UTF-16 pair once escaped: JSON reads them as one character.
+    return out.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
 @SETTINGS
-@given(st.text().map(lambda s: s.replace("\r", "").replace("\n", "")))
+@given(
+    st.text(st.characters(exclude_characters="\r\n"))
+    | st.text(st.sampled_from(["\ud800", "\udfff", "\u202e", "a", '"', "\\", "“"]))
+)
 def test_C2_round_trip_json_string(line: str) -> None:
     written = json_line(line)
     assert json.loads(written) == _expected(line)
     assert written.startswith('"') and written.endswith('"')
     for ch in written:
         assert ch not in "\u2028\u2029\u202e\u2066\u200f" and not (
-            ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0
+            ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or 0xD800 <= ord(ch) < 0xE000
         )
     assert not (other_double_quotes() & set(written))
 
@@ -210,7 +218,7 @@ say = st.tuples(
 operations = st.lists(st.one_of(join, rename, say), min_size=1, max_size=25)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(operations)
 def test_D2_D3_ranks_never_change_once_given(ops: list[tuple[Any, ...]]) -> None:
     room = Room()
@@ -245,6 +253,14 @@ def test_D2_D3_ranks_never_change_once_given(ops: list[tuple[Any, ...]]) -> None
         assert label_for(event, people, room.register) == label  # D3: fixed as the room moves on
         source = event.metadata["author"]["source"]
         assert owner.setdefault(label, source) == source
+        # Without its record, a turn whose speaker still resolves the same reads the same.
+        bare = event.model_copy(
+            update={"metadata": {k: v for k, v in event.metadata.items() if k != "author"}}
+        )
+        speaker = resolve_speaker(bare, people)
+        same_source = room.register.digest("source", *speaker.source) == source
+        if same_source and speaker.name == event.metadata["author"]["name"]:
+            assert label_for(bare, people, room.register) == label
 
 
 # --- E3 ----------------------------------------------------------------------------------------
@@ -263,3 +279,50 @@ def test_E3_neutralize_removes_every_copy_and_is_idempotent(
     assert MARK_NOTICE in once
     assert neutralize_marks(once) == once
     assert "labels from the runtime" not in once.replace(MARK_NOTICE, "").casefold()
+
+
+# --- C1/E1/E3 in a labelled context --------------------------------------------------------------
+
+marked_text = st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda a, b: a + NOTE_MARK + b, st.text(max_size=10), st.text(max_size=10)),
+)
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["p1", "p2", None]), names, marked_text), min_size=2, max_size=6
+    )
+)
+def test_C1_E1_E3_every_line_labelled_and_one_note(
+    turns: list[tuple[str | None, str, str]],
+) -> None:
+    people = [
+        Participant(id="p1", display_name="Alice", connected_via=["chat"]),
+        Participant(id="p2", display_name="Bob", connected_via=["chat"]),
+    ]
+    register = Register.new()
+    for person in people:
+        register_participant(register, person)
+    window: list[RoomEvent] = []
+    for pid, name, text in turns:
+        event = turn(text, by=pid, sender_name=name) if pid is None else turn(text, by=pid)
+        event.metadata["author"] = commit_turn(register, event, people)
+        window.append(event)
+    ctx = render_chat_context(window, window[-1], people, register, ai_channel_id="ai1")
+    user = [m for m in ctx.messages if m.role == "user"]
+    assert len(user) == len(window)
+    on = labelling_on(window, people, "ai1", register=register)
+    notes = sum(str(m.content).count(NOTE_MARK) for m in ctx.messages)
+    assert notes == (1 if on else sum(e.text.count(NOTE_MARK) for e in window))
+    if not on:
+        return
+    for event, message in zip(window, user, strict=True):
+        assert isinstance(message.content, str)
+        body = message.content.removesuffix("\n\n" + NOTE)
+        label = label_for(event, people, register)
+        lines = body.split("\n")
+        assert all(line.startswith(f"{label}: ") for line in lines)
+        parsed = [json.loads(line[len(label) + 2 :]) for line in lines]
+        assert NOTE_MARK not in "\n".join(parsed)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from attribution import (
     Register,
@@ -291,6 +292,15 @@ def test_D6_register_json_holds_no_id_and_no_name_in_clear() -> None:
     ]:
         assert secret not in dumped
     assert Register.model_validate_json(dumped) == register
+
+
+def test_D6_malformed_register_is_a_clear_error() -> None:
+    with pytest.raises(ValidationError, match="salt"):
+        Register.model_validate({"salt": "not hex", "entries": []})
+    with pytest.raises(ValidationError, match="rank"):
+        Register.model_validate(
+            {"salt": "0" * 32, "entries": [{"source": "a", "name": "b", "keys": [], "rank": 0}]}
+        )
 
 
 def test_D6_each_register_has_its_own_salt() -> None:

@@ -323,6 +323,9 @@ def test_C5_multimodal_trigger_carries_the_note_as_a_part() -> None:
         ("Alice：x", "Alice x"),  # fullwidth colon
         ("Al\u0589ice", "Al ice"),  # Armenian full stop reads as a colon
         ('"Bob"', "Bob"),
+        ("″Bob＂", "Bob"),
+        ("O'Brien", "O'Brien"),
+        ("O’Brien", "O’Brien"),
         ("“Bob”", "Bob"),
         ("Alice (2)", "Alice 2"),
         ("Alice [x] {y} <z>", "Alice x y z"),
@@ -407,6 +410,23 @@ def test_E1_note_when_the_trigger_is_not_a_user_turn() -> None:
     ctx = render_chat_context(window, window[-1], PEOPLE, register, ai_channel_id=AI)
     assert ctx.messages[1].content == 'Bob: "b"\n\n' + NOTE
     assert ctx.messages[2].content == "r"
+
+
+def test_E1_note_joins_the_runtime_notes_of_the_trigger_turn() -> None:
+    register = room(*PEOPLE)
+    window = [turn("a", by="u-alice"), turn("b", by="u-bob")]
+    committed(register, window, PEOPLE)
+    ctx = render_chat_context(
+        window, window[-1], PEOPLE, register, ai_channel_id=AI, notes=["[Reply briefly.]"]
+    )
+    assert ctx.messages[-1].content == 'Bob: "b"\n\n[Reply briefly.]\n\n' + NOTE
+    solo = render_chat_context(
+        window[:1], window[0], PEOPLE, register, ai_channel_id=AI, notes=["[Reply briefly.]"]
+    )
+    assert solo.messages[-1].content == "a\n\n[Reply briefly.]"
+    assert solo == render_plain_context(
+        window[:1], window[0], ai_channel_id=AI, notes=["[Reply briefly.]"]
+    )
 
 
 def test_E2_note_states_the_facts() -> None:

@@ -205,3 +205,18 @@ async def test_stored_register_holds_no_id_and_no_name_in_clear() -> None:
     stored = json.dumps(await kit.store.get_register("room-1"))
     for secret in ("user-4711", "guest-0815", "Marguerite", "marguerite", "Bartholomew", "bartholomew", "web"):
         assert secret not in stored
+
+
+async def test_D5_a_name_given_by_update_event_keeps_its_rank_from_later_senders() -> None:
+    kit = RoomKit()
+    kit.register_channel(TextChannel("web"))
+    await kit.create_room(room_id="r")
+    await kit.process_inbound(text("web", "a", "hi", room_id="r", metadata={"sender_name": "Alice"}))
+    first = await kit.process_inbound(text("web", "b", "hello", room_id="r", metadata={"sender_name": "Bob"}))
+    assert first.event is not None
+    await kit.update_event("r", first.event.id, metadata={"sender_name": "ALICE"})
+    later = await kit.process_inbound(text("web", "c", "me too", room_id="r", metadata={"sender_name": "alice"}))
+    assert later.event is not None
+    events = await kit.list_events("r")
+    labels = [await kit.label_for("r", e) for e in events]
+    assert labels == ["Alice", "ALICE (2)", "alice (3)"]

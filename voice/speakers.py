@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -52,11 +52,13 @@ class SpeakerContinuity:
     """(generation, raw label, session label, similarity or None): how each label was bound."""
 
     def _embedder(self) -> VoiceEmbedder | None:
-        if self.embedder is None:
+        found = self.embedder
+        if found is None:
             return None
-        if not hasattr(self.embedder, "embed"):
-            self.embedder = self.embedder()  # type: ignore[operator]
-        return self.embedder  # type: ignore[return-value]
+        if not hasattr(found, "embed"):  # a loader: build the embedder on first use
+            found = found()
+            self.embedder = found
+        return cast(VoiceEmbedder, found)
 
     def _embed(self, audio: FloatAudio) -> FloatAudio | None:
         embedder = self._embedder()
@@ -91,7 +93,8 @@ class SpeakerContinuity:
             label = self.letters.label(key)
             self.decisions.append((generation, raw, label, None))
             return label
-        claimed = {lab for (gen, _), lab in self.letters.labels.items() if gen == generation}  # type: ignore[misc]
+        claimed = {lab for key, lab in self.letters.labels.items()
+                   if isinstance(key, tuple) and key[0] == generation}
         scores = {lab: float(vec @ c) for lab, c in self.centroids.items() if lab not in claimed}
         best = max(scores.items(), key=lambda kv: kv[1]) if scores else None
         if best is not None and best[1] >= self.threshold:

@@ -258,12 +258,18 @@ class VadStream:
 
     def accept(self, samples: FloatArray) -> FloatArray:
         """Append samples; return the probabilities of the frames completed by them."""
+        return self.accept_frames(samples)[0]
+
+    def accept_frames(self, samples: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Append samples; return the probabilities of the frames completed by them and those
+        frames' samples as given (before level normalisation), shaped (n, FRAME)."""
         data = np.concatenate([self._pending, _checked(samples, allow_empty=True)])
         n = len(data) // FRAME
         self._pending = data[n * FRAME :].copy()
+        frames = data[: n * FRAME].reshape(n, FRAME)
         if n == 0:
-            return np.zeros(0, np.float32)
-        return self._score(data[: n * FRAME].reshape(n, FRAME))
+            return np.zeros(0, np.float32), frames
+        return self._score(frames), frames
 
     def flush(self) -> FloatArray:
         """Score the trailing partial frame, zero-padded (end of stream)."""

@@ -89,13 +89,25 @@ class GeminiConnectionLog:
         out: list[str] = []
         for m in self.messages:
             if m.client_content is not None:
-                out.append("client_content:turn_complete" if m.client_content.turn_complete
-                           and not m.client_content.turns else "client_content")
+                out.append(
+                    "client_content:turn_complete"
+                    if m.client_content.turn_complete and not m.client_content.turns
+                    else "client_content"
+                )
             elif m.realtime_input is not None:
                 ri = m.realtime_input
-                sub = next(n for n in ("audio", "activity_start", "activity_end", "text",
-                                       "media_chunks", "audio_stream_end")
-                           if getattr(ri, n) is not None)
+                sub = next(
+                    n
+                    for n in (
+                        "audio",
+                        "activity_start",
+                        "activity_end",
+                        "text",
+                        "media_chunks",
+                        "audio_stream_end",
+                    )
+                    if getattr(ri, n) is not None
+                )
                 out.append(f"realtime_input:{sub}")
             else:
                 out.append(m.kind)
@@ -181,12 +193,27 @@ class GeminiLiveServer:
         self._count += 1
         text = self.replies.pop(0) if self.replies else f"Reply {self._count}"
         pcm = b"\x00\x10" * int(24_000 * self.reply_audio_seconds)
-        await ws.send(ServerMessage(server_content=ServerContent(
-            output_transcription=Transcription(text=text))).wire())
-        await ws.send(ServerMessage(server_content=ServerContent(model_turn=Content(
-            role="model",
-            parts=[Part(inline_data=Blob(data=base64.b64encode(pcm).decode(),
-                                         mime_type="audio/pcm;rate=24000"))],
-        ))).wire())
+        await ws.send(
+            ServerMessage(
+                server_content=ServerContent(output_transcription=Transcription(text=text))
+            ).wire()
+        )
+        await ws.send(
+            ServerMessage(
+                server_content=ServerContent(
+                    model_turn=Content(
+                        role="model",
+                        parts=[
+                            Part(
+                                inline_data=Blob(
+                                    data=base64.b64encode(pcm).decode(),
+                                    mime_type="audio/pcm;rate=24000",
+                                )
+                            )
+                        ],
+                    )
+                )
+            ).wire()
+        )
         await ws.send(ServerMessage(server_content=ServerContent(generation_complete=True)).wire())
         await ws.send(ServerMessage(server_content=ServerContent(turn_complete=True)).wire())

@@ -24,11 +24,13 @@ import math
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from realtime.openai_wire import (
     ACTIVE_RESPONSE_CODE,
@@ -102,7 +104,9 @@ class RealtimeConnectionLog:
 
 def _tone(seconds: float, rate: int = OUTPUT_SAMPLE_RATE, hz: float = 440.0) -> bytes:
     n = int(seconds * rate)
-    return struct.pack(f"<{n}h", *(int(3000 * math.sin(2 * math.pi * hz * i / rate)) for i in range(n)))
+    return struct.pack(
+        f"<{n}h", *(int(3000 * math.sin(2 * math.pi * hz * i / rate)) for i in range(n))
+    )
 
 
 class OpenAIRealtimeServer:
@@ -137,6 +141,8 @@ class OpenAIRealtimeServer:
         self._live: dict[int, ServerConnection] = {}
         self._drop_rules: list[tuple[int, str | None]] = []
         self._responses = 0
+        self._refuse = 0
+        self._refuse_responses: list[str] = []
         self.port = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -149,7 +155,13 @@ class OpenAIRealtimeServer:
         await self.stop()
 
     async def start(self) -> None:
-        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=16 * 1024 * 1024)
+        self._server = await serve(
+            self._handle,
+            "127.0.0.1",
+            0,
+            max_size=16 * 1024 * 1024,
+            process_request=self._process_request,
+        )
         sock = next(iter(self._server.sockets))
         self.port = int(sock.getsockname()[1])
 
@@ -172,16 +184,53 @@ class OpenAIRealtimeServer:
         for ws in list(self._live.values()):
             ws.transport.abort()
 
+    def refuse_connections(self, count: int) -> None:
+        """Answer the next `count` connection attempts with HTTP 503 (the service is away)."""
+        self._refuse += count
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if (
+            self.api_key is not None
+            and request.headers.get("Authorization") != f"Bearer {self.api_key}"
+        ):
+            self.refused.append("authorization")
+            return connection.respond(
+                HTTPStatus.UNAUTHORIZED,
+                json.dumps(
+                    {
+                        "error": {
+                            "type": "invalid_request_error",
+                            "code": "invalid_api_key",
+                            "message": "Incorrect API key provided.",
+                        }
+                    }
+                ),
+            )
+        if self._refuse > 0:
+            self._refuse -= 1
+            self.refused.append("unavailable")
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "Service Unavailable\n")
+        return None
+
+    def refuse_responses(self, count: int, code: str = "rate_limit_exceeded") -> None:
+        """Refuse the next `count` `response.create` events with an `error` naming them."""
+        self._refuse_responses += [code] * count
+
+    async def send_raw(self, data: str | bytes) -> None:
+        """Send a raw message (malformed on purpose, say) to every open connection."""
+        for ws in list(self._live.values()):
+            await ws.send(data)
+
     def drop_after(self, count: int, event_type: str | None = None) -> None:
         """Drop a connection right after it receives its `count`-th event (of `event_type`)."""
         self._drop_rules.append((count, event_type))
 
     async def wait_for(
-        self, predicate: Callable[[OpenAIRealtimeServer], bool], timeout: float = 5.0
+        self, predicate: Callable[[OpenAIRealtimeServer], bool], limit: float = 5.0
     ) -> None:
         """Wait until `predicate(self)` holds (the client runs on the same loop)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + limit
         while not predicate(self):
             if loop.time() > deadline:
                 raise TimeoutError("the realtime server did not reach the expected state")
@@ -205,11 +254,8 @@ class OpenAIRealtimeServer:
             self.refused.append(f"path {parts.path}")
             await ws.close(1008, "unknown path")
             return
-        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
-            self.refused.append("authorization")
-            await ws.close(1008, "invalid api key")
-            return
-        model = (query.get("model") or [None])[0]
+        models = query.get("model") or []
+        model = models[0] if models else None
         log = RealtimeConnectionLog(
             index=len(self.connections), path=parts.path, model=model, headers=headers
         )
@@ -234,7 +280,8 @@ class OpenAIRealtimeServer:
         try:
             await self._send(ws, SessionCreated(event_id=new_id("event"), session=log.session))
             async for raw in ws:
-                await self._on_message(ws, log, state, raw)
+                if not await self._on_message(ws, log, state, raw):
+                    break  # dropped: what the client sent after this never arrived
         except ConnectionClosed:
             pass
         finally:
@@ -279,6 +326,17 @@ class OpenAIRealtimeServer:
         log: RealtimeConnectionLog,
         state: _ConnectionState,
         raw: str | bytes,
+    ) -> bool:
+        """Handle one client message; False when the connection was dropped."""
+        await self._handle_message(ws, log, state, raw)
+        return not state.dropped
+
+    async def _handle_message(
+        self,
+        ws: ServerConnection,
+        log: RealtimeConnectionLog,
+        state: _ConnectionState,
+        raw: str | bytes,
     ) -> None:
         try:
             obj = json.loads(raw)
@@ -294,6 +352,7 @@ class OpenAIRealtimeServer:
             await self._error(ws, log, f"Invalid client event: {exc}", client_event_id=client_id)
             return
         if self._should_drop(log, event.type):
+            state.dropped = True
             ws.transport.abort()
             return
         if isinstance(event, SessionUpdate):
@@ -302,69 +361,105 @@ class OpenAIRealtimeServer:
             await self._send(ws, SessionUpdated(event_id=new_id("event"), session=log.session))
         elif isinstance(event, ConversationItemCreate):
             item = event.item.model_copy(
-                update={"id": event.item.id or new_id("item"), "object": "realtime.item",
-                        "status": "completed"}
+                update={
+                    "id": event.item.id or new_id("item"),
+                    "object": "realtime.item",
+                    "status": "completed",
+                }
             )
             await self._announce_item(ws, state, item)
         elif isinstance(event, InputAudioBufferAppend):
             try:
                 state.audio.extend(base64.b64decode(event.audio, validate=True))
             except ValueError:
-                await self._error(ws, log, "Invalid base64 audio.", client_event_id=event.event_id,
-                                  param="audio")
+                await self._error(
+                    ws, log, "Invalid base64 audio.", client_event_id=event.event_id, param="audio"
+                )
         elif isinstance(event, InputAudioBufferCommit):
             if not state.audio:
                 await self._error(
-                    ws, log,
+                    ws,
+                    log,
                     "Error committing input audio buffer: buffer too small. Expected at least "
                     "100ms of audio, but buffer only has 0.00ms of audio.",
-                    code="input_audio_buffer_commit_empty", client_event_id=event.event_id,
+                    code="input_audio_buffer_commit_empty",
+                    client_event_id=event.event_id,
                 )
                 return
             log.audio_bytes_committed.append(len(state.audio))
             state.audio.clear()
             item_id = new_id("item")
             await self._send(
-                ws, InputAudioBufferCommitted(event_id=new_id("event"), item_id=item_id,
-                                              previous_item_id=state.last_item)
+                ws,
+                InputAudioBufferCommitted(
+                    event_id=new_id("event"), item_id=item_id, previous_item_id=state.last_item
+                ),
             )
-            item = MessageItem(id=item_id, object="realtime.item", status="completed", role="user",
-                               content=[InputAudioPart(transcript=None)])
+            item = MessageItem(
+                id=item_id,
+                object="realtime.item",
+                status="completed",
+                role="user",
+                content=[InputAudioPart(transcript=None)],
+            )
             await self._announce_item(ws, state, item)
         elif isinstance(event, InputAudioBufferClear):
             state.audio.clear()
             await self._send(ws, InputAudioBufferCleared(event_id=new_id("event")))
         elif isinstance(event, ResponseCreate):
+            if self._refuse_responses:
+                await self._error(
+                    ws,
+                    log,
+                    "The response could not be created.",
+                    code=self._refuse_responses.pop(0),
+                    client_event_id=event.event_id,
+                )
+                return
             if state.active_response is not None:
                 await self._error(
-                    ws, log,
+                    ws,
+                    log,
                     f"Conversation already has an active response in progress: "
                     f"{state.active_response}. Wait until the response is finished before "
                     f"creating a new one.",
-                    code=ACTIVE_RESPONSE_CODE, client_event_id=event.event_id,
+                    code=ACTIVE_RESPONSE_CODE,
+                    client_event_id=event.event_id,
                 )
                 return
             response_id = new_id("resp")
             state.active_response = response_id
-            await self._send(ws, ResponseCreated(
-                event_id=new_id("event"),
-                response=ResponseInfo(id=response_id, status="in_progress",
-                                      output_modalities=["audio"]),
-            ))
+            await self._send(
+                ws,
+                ResponseCreated(
+                    event_id=new_id("event"),
+                    response=ResponseInfo(
+                        id=response_id, status="in_progress", output_modalities=["audio"]
+                    ),
+                ),
+            )
             state.response_task = asyncio.create_task(self._respond(ws, log, state, response_id))
         elif isinstance(event, ResponseCancel):
             if state.active_response is None:
-                await self._error(ws, log, "Cancellation failed: no active response found",
-                                  code="response_cancel_not_active", client_event_id=event.event_id)
+                await self._error(
+                    ws,
+                    log,
+                    "Cancellation failed: no active response found",
+                    code="response_cancel_not_active",
+                    client_event_id=event.event_id,
+                )
                 return
             if state.response_task is not None:
                 state.response_task.cancel()
             response_id = state.active_response
             state.active_response = None
-            await self._send(ws, ResponseDone(
-                event_id=new_id("event"),
-                response=ResponseInfo(id=response_id, status="cancelled"),
-            ))
+            await self._send(
+                ws,
+                ResponseDone(
+                    event_id=new_id("event"),
+                    response=ResponseInfo(id=response_id, status="cancelled"),
+                ),
+            )
 
     async def _announce_item(
         self, ws: ServerConnection, state: _ConnectionState, item: MessageItem
@@ -372,9 +467,14 @@ class OpenAIRealtimeServer:
         previous = state.last_item
         state.last_item = item.id
         for kind in self.item_events:
-            cls = {"added": ConversationItemAdded, "done": ConversationItemDone,
-                   "created": ConversationItemCreated}[kind]
-            await self._send(ws, cls(event_id=new_id("event"), item=item, previous_item_id=previous))
+            cls = {
+                "added": ConversationItemAdded,
+                "done": ConversationItemDone,
+                "created": ConversationItemCreated,
+            }[kind]
+            await self._send(
+                ws, cls(event_id=new_id("event"), item=item, previous_item_id=previous)
+            )
 
     def _next_reply(self, log: RealtimeConnectionLog) -> str:
         self._responses += 1
@@ -396,33 +496,61 @@ class OpenAIRealtimeServer:
                 await asyncio.sleep(self.response_delay)
             text = self._next_reply(log)
             item_id = new_id("item")
-            ids = {"response_id": response_id, "item_id": item_id, "output_index": 0,
-                   "content_index": 0}
-            in_progress = MessageItem(id=item_id, object="realtime.item", status="in_progress",
-                                      role="assistant", content=[])
+            ids = {
+                "response_id": response_id,
+                "item_id": item_id,
+                "output_index": 0,
+                "content_index": 0,
+            }
+            in_progress = MessageItem(
+                id=item_id,
+                object="realtime.item",
+                status="in_progress",
+                role="assistant",
+                content=[],
+            )
             await self._announce_item(ws, state, in_progress)
             audio = _tone(self.reply_audio_seconds)
             chunk = OUTPUT_SAMPLE_RATE // 20 * 2  # 50 ms
             for start in range(0, len(audio), chunk):
                 delta = base64.b64encode(audio[start : start + chunk]).decode()
-                await self._send(ws, ResponseOutputAudioDelta(event_id=new_id("event"), delta=delta,
-                                                              **ids))
+                await self._send(
+                    ws, ResponseOutputAudioDelta(event_id=new_id("event"), delta=delta, **ids)
+                )
             words = text.split(" ")
             for i, word in enumerate(words):
                 piece = word if i == 0 else " " + word
-                await self._send(ws, ResponseOutputAudioTranscriptDelta(
-                    event_id=new_id("event"), delta=piece, **ids))
+                await self._send(
+                    ws,
+                    ResponseOutputAudioTranscriptDelta(
+                        event_id=new_id("event"), delta=piece, **ids
+                    ),
+                )
             await self._send(ws, ResponseOutputAudioDone(event_id=new_id("event"), **ids))
-            await self._send(ws, ResponseOutputAudioTranscriptDone(
-                event_id=new_id("event"), transcript=text, **ids))
-            done_item = MessageItem(id=item_id, object="realtime.item", status="completed",
-                                    role="assistant", content=[OutputAudioPart(transcript=text)])
+            await self._send(
+                ws,
+                ResponseOutputAudioTranscriptDone(event_id=new_id("event"), transcript=text, **ids),
+            )
+            done_item = MessageItem(
+                id=item_id,
+                object="realtime.item",
+                status="completed",
+                role="assistant",
+                content=[OutputAudioPart(transcript=text)],
+            )
             state.active_response = None
-            await self._send(ws, ResponseDone(
-                event_id=new_id("event"),
-                response=ResponseInfo(id=response_id, status="completed", output=[done_item],
-                                      output_modalities=["audio"]),
-            ))
+            await self._send(
+                ws,
+                ResponseDone(
+                    event_id=new_id("event"),
+                    response=ResponseInfo(
+                        id=response_id,
+                        status="completed",
+                        output=[done_item],
+                        output_modalities=["audio"],
+                    ),
+                ),
+            )
         except ConnectionClosed:
             state.active_response = None
 
@@ -433,6 +561,7 @@ class _ConnectionState:
     active_response: str | None = None
     response_task: asyncio.Task[None] | None = None
     last_item: str | None = None
+    dropped: bool = False
 
 
 def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:

@@ -292,7 +292,7 @@ class SttStream:
             except Exception as exc:
                 self.error = f"{self.provider.name}: cannot connect ({exc})"
                 self._connected.set()
-                await self.on_event(StreamError(self.error))
+                await self._emit(StreamError(self.error))
                 return
             self._current = current
             self._connected.set()
@@ -322,7 +322,7 @@ class SttStream:
                 await current.conn.abort()
             if self.reconnects > self.max_reconnects:
                 self.error = f"{self.provider.name}: gave up after {self.max_reconnects} reconnects"
-                await self.on_event(StreamError(self.error))
+                await self._emit(StreamError(self.error))
                 break
             await asyncio.sleep(self.reconnect_delay)
 
@@ -361,7 +361,7 @@ class SttStream:
             if isinstance(event, RawFinalized):
                 self._finalized.set()
             elif isinstance(event, RawUtteranceEnd):
-                await self.on_event(UtteranceEnd(event.last_word_end + offset))
+                await self._emit(UtteranceEnd(event.last_word_end + offset))
             elif isinstance(event, RawResult):
                 await self._on_result(current, event, offset)
                 if event.from_finalize:
@@ -373,7 +373,7 @@ class SttStream:
         raw = [(w, w.start + offset, w.end + offset) for w in result.words]
         if not result.is_final:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
-            await self.on_event(Transcript(words, False, False, current.generation))
+            await self._emit(Transcript(words, False, False, current.generation))
             return
         kept = [(w, s, e) for w, s, e in raw if not self._is_duplicate(w.text, s)]
         labels: dict[object, str] = {}
@@ -383,7 +383,12 @@ class SttStream:
                 if w.speaker is not None:
                     runs.setdefault(w.speaker, []).append(self.audio.between(s, e))
             audio = {k: np.concatenate(v) for k, v in runs.items()}
-            labels = await asyncio.to_thread(self.speakers.resolve, current.generation, audio)
+            try:
+                labels = await asyncio.to_thread(self.speakers.resolve, current.generation, audio)
+            except Exception:
+                log.exception("%s: matching voices failed; labels follow this connection's ids",
+                              self.provider.name)
+                labels = {k: self.speakers.letters.label((current.generation, k)) for k in audio}
         words = tuple(
             Word(w.text, s, e, w.confidence,
                  labels.get(w.speaker) if w.speaker is not None else None)
@@ -394,7 +399,7 @@ class SttStream:
             self._recent_finals.extend(words)
             horizon = self.final_until - 30.0
             self._recent_finals = [w for w in self._recent_finals if w.end >= horizon]
-        await self.on_event(Transcript(words, True, result.speech_final, current.generation))
+        await self._emit(Transcript(words, True, result.speech_final, current.generation))
 
     def _is_duplicate(self, text: str, start: float) -> bool:
         if start > self.final_until + DUPLICATE_TOLERANCE:
@@ -404,3 +409,11 @@ class SttStream:
             _norm(w.text) == key and abs(w.start - start) <= DUPLICATE_TOLERANCE
             for w in reversed(self._recent_finals)
         )
+
+    async def _emit(self, event: SttEvent) -> None:
+        """Hand an event to the consumer. A consumer failure (a hook, a diarization stage) is
+        logged and never mistaken for a dropped connection: the stream goes on."""
+        try:
+            await self.on_event(event)
+        except Exception:
+            log.exception("%s: the consumer of an STT event failed", self.provider.name)

@@ -104,6 +104,9 @@ class MeetingWords(WordSource):
     endpointing: float = 0.3
     max_final: float = 6.0
     align_seconds: float = 0.25
+    rotate_speakers: bool = False
+    """Shift speaker ids by the connection number (mod the voices in the script), so a test can
+    be sure a reconnect renumbers the voices (Deepgram guarantees no numbering across connections)."""
 
     @classmethod
     def from_meeting(cls, directory: str | Path) -> MeetingWords:
@@ -157,6 +160,9 @@ class MeetingWords(WordSource):
         shifted = []
         for w in mine:
             speaker = keys.setdefault(w.speaker, len(keys))  # per connection, first appearance
+            if self.rotate_speakers:
+                voices = len({x.speaker for x in self.words})
+                speaker = (speaker + conn.index) % voices
             shifted.append(SpokenWord(w.word, max(0.0, w.start - t0), w.end - t0, speaker,
                                       w.punctuated_word, w.confidence))
         groups: list[list[SpokenWord]] = []
@@ -180,6 +186,8 @@ class ConnectionState:
     query: dict[str, str]
     headers: dict[str, str]
     sample_rate: int = 16000
+    index: int = 0
+    """0 for the first connection the server accepted, 1 for the next …"""
     audio: bytearray = field(default_factory=bytearray)
     keepalives: int = 0
     finalizes: int = 0
@@ -263,7 +271,8 @@ class DeepgramTestServer:
         parts = urlsplit(request.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         headers = {k.lower(): v for k, v in request.headers.raw_items()}
-        state = ConnectionState(parts.path, query, headers, int(query.get("sample_rate", "16000")))
+        state = ConnectionState(parts.path, query, headers, int(query.get("sample_rate", "16000")),
+                                index=len(self.connections))
         self.connections.append(state)
         if parts.path != "/v1/listen":
             await ws.close(code=1008, reason=f"unknown path {parts.path}")

@@ -1,0 +1,120 @@
+"""Transcription (voice): word error rate, real-time factor and turn latency on a scripted recording.
+
+Same code path users run (`voice.transcribe.transcribe_audio`: a room, a VoiceChannel, one
+session fed PCM16 frames). Two passes over the recording:
+
+1. as fast as the STT takes it: WER against the script (jiwer, lower-cased, punctuation removed)
+   and the real-time factor (wall time / audio time);
+2. paced at real time (`--speed 1`): the latency from the end of each turn's speech (its last
+   word's end, as streamed) to its room event; p50 and p95 over the turns.
+
+Default input: the generated demo meeting (`examples/meeting/`). Prints a table; `--json` writes
+the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--audio", type=Path, default=MEETING / "meeting.wav")
+    parser.add_argument("--script", type=Path, default=MEETING / "meeting.json",
+                        help="scripted turns (JSON with a `turns` list of {speaker, text, start, end})")
+    parser.add_argument("--stt", choices=("whisper", "deepgram"), default="whisper")
+    parser.add_argument("--whisper-model", default=None)
+    parser.add_argument("--speed", type=float, default=1.0,
+                        help="pace of the latency pass, as a multiple of real time (default 1)")
+    parser.add_argument("--skip-latency", action="store_true", help="only the fast pass")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def normalized(text: str) -> str:
+    text = text.lower().replace("-", " ")
+    return " ".join(re.sub(r"[^\w' ]", " ", text).split())
+
+
+def word_error_rate(reference: str, hypothesis: str) -> dict[str, float]:
+    import jiwer
+
+    out = jiwer.process_words(normalized(reference), normalized(hypothesis))
+    return {"wer": float(out.wer), "substitutions": float(out.substitutions),
+            "deletions": float(out.deletions), "insertions": float(out.insertions),
+            "reference_words": float(len(normalized(reference).split()))}
+
+
+def _stt(args: argparse.Namespace) -> Any:
+    if args.stt == "deepgram":
+        import os
+
+        from voice.stt.deepgram import DeepgramSTT
+
+        return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
+    from voice.stt.whisper import WhisperSTT
+
+    stt = WhisperSTT(args.whisper_model)
+    stt.model()  # load before timing: the RTF measures transcription, not the model load
+    return stt
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from voice.audio import read_audio
+    from voice.transcribe import transcribe_audio
+
+    audio, rate = read_audio(args.audio)
+    script = json.loads(args.script.read_text())
+    reference = " ".join(t["text"] for t in script["turns"])
+    duration = len(audio) / rate
+    passes = [("fast", None)] + ([] if args.skip_latency else [("real-time", args.speed)])
+    figures: dict[str, Any] = {"audio": str(args.audio), "duration_s": round(duration, 2),
+                               "stt": args.stt}
+    load_started = time.perf_counter()
+    stt = _stt(args)
+    figures["model_load_s"] = round(time.perf_counter() - load_started, 2)
+    for name, speed in passes:
+        bar = tqdm(total=round(duration, 1), unit="s", desc=f"{name} pass", file=sys.stderr,
+                   disable=args.no_progress, bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}]")
+
+        def progress(seconds: float, bar: Any = bar) -> None:
+            done = round(min(seconds, duration), 1)
+            if done > bar.n:
+                bar.update(done - bar.n)
+
+        result = asyncio.run(transcribe_audio(audio, rate, stt=stt, speed=speed, progress=progress))
+        bar.close()
+        hypothesis = " ".join(t.text for t in result.turns)
+        entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),
+                                 "real_time_factor": round(result.real_time_factor, 3)}
+        entry.update({k: round(v, 4) for k, v in word_error_rate(reference, hypothesis).items()})
+        if speed:
+            latencies = np.array([t.latency for t in result.turns if t.latency is not None])
+            entry["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
+            entry["latency_p95_s"] = round(float(np.percentile(latencies, 95)), 3)
+            entry["latency_max_s"] = round(float(latencies.max()), 3)
+            entry["speed"] = speed
+        figures[name] = entry
+    print(f"Transcription bench: {args.audio.name} ({duration:.1f} s), STT {stt.describe()}")
+    print(f"{'pass':<10} {'turns':>5} {'WER':>7} {'RTF':>7} {'p50 lat':>8} {'p95 lat':>8}")
+    for name, _ in passes:
+        e = figures[name]
+        p50 = f"{e['latency_p50_s']:.2f} s" if "latency_p50_s" in e else "—"
+        p95 = f"{e['latency_p95_s']:.2f} s" if "latency_p95_s" in e else "—"
+        print(f"{name:<10} {e['turns']:>5} {e['wer']:>7.3f} {e['real_time_factor']:>7.3f} "
+              f"{p50:>8} {p95:>8}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0

@@ -1,0 +1,349 @@
+"""The embedded diarization stage (rule P1): Silero VAD + GE2E voiceprints, offline on one CPU
+core, with enrollment (V8) and online clustering of unknown voices (V7).
+
+Two paths share the recipe in `diarization.recipe`:
+- `diarize(audio)` (batch, whole files): VAD over the file, windows over the speech embedded in one
+  batched pass, clustering with the number of speakers found (or given), centroid refinement,
+  frame-level Viterbi smoothing, overlap where two centroids score alike.
+- `feed(audio)` (live): frames of any size; every `live_hop` seconds of new speech the last
+  `window` seconds of speech are embedded and matched against the speaker centroids (enrolled
+  voices first); a window that matches nobody opens a new speaker. Decisions are never revised,
+  so a word's speaker does not change after it was handed out.
+
+Speaker names: an enrolled name when a cluster's centroid is close enough to that voiceprint
+(each name used once per recording), otherwise `Speaker A`, `Speaker B` … in order of first
+appearance. Voiceprints are embeddings only; no audio is kept after `enroll` returns.
+Model work is synchronous and CPU-bound; torch runs on `threads` threads (1 by default).
+"""
+
+from __future__ import annotations
+
+import string
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from diarization import recipe
+from diarization.recipe import FloatArray, Settings
+from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
+from voice.embedding import HOP as MEL_HOP
+from voice.embedding import SpeakerEmbedder, default_embedder, mel_spectrogram
+from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, VadStream
+
+SAMPLE_RATE = 16000
+
+
+def speaker_letter(index: int) -> str:
+    """0 → `Speaker A`, 25 → `Speaker Z`, 26 → `Speaker AA` …"""
+    letters = string.ascii_uppercase
+    name = ""
+    index += 1
+    while index > 0:
+        index, rem = divmod(index - 1, 26)
+        name = letters[rem] + name
+    return f"Speaker {name}"
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """Numbers of the live path (cross-validated like the batch ones, docs/benchmarks.md)."""
+
+    window: float = 2.0  # seconds of speech per embedding
+    min_window: float = 1.0  # first decision once this much speech was heard
+    hop: float = 0.5  # seconds of new speech between decisions
+    new_speaker_threshold: float = 0.75  # best centroid similarity under this opens a speaker
+    centroid_momentum: float = 0.9  # running centroid update for discovered speakers
+
+
+@dataclass
+class _Voice:
+    name: str
+    centroid: FloatArray
+    enrolled: bool
+    count: int = 1
+
+
+@dataclass
+class _LiveState:
+    vad: VadStream
+    frames: int = 0  # VAD frames scored
+    in_speech: bool = False
+    speech_audio: deque[FloatArray] = field(default_factory=deque)  # last window of speech frames
+    speech_frame_ids: deque[int] = field(default_factory=deque)
+    undecided: list[int] = field(default_factory=list)  # speech frames awaiting a speaker
+    new_speech: int = 0  # speech frames since the last decision
+    voices: list[_Voice] = field(default_factory=list)
+    unknown_count: int = 0
+    labels: dict[int, str] = field(default_factory=dict)  # decided frame → speaker
+    segments: list[SpeakerSegment] = field(default_factory=list)
+    open_run: tuple[int, int, str] | None = None  # (first frame, last frame, speaker)
+
+
+class EmbeddedStage:
+    """The embedded stage. Implements `voice.diarization_stage.DiarizationStage` (P3)."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        live: LiveSettings | None = None,
+        num_speakers: int | None = None,
+        max_speakers: int | None = None,
+        embedder: SpeakerEmbedder | None = None,
+        enroll_threshold: float = 0.8,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.live = live or LiveSettings()
+        self.num_speakers = num_speakers
+        self.max_speakers = max_speakers
+        self.enroll_threshold = enroll_threshold
+        self.embedder = embedder or default_embedder()
+        self.detector = SpeechDetector(
+            threshold=self.settings.vad_threshold,
+            normalize=self.settings.normalize,
+            min_speech=self.settings.min_speech,
+            max_gap=self.settings.max_gap,
+        )
+        self._voiceprints: dict[str, FloatArray] = {}
+        self._lock = threading.Lock()
+        self._live = self._new_live()
+
+    # -- enrollment (V8) ---------------------------------------------------------------------
+
+    @property
+    def enrolled(self) -> dict[str, FloatArray]:
+        """Enrolled voiceprints (256-d embeddings; never audio)."""
+        return dict(self._voiceprints)
+
+    def enroll(self, name: str, audio: Audio) -> None:
+        name = name.strip()
+        if not name:
+            raise ValueError("an enrolled voice needs a name")
+        voiceprint = self.voiceprint(audio)
+        with self._lock:
+            self._voiceprints[name] = voiceprint
+            for voice in self._live.voices:
+                if voice.enrolled and voice.name == name:
+                    voice.centroid = voiceprint
+                    break
+            else:
+                self._live.voices.insert(0, _Voice(name, voiceprint, enrolled=True))
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            if name not in self._voiceprints:
+                raise KeyError(f"no enrolled voice named {name!r}")
+            del self._voiceprints[name]
+            self._live.voices = [
+                v for v in self._live.voices if not (v.enrolled and v.name == name)
+            ]
+
+    def voiceprint(self, audio: Audio) -> FloatArray:
+        """The voiceprint of a clip: the mean GE2E embedding of its speech (1.6 s partials)."""
+        wav = _checked(audio)
+        if len(wav) < SAMPLE_RATE // 2:
+            raise ValueError("enrollment audio is shorter than 0.5 s; give a few seconds of speech")
+        mask = recipe.speech_mask(self.detector.probabilities(wav), self.settings)
+        samples = np.repeat(mask, FRAME)[: len(wav)]
+        speech = wav[: len(samples)][samples]
+        if len(speech) < SAMPLE_RATE:
+            raise ValueError(
+                f"enrollment audio holds {len(speech) / SAMPLE_RATE:.1f} s of speech; at least 1 s is needed"
+            )
+        return self.embedder.embed(speech)
+
+    # -- batch -------------------------------------------------------------------------------
+
+    def diarize(
+        self,
+        audio: Audio,
+        *,
+        num_speakers: int | None = None,
+        max_speakers: int | None = None,
+    ) -> SpeakerTimeline:
+        wav = _checked(audio)
+        num = num_speakers if num_speakers is not None else self.num_speakers
+        cap = max_speakers if max_speakers is not None else self.max_speakers
+        if num is not None and num < 1:
+            raise ValueError("num_speakers must be at least 1")
+        if cap is not None and cap < 1:
+            raise ValueError("max_speakers must be at least 1")
+        probs = self.detector.probabilities(wav)
+        mask = recipe.speech_mask(probs, self.settings)
+        mel = mel_spectrogram(wav)
+        windows = recipe.plan_windows(mask, len(mel), self.settings)
+        if len(windows.mel_index) == 0:
+            return SpeakerTimeline()
+        embeddings = self.embedder.embed_mels(mel[windows.mel_index])
+        labels = recipe.cluster(embeddings, self.settings, num_speakers=num, max_speakers=cap)
+        cents = recipe.centroids(embeddings, labels)
+        scores = recipe.frame_scores(windows, embeddings, cents)
+        main, second = recipe.decode(mask, scores, self.settings)
+        names = self._names_for(cents, main)
+        segments = recipe.to_segments(main, second, names)
+        duration = len(wav) / SAMPLE_RATE
+        return SpeakerTimeline(
+            [
+                SpeakerSegment(s.start, min(s.end, duration), s.speaker)
+                for s in segments
+                if s.start < duration
+            ]
+        )
+
+    def _names_for(self, cents: FloatArray, main: recipe.IntArray) -> list[str]:
+        """Enrolled names for clusters whose centroid is close enough to a voiceprint (closest
+        pairs first, each name once per recording, so a voice that was not enrolled never takes
+        an enrolled name just because it is the nearest); `Speaker A`, `B` … for the others in
+        order of first appearance (V7)."""
+        names: list[str | None] = [None] * len(cents)
+        with self._lock:
+            prints = list(self._voiceprints.items())
+        if prints and len(cents):
+            sims = cents @ np.stack([p for _, p in prints]).T
+            pairs = sorted(
+                ((float(sims[i, j]), i, j) for i in range(len(cents)) for j in range(len(prints))),
+                reverse=True,
+            )
+            used_clusters: set[int] = set()
+            used_prints: set[int] = set()
+            for sim, i, j in pairs:
+                if sim < self.enroll_threshold:
+                    break
+                if i in used_clusters or j in used_prints:
+                    continue
+                names[i] = prints[j][0]
+                used_clusters.add(i)
+                used_prints.add(j)
+        order = [int(k) for k in dict.fromkeys(main[main >= 0].tolist())]
+        order += [k for k in range(len(cents)) if k not in order]
+        letter = 0
+        for k in order:
+            if names[k] is None:
+                names[k] = speaker_letter(letter)
+                letter += 1
+        return [n if n is not None else "" for n in names]
+
+    # -- live --------------------------------------------------------------------------------
+
+    def _new_live(self) -> _LiveState:
+        state = _LiveState(vad=VadStream(self.detector))
+        state.voices = [_Voice(n, p, enrolled=True) for n, p in self._voiceprints.items()]
+        return state
+
+    def reset(self) -> None:
+        with self._lock:
+            self._live = self._new_live()
+
+    def feed(self, audio: Audio) -> SpeakerTimeline:
+        samples = _checked(audio, allow_empty=True)
+        with self._lock:
+            state = self._live
+            probs, frames = state.vad.accept_frames(samples)
+            for p, frame_audio in zip(probs, frames, strict=True):
+                self._live_frame(state, float(p), frame_audio)
+            return self._live_timeline(state)
+
+    @property
+    def live_speakers(self) -> list[str]:
+        """Speakers known to the live stream (enrolled first, then `Speaker A` …)."""
+        return [v.name for v in self._live.voices]
+
+    def _live_frame(self, state: _LiveState, prob: float, frame_audio: FloatArray) -> None:
+        index = state.frames
+        state.frames += 1
+        threshold = self.settings.vad_threshold
+        if state.in_speech:
+            state.in_speech = prob >= max(threshold - 0.15, threshold * 0.5)
+        else:
+            state.in_speech = prob >= threshold
+        if not state.in_speech:
+            return
+        per_window = round(self.live.window / FRAME_SECONDS)
+        state.speech_audio.append(frame_audio.astype(np.float32))
+        state.speech_frame_ids.append(index)
+        while len(state.speech_audio) > per_window:
+            state.speech_audio.popleft()
+            state.speech_frame_ids.popleft()
+        state.undecided.append(index)
+        state.new_speech += 1
+        heard = len(state.speech_audio) * FRAME_SECONDS
+        if heard + 1e-9 < self.live.min_window:
+            return
+        if state.new_speech * FRAME_SECONDS + 1e-9 < self.live.hop:
+            return
+        self._live_decide(state)
+
+    def _live_decide(self, state: _LiveState) -> None:
+        audio = np.concatenate(list(state.speech_audio))
+        mel = mel_spectrogram(audio)
+        n = min(len(mel), round(self.live.window * SAMPLE_RATE / MEL_HOP))
+        embedding = self.embedder.embed_mels(mel[None, :n])[0]
+        speaker = self._live_match(state, embedding)
+        for frame in state.undecided:
+            state.labels[frame] = speaker
+            self._live_extend(state, frame, speaker)
+        state.undecided = []
+        state.new_speech = 0
+
+    def _live_match(self, state: _LiveState, embedding: FloatArray) -> str:
+        cap = self.max_speakers or self.settings.max_speakers
+        if self.num_speakers is not None:
+            cap = self.num_speakers
+        best: _Voice | None = None
+        best_sim = -1.0
+        for voice in state.voices:
+            sim = float(voice.centroid @ embedding)
+            threshold = self.enroll_threshold if voice.enrolled else self.live.new_speaker_threshold
+            if sim >= threshold and sim > best_sim:
+                best, best_sim = voice, sim
+        discovered = [v for v in state.voices if not v.enrolled]
+        if best is None and len(discovered) >= cap and discovered:
+            best = max(discovered, key=lambda v: float(v.centroid @ embedding))
+        if best is None:
+            best = _Voice(speaker_letter(state.unknown_count), embedding.copy(), enrolled=False)
+            state.unknown_count += 1
+            state.voices.append(best)
+            return best.name
+        if not best.enrolled:
+            m = self.live.centroid_momentum
+            best.centroid = recipe.l2(m * best.centroid + (1 - m) * embedding)
+            best.count += 1
+        return best.name
+
+    def _live_extend(self, state: _LiveState, frame: int, speaker: str) -> None:
+        run = state.open_run
+        bridge = 1 + round(self.settings.max_gap / FRAME_SECONDS)
+        if run is not None and run[2] == speaker and frame - run[1] <= bridge:
+            state.open_run = (run[0], frame, speaker)
+            return
+        if run is not None:
+            state.segments.append(_segment(run))
+        state.open_run = (frame, frame, speaker)
+
+    @staticmethod
+    def _live_timeline(state: _LiveState) -> SpeakerTimeline:
+        segments = list(state.segments)
+        if state.open_run is not None:
+            segments.append(_segment(state.open_run))
+        return SpeakerTimeline(segments)
+
+
+def _segment(run: tuple[int, int, str]) -> SpeakerSegment:
+    return SpeakerSegment(
+        round(run[0] * FRAME_SECONDS, 3), round((run[1] + 1) * FRAME_SECONDS, 3), run[2]
+    )
+
+
+def _checked(audio: Audio, *, allow_empty: bool = False) -> FloatArray:
+    wav = np.asarray(audio, dtype=np.float32)
+    if wav.ndim != 1:
+        raise ValueError(f"expected mono audio (1-D float32 at 16 kHz), got shape {wav.shape}")
+    if not allow_empty and len(wav) == 0:
+        raise ValueError("empty audio")
+    if not np.all(np.isfinite(wav)):
+        raise ValueError("audio holds NaN or infinite samples")
+    return wav

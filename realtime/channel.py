@@ -1,0 +1,366 @@
+"""`RealtimeChannel`: a realtime speech model taking part in a room.
+
+Why this shape: a speech-to-speech model keeps what it was sent (a session), so unlike a chat
+model it cannot be handed a freshly rendered window each call. The channel therefore turns each
+room event from another channel into one context item as it is committed, labelled by the
+attribution engine exactly as chat history is (R2, G1), and follows G3: nothing is labelled while
+the room holds one speaker (the model receives the text as sent, A2); the first line after a
+second speaker appears is labelled and carries the note, and every later line in that session
+stays labelled. Whether the model is asked to answer is the speak policy's decision (R4, G6),
+made on the turn's label, never on its text's claims. Replies come back as room events of this
+channel (never prefixed) and as audio handed to every `AudioSink` attached to the room (R5).
+
+Audio mode (R3): the room's shared-mic audio is pushed to the channel (`push_audio`); the model's
+own turn detection is off; when the voice channel's turn event arrives (with its `start`/`end`),
+the channel appends that turn's audio, commits it, adds the labelled item naming the speaker, then
+asks for a response if the policy allows — so the model hears the voice *and* knows whose it was.
+
+One session per room; order, reconnect with replay (R6) and one-response-at-a-time live in
+`realtime.session.RealtimeSession`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attribution import NOTE, Register, label_for, render_line
+from models import Participant, RoomEvent, TextContent
+from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
+from realtime.providers import make_session
+from realtime.session import (
+    ContextItem,
+    RealtimeSession,
+    ReplyAudio,
+    ReplyDone,
+    SessionEvent,
+    SessionOptions,
+)
+from rooms import AudioSink, Channel, RoomContext
+
+log = logging.getLogger(__name__)
+
+SessionMaker = Callable[[SessionOptions], RealtimeSession]
+AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
+
+
+@dataclass
+class _HeldAudio:
+    """One stream's pushed audio (16-bit mono at the session's rate) until a turn claims it."""
+
+    rate: int
+    audio: bytearray = field(default_factory=bytearray)
+    start: int = 0
+    """Stream position (samples) of `audio[0]`; stream time 0 is the first sample pushed."""
+    resampler: Any = None
+    resampler_rate: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.audio) // 2
+
+    def push(self, samples: np.ndarray[Any, Any], sample_rate: int) -> None:
+        if sample_rate != self.rate:
+            import soxr
+
+            if self.resampler is None or self.resampler_rate != sample_rate:
+                self.flush()
+                self.resampler = soxr.ResampleStream(sample_rate, self.rate, 1, dtype="float32")
+                self.resampler_rate = sample_rate
+            samples = self.resampler.resample_chunk(samples)
+        self._hold(samples)
+
+    def flush(self) -> None:
+        """Emit what the streaming resampler still holds back (its look-ahead, ~20-30 ms), so a
+        turn ending at the edge of the pushed audio gets all of it; the next push starts anew."""
+        if self.resampler is not None:
+            self._hold(self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+            self.resampler = None
+
+    def _hold(self, samples: np.ndarray[Any, Any]) -> None:
+        out = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
+        self.audio.extend(out.tobytes())
+
+    def drop_oldest(self, keep_seconds: float) -> float:
+        excess = len(self.audio) // 2 - round(keep_seconds * self.rate)
+        if excess <= 0:
+            return 0.0
+        del self.audio[: excess * 2]
+        self.start += excess
+        return excess / self.rate
+
+    def take(self, start_s: float | None, end_s: float | None) -> bytes | None:
+        """The span `start_s`…`end_s` (seconds of stream time), consuming everything up to its end."""
+        if end_s is None or round(end_s * self.rate) > self.end:
+            self.flush()
+        held = len(self.audio) // 2
+        begin, end = 0, held
+        if end_s is not None:
+            end = min(held, max(0, round(end_s * self.rate) - self.start))
+        if start_s is not None:
+            begin = min(end, max(0, round(start_s * self.rate) - self.start))
+        pcm = bytes(self.audio[begin * 2 : end * 2])
+        del self.audio[: end * 2]
+        self.start += end
+        return pcm or None
+
+
+@dataclass
+class _RoomState:
+    session: RealtimeSession
+    speakers: set[str] = field(default_factory=set)
+    labelling: bool = False
+    note_sent: bool = False
+    streams: dict[str | None, _HeldAudio] = field(default_factory=dict)
+    """Audio mode: pushed audio waiting for its turn, per stream (`voice_session_id`)."""
+    replies: list[RoomEvent] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    """Every context line sent for this room, as sent (labelled or plain)."""
+
+
+class RealtimeChannel(Channel):
+    """`RealtimeChannel("rt", provider="openai", assistant_name="Chorus", model=..., base_url=...)`.
+
+    - `provider`: `"recorder"` (default, no key), `"openai"`, `"gemini"`, or a factory
+      `Callable[[SessionOptions], RealtimeSession]`; `provider_options` go to the session.
+    - `policy`: a `SpeakPolicy`; default: answer when addressed by `assistant_name`, or always
+      while the room holds a single speaker.
+    - `audio_mode`: R3 (see the module docstring); `instructions`: the session's instructions.
+    - `answer_agents`: also answer turns of other agent channels (off: two agents would loop).
+    """
+
+    channel_type: ClassVar[str] = "realtime"
+
+    def __init__(
+        self,
+        channel_id: str,
+        provider: str | SessionMaker = "recorder",
+        *,
+        assistant_name: str = "Assistant",
+        instructions: str | None = None,
+        policy: SpeakPolicy | None = None,
+        audio_mode: bool = False,
+        output_audio: bool = True,
+        voice: str | None = None,
+        answer_agents: bool = False,
+        max_held_seconds: float = 120.0,
+        **provider_options: Any,
+    ) -> None:
+        super().__init__(channel_id)
+        self.max_held_seconds = max_held_seconds
+        """Audio mode: at most this much pushed audio waits for its turn event."""
+        self.provider = provider
+        self.provider_options = provider_options
+        self.assistant_name = assistant_name
+        self.policy = policy or default_policy()
+        self.audio_mode = audio_mode
+        self.answer_agents = answer_agents
+        self.options = SessionOptions(
+            instructions=instructions,
+            audio_input=audio_mode,
+            output_audio=output_audio,
+            voice=voice,
+        )
+        self._rooms: dict[str, _RoomState] = {}
+
+    # ------------------------------------------------------------------ sessions
+
+    def _new_session(self) -> RealtimeSession:
+        if callable(self.provider):
+            return self.provider(self.options)
+        return make_session(self.provider, self.options, **self.provider_options)
+
+    def session_for(self, room_id: str) -> RealtimeSession:
+        """The room's session (attach the channel first)."""
+        return self._state(room_id).session
+
+    def replies_for(self, room_id: str) -> list[RoomEvent]:
+        """The model's replies this channel posted into the room, in order (R5)."""
+        return list(self._state(room_id).replies)
+
+    def lines_for(self, room_id: str) -> list[str]:
+        """Every context line this channel sent for the room, in order."""
+        return list(self._state(room_id).lines)
+
+    def _state(self, room_id: str) -> _RoomState:
+        try:
+            return self._rooms[room_id]
+        except KeyError:
+            raise KeyError(
+                f"channel {self.channel_id!r} is not attached to room {room_id!r}"
+            ) from None
+
+    async def on_attach(self, room_id: str) -> None:
+        if room_id in self._rooms:
+            return
+        session = self._new_session()
+        state = _RoomState(session=session)
+        self._rooms[room_id] = state
+        session.add_listener(lambda event: self._on_session_event(room_id, event))
+        kit = self.require_kit()
+        participants = await kit.get_participants(room_id)
+        register = await kit.get_register(room_id) or Register.new()
+        for past in await kit.list_events(room_id):  # who already spoke (G3 counts the room)
+            if self._counts(past):
+                state.speakers.add(label_for(past, participants, register))
+        try:
+            await session.start()
+        except BaseException:
+            del self._rooms[room_id]  # the next event (or attach) tries again
+            raise
+
+    async def close(self) -> None:
+        for state in self._rooms.values():
+            try:
+                await state.session.close()
+            except Exception:
+                log.exception("closing realtime session failed")
+        self._rooms.clear()
+
+    async def wait_idle(self, room_id: str, limit: float = 10.0) -> None:
+        """Wait until every line was written and no response is in flight (tests, replays)."""
+        await self._state(room_id).session.wait_idle(limit)
+        await asyncio.sleep(0)
+
+    # ------------------------------------------------------------------ room events → session
+
+    def _counts(self, event: RoomEvent) -> bool:
+        return (
+            event.kind != "system"
+            and event.source.channel_id != self.channel_id
+            and event.visible_to(self.channel_id)
+        )
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        state = self._rooms.get(ctx.room_id)
+        if state is None:
+            await self.on_attach(ctx.room_id)
+            state = self._state(ctx.room_id)
+        session = state.session
+        if event.kind == "system":
+            # An instruction from the application keeps its own mark and is not labelled (G3).
+            state.lines.append(event.text)
+            session.post_item(ContextItem("system", event.text))
+            return
+        participants = await ctx.participants()
+        register = await ctx.kit.get_register(ctx.room_id) or Register.new()
+        label = label_for(event, participants, register)
+        state.speakers.add(label)
+        if not state.labelling and len(state.speakers) >= 2:
+            state.labelling = True  # G3: from now on, every line in this session is labelled
+        if state.labelling:
+            text = render_line(event, participants, register)
+            if not state.note_sent:
+                text = f"{text}\n\n{NOTE}"
+                state.note_sent = True
+        else:
+            text = event.text
+        state.lines.append(text)
+        item = ContextItem("user", text)
+        pcm = None
+        if self.audio_mode and event.metadata.get("source") == "voice":
+            pcm = self._take_turn_audio(state, event)  # a typed message has no audio
+        if pcm is not None:
+            session.post_audio_turn(pcm, item, send_item=state.labelling)
+        else:
+            session.post_item(item)
+        if self._should_answer(event, label, state, participants):
+            session.post_response()
+
+    def _should_answer(
+        self, event: RoomEvent, label: str, state: _RoomState, participants: list[Participant]
+    ) -> bool:
+        if event.source.channel_type in AGENT_CHANNEL_TYPES and not self.answer_agents:
+            return False
+        turn = SpeakTurn(
+            speakers=(label,),
+            text=event.text,
+            assistant_name=self.assistant_name,
+            room_speakers=len(state.speakers),
+            event=event,
+        )
+        return self.policy.should_answer(turn)
+
+    # ------------------------------------------------------------------ audio (R3)
+
+    async def push_audio(
+        self,
+        room_id: str,
+        pcm16: bytes,
+        sample_rate: int,
+        channels: int = 1,
+        *,
+        stream_id: str | None = None,
+    ) -> None:
+        """Feed shared-mic audio (16-bit PCM, any rate, interleaved channels) of one stream.
+
+        The audio is held until the voice channel's turn event says whose it was. Stream time 0 is
+        the stream's first sample pushed, the point the voice channel's `start`/`end` count from;
+        `stream_id` is the stream's `voice_session_id` when a room has several microphones.
+        """
+        if not self.audio_mode:
+            raise RuntimeError(f"channel {self.channel_id!r} is not in audio mode")
+        if sample_rate <= 0 or channels <= 0:
+            raise ValueError(f"invalid audio format: {sample_rate} Hz, {channels} channels")
+        if len(pcm16) % (2 * channels):
+            raise ValueError("pcm16 length is not a whole number of 16-bit frames")
+        state = self._state(room_id)
+        held = state.streams.get(stream_id)
+        if held is None:
+            held = state.streams[stream_id] = _HeldAudio(state.session.input_sample_rate)
+        samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        if channels > 1:
+            samples = samples.reshape(-1, channels).mean(axis=1)
+        held.push(samples, sample_rate)
+        dropped = held.drop_oldest(self.max_held_seconds)
+        if dropped:  # no turn came for that long (a hook blocked them?)
+            log.warning("%s: dropped %.1f s of audio no turn claimed", self.channel_id, dropped)
+
+    def _take_turn_audio(self, state: _RoomState, event: RoomEvent) -> bytes | None:
+        """The audio of one voice turn (its `start`…`end`), from its stream's held audio."""
+        stream = event.metadata.get("voice_session_id")
+        held = state.streams.get(stream) if isinstance(stream, str) else None
+        if held is None:
+            held = state.streams.get(None)
+        if held is None:
+            return None
+        start_s, end_s = event.metadata.get("start"), event.metadata.get("end")
+        return held.take(
+            float(start_s) if isinstance(start_s, int | float) else None,
+            float(end_s) if isinstance(end_s, int | float) else None,
+        )
+
+    # ------------------------------------------------------------------ replies (R5)
+
+    async def _on_session_event(self, room_id: str, event: SessionEvent) -> None:
+        kit = self.kit
+        if kit is None:
+            return
+        if isinstance(event, ReplyAudio):
+            for channel in await kit.channels_in(room_id):
+                if channel is self or not isinstance(channel, AudioSink):
+                    continue
+                try:
+                    await channel.play(room_id, event.pcm16, event.sample_rate)
+                except Exception:
+                    log.exception("audio sink %s failed", channel.channel_id)
+        elif isinstance(event, ReplyDone) and event.transcript.strip():
+            state = self._rooms.get(room_id)
+            posted = await kit.post_event(
+                room_id,
+                self.channel_id,
+                TextContent(body=event.transcript),
+                metadata={
+                    "ai_response": True,
+                    "realtime_provider": state.session.provider if state else None,
+                    "response_id": event.response_id,
+                    "response_status": event.status,
+                },
+            )
+            if posted is not None and state is not None:
+                state.replies.append(posted)

@@ -1,0 +1,238 @@
+"""A store and a room lock shared by several processes, on Postgres.
+
+When two server processes serve the same room, each must see the other's events, participants and
+register, and rank assignment must happen one commit at a time across both (rule D6). The store
+keeps rooms as rows (events and participants as JSON documents, the register as the engine's
+salted-digest JSON); the lock is a Postgres advisory lock per room, taken after the process's own
+per-room asyncio lock so one process holds at most one database lock attempt per room.
+
+Advisory locks are polled with `pg_try_advisory_lock` on one dedicated connection per process, so a
+waiting room never blocks the connection for other rooms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from models import Participant, RoomEvent
+from rooms.locks import RoomLockManager
+from rooms.store import ChannelBinding, Room, RoomStore
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS chorus_rooms (
+    id text PRIMARY KEY, metadata jsonb NOT NULL, created_at timestamptz NOT NULL);
+CREATE TABLE IF NOT EXISTS chorus_bindings (
+    room_id text NOT NULL, channel_id text NOT NULL, is_group boolean NOT NULL,
+    PRIMARY KEY (room_id, channel_id));
+CREATE TABLE IF NOT EXISTS chorus_senders (
+    channel_id text NOT NULL, sender_id text NOT NULL, room_id text NOT NULL,
+    PRIMARY KEY (channel_id, sender_id));
+CREATE TABLE IF NOT EXISTS chorus_events (
+    seq bigserial PRIMARY KEY, room_id text NOT NULL, id text NOT NULL, data jsonb NOT NULL,
+    UNIQUE (room_id, id));
+CREATE TABLE IF NOT EXISTS chorus_participants (
+    room_id text NOT NULL, id text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, id));
+CREATE TABLE IF NOT EXISTS chorus_registers (room_id text PRIMARY KEY, data jsonb NOT NULL);
+"""
+
+
+class PostgresStore(RoomStore):
+    """`RoomStore` on one Postgres connection (queries serialised per process)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+        self._query_lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(cls, dsn: str) -> PostgresStore:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with conn.cursor() as cur:
+            await cur.execute(SCHEMA)
+        return cls(conn)
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    async def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        async with self._query_lock, self._conn.cursor() as cur:
+            await cur.execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def create_room(self, room: Room) -> None:
+        try:
+            await self._rows(
+                "INSERT INTO chorus_rooms (id, metadata, created_at) VALUES (%s, %s, %s)",
+                (room.id, Jsonb(room.metadata), room.created_at),
+            )
+        except psycopg.errors.UniqueViolation:
+            raise ValueError(f"room {room.id!r} already exists") from None
+
+    async def get_room(self, room_id: str) -> Room | None:
+        rows = await self._rows("SELECT id, metadata, created_at FROM chorus_rooms WHERE id = %s", (room_id,))
+        return Room(id=rows[0][0], metadata=rows[0][1], created_at=rows[0][2]) if rows else None
+
+    async def list_rooms(self) -> list[Room]:
+        rows = await self._rows("SELECT id, metadata, created_at FROM chorus_rooms ORDER BY created_at")
+        return [Room(id=r[0], metadata=r[1], created_at=r[2]) for r in rows]
+
+    async def add_binding(self, binding: ChannelBinding) -> None:
+        await self._rows(
+            "INSERT INTO chorus_bindings (room_id, channel_id, is_group) VALUES (%s, %s, %s) "
+            "ON CONFLICT (room_id, channel_id) DO UPDATE SET is_group = EXCLUDED.is_group",
+            (binding.room_id, binding.channel_id, binding.group),
+        )
+
+    async def get_bindings(self, room_id: str) -> list[ChannelBinding]:
+        rows = await self._rows(
+            "SELECT room_id, channel_id, is_group FROM chorus_bindings WHERE room_id = %s ORDER BY channel_id",
+            (room_id,),
+        )
+        return [ChannelBinding(room_id=r[0], channel_id=r[1], group=r[2]) for r in rows]
+
+    async def bindings_for_channel(self, channel_id: str) -> list[ChannelBinding]:
+        rows = await self._rows(
+            "SELECT room_id, channel_id, is_group FROM chorus_bindings WHERE channel_id = %s ORDER BY room_id",
+            (channel_id,),
+        )
+        return [ChannelBinding(room_id=r[0], channel_id=r[1], group=r[2]) for r in rows]
+
+    async def find_sender_room(self, channel_id: str, sender_id: str) -> str | None:
+        rows = await self._rows(
+            "SELECT room_id FROM chorus_senders WHERE channel_id = %s AND sender_id = %s",
+            (channel_id, sender_id),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def set_sender_room(self, channel_id: str, sender_id: str, room_id: str) -> None:
+        await self._rows(
+            "INSERT INTO chorus_senders (channel_id, sender_id, room_id) VALUES (%s, %s, %s) "
+            "ON CONFLICT (channel_id, sender_id) DO UPDATE SET room_id = EXCLUDED.room_id",
+            (channel_id, sender_id, room_id),
+        )
+
+    async def add_event(self, event: RoomEvent) -> None:
+        await self._rows(
+            "INSERT INTO chorus_events (room_id, id, data) VALUES (%s, %s, %s)",
+            (event.room_id, event.id, Jsonb(json.loads(event.model_dump_json()))),
+        )
+
+    async def replace_event(self, event: RoomEvent) -> None:
+        rows = await self._rows(
+            "UPDATE chorus_events SET data = %s WHERE room_id = %s AND id = %s RETURNING seq",
+            (Jsonb(json.loads(event.model_dump_json())), event.room_id, event.id),
+        )
+        if not rows:
+            raise KeyError(f"no event {event.id!r} in room {event.room_id!r}")
+
+    async def get_event(self, room_id: str, event_id: str) -> RoomEvent | None:
+        rows = await self._rows(
+            "SELECT data FROM chorus_events WHERE room_id = %s AND id = %s", (room_id, event_id)
+        )
+        return RoomEvent.model_validate(rows[0][0]) if rows else None
+
+    async def list_events(self, room_id: str, limit: int | None = None) -> list[RoomEvent]:
+        if limit is None:
+            rows = await self._rows(
+                "SELECT data FROM chorus_events WHERE room_id = %s ORDER BY seq", (room_id,)
+            )
+        else:
+            rows = await self._rows(
+                "SELECT data FROM (SELECT seq, data FROM chorus_events WHERE room_id = %s "
+                "ORDER BY seq DESC LIMIT %s) newest ORDER BY seq",
+                (room_id, max(limit, 0)),
+            )
+        return [RoomEvent.model_validate(r[0]) for r in rows]
+
+    async def upsert_participant(self, room_id: str, participant: Participant) -> None:
+        await self._rows(
+            "INSERT INTO chorus_participants (room_id, id, data) VALUES (%s, %s, %s) "
+            "ON CONFLICT (room_id, id) DO UPDATE SET data = EXCLUDED.data",
+            (room_id, participant.id, Jsonb(participant.model_dump(mode="json"))),
+        )
+
+    async def get_participants(self, room_id: str) -> list[Participant]:
+        rows = await self._rows(
+            "SELECT data FROM chorus_participants WHERE room_id = %s ORDER BY id", (room_id,)
+        )
+        return [Participant.model_validate(r[0]) for r in rows]
+
+    async def get_register(self, room_id: str) -> dict[str, Any] | None:
+        rows = await self._rows("SELECT data FROM chorus_registers WHERE room_id = %s", (room_id,))
+        return dict(rows[0][0]) if rows else None
+
+    async def put_register(self, room_id: str, register: dict[str, Any]) -> None:
+        await self._rows(
+            "INSERT INTO chorus_registers (room_id, data) VALUES (%s, %s) "
+            "ON CONFLICT (room_id) DO UPDATE SET data = EXCLUDED.data",
+            (room_id, Jsonb(register)),
+        )
+
+
+class _AdvisoryLock(AbstractAsyncContextManager[None]):
+    def __init__(self, manager: PostgresAdvisoryLocks, room_id: str) -> None:
+        self._manager = manager
+        self._room_id = room_id
+        self._local = manager.local_lock(room_id)
+
+    async def __aenter__(self) -> None:
+        await self._local.acquire()
+        try:
+            await self._manager.acquire(self._room_id)
+        except BaseException:
+            self._local.release()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        try:
+            await self._manager.release(self._room_id)
+        finally:
+            self._local.release()
+
+
+class PostgresAdvisoryLocks(RoomLockManager):
+    """Room locks that hold across processes: `pg_try_advisory_lock(hashtextextended(room, 0))`."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], *, poll_interval: float = 0.005) -> None:
+        self._conn = conn
+        self._poll = poll_interval
+        self._query_lock = asyncio.Lock()
+        self._local: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    async def connect(cls, dsn: str) -> PostgresAdvisoryLocks:
+        return cls(await psycopg.AsyncConnection.connect(dsn, autocommit=True))
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+    def local_lock(self, room_id: str) -> asyncio.Lock:
+        return self._local.setdefault(room_id, asyncio.Lock())
+
+    def lock(self, room_id: str) -> _AdvisoryLock:
+        return _AdvisoryLock(self, room_id)
+
+    async def _scalar(self, sql: str, room_id: str) -> bool:
+        async with self._query_lock, self._conn.cursor() as cur:
+            await cur.execute(sql, (room_id,))
+            row = await cur.fetchone()
+            return bool(row and row[0])
+
+    async def acquire(self, room_id: str) -> None:
+        # Polled, not awaited on the server: another process's release cannot set a local Event.
+        while not await self._scalar("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", room_id):  # noqa: ASYNC110
+            await asyncio.sleep(self._poll)
+
+    async def release(self, room_id: str) -> None:
+        await self._scalar("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", room_id)

@@ -1,0 +1,1 @@
+"""AI providers for `AIChannel` (each implements `rooms.AIProvider`)."""

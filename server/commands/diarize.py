@@ -1,0 +1,121 @@
+"""`chorus diarize AUDIO --rttm OUT.rttm`: who spoke when in one recording (rules P1–P4, V8).
+
+Runs a diarization stage (embedded by default, or pyannote) on the whole file, writes RTTM (file
+id = the audio file's name without extension), optionally names enrolled voices
+(`--enroll NAME=clip.wav`, repeatable), draws the timeline (`--plot`, with the reference's when
+`--reference` is given) and scores against the reference (DER at collar 0 and 0.25 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("diarize", help="who spoke when: write RTTM (and a plot)")
+    parser.add_argument("audio", type=Path, metavar="AUDIO", help="audio file (WAV, FLAC, …)")
+    parser.add_argument(
+        "--rttm", type=Path, required=True, metavar="OUT.rttm", help="RTTM to write"
+    )
+    parser.add_argument("--diarizer", choices=["embedded", "pyannote"], default="embedded")
+    parser.add_argument("--num-speakers", type=int, default=None, metavar="N")
+    parser.add_argument("--max-speakers", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--enroll",
+        action="append",
+        default=[],
+        metavar="NAME=clip.wav",
+        help="name a voice from a clip of it (repeatable)",
+    )
+    parser.add_argument("--plot", type=Path, default=None, metavar="timeline.png")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        metavar="REF.rttm",
+        help="reference RTTM: drawn in the plot and scored",
+    )
+    parser.add_argument("--pipeline", default=None, help="pyannote: hub id or local directory")
+    parser.add_argument(
+        "--hf-token", default=None, help="pyannote: Hugging Face token for a hub id"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from diarization import load_stage
+    from voice.audio import AudioError, read_audio_16k
+    from voice.diarization_stage import SpeakerTimeline
+
+    enrollments: list[tuple[str, Path]] = []
+    for item in args.enroll:
+        name, sep, clip = item.partition("=")
+        if not sep or not name.strip() or not clip:
+            print(f"--enroll wants NAME=clip.wav, got {item!r}", file=sys.stderr)
+            return 2
+        enrollments.append((name.strip(), Path(clip)))
+    try:
+        audio = read_audio_16k(args.audio)
+        clips = [(name, read_audio_16k(clip)) for name, clip in enrollments]
+    except (AudioError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    reference = None
+    file_id = args.audio.stem
+    if args.reference is not None:
+        if not args.reference.is_file():
+            print(f"error: reference not found: {args.reference}", file=sys.stderr)
+            return 2
+        reference = SpeakerTimeline.read_rttm(args.reference, file_id)
+        if not reference.segments:
+            print(
+                f"warning: {args.reference} has no turns for file id {file_id!r}", file=sys.stderr
+            )
+    try:
+        stage = load_stage(
+            args.diarizer,
+            num_speakers=args.num_speakers,
+            max_speakers=args.max_speakers,
+            pipeline=args.pipeline,
+            hf_token=args.hf_token,
+        )
+        for name, clip in clips:
+            stage.enroll(name, clip)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    duration = len(audio) / 16000
+    started = time.perf_counter()
+    timeline = stage.diarize(audio)
+    elapsed = time.perf_counter() - started
+    args.rttm.parent.mkdir(parents=True, exist_ok=True)
+    args.rttm.write_text(timeline.to_rttm(file_id))
+    speakers = timeline.speakers
+    print(
+        f"{args.audio}: {duration:.1f} s, {len(speakers)} speaker(s): {', '.join(speakers) or 'none'}"
+        f"; {elapsed:.2f} s (RTF {elapsed / max(duration, 1e-9):.3f})"
+    )
+    print(f"wrote {args.rttm}")
+    if reference is not None:
+        from diarization.scoring import score_collars
+
+        scores = score_collars(reference, timeline, duration=duration, uri=file_id)
+        print(
+            "DER: " + ", ".join(f"{s.der * 100:.1f} % (collar {c:g} s)" for c, s in scores.items())
+        )
+    if args.plot is not None:
+        from diarization.plot import plot_timelines
+
+        plot_timelines(
+            timeline,
+            args.plot,
+            reference=reference,
+            duration=duration,
+            title=f"{file_id} ({args.diarizer})",
+        )
+        print(f"wrote {args.plot}")
+    return 0

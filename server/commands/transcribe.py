@@ -1,0 +1,116 @@
+"""`chorus transcribe AUDIO`: a recording → per-speaker turns, through the live VoiceChannel path.
+
+Speakers come from the STT's own labels (Deepgram) or, with `--pipeline-speakers`, from a
+diarization stage (`--diarizer embedded|pyannote`). `--rename "Speaker A=Alice"` renames a voice
+(an ON_TRANSCRIPTION hook, as an application would). `--realtime openai|gemini|recorder` then
+replays the turns into a realtime session and prints what the model was sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from voice.transcribe import FORMATS
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "transcribe",
+        help="transcribe a recording into per-speaker turns",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument("audio", type=Path, help="audio file (WAV, FLAC, OGG; any rate, any channels)")
+    parser.add_argument("--stt", choices=("whisper", "deepgram"), default="whisper",
+                        help="speech-to-text: local Whisper tiny.en (default, offline) or Deepgram "
+                             "streaming (DEEPGRAM_API_KEY; optional DEEPGRAM_URL)")
+    parser.add_argument("--format", choices=FORMATS, default="text", help="output format")
+    parser.add_argument("--rename", action="append", default=[], metavar="LABEL=NAME",
+                        help='rename a voice, e.g. --rename "Speaker A=Alice" (repeatable)')
+    parser.add_argument("--pipeline-speakers", action="store_true",
+                        help="take speakers from a diarization stage instead of the STT")
+    parser.add_argument("--diarizer", choices=("embedded", "pyannote"), default="embedded",
+                        help="diarization stage for --pipeline-speakers (default: embedded)")
+    parser.add_argument("--num-speakers", type=int, default=None,
+                        help="number of speakers, when known (diarization stage)")
+    parser.add_argument("--whisper-model", default=None,
+                        help="faster-whisper model path or name (default: the shipped tiny.en)")
+    parser.add_argument("--realtime", choices=("openai", "gemini", "recorder"), default=None,
+                        help="replay the turns into a realtime session and print what it was sent")
+    parser.add_argument("--output", "-o", type=Path, default=None, help="write here instead of stdout")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def _stt(args: argparse.Namespace) -> Any:
+    if args.stt == "deepgram":
+        from voice.stt.deepgram import DeepgramSTT
+
+        return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
+    from voice.stt.whisper import WhisperSTT
+
+    return WhisperSTT(args.whisper_model)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from voice.audio import AudioError, read_audio
+    from voice.transcribe import format_turns, parse_renames, transcribe_audio
+
+    try:
+        renames = parse_renames(args.rename)
+        audio, rate = read_audio(args.audio)
+        stt = _stt(args)
+        diarizer = None
+        if args.pipeline_speakers:
+            from diarization import load_stage  # type: ignore[attr-defined,unused-ignore]
+
+            diarizer = load_stage(args.diarizer, num_speakers=args.num_speakers)
+    except (AudioError, FileNotFoundError, ImportError, ValueError, RuntimeError) as exc:
+        print(f"chorus transcribe: error: {exc}", file=sys.stderr)
+        return 2
+    duration = len(audio) / rate
+    bar = tqdm(total=round(duration, 1), unit="s", desc="transcribing", file=sys.stderr,
+               disable=args.no_progress, bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}]")
+
+    def progress(seconds: float) -> None:
+        done = round(min(seconds, duration), 1)
+        if done > bar.n:
+            bar.update(done - bar.n)
+
+    try:
+        result = asyncio.run(transcribe_audio(
+            audio, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
+            renames=renames, progress=progress))
+    except (ConnectionError, OSError) as exc:
+        bar.close()
+        print(f"chorus transcribe: error: {args.stt}: {exc}", file=sys.stderr)
+        return 1
+    bar.close()
+    for error in result.errors:
+        print(f"chorus transcribe: error: {error}", file=sys.stderr)
+    text = format_turns(result.turns, args.format, file_id=args.audio.stem)
+    if args.output is not None:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    print(f"{len(result.turns)} turns from {duration:.1f} s of audio in {result.elapsed:.1f} s "
+          f"(real-time factor {result.real_time_factor:.3f}, {result.stt})", file=sys.stderr)
+    if args.realtime:
+        from realtime import replay_turns  # type: ignore[attr-defined,unused-ignore]
+
+        replayed: Any = replay_turns([t.as_json() for t in result.turns], provider=args.realtime)
+        if inspect.isawaitable(replayed):
+            replayed = asyncio.run(_await(replayed))
+        print(replayed)
+    return 1 if result.errors else 0
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

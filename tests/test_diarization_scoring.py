@@ -1,0 +1,93 @@
+"""RTTM in/out, UEM, DER scoring (P4) and the `chorus bench diarization` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diarization.scoring import DerScore, read_uem, score, score_collars
+from server.cli import main
+from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
+
+
+def test_P4_rttm_round_trip_keeps_turns_and_overlap(shared_fixtures: Path) -> None:
+    text = (shared_fixtures / "pyannote-sample" / "sample.rttm").read_text()
+    timeline = SpeakerTimeline.from_rttm(text, "sample")
+    assert len(timeline) == 10
+    again = SpeakerTimeline.from_rttm(timeline.to_rttm("sample"), "sample")
+    assert [(round(s.start, 3), round(s.end, 3), s.speaker) for s in again] == [
+        (round(s.start, 3), round(s.end, 3), s.speaker) for s in timeline
+    ]
+    assert score(timeline, again, duration=30.0).der == 0.0
+
+
+def test_P4_rttm_speaker_names_with_spaces_become_one_field() -> None:
+    rttm = SpeakerTimeline([SpeakerSegment(0.0, 1.5, "Speaker A")]).to_rttm("meeting")
+    assert rttm == "SPEAKER meeting 1 0.000 1.500 <NA> <NA> Speaker_A <NA> <NA>\n"
+
+
+def test_P4_der_counts_missed_false_alarm_and_confusion() -> None:
+    ref = SpeakerTimeline([SpeakerSegment(0, 10, "a"), SpeakerSegment(10, 20, "b")])
+    hyp = SpeakerTimeline([SpeakerSegment(0, 10, "X"), SpeakerSegment(10, 15, "X")])
+    strict = score(ref, hyp, duration=20.0, collar=0.0)
+    assert strict.confusion == pytest.approx(5.0)
+    assert strict.missed == pytest.approx(5.0)
+    assert strict.false_alarm == pytest.approx(0.0)
+    assert strict.der == pytest.approx(0.5)
+    both = score_collars(ref, hyp, duration=20.0)
+    assert set(both) == {0.0, 0.25}
+    assert both[0.25].der < both[0.0].der  # the collar forgives the boundaries
+
+
+def test_P4_overlap_is_scored() -> None:
+    ref = SpeakerTimeline([SpeakerSegment(0, 10, "a"), SpeakerSegment(5, 10, "b")])
+    hyp = SpeakerTimeline([SpeakerSegment(0, 10, "X")])
+    assert score(ref, hyp, duration=10.0, collar=0.0).missed == pytest.approx(5.0)
+
+
+def test_P4_uem_limits_the_scored_region(shared_fixtures: Path, tmp_path: Path) -> None:
+    regions = read_uem(shared_fixtures / "ami" / "train.uem")
+    assert regions["trn01"] == [(0.0, 30.0)]
+    ref = SpeakerTimeline([SpeakerSegment(0, 10, "a")])
+    assert score(ref, SpeakerTimeline(), uem=[(0.0, 5.0)], collar=0.0).missed == pytest.approx(5.0)
+    bad = tmp_path / "bad.uem"
+    bad.write_text("trn01 NA 3\n")
+    with pytest.raises(ValueError, match="UEM"):
+        read_uem(bad)
+
+
+def test_P4_scores_sum_over_files() -> None:
+    total = DerScore.sum([DerScore(0.25, 1, 0, 1, 10), DerScore(0.25, 0, 2, 0, 30)])
+    assert total.der == pytest.approx(4 / 40)
+
+
+@pytest.mark.slow
+def test_P4_bench_diarization_prints_a_table_and_writes_json(
+    shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    folder = shared_fixtures / "pyannote-sample"
+    code = main(
+        [
+            "bench",
+            "diarization",
+            str(folder),
+            "--reference",
+            str(folder / "sample.rttm"),
+            "--live",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "sample" in printed and "overall" in printed and "live" in printed
+    result = json.loads(out.read_text())
+    assert result["files"][0]["file"] == "sample"
+    assert set(result["overall"]) == {"0.0", "0.25"}
+    assert 0.0 <= result["overall"]["0.25"]["der"] < 0.5
+    assert result["rtf"] > 0
+    assert result["files"][0]["speakers_ref"] == 2
+    assert result["live_latency_median"] >= 0

@@ -1,0 +1,174 @@
+"""The embedded diarization stage: protocol (P3), unknown voices told apart (V7), enrollment (V8),
+live feeding, bad input, and a DER sanity check (P1/P4; not the benchmark: see bench/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diarization import load_stage
+from diarization.embedded import EmbeddedStage, speaker_letter
+from diarization.scoring import score
+from voice.audio import read_audio_16k
+from voice.diarization_stage import DiarizationStage, SpeakerTimeline
+
+RATE = 16000
+
+# pyannote sample (sample.rttm): speaker90 alone 10.6–14.5 s, 18.6–21.5 s and from 28.5 s;
+# speaker91 alone 14.7–17.9 s and 22–27.8 s.
+ALICE_CLIP = (10.7, 14.4)  # speaker90
+BOB_CLIP = (14.6, 17.8)  # speaker91
+
+
+@pytest.fixture(scope="module")
+def sample(shared_fixtures: Path) -> np.ndarray:
+    return read_audio_16k(shared_fixtures / "pyannote-sample" / "sample.wav")
+
+
+@pytest.fixture(scope="module")
+def reference(shared_fixtures: Path) -> SpeakerTimeline:
+    return SpeakerTimeline.read_rttm(shared_fixtures / "pyannote-sample" / "sample.rttm")
+
+
+def cut(audio: np.ndarray, span: tuple[float, float]) -> np.ndarray:
+    return audio[int(span[0] * RATE) : int(span[1] * RATE)]
+
+
+def live(stage: DiarizationStage, audio: np.ndarray, frame: float = 0.02) -> SpeakerTimeline:
+    stage.reset()
+    step = int(frame * RATE)
+    timeline = SpeakerTimeline()
+    for i in range(0, len(audio), step):
+        timeline = stage.feed(audio[i : i + step])
+    return timeline
+
+
+def test_P3_embedded_stage_is_a_diarization_stage() -> None:
+    stage = load_stage("embedded")
+    assert isinstance(stage, EmbeddedStage)
+    assert isinstance(stage, DiarizationStage)
+    assert stage.sample_rate == 16000
+
+
+def test_P3_load_stage_refuses_unknown_kinds_and_stray_options() -> None:
+    with pytest.raises(ValueError, match="unknown diarizer"):
+        load_stage("nope")
+    with pytest.raises(ValueError, match="pyannote"):
+        load_stage("embedded", pipeline="pyannote/speaker-diarization-community-1")
+
+
+def test_V7_speaker_letters() -> None:
+    assert [speaker_letter(i) for i in (0, 1, 25, 26)] == [
+        "Speaker A",
+        "Speaker B",
+        "Speaker Z",
+        "Speaker AA",
+    ]
+
+
+def test_P4_der_sanity_on_the_pyannote_sample(
+    sample: np.ndarray, reference: SpeakerTimeline
+) -> None:
+    timeline = load_stage("embedded").diarize(sample)
+    result = score(reference, timeline, duration=30.0, collar=0.25)
+    assert result.der < 0.35, result  # generous: the benchmark is bench/diarization.py
+    assert len(timeline.speakers) == 2
+
+
+def test_V7_two_unknown_voices_read_speaker_a_and_b(sample: np.ndarray) -> None:
+    timeline = load_stage("embedded").diarize(sample)
+    assert sorted(timeline.speakers) == ["Speaker A", "Speaker B"]
+    assert timeline.speaker_over(11.0, 14.0) != timeline.speaker_over(23.0, 27.0)
+
+
+def test_V8_voices_enrolled_from_one_part_name_the_turns_in_the_rest(sample: np.ndarray) -> None:
+    stage = load_stage("embedded")
+    stage.enroll("Alice", cut(sample, ALICE_CLIP))
+    stage.enroll("Bob", cut(sample, BOB_CLIP))
+    rest = sample[18 * RATE :]  # the enrollment clips end before 18 s
+    timeline = stage.diarize(rest)
+    assert timeline.speaker_over(23.0 - 18, 27.0 - 18) == "Bob"
+    assert timeline.speaker_over(28.6 - 18, 29.8 - 18) == "Alice"
+    assert timeline.speaker_over(20.3 - 18, 21.4 - 18) == "Alice"
+
+
+def test_V7_a_voice_not_enrolled_reads_a_letter_not_unknown(sample: np.ndarray) -> None:
+    stage = load_stage("embedded")
+    stage.enroll("Alice", cut(sample, ALICE_CLIP))
+    timeline = stage.diarize(sample)
+    assert timeline.speaker_over(11.0, 14.0) == "Alice"
+    other = timeline.speaker_over(23.0, 27.0)
+    assert other == "Speaker A"
+    assert not any("unknown" in s.lower() for s in timeline.speakers)
+
+
+def test_V8_forget_drops_the_voiceprint(sample: np.ndarray) -> None:
+    stage = EmbeddedStage()
+    stage.enroll("Alice", cut(sample, ALICE_CLIP))
+    voiceprint = stage.enrolled["Alice"]
+    assert voiceprint.shape == (256,)  # an embedding, not audio
+    assert voiceprint.dtype == np.float32
+    stage.forget("Alice")
+    assert stage.enrolled == {}
+    assert "Alice" not in stage.diarize(sample).speakers
+    with pytest.raises(KeyError, match="Alice"):
+        stage.forget("Alice")
+
+
+def test_V8_enrollment_needs_speech_and_a_name(sample: np.ndarray) -> None:
+    stage = EmbeddedStage()
+    with pytest.raises(ValueError, match="speech"):
+        stage.enroll("Quiet", np.zeros(3 * RATE, np.float32))
+    with pytest.raises(ValueError, match="name"):
+        stage.enroll("  ", cut(sample, ALICE_CLIP))
+    with pytest.raises(ValueError, match="0.5 s"):
+        stage.enroll("Short", sample[: RATE // 10])
+
+
+def test_V7_V8_live_feed_names_enrolled_voice_and_letters_the_rest(sample: np.ndarray) -> None:
+    stage = load_stage("embedded")
+    stage.enroll("Alice", cut(sample, ALICE_CLIP))
+    timeline = live(stage, sample)
+    assert timeline.speaker_over(12.5, 14.0) == "Alice"
+    other = timeline.speaker_over(23.0, 27.0)
+    assert other is not None and other.startswith("Speaker ")
+    # decisions are never revised: feeding more audio only adds segments
+    before = {(s.start, s.end, s.speaker) for s in timeline.segments if s.end < 29.0}
+    assert before <= {(s.start, s.end, s.speaker) for s in stage.feed(np.zeros(RATE, np.float32))}
+
+
+def test_P3_reset_forgets_the_stream_not_the_voices(sample: np.ndarray) -> None:
+    stage = EmbeddedStage()
+    stage.enroll("Alice", cut(sample, ALICE_CLIP))
+    live(stage, sample[: 16 * RATE])
+    stage.reset()
+    assert len(stage.feed(np.zeros(RATE, np.float32))) == 0
+    assert list(stage.enrolled) == ["Alice"]
+    assert stage.live_speakers == ["Alice"]
+
+
+def test_silence_gives_an_empty_timeline() -> None:
+    stage = EmbeddedStage()
+    assert len(stage.diarize(np.zeros(5 * RATE, np.float32))) == 0
+    assert len(live(stage, np.zeros(2 * RATE, np.float32))) == 0
+
+
+def test_bad_audio_is_refused_clearly() -> None:
+    stage = EmbeddedStage()
+    with pytest.raises(ValueError, match="NaN"):
+        stage.diarize(np.full(RATE, np.nan, np.float32))
+    with pytest.raises(ValueError, match="mono"):
+        stage.diarize(np.zeros((2, RATE), np.float32))
+    with pytest.raises(ValueError, match="empty"):
+        stage.diarize(np.zeros(0, np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        stage.feed(np.array([np.inf], np.float32))
+    with pytest.raises(ValueError, match="num_speakers"):
+        stage.diarize(np.zeros(RATE, np.float32), num_speakers=0)
+
+
+def test_num_speakers_is_honoured(sample: np.ndarray) -> None:
+    assert len(EmbeddedStage().diarize(sample, num_speakers=3).speakers) == 3
+    assert len(EmbeddedStage().diarize(sample, max_speakers=1).speakers) == 1

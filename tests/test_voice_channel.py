@@ -1,0 +1,234 @@
+"""The VoiceChannel: turns as room events (V2), hooks (V6), pipeline speakers (V5), the agent's own
+voice (V9) and bad live input (V10). STT is the real Deepgram client against the local server."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from attribution import Register
+from models import RoomEvent
+from rooms import HookContext, HookResult, HookTrigger, RoomKit
+from tests.voice_helpers import stream, turns_of, voice_room
+from voice.audio import FrameSizeError, UnsupportedEncodingError, float_to_pcm16
+from voice.channel import SpeakerChangeEvent, TranscriptionEvent, VoiceChannel
+from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
+from voice.stt.deepgram import DeepgramSTT
+from voice.testing.deepgram_server import DeepgramTestServer, ScriptedWords, SpokenWord
+
+AUDIO = np.zeros(16000 * 4, np.float32)  # the scripted server hears the timing, not the words
+
+
+def script() -> ScriptedWords:
+    """Alice, Bob, Alice again: three finals, each ending its utterance."""
+    return ScriptedWords([
+        [SpokenWord("hello", 0.1, 0.4, 0, "Hello"), SpokenWord("everyone", 0.5, 0.9, 0, "everyone.")],
+        [SpokenWord("hi", 1.3, 1.5, 1, "Hi.")],
+        [SpokenWord("how", 2.0, 2.2, 0, "How"), SpokenWord("are", 2.25, 2.4, 0, "are"),
+         SpokenWord("you", 2.45, 2.7, 0, "you?")],
+    ])
+
+
+async def run(kit: RoomKit, channel: VoiceChannel) -> list[RoomEvent]:
+    session = await channel.start_session("room", "mic-1")
+    await turns_of(session, AUDIO, 16000)
+    await kit.drain()
+    return await kit.list_events("room")
+
+
+async def test_V2_turn_events_carry_voice_metadata() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        events = await run(kit, channel)
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [
+        ("Speaker A", "Hello everyone."), ("Speaker B", "Hi."), ("Speaker A", "How are you?")]
+    first = events[0]
+    assert first.metadata["speaker_label"] == "Speaker A"
+    assert (first.metadata["start"], first.metadata["end"]) == (0.1, 0.9)
+    assert first.metadata["source"] == "voice" and first.source.participant_id == "mic-1"
+    assert first.source.channel_type == "voice"
+    assert [await kit.label_for("room", e) for e in events] == ["Speaker A", "Speaker B", "Speaker A"]
+
+
+async def test_V6_rename_sticks_for_later_turns_of_that_voice() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        seen: list[TranscriptionEvent] = []
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def name_alice(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            seen.append(event)
+            if event.text.startswith("Hello"):  # only the first turn is recognised
+                return HookResult.modify(dataclasses.replace(event, sender_name="Alice"))
+            return HookResult.allow()
+
+        events = await run(kit, channel)
+    assert [e.metadata["sender_name"] for e in events] == ["Alice", "Speaker B", "Alice"]
+    assert [e.metadata["speaker_label"] for e in events] == ["Speaker A", "Speaker B", "Speaker A"]
+    assert seen[2].sender_name == "Alice" and seen[2].speaker == "Speaker A"  # hook sees the name
+    assert [w.text for w in seen[0].words] == ["Hello", "everyone."]
+
+
+async def test_V6_rename_can_be_for_one_turn_only() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), sticky_renames=False)
+        kit = await voice_room(channel)
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def once(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            if event.text.startswith("Hello"):
+                return HookResult.modify(dataclasses.replace(event, sender_name="Alice"))
+            return HookResult.allow()
+
+        events = await run(kit, channel)
+    assert [e.metadata["sender_name"] for e in events] == ["Alice", "Speaker B", "Speaker A"]
+
+
+async def test_V6_hook_edits_text() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        async def fix(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            return HookResult.modify(dataclasses.replace(event, text=event.text.replace("Hi.", "Hi all.")))
+
+        events = await run(kit, channel)
+    assert [e.text for e in events] == ["Hello everyone.", "Hi all.", "How are you?"]
+
+
+async def test_V6_blocked_turn_has_no_event_and_no_rank() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def drop_b(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            return HookResult.block("off the record") if event.speaker == "Speaker B" else HookResult.allow()
+
+        events = await run(kit, channel)
+        register = await kit.get_register("room")
+    assert [e.metadata["sender_name"] for e in events] == ["Speaker A", "Speaker A"]
+    assert isinstance(register, Register)
+    assert len(register.entries) == 1  # Speaker A only: the blocked voice took no rank
+    assert channel.sessions == []  # finished sessions are released
+
+
+async def test_V6_participant_match_names_the_voice_through_the_participant_record() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        await kit.ensure_participant("room", "voice", "alice-id", display_name="Alice")
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def match(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            if event.text.startswith("Hello"):
+                return HookResult.modify(dataclasses.replace(event, participant_id="alice-id"))
+            return HookResult.allow()
+
+        events = await run(kit, channel)
+        labels = [await kit.label_for("room", e) for e in events]
+    assert [e.source.participant_id for e in events] == ["alice-id", "mic-1", "alice-id"]
+    assert "sender_name" not in events[0].metadata and "sender_name" not in events[2].metadata
+    assert labels == ["Alice", "Speaker B", "Alice"]
+
+
+async def test_V6_speaker_change_observer_and_new_speaker_flag() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        changes: list[SpeakerChangeEvent] = []
+
+        @kit.hook(HookTrigger.ON_SPEAKER_CHANGE)
+        async def heard(change: SpeakerChangeEvent, ctx: HookContext) -> None:
+            changes.append(change)
+
+        await run(kit, channel)
+    assert [(c.previous_speaker, c.speaker, c.is_new_speaker) for c in changes] == [
+        (None, "Speaker A", True), ("Speaker A", "Speaker B", True), ("Speaker B", "Speaker A", False)]
+
+
+class ScriptedStage:
+    """A diarization stage with a fixed timeline (rule P3 shape)."""
+
+    sample_rate = 16000
+
+    def __init__(self, timeline: SpeakerTimeline) -> None:
+        self.timeline = timeline
+        self.fed = 0
+
+    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
+        self.fed += len(audio)
+        return SpeakerTimeline([s for s in self.timeline.segments if s.start < self.fed / 16000])
+
+    def diarize(self, audio: np.ndarray, *, num_speakers: int | None = None,
+                max_speakers: int | None = None) -> SpeakerTimeline:
+        return self.timeline
+
+    def enroll(self, name: str, audio: np.ndarray) -> None: ...
+    def forget(self, name: str) -> None: ...
+    def reset(self) -> None:
+        self.fed = 0
+
+
+async def test_V5_pipeline_speakers_split_one_utterance_into_two_turns() -> None:
+    one_utterance = ScriptedWords([[  # the STT labels nobody apart: one speaker id throughout
+        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
+        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
+    ]])
+    stage = ScriptedStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
+                                           SpeakerSegment(0.85, 2.0, "Bob")]))
+    async with DeepgramTestServer(one_utterance) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=stage)
+        kit = await voice_room(channel)
+        events = await run(kit, channel)
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
+                                                                   ("Bob", "No, wait.")]
+    assert stage.fed > 0
+
+
+def test_V5_pipeline_speakers_without_a_stage_is_refused() -> None:
+    with pytest.raises(ValueError, match="pipeline_speakers=True needs a diarization stage"):
+        VoiceChannel(stt=DeepgramSTT("k", url="ws://127.0.0.1:1"), pipeline_speakers=True)
+
+
+async def test_V9_audio_arriving_while_the_agent_speaks_is_not_transcribed() -> None:
+    async with DeepgramTestServer(ScriptedWords([])) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), echo_tail=0.0)
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        loud = (0.2 * np.sin(np.arange(16000) / 5)).astype(np.float32)
+        await channel.play("room", float_to_pcm16(np.zeros(8000, np.float32)), 16000)  # 0.5 s reply
+        await stream(session, loud[:4000], 16000)  # the room mic hears the reply: gated
+        await __import__("asyncio").sleep(0.6)
+        await stream(session, loud[:4000], 16000)  # after the reply: heard
+        await session.finish()
+        heard = np.frombuffer(bytes(server.connections[0].audio), dtype="<i2")
+    assert isinstance(channel, __import__("rooms").AudioSink)
+    assert session.gated_seconds == pytest.approx(0.25)
+    assert not heard[:4000].any() and heard[4000:8000].any()
+    assert channel.played == [("room", 16000, 16000)]
+    del kit
+
+
+async def test_V10_bad_live_frames_are_refused_and_other_streams_lose_nothing() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        with pytest.raises(UnsupportedEncodingError, match="unsupported encoding 'opus'"):
+            await channel.start_session("room", "mic-0", encoding="opus")  # type: ignore[arg-type]
+        bad = await channel.start_session("room", "mic-bad")
+        good = await channel.start_session("room", "mic-good")
+        with pytest.raises(FrameSizeError, match="absurd frame size"):
+            bad.push(b"\x00" * (16000 * 2 * 11))
+        await stream(bad, AUDIO[:1600], 16000)  # the bad stream itself goes on
+        good_turns = await turns_of(good, AUDIO, 16000)
+        await bad.finish()
+    assert bad.skipped_frames and "absurd frame size" in bad.skipped_frames[0]
+    assert [t.text for t in good_turns] == ["Hello everyone.", "Hi.", "How are you?"]
+    del kit

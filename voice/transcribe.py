@@ -1,0 +1,194 @@
+"""Transcribe a recording through the same path a live stream takes: a room, a `VoiceChannel`,
+one session fed PCM16 frames, turns committed as room events.
+
+Why not call Whisper on the file directly: the CLI (`chorus transcribe`) and the benchmark
+(`chorus bench transcription`) must measure and show what a live room gets — the same VAD
+segmentation, the same turn cutting, hooks and renames. `speed` paces the frames at a multiple of
+real time (1.0 = live) so latency from the end of speech to the turn event can be measured.
+Also here: the output formats (text, json, srt, vtt, rttm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rooms import HookContext, HookResult, HookTrigger, RoomKit
+from voice.audio import float_to_pcm16
+from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
+from voice.diarization_stage import DiarizationStage
+from voice.stt.base import SttProvider
+
+FloatAudio = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class Turn:
+    speaker: str | None
+    text: str
+    start: float
+    end: float
+    label: str | None = None
+    """The raw label before renames (`Speaker A`)."""
+    latency: float | None = None
+    """Seconds from the end of the turn's speech (as streamed) to its room event (paced runs)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"speaker": self.speaker, "text": self.text, "start": round(self.start, 3),
+                "end": round(self.end, 3)}
+
+
+@dataclass
+class Transcription:
+    turns: list[Turn]
+    duration: float
+    elapsed: float
+    """Wall seconds from the first frame to the last turn."""
+    stt: str
+    reconnects: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def real_time_factor(self) -> float:
+        return self.elapsed / self.duration if self.duration else 0.0
+
+
+def parse_renames(pairs: Sequence[str]) -> dict[str, str]:
+    """`["Speaker A=Alice", …]` → `{"Speaker A": "Alice"}` (a clear error for a malformed pair)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        label, sep, name = pair.partition("=")
+        if not sep or not label.strip() or not name.strip():
+            raise ValueError(f"--rename expects LABEL=NAME (e.g. \"Speaker A=Alice\"), got {pair!r}")
+        out[label.strip()] = name.strip()
+    return out
+
+
+async def transcribe_audio(
+    audio: FloatAudio,
+    sample_rate: int,
+    *,
+    stt: SttProvider,
+    pipeline_speakers: bool = False,
+    diarizer: DiarizationStage | None = None,
+    renames: dict[str, str] | None = None,
+    speed: float | None = None,
+    frame_seconds: float = 0.1,
+    progress: Callable[[float], None] | None = None,
+) -> Transcription:
+    """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
+
+    `speed=None` pushes as fast as the STT takes it; `speed=1.0` paces frames in real time and
+    fills `Turn.latency`. `progress(seconds)` is called as audio is transcribed."""
+    kit = RoomKit()
+    room = await kit.create_room(room_id="transcribe")
+    channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer)
+    kit.register_channel(channel)
+    await kit.attach_channel(room.id, channel.channel_id)
+    names = dict(renames or {})
+    if names:
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def rename(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            if event.speaker in names and event.sender_name != names[event.speaker]:
+                return HookResult.modify(dataclasses.replace(event, sender_name=names[event.speaker]))
+            return HookResult.allow()
+
+    session = await channel.start_session(room.id, "recording", sample_rate=sample_rate)
+    pcm = float_to_pcm16(audio)
+    step = max(2, int(frame_seconds * sample_rate) * 2)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    wall0 = time.perf_counter()
+    for i in range(0, len(pcm), step):
+        session.push(pcm[i : i + step])
+        if speed:
+            target = t0 + (i + step) / 2 / sample_rate / speed
+            await asyncio.sleep(max(0.0, target - loop.time()))
+        else:
+            await asyncio.sleep(0)
+        if progress is not None:
+            progress(session.stt.final_until)
+    finishing = asyncio.create_task(session.finish())
+    while not finishing.done():
+        if progress is not None:
+            progress(session.stt.final_until)
+        await asyncio.wait([finishing], timeout=0.2)
+    committed: list[CommittedTurn] = finishing.result()
+    elapsed = time.perf_counter() - wall0
+    if progress is not None:
+        progress(len(audio) / sample_rate)
+    turns = [
+        Turn(
+            speaker=c.sender_name,
+            text=c.text,
+            start=c.start,
+            end=c.end,
+            label=c.transcription.speaker,
+            latency=(c.committed_at - (t0 + c.end / speed)) if speed else None,
+        )
+        for c in committed
+    ]
+    errors = [session.error] if session.error else []
+    result = Transcription(turns, len(audio) / sample_rate, elapsed, stt.describe(),
+                           session.stt.reconnects, errors)
+    await channel.close()
+    await kit.close()
+    return result
+
+
+# ------------------------------------------------------------------ output formats
+
+FORMATS = ("text", "json", "srt", "vtt", "rttm")
+
+
+def clock(seconds: float, *, sep: str = ".", hours: bool = False, digits: int = 2) -> str:
+    """`83.2` → `01:23.20` (or `00:01:23,200` with hours=True, sep=",", digits=3)."""
+    scale = 10**digits
+    total = round(max(0.0, seconds) * scale)
+    whole, frac = divmod(total, scale)
+    h, rem = divmod(whole, 3600)
+    m, s = divmod(rem, 60)
+    if hours or h:
+        return f"{h:02d}:{m:02d}:{s:02d}{sep}{frac:0{digits}d}"
+    return f"{m:02d}:{s:02d}{sep}{frac:0{digits}d}"
+
+
+def format_turns(turns: Sequence[Turn], fmt: str, *, file_id: str = "audio") -> str:
+    if fmt == "text":
+        lines = []
+        for t in turns:
+            span = f"[{clock(t.start)}–{clock(t.end)}]"
+            quoted = json.dumps(t.text, ensure_ascii=False)
+            lines.append(f"{span} {t.speaker}: {quoted}" if t.speaker else f"{span} {quoted}")
+        return "\n".join(lines) + ("\n" if lines else "")
+    if fmt == "json":
+        return json.dumps([t.as_json() for t in turns], ensure_ascii=False, indent=2) + "\n"
+    if fmt == "srt":
+        blocks = []
+        for n, t in enumerate(turns, 1):
+            span = (f"{clock(t.start, sep=',', hours=True, digits=3)} --> "
+                    f"{clock(t.end, sep=',', hours=True, digits=3)}")
+            blocks.append(f"{n}\n{span}\n{t.speaker + ': ' if t.speaker else ''}{t.text}\n")
+        return "\n".join(blocks)
+    if fmt == "vtt":
+        blocks = ["WEBVTT\n"]
+        for t in turns:
+            span = f"{clock(t.start, hours=True, digits=3)} --> {clock(t.end, hours=True, digits=3)}"
+            voice = f"<v {t.speaker}>" if t.speaker else ""
+            blocks.append(f"{span}\n{voice}{t.text}\n")
+        return "\n".join(blocks)
+    if fmt == "rttm":
+        return "".join(
+            f"SPEAKER {file_id} 1 {t.start:.3f} {max(0.0, t.end - t.start):.3f} <NA> <NA> "
+            f"{(t.speaker or 'unknown').replace(' ', '_')} <NA> <NA>\n"
+            for t in turns
+        )
+    raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
