@@ -57,6 +57,7 @@ from server.protocol import (
     parse_twilio_message,
 )
 from server.reply_audio import device_reply_frames, twilio_reply_messages
+from voice.audio import AudioError
 
 log = logging.getLogger("chorus.server")
 
@@ -437,6 +438,13 @@ class ChorusServer:
             )
         except StreamLimitError as exc:
             raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc
+        except AudioError as exc:  # a declared format the voice channel cannot take (V10)
+            raise Refusal(CloseCode.BAD_MESSAGE, str(exc)[:120], "bad_format") from exc
+        except Exception as exc:  # the STT or model behind the stream is unavailable
+            log.exception("could not open a %s stream in room %s", kind, room)
+            raise Refusal(
+                CloseCode.INTERNAL_ERROR, f"stream could not start: {exc}"[:120], "pipeline_error"
+            ) from exc
         if stream_sid is None:
             stream.send(dump(StartedMessage(room=room, stream=stream.id, participant=participant)))
         log.info("%s stream %s opened in room %s for %s", kind, stream.id, room, participant)
