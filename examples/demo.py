@@ -28,6 +28,7 @@ from realtime import RealtimeChannel  # noqa: E402
 from server.auth import issue_token  # noqa: E402
 from server.client import DeviceStream  # noqa: E402
 from server.config import ServerConfig  # noqa: E402
+from server.pipeline import VoicePipeline  # noqa: E402
 from server.protocol import FeedMessage, StartMessage  # noqa: E402
 from server.testing.harness import running_server  # noqa: E402
 from voice.audio import float_to_pcm16, read_audio_16k  # noqa: E402
@@ -79,7 +80,8 @@ async def main(fast: bool) -> int:
         async with asyncio.timeout(120):
             await device.stop()
         turns = device.turns
-        realtime = server.server.rooms.pipeline.realtime
+        pipeline = server.server.rooms.pipeline
+        realtime = pipeline.realtime if isinstance(pipeline, VoicePipeline) else None
         lines = realtime.lines_for(ROOM) if isinstance(realtime, RealtimeChannel) else []
         await _print_recorder(realtime, lines)
         print("\nThe meeting's script (for comparison):")

@@ -522,6 +522,6 @@ class ChorusServer:
                 CloseCode.FEED_TOO_SLOW, "event feed consumer fell behind", "feed_too_slow"
             )
         for task in done:
-            exc = task.exception()
-            if exc is not None:
-                raise exc
+            failure = task.exception()
+            if failure is not None:
+                raise failure

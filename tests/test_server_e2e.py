@@ -151,3 +151,25 @@ async def test_two_phone_legs_and_a_shared_mic_device_in_one_room(
     assert 'chorus_streams_total{kind="twilio"} 2' in metrics
     await feed.close()
     print(json.dumps([t.model_dump() for t in turns], indent=1)[:3000])
+
+
+async def test_a_mixed_bridge_leg_asks_for_shared_mic_diarization(
+    servers: tuple[RunningServer, OpenAIRealtimeServer],
+) -> None:
+    server, _ = servers
+    token = issue_token(SECRET, "bridge")
+    feed = await EventFeed.open(server.base, "bridge", token)
+    leg = await TwilioLeg.open(
+        server.base,
+        {"room": "bridge", "token": token, "name": "Conference line", "shared_mic": "true"},
+    )
+    # Alice, Bob and Carol on one phone line
+    await leg.send_mulaw(phone_audio(0.0, 12.9), realtime=False)
+    async with asyncio.timeout(60):
+        await leg.stop()
+    await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), 30)
+    speakers = [t.speaker for t in feed.turns]
+    assert len(speakers) >= 3
+    assert len(set(speakers)) >= 2 and all(s.startswith("Speaker ") for s in speakers)
+    assert "Conference line" not in speakers
+    await feed.close()
