@@ -56,14 +56,18 @@ async def main(fast: bool) -> int:
     print("Starting the server (local Whisper tiny.en, embedded diarizer, recorder session)…")
     began = time.monotonic()
     async with running_server(config) as server:
-        print(f"  listening on {server.http_base}/ ({time.monotonic() - began:.1f} s to load models)")
+        print(
+            f"  listening on {server.http_base}/ ({time.monotonic() - began:.1f} s to load models)"
+        )
         token = issue_token(SECRET, ROOM, ttl_s=600)
         print(f"  transcript page: {server.http_base}/?room={ROOM}&token={token}\n")
 
         def show(message: FeedMessage) -> None:
             if message.type == "turn":
                 who = _colour(message.speaker, seen, tty)
-                print(f"  [{message.start:5.1f}–{message.end:5.1f}] {who}: {message.text}", flush=True)
+                print(
+                    f"  [{message.start:5.1f}–{message.end:5.1f}] {who}: {message.text}", flush=True
+                )
             elif message.type == "reply":
                 print(f"  assistant: {message.text}", flush=True)
 
@@ -71,7 +75,9 @@ async def main(fast: bool) -> int:
             server.base,
             ROOM,
             token,
-            StartMessage(participant="room-1", name="Meeting room", sample_rate=16000, shared_mic=True),
+            StartMessage(
+                participant="room-1", name="Meeting room", sample_rate=16000, shared_mic=True
+            ),
             on_message=show,
         )
         pace = "as fast as the socket takes it" if fast else "at real-time pace"
