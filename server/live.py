@@ -267,6 +267,8 @@ class LiveRooms:
         except Exception:
             log.exception("closing stream %s failed", stream.id)
         finally:
+            if stream.audio is not None:
+                self._sessions.pop(stream.audio.session_id, None)
             if live is not None and live.streams.pop(stream.id, None) is not None:
                 self._stream_count -= 1
                 self.metrics.streams_active[stream.kind] -= 1
