@@ -183,6 +183,16 @@ async def test_stream_limit_per_room(server: RunningServer, bystanders: object) 
     assert code == CloseCode.TOO_MANY_STREAMS and "calm" in reason
 
 
+async def test_stream_limit_per_server(server: RunningServer, bystanders: object) -> None:
+    server.server.config.limits.max_streams = 1  # the bystander's stream is the one
+    async with connect(stream_url(server.base, "r2", issue_token(SECRET, "r2"))) as ws:
+        code, reason = await _closed_with(ws)
+    assert code == CloseCode.TOO_MANY_STREAMS and "no room for another stream" in reason
+    leg = await TwilioLeg.open(server.base, {"room": "r2", "token": issue_token(SECRET, "r2")})
+    assert (await _closed_with(leg))[0] == CloseCode.TOO_MANY_STREAMS
+    server.server.config.limits.max_streams = 64
+
+
 async def _silent_feed_reader(server: RunningServer, room: str, token: str) -> socket.socket:
     """A feed consumer that completes the websocket handshake and then never reads a byte
     (a tiny receive buffer, so the server's sends back up quickly)."""
