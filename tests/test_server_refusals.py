@@ -168,6 +168,20 @@ async def test_twilio_leg_refusals(server: RunningServer, bystanders: object) ->
             json.dumps({"event": "media", "streamSid": "MZ1", "media": {"payload": "AAAA"}})
         )
         assert (await _closed_with(ws))[0] == CloseCode.AUDIO_BEFORE_START
+    # a media format other than 8 kHz µ-law mono
+    async with connect(f"{server.base}/v1/twilio") as ws:
+        start = {
+            "event": "start",
+            "streamSid": "MZ2",
+            "start": {
+                "streamSid": "MZ2",
+                "callSid": "CA2",
+                "customParameters": {"room": "r1", "token": issue_token(SECRET, "r1")},
+                "mediaFormat": {"encoding": "audio/l16", "sampleRate": 16000, "channels": 1},
+            },
+        }
+        await ws.send(json.dumps(start))
+        assert (await _closed_with(ws))[0] == CloseCode.UNSUPPORTED_ENCODING
     # bad JSON
     async with connect(f"{server.base}/v1/twilio") as ws:
         await ws.send("]]")
