@@ -62,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give each file its reference number of speakers",
     )
     parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="embedded stage: override one recipe setting (diarization.recipe.Settings), repeatable",
+    )
+    parser.add_argument(
         "--live", action="store_true", help="also score the live path (20 ms frames)"
     )
     parser.add_argument(
@@ -128,11 +135,24 @@ def run(args: argparse.Namespace) -> int:
         print("no WAV file with a reference to score", file=sys.stderr)
         return 2
 
-    stage = (
-        load_stage(args.diarizer, pipeline=args.pipeline)
-        if args.diarizer == "pyannote"
-        else load_stage()
-    )
+    settings = None
+    if args.set:
+        if args.diarizer != "embedded":
+            print("--set applies to the embedded stage only", file=sys.stderr)
+            return 2
+        try:
+            settings = parse_settings(args.set)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.diarizer == "pyannote":
+        stage: Any = load_stage(args.diarizer, pipeline=args.pipeline)
+    elif settings is not None:
+        from diarization.embedded import EmbeddedStage
+
+        stage = EmbeddedStage(settings=settings)
+    else:
+        stage = load_stage()
     # warm-up (first-call allocations), not timed
     stage.diarize(read_audio_16k(scored[0])[: 2 * stage.sample_rate])
 
@@ -164,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
     summary: dict[str, Any] = {
         "diarizer": args.diarizer,
+        "settings": args.set,
         "threads": args.threads,
         "files": [],
         "command": " ".join(["chorus", "bench", "diarization", *sys.argv[3:]])
@@ -250,6 +271,38 @@ def run(args: argparse.Namespace) -> int:
     args.json.write_text(json.dumps(summary, indent=2))
     print(f"wrote {args.json}")
     return 0
+
+
+def parse_settings(items: list[str]) -> Any:
+    """`KEY=VALUE` overrides → a `diarization.recipe.Settings` (values typed by its fields)."""
+    from dataclasses import fields
+
+    from diarization.recipe import Settings
+
+    types = {f.name: f.type for f in fields(Settings)}
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in types:
+            raise ValueError(
+                f"--set wants KEY=VALUE with KEY one of {', '.join(types)}; got {item!r}"
+            )
+        kind = str(types[key])
+        try:
+            if kind == "bool":
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                changes[key] = value.lower() in ("true", "1")
+            elif kind == "int":
+                changes[key] = int(value)
+            elif kind == "float":
+                changes[key] = float(value)
+            else:
+                changes[key] = value
+        except ValueError:
+            raise ValueError(f"--set {key}: {value!r} is not a {kind}") from None
+    return Settings().but(**changes)
 
 
 def live_run(stage: Any, audio: np.ndarray) -> tuple[Any, float, list[float]]:

@@ -5,15 +5,16 @@ Two paths share the recipe in `diarization.recipe`:
 - `diarize(audio)` (batch, whole files): VAD over the file, windows over the speech embedded in one
   batched pass, clustering with the number of speakers found (or given), centroid refinement,
   frame-level Viterbi smoothing, overlap where two centroids score alike.
-- `feed(audio)` (live): frames of any size; every `live_hop` seconds of new speech the last
+- `feed(audio)` (live): frames of any size; every `LiveSettings.hop` seconds of new speech the last
   `window` seconds of speech are embedded and matched against the speaker centroids (enrolled
-  voices first); a window that matches nobody opens a new speaker. Decisions are never revised,
-  so a word's speaker does not change after it was handed out.
+  voices first); two agreeing windows that match nobody open a new speaker. Decisions are never
+  revised, so a word's speaker does not change after it was handed out.
 
 Speaker names: an enrolled name when a cluster's centroid is close enough to that voiceprint
 (each name used once per recording), otherwise `Speaker A`, `Speaker B` … in order of first
 appearance. Voiceprints are embeddings only; no audio is kept after `enroll` returns.
-Model work is synchronous and CPU-bound; torch runs on `threads` threads (1 by default).
+Model work is synchronous and CPU-bound: GE2E runs torch on one thread (the embedder's
+`threads`), the VAD onnxruntime on one thread.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from voice.embedding import SpeakerEmbedder, default_embedder, mel_spectrogram
 from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, VadStream
 
 SAMPLE_RATE = 16000
+EMBED_BATCH = 128  # windows per GE2E forward pass (bounds memory on long recordings)
 
 
 def speaker_letter(index: int) -> str:
@@ -50,11 +52,13 @@ def speaker_letter(index: int) -> str:
 class LiveSettings:
     """Numbers of the live path (cross-validated like the batch ones, docs/benchmarks.md)."""
 
-    window: float = 2.0  # seconds of speech per embedding
+    window: float = 1.5  # seconds of speech per embedding
     min_window: float = 1.0  # first decision once this much speech was heard
     hop: float = 0.5  # seconds of new speech between decisions
-    new_speaker_threshold: float = 0.75  # best centroid similarity under this opens a speaker
+    min_flush: float = 0.3  # a first utterance shorter than min_window is decided if this long
+    new_speaker_threshold: float = 0.72  # best centroid similarity under this opens a speaker
     centroid_momentum: float = 0.9  # running centroid update for discovered speakers
+    confirm_new: bool = True  # a new speaker needs two agreeing unmatched windows
 
 
 @dataclass
@@ -76,9 +80,9 @@ class _LiveState:
     new_speech: int = 0  # speech frames since the last decision
     voices: list[_Voice] = field(default_factory=list)
     unknown_count: int = 0
-    labels: dict[int, str] = field(default_factory=dict)  # decided frame → speaker
     segments: list[SpeakerSegment] = field(default_factory=list)
     open_run: tuple[int, int, str] | None = None  # (first frame, last frame, speaker)
+    pending: FloatArray | None = None  # an unmatched window waiting for a second one
 
 
 class EmbeddedStage:
@@ -178,7 +182,12 @@ class EmbeddedStage:
         windows = recipe.plan_windows(mask, len(mel), self.settings)
         if len(windows.mel_index) == 0:
             return SpeakerTimeline()
-        embeddings = self.embedder.embed_mels(mel[windows.mel_index])
+        embeddings = np.concatenate(
+            [
+                self.embedder.embed_mels(mel[windows.mel_index[i : i + EMBED_BATCH]])
+                for i in range(0, len(windows.mel_index), EMBED_BATCH)
+            ]
+        )
         labels = recipe.cluster(embeddings, self.settings, num_speakers=num, max_speakers=cap)
         cents = recipe.centroids(embeddings, labels)
         scores = recipe.frame_scores(windows, embeddings, cents)
@@ -256,11 +265,23 @@ class EmbeddedStage:
         index = state.frames
         state.frames += 1
         threshold = self.settings.vad_threshold
+        was_speech = state.in_speech
         if state.in_speech:
             state.in_speech = prob >= max(threshold - 0.15, threshold * 0.5)
         else:
             state.in_speech = prob >= threshold
         if not state.in_speech:
+            # end of a stretch of speech: pending frames (less than a hop) go to the speaker
+            # decided last, so an utterance's last words do not wait for the next utterance;
+            # before any decision, a short first utterance is embedded as it is
+            if was_speech and state.undecided:
+                if state.open_run is not None:
+                    for frame in state.undecided:
+                        self._live_extend(state, frame, state.open_run[2])
+                    state.undecided = []
+                    state.new_speech = 0
+                elif len(state.speech_audio) * FRAME_SECONDS + 1e-9 >= self.live.min_flush:
+                    self._live_decide(state)
             return
         per_window = round(self.live.window / FRAME_SECONDS)
         state.speech_audio.append(frame_audio.astype(np.float32))
@@ -284,7 +305,6 @@ class EmbeddedStage:
         embedding = self.embedder.embed_mels(mel[None, :n])[0]
         speaker = self._live_match(state, embedding)
         for frame in state.undecided:
-            state.labels[frame] = speaker
             self._live_extend(state, frame, speaker)
         state.undecided = []
         state.new_speech = 0
@@ -303,16 +323,33 @@ class EmbeddedStage:
         discovered = [v for v in state.voices if not v.enrolled]
         if best is None and len(discovered) >= cap and discovered:
             best = max(discovered, key=lambda v: float(v.centroid @ embedding))
+        if best is None and self.live.confirm_new and state.voices:
+            # a voice that matches nobody opens a speaker only when the next unmatched window
+            # agrees with it; meanwhile the window goes to the nearest known voice
+            pending = state.pending
+            if (
+                pending is not None
+                and float(pending @ embedding) >= self.live.new_speaker_threshold
+            ):
+                state.pending = None
+                return self._open_voice(state, recipe.l2(pending + embedding)).name
+            state.pending = embedding.copy()
+            return max(state.voices, key=lambda v: float(v.centroid @ embedding)).name
         if best is None:
-            best = _Voice(speaker_letter(state.unknown_count), embedding.copy(), enrolled=False)
-            state.unknown_count += 1
-            state.voices.append(best)
-            return best.name
+            return self._open_voice(state, embedding.copy()).name
+        state.pending = None
         if not best.enrolled:
             m = self.live.centroid_momentum
             best.centroid = recipe.l2(m * best.centroid + (1 - m) * embedding)
             best.count += 1
         return best.name
+
+    @staticmethod
+    def _open_voice(state: _LiveState, centroid: FloatArray) -> _Voice:
+        voice = _Voice(speaker_letter(state.unknown_count), centroid, enrolled=False)
+        state.unknown_count += 1
+        state.voices.append(voice)
+        return voice
 
     def _live_extend(self, state: _LiveState, frame: int, speaker: str) -> None:
         run = state.open_run

@@ -34,9 +34,10 @@ def plot_timelines(
         gridspec_kw={"height_ratios": rows},
         sharex=True,
     )
-    cmap = plt.get_cmap("tab10")
     for ax, (label, timeline) in zip(axes[:, 0], panels, strict=True):
         assert timeline is not None
+        # different palettes: a colour shared by the two panels would suggest a mapping
+        cmap = plt.get_cmap("tab10" if label == "hypothesis" else "Pastel1")
         speakers = timeline.speakers
         for row, speaker in enumerate(speakers):
             bars = [(s.start, s.duration) for s in timeline if s.speaker == speaker]

@@ -2,8 +2,8 @@
 and by the tuning script.
 
 speech probabilities (Silero, 32 ms frames) → speech mask → embedding windows over the speech
-(GE2E, one batched pass) → clustering (agglomerative, average linkage, cosine distance, with a
-threshold when the number of speakers is not given) → refinement (centroid re-estimation) →
+(GE2E, one batched pass) → clustering (spectral with an eigengap speaker count by default, or
+agglomerative with a distance threshold) → refinement (centroid re-estimation) →
 frame scores (each frame averages the similarity of the windows that cover it to each centroid)
 → Viterbi smoothing with a speaker-switch penalty → optional second speaker where two centroids
 score alike (overlap) → segments.
@@ -56,6 +56,7 @@ class Settings:
     overlap_min_score: float = 0.5
     change_overlap: float = 0.0  # seconds around a speaker change where both are kept
     max_speakers: int = 8
+    max_cluster_points: int = 1500  # beyond this many windows, cluster block means
 
     def but(self, **changes: Any) -> Settings:
         return replace(self, **changes)
@@ -71,7 +72,9 @@ def speech_mask(probs: FloatArray, settings: Settings) -> BoolArray:
         min_speech=settings.min_speech,
         max_gap=settings.max_gap,
     ):
-        mask[max(0, round(r.start / FRAME_SECONDS) - pad) : round(r.end / FRAME_SECONDS) + pad] = True
+        mask[max(0, round(r.start / FRAME_SECONDS) - pad) : round(r.end / FRAME_SECONDS) + pad] = (
+            True
+        )
     return mask
 
 
@@ -176,18 +179,26 @@ def cluster(
     num_speakers: int | None = None,
     max_speakers: int | None = None,
 ) -> IntArray:
-    """Cluster labels 0..K-1 for window embeddings (AHC, average linkage, cosine distance),
-    then refined by centroid re-assignment; tiny clusters are folded into their nearest."""
+    """Cluster labels 0..K-1 for window embeddings (`settings.method`: spectral or AHC), then
+    refined by centroid re-assignment; tiny clusters are folded into their nearest."""
     n = len(embeddings)
     if n == 0:
         return np.zeros(0, np.int64)
     if n == 1:
         return np.zeros(1, np.int64)
     cap = settings.max_speakers if max_speakers is None else max_speakers
+    # long recordings: cluster block means of consecutive windows (the affinity matrix and its
+    # eigen-decomposition grow as n² and n³), then give each window its nearest centroid
+    points, block = embeddings, max(1, -(-n // settings.max_cluster_points))
+    if block > 1:
+        padded = np.concatenate([embeddings, embeddings[-1:].repeat(-n % block, axis=0)])
+        points = l2(padded.reshape(-1, block, embeddings.shape[1]).mean(axis=1))
     if settings.method == "spectral":
-        labels = spectral_labels(embeddings, settings.prune, num_speakers, cap)
+        labels = spectral_labels(points, settings.prune, num_speakers, cap)
     else:
-        labels = ahc_labels(embeddings, settings.cluster_threshold, num_speakers, cap)
+        labels = ahc_labels(points, settings.cluster_threshold, num_speakers, cap)
+    if block > 1:
+        labels = np.argmax(embeddings @ centroids(points, _relabel(labels)).T, axis=1)
     labels = _fold_small(
         embeddings, labels, settings.min_cluster_windows if num_speakers is None else 1
     )

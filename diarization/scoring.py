@@ -2,7 +2,8 @@
 
 DER = (missed speech + false alarm + speaker confusion) / reference speech, with overlapped
 speech scored (`skip_overlap=False`) and a forgiveness collar around each reference boundary
-(0 and 0.25 s are reported). The scored region comes from a UEM file when given, else the
+(0 and 0.25 s are reported; pyannote's collar is the total width, so 0.25 s forgives ±0.125 s
+around each boundary). The scored region comes from a UEM file when given, else the
 whole recording (0 to its duration). Errors are kept as seconds so that a corpus figure is the
 sum over files (not a mean of per-file rates), as NIST md-eval and pyannote do.
 

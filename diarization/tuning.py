@@ -28,18 +28,24 @@ from voice.diarization_stage import SpeakerTimeline
 from voice.embedding import default_embedder, mel_spectrogram
 from voice.vad import SpeechDetector
 
-FRONT_KEYS = ("vad_threshold", "normalize", "min_speech", "max_gap", "speech_pad", "window", "hop", "compact")
+FRONT_KEYS = (
+    "vad_threshold",
+    "normalize",
+    "min_speech",
+    "max_gap",
+    "speech_pad",
+    "window",
+    "hop",
+    "compact",
+)
 
 # The search space (kept small on purpose: every extra knob is a chance to fit these files).
 GRID: dict[str, Sequence[Any]] = {
-    "vad_threshold": (0.1, 0.2),
-    "max_gap": (0.15, 0.5),
-    "window": (2.0,),
-    "method": ("spectral", "ahc"),
-    "prune": (0.7, 0.8),
-    "cluster_threshold": (0.4,),
-    "switch_penalty": (0.05, 0.3),
-    "change_overlap": (0.0, 0.5),
+    "vad_threshold": (0.1, 0.15),
+    "max_gap": (0.5, 0.8),
+    "window": (1.5, 2.0),
+    "prune": (0.75, 0.8),
+    "overlap_margin": (0.0, 0.03),
 }
 
 

@@ -36,9 +36,12 @@ def test_P4_der_counts_missed_false_alarm_and_confusion() -> None:
     assert strict.missed == pytest.approx(5.0)
     assert strict.false_alarm == pytest.approx(0.0)
     assert strict.der == pytest.approx(0.5)
-    both = score_collars(ref, hyp, duration=20.0)
+    late = SpeakerTimeline([SpeakerSegment(0, 10.1, "X"), SpeakerSegment(10.1, 20, "Y")])
+    both = score_collars(ref, late, duration=20.0)
     assert set(both) == {0.0, 0.25}
-    assert both[0.25].der < both[0.0].der  # the collar forgives the boundaries
+    assert both[0.0].confusion == pytest.approx(0.1)
+    # pyannote's collar is the whole width around a reference boundary: 0.25 s forgives ±0.125 s
+    assert both[0.25].der == 0.0
 
 
 def test_P4_overlap_is_scored() -> None:
@@ -91,3 +94,40 @@ def test_P4_bench_diarization_prints_a_table_and_writes_json(
     assert result["rtf"] > 0
     assert result["files"][0]["speakers_ref"] == 2
     assert result["live_latency_median"] >= 0
+
+
+@pytest.mark.slow
+def test_P4_leave_one_file_out_scores_each_file_with_settings_tuned_on_the_others(
+    shared_fixtures: Path,
+) -> None:
+    from diarization.recipe import Settings
+    from diarization.tuning import TuningFile, cross_validate
+
+    ami = shared_fixtures / "ami"
+    files = [
+        TuningFile.load(ami / f"{fid}.wav", SpeakerTimeline.read_rttm(ami / "train.rttm", fid))
+        for fid in ("trn03", "trn05", "trn06")
+    ]
+    good = Settings()
+    bad = Settings(vad_threshold=0.9)  # misses most of the far-field speech
+    cv = cross_validate(files, [bad, good])
+    assert set(cv.chosen) == {"trn03", "trn05", "trn06"}
+    assert all(s == good for s in cv.chosen.values())
+    assert cv.best_settings == good
+    assert cv.held_out.der == pytest.approx(cv.best_on_all.der)
+    assert cv.grid_size == 2
+    assert "leave-one-file-out" in cv.describe()
+
+
+def test_P4_bench_set_overrides_recipe_settings_with_typed_values() -> None:
+    from bench.diarization import parse_settings
+
+    settings = parse_settings(["vad_threshold=0.5", "compact=false", "method=ahc", "hop=1"])
+    assert settings.vad_threshold == 0.5
+    assert settings.compact is False
+    assert settings.method == "ahc"
+    assert settings.hop == 1.0
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_settings(["nope=1"])
+    with pytest.raises(ValueError, match="not a float"):
+        parse_settings(["window=long"])

@@ -33,7 +33,7 @@ def embedder() -> SpeakerEmbedder:
 def _clip(path: Path, seconds: float) -> np.ndarray:
     audio, sr = sf.read(path, dtype="float32")
     assert sr == 16000
-    return audio[: int(seconds * sr)]
+    return np.asarray(audio[: int(seconds * sr)], np.float32)
 
 
 def test_P1_mel_matches_librosa_reference(shared_fixtures: Path) -> None:

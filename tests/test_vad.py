@@ -16,7 +16,7 @@ from voice.vad import FRAME_SECONDS, SpeechDetector, VadStream, level_gain
 def sample(shared_fixtures: Path) -> np.ndarray:
     audio, sr = sf.read(shared_fixtures / "pyannote-sample" / "sample.wav", dtype="float32")
     assert sr == 16000
-    return audio
+    return np.asarray(audio, np.float32)
 
 
 def test_P1_streaming_equals_batch_for_any_frame_size(sample: np.ndarray) -> None:
@@ -54,9 +54,9 @@ def test_threshold_is_configurable_and_checked(sample: np.ndarray) -> None:
 
 
 def test_level_normalisation_only_raises_quiet_audio(sample: np.ndarray) -> None:
-    assert level_gain(sample * 0.01) > 10
+    assert level_gain((sample * 0.01).astype(np.float32)) > 10
     assert level_gain(sample) >= 1.0
-    assert level_gain(np.clip(sample * 100, -1, 1)) == 1.0
+    assert level_gain(np.clip(sample * 100, -1, 1).astype(np.float32)) == 1.0
 
 
 def test_silence_has_no_speech() -> None:
