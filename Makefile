@@ -21,14 +21,17 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# Programs the tests start themselves (Postgres for the shared store); installed from Debian when
+# Programs the tests start themselves (Postgres for the shared store, headless Chromium for the
+# server's transcript page); installed from Debian when
 # the machine lacks them (CI runs as root).
 system-deps:
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		{ apt-get update -q && apt-get install -y -q postgresql; }
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+		{ apt-get update -q && apt-get install -y -q chromium; }
 
 demo: install
-	$(PY) examples/ai_multi_speaker.py
+	$(PY) examples/demo.py
 
 lint: install
 	$(PY) -m ruff check .

@@ -57,6 +57,7 @@ from server.protocol import (
     parse_twilio_message,
 )
 from server.reply_audio import device_reply_frames, twilio_reply_messages
+from voice.audio import AudioError
 
 log = logging.getLogger("chorus.server")
 
@@ -64,6 +65,8 @@ ROOM_ID = r"[A-Za-z0-9_.:-]{1,64}"
 STREAM_ROUTE = re.compile(rf"^/v1/rooms/(?P<room>{ROOM_ID})/stream$")
 EVENTS_ROUTE = re.compile(rf"^/v1/rooms/(?P<room>{ROOM_ID})/events$")
 TWILIO_ROUTE = "/v1/twilio"
+REFUSAL_WAIT_S = 3.0
+"""How long a refused peer gets to take the error and the close frame before it is cut off."""
 
 _TOKEN_CODES = {
     TokenProblem.MISSING: CloseCode.TOKEN_MISSING,
@@ -198,12 +201,18 @@ class ChorusServer:
                 await ws.close(CloseCode.INTERNAL_ERROR, "internal error")
 
     async def _refuse(self, ws: ServerConnection, refusal: Refusal) -> None:
+        """Say why, close with the code; a peer that does not read is cut off (bounded)."""
         self.metrics.refused_total[refusal.metric] += 1
         log.info("refused %s: %s (%d)", ws.remote_address, refusal.reason, refusal.code)
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(dump(ErrorMessage(code=int(refusal.code), reason=refusal.reason)))
-        with contextlib.suppress(Exception):
-            await ws.close(refusal.code, refusal.reason[:120])
+        try:
+            async with asyncio.timeout(REFUSAL_WAIT_S):
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(dump(ErrorMessage(code=int(refusal.code), reason=refusal.reason)))
+                await ws.close(refusal.code, refusal.reason[:120])
+        except TimeoutError:
+            ws.transport.abort()
+        except Exception:
+            ws.transport.abort()
 
     @staticmethod
     def _token(ws: ServerConnection, query: dict[str, list[str]]) -> str | None:
@@ -429,6 +438,13 @@ class ChorusServer:
             )
         except StreamLimitError as exc:
             raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc
+        except AudioError as exc:  # a declared format the voice channel cannot take (V10)
+            raise Refusal(CloseCode.BAD_MESSAGE, str(exc)[:120], "bad_format") from exc
+        except Exception as exc:  # the STT or model behind the stream is unavailable
+            log.exception("could not open a %s stream in room %s", kind, room)
+            raise Refusal(
+                CloseCode.INTERNAL_ERROR, f"stream could not start: {exc}"[:120], "pipeline_error"
+            ) from exc
         if stream_sid is None:
             stream.send(dump(StartedMessage(room=room, stream=stream.id, participant=participant)))
         log.info("%s stream %s opened in room %s for %s", kind, stream.id, room, participant)
@@ -506,6 +522,6 @@ class ChorusServer:
                 CloseCode.FEED_TOO_SLOW, "event feed consumer fell behind", "feed_too_slow"
             )
         for task in done:
-            exc = task.exception()
-            if exc is not None:
-                raise exc
+            failure = task.exception()
+            if failure is not None:
+                raise failure

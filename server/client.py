@@ -156,21 +156,22 @@ class TwilioLeg:
     ) -> TwilioLeg:
         ws = await connect(f"{base}/v1/twilio", **connect_options)
         leg = cls(ws=ws, stream_sid="MZ" + uuid.uuid4().hex, call_sid="CA" + uuid.uuid4().hex)
-        await ws.send(dump(TwilioConnected()))
-        await ws.send(
-            dump(
-                TwilioStart(
-                    sequenceNumber=leg._next(),
-                    streamSid=leg.stream_sid,
-                    start=TwilioStartInfo(
-                        accountSid="AC" + "0" * 32,
+        with contextlib.suppress(ConnectionClosed):  # a refusal is read by the reader
+            await ws.send(dump(TwilioConnected()))
+            await ws.send(
+                dump(
+                    TwilioStart(
+                        sequenceNumber=leg._next(),
                         streamSid=leg.stream_sid,
-                        callSid=leg.call_sid,
-                        customParameters=parameters,
-                    ),
+                        start=TwilioStartInfo(
+                            accountSid="AC" + "0" * 32,
+                            streamSid=leg.stream_sid,
+                            callSid=leg.call_sid,
+                            customParameters=parameters,
+                        ),
+                    )
                 )
             )
-        )
         leg._reader = asyncio.create_task(leg._read())
         return leg
 

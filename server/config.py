@@ -54,8 +54,7 @@ class RealtimeConfig(_Section):
     model: str | None = None
     api_key: str | None = None
     """Read from the provider's usual variable (`OPENAI_API_KEY`, `GEMINI_API_KEY`) when unset."""
-    audio: bool = False
-    """R3 audio mode: send the shared-mic audio to the model as well as the labelled lines."""
+    voice: str | None = None
 
 
 class PolicyConfig(_Section):

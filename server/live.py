@@ -119,7 +119,7 @@ class ServerOutput(Channel):
         self.hub = hub
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
-        self.hub.committed(event)
+        await self.hub.committed(event)
 
     async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
         self.hub.play_reply(room_id, pcm16, sample_rate)
@@ -267,6 +267,8 @@ class LiveRooms:
         except Exception:
             log.exception("closing stream %s failed", stream.id)
         finally:
+            if stream.audio is not None:
+                self._sessions.pop(stream.audio.session_id, None)
             if live is not None and live.streams.pop(stream.id, None) is not None:
                 self._stream_count -= 1
                 self.metrics.streams_active[stream.kind] -= 1
@@ -289,7 +291,7 @@ class LiveRooms:
         session = metadata.get("voice_session_id")
         return self._sessions.get(str(session)) if session is not None else None
 
-    def committed(self, event: RoomEvent) -> None:
+    async def committed(self, event: RoomEvent) -> None:
         """Every committed event of every room, in commit order (from `ServerOutput.deliver`)."""
         live = self.rooms.get(event.room_id)
         if live is None or event.kind != "message":
@@ -298,9 +300,12 @@ class LiveRooms:
         if meta.get("source") == "voice" or event.source.channel_type == "voice":
             stream = self._stream_of(meta)
             end = float(meta.get("end", 0.0))
+            speaker = meta.get("sender_name")
+            if not speaker:  # no stamped name: the participant record names the turn (B2)
+                speaker = await self.kit.label_for(event.room_id, event)
             turn = TurnMessage(
                 room=event.room_id,
-                speaker=str(meta.get("sender_name") or meta.get("speaker_label") or "?"),
+                speaker=str(speaker),
                 text=event.text,
                 start=float(meta.get("start", 0.0)),
                 end=end,
@@ -333,14 +338,25 @@ class LiveRooms:
             for message in stream.reply_audio(pcm16, sample_rate):
                 stream.send(message)
 
+    def _stream_of_value(self, value: Any, ctx: HookContext) -> LiveStream | None:
+        """The stream a voice hook value (`TranscriptionEvent`, `SpeakerChangeEvent`) came from."""
+        session = getattr(getattr(value, "session", None), "id", None)
+        if session is None:
+            session = ctx.extra.get("voice_session_id")
+        return self._sessions.get(str(session)) if session is not None else None
+
     def _speaker_changed(self, value: Any, ctx: HookContext) -> None:
         live = self.rooms.get(ctx.room_id)
         if live is None:
             return
-        session = getattr(value, "session", None) or getattr(value, "voice_session_id", None)
-        stream = self._sessions.get(str(session)) if session is not None else None
-        speaker = getattr(value, "sender_name", None) or getattr(value, "speaker", None) or "?"
-        previous = getattr(value, "previous", None) or getattr(value, "previous_speaker", None)
+        stream = self._stream_of_value(value, ctx)
+        previous = getattr(value, "previous_speaker", None)
+        if stream is not None and not stream.info.shared_mic:
+            if previous is not None:
+                return  # one person per stream: only its first turn is a change
+            speaker = stream.info.name or stream.info.participant
+        else:
+            speaker = getattr(value, "sender_name", None) or getattr(value, "speaker", None) or "?"
         message = SpeakerChangeMessage(
             room=ctx.room_id,
             speaker=str(speaker),
@@ -368,17 +384,23 @@ class LiveRooms:
         )
 
     def _apply_rename(self, value: Any, ctx: HookContext) -> HookResult[Any] | None:
+        """ON_TRANSCRIPTION: page renames, and one-person streams named by their participant."""
         live = self.rooms.get(ctx.room_id)
-        if live is None or not live.renames:
+        if live is None:
             return None
-        label = getattr(value, "speaker", None)
-        session = getattr(value, "session", None)
-        stream = self._sessions.get(str(session)) if session is not None else None
-        name = None
+        stream = self._stream_of_value(value, ctx)
+        label = str(getattr(value, "speaker", None))
+        name: str | None = None
         if stream is not None:
-            name = live.renames.get((stream.id, str(label)))
+            name = live.renames.get((stream.id, label))
         if name is None:
-            name = live.renames.get((None, str(label)))
+            name = live.renames.get((None, label))
+        if name is None and stream is not None and not stream.info.shared_mic:
+            # One person per stream (a phone leg): whatever labels the STT put on the voice,
+            # the turn is the participant's; no stamped name lets the participant record name it.
+            if getattr(value, "sender_name", None) is None:
+                return None
+            return HookResult.modify(dataclasses.replace(value, sender_name=None))
         if name is None or name == getattr(value, "sender_name", None):
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=name))

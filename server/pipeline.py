@@ -9,10 +9,18 @@ channel (V, P rules).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from diarization import load_stage
+from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from rooms import RoomKit
+from server.config import ServerConfig
+from voice.audio import AudioError
+from voice.channel import VoiceChannel, VoiceSession
+from voice.stt.base import SttProvider
 
 
 @dataclass(frozen=True)
@@ -48,3 +56,193 @@ class Pipeline(Protocol):
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio: ...
 
     async def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- the real pipeline
+
+
+class VoicePipeline:
+    """The pipeline `chorus serve` runs, built once from the configuration.
+
+    - One STT provider for the whole server (`stt.provider`); each stream opens its own
+      connection through its voice session.
+    - Streams whose speakers come from the STT (a diarizing STT on a shared mic) or need none
+      (one person: a phone leg, a personal device) share one `VoiceChannel` per server.
+    - A shared-mic stream whose speakers come from the diarization stage (V5) gets a
+      `VoiceChannel` of its own with its own stage: a live stage follows one stream. Those
+      channels are pooled per room and reused (stage reset) when their stream ends, so a
+      long-running server does not grow a channel per connection.
+    - One `RealtimeChannel` (one session per room) when `realtime.provider` is not `none`.
+    """
+
+    def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
+        self.config = config
+        self.stt = stt
+        self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False)
+        self.realtime = _realtime_channel(config)
+        self._pools: dict[str, list[VoiceChannel]] = {}
+        self._serial = 0
+        self._registered = False
+
+    @property
+    def diarizes_with_stage(self) -> bool:
+        cfg = self.config
+        if cfg.diarizer.kind == "none":
+            return False
+        return not (self.stt.diarizes and cfg.stt.diarize)
+
+    def _register(self, kit: RoomKit) -> None:
+        if self._registered:
+            return
+        kit.register_channel(self.shared_voice)
+        if self.realtime is not None:
+            kit.register_channel(self.realtime)
+        self._registered = True
+
+    async def attach_room(self, kit: RoomKit, room_id: str) -> None:
+        self._register(kit)
+        await kit.attach_channel(room_id, self.shared_voice.channel_id)
+        if self.realtime is not None:
+            await kit.attach_channel(room_id, self.realtime.channel_id)
+
+    async def _diarized_channel(self, kit: RoomKit, room_id: str) -> VoiceChannel:
+        pool = self._pools.setdefault(room_id, [])
+        if pool:
+            channel = pool.pop()
+            assert channel.diarizer is not None
+            channel.diarizer.reset()
+            return channel
+        cfg = self.config.diarizer
+        stage = await asyncio.to_thread(
+            load_stage,
+            cfg.kind,
+            num_speakers=cfg.num_speakers,
+            max_speakers=cfg.max_speakers,
+            pipeline=cfg.pipeline,
+            hf_token=cfg.hf_token,
+        )
+        self._serial += 1
+        channel = VoiceChannel(
+            f"voice-{room_id}-{self._serial}",
+            stt=self.stt,
+            pipeline_speakers=True,
+            diarizer=stage,
+        )
+        kit.register_channel(channel)
+        await kit.attach_channel(room_id, channel.channel_id)
+        return channel
+
+    async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
+        pooled = info.shared_mic and self.diarizes_with_stage
+        channel = await self._diarized_channel(kit, info.room_id) if pooled else self.shared_voice
+        await kit.ensure_participant(
+            info.room_id, channel.channel_id, info.participant, display_name=info.name
+        )
+        try:
+            session = await channel.start_session(
+                info.room_id,
+                info.participant,
+                sample_rate=info.sample_rate,
+                encoding="mulaw" if info.encoding == "mulaw" else "pcm16",
+                channels=info.channels,
+                session_id=info.stream_id,
+            )
+        except BaseException:
+            if pooled:
+                self._pools[info.room_id].append(channel)
+            raise
+        release = (lambda: self._pools[info.room_id].append(channel)) if pooled else None
+        return VoiceStreamAudio(session, release)
+
+    async def close(self) -> None:
+        # The kit closes every registered channel; the shared STT provider is closed once here.
+        await self.stt.aclose()
+
+
+class VoiceStreamAudio:
+    """A `StreamAudio` over one `VoiceSession`."""
+
+    def __init__(self, session: VoiceSession, release: Callable[[], None] | None) -> None:
+        self.session = session
+        self.session_id = session.id
+        self._release = release
+        self.skipped = 0
+
+    async def push(self, frame: bytes) -> None:
+        try:
+            self.session.push(frame)
+        except AudioError:
+            self.skipped += 1  # logged by the session; the stream goes on (V10)
+
+    async def finish(self) -> None:
+        try:
+            await self.session.finish()
+        finally:
+            if self._release is not None:
+                self._release()
+                self._release = None
+
+
+def _stt_provider(config: ServerConfig) -> SttProvider:
+    stt = config.stt
+    if stt.provider == "deepgram":
+        from voice.stt.deepgram import DeepgramSTT
+
+        return DeepgramSTT(
+            stt.deepgram_api_key,
+            url=stt.deepgram_url,
+            model=stt.model or "nova-3",
+            language=stt.language or "en",
+        )
+    from voice.stt.whisper import WhisperSTT
+
+    return WhisperSTT(stt.model, language=stt.language or "en")
+
+
+def speak_policy(config: ServerConfig) -> SpeakPolicy:
+    """`policy.answer_only` people, else the default: answer when addressed or alone (R4)."""
+    if config.policy.answer_only:
+        return AnswerOnly(people=tuple(config.policy.answer_only))
+    return default_policy()
+
+
+def _realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
+    rt = config.realtime
+    if rt.provider == "none":
+        return None
+    options: dict[str, Any] = {}
+    if rt.provider != "recorder":
+        if rt.model:
+            options["model"] = rt.model
+        if rt.api_key:
+            options["api_key"] = rt.api_key
+        if rt.base_url:
+            options["base_url"] = rt.base_url
+    return RealtimeChannel(
+        "realtime",
+        rt.provider,
+        assistant_name=config.policy.assistant_name,
+        instructions=config.policy.system_prompt,
+        policy=speak_policy(config),
+        voice=rt.voice,
+        **options,
+    )
+
+
+async def build_pipeline(config: ServerConfig) -> VoicePipeline:
+    """The configured pipeline, with its STT provider created and its models loaded once,
+    before the server takes its first stream.
+
+    Modules are imported here on the loop's thread, never inside worker threads: importing in
+    two threads at once trips a CPython 3.11 bug in the ast module (seen under pytest).
+    """
+    stt = _stt_provider(config)
+    if config.diarizer.kind == "embedded":
+        import diarization.embedded  # noqa: F401  (see above)
+        from voice.embedding import default_embedder
+
+        await asyncio.to_thread(default_embedder)
+    load = getattr(stt, "load", None)
+    if load is not None:
+        await load()  # Whisper: the model, in a worker thread
+    return VoicePipeline(config, stt)

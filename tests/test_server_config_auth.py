@@ -27,8 +27,8 @@ def test_file_then_environment_override(tmp_path: Path) -> None:
     file = tmp_path / "chorus.toml"
     file.write_text(
         'secret = "from-file-secret-0123456789"\n'
-        "[stt]\nprovider = \"deepgram\"\ndeepgram_url = \"ws://127.0.0.1:9\"\n"
-        "[limits]\nmax_streams = 5\n[policy]\nanswer_only = [\"Alice\"]\n"
+        '[stt]\nprovider = "deepgram"\ndeepgram_url = "ws://127.0.0.1:9"\n'
+        '[limits]\nmax_streams = 5\n[policy]\nanswer_only = ["Alice"]\n'
     )
     config = load_config(
         file,
@@ -52,7 +52,7 @@ def test_secret_from_environment() -> None:
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("[stt]\nprovider = \"nope\"\n", "stt.provider"),
+        ('[stt]\nprovider = "nope"\n', "stt.provider"),
         ("[limits]\nmax_streams = 0\n", "limits.max_streams"),
         ("[stt]\nunknown_key = 1\n", "stt.unknown_key"),
         ("not toml = = =", "not valid TOML"),

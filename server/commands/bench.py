@@ -11,7 +11,9 @@ import bench
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("bench", help="measure accuracy and speed (see docs/benchmarks.md)")
+    parser = subparsers.add_parser(
+        "bench", help="measure accuracy and speed (see docs/benchmarks.md)"
+    )
     names = subparsers_for_benches(parser)
     parser.set_defaults(run=lambda args: _no_bench(parser, names))
 

@@ -1,0 +1,452 @@
+"""Server load: N concurrent shared-mic device streams at real-time pace.
+
+`chorus bench load` starts a local Deepgram-protocol server (the STT stand-in, on 127.0.0.1)
+and `chorus serve` in its own process (STT through that server, embedded diarization, recorder
+realtime session), then for each N in `--streams` streams the demo meeting from N devices at
+once, each in its own room, exactly as a room device would (real-time pace, 100 ms frames).
+It measures, per N: turn latency as a device feels it (from sending the audio up to a turn's end
+to receiving the turn), and the server process's CPU and memory per stream. The largest N whose
+p95 turn latency stays under 1 s is the answer. `--soak SECONDS` then keeps `--soak-streams`
+streams running (looping the meeting) and samples the server's memory over time.
+
+Everything stays on 127.0.0.1 and every loop is bounded (`--streams`, `--seconds`, `--soak`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from server.auth import issue_token
+from server.client import DeviceStream
+from server.metrics import percentile
+from server.protocol import FeedMessage, StartMessage
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_AUDIO = REPO / "examples" / "meeting" / "meeting.wav"
+SECRET = "chorus-bench-secret-0123456789abcdef"
+LATENCY_TARGET_S = 1.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--streams", default="1,2,4,6,8", help="comma-separated N to try, rising")
+    parser.add_argument("--seconds", type=float, default=60.0, help="audio per stream per step")
+    parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="16 kHz mono WAV to stream")
+    parser.add_argument(
+        "--soak", type=float, default=0.0, help="soak seconds after the ramp (0: none)"
+    )
+    parser.add_argument(
+        "--soak-streams",
+        type=int,
+        default=0,
+        help="streams during the soak (0: the largest N that held)",
+    )
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="do not stop at the first N over target"
+    )
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
+def _read_port(path: Path) -> int | None:
+    text = path.read_text().strip() if path.exists() else ""
+    return int(text) if text else None
+
+
+def _resolve(path: str) -> Path:
+    return Path(path).resolve()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ProcessProbe:
+    """CPU seconds and resident memory of one process, from /proc (Linux)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+async def _wait_port(
+    port: int, proc: subprocess.Popen[bytes], what: str, within_s: float = 120
+) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{what} did not open port {port}")
+
+
+@contextlib.contextmanager
+def _process(args: list[str], env: dict[str, str], log: Path) -> Any:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def deepgram_server_command(python: str, port_file: Path, meeting_dir: Path) -> list[str]:
+    """The local Deepgram-protocol server in its own process (its CPU is not the server's)."""
+    return [
+        python,
+        "-c",
+        f"import bench.load as b; b.serve_deepgram({str(port_file)!r}, {str(meeting_dir)!r})",
+    ]
+
+
+def serve_deepgram(port_file: str, meeting_dir: str) -> None:
+    """Run `DeepgramTestServer` with the meeting's words until terminated; write its port."""
+    import signal
+
+    from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        async with DeepgramTestServer(
+            MeetingWords.from_meeting(meeting_dir), idle_timeout=60
+        ) as server:
+            _write(port_file, str(server.port))
+            await stop.wait()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- one device
+
+
+@dataclass
+class StreamResult:
+    turns: int = 0
+    latencies: list[float] = field(default_factory=list)
+    """Per turn: from sending the audio up to the end of the speech that completes the turn
+    (the end of the STT result it was cut from) to receiving the turn."""
+    strict_latencies: list[float] = field(default_factory=list)
+    """Per turn: from sending the audio up to the turn's own end to receiving it."""
+    error: str | None = None
+
+
+BATCH_S = 0.05
+"""Turns received within this of each other were cut from one STT result."""
+
+
+def turn_latencies(
+    received: list[tuple[float, float]], sent_audio: list[float], sent_wall: list[float]
+) -> tuple[list[float], list[float]]:
+    """(completion latencies, strict latencies) of turns received as (wall time, turn end).
+
+    A turn that ends at a speaker change inside one STT result cannot be known before that
+    result is: its completion is the result's end, the latest end among the turns that arrived
+    with it.
+    """
+
+    def sent_at(audio_s: float) -> float:
+        i = min(bisect.bisect_left(sent_audio, audio_s - 1e-6), len(sent_wall) - 1)
+        return sent_wall[i]
+
+    strict = [now - sent_at(end) for now, end in received]
+    completion: list[float] = []
+    batch: list[tuple[float, float]] = []
+    for now, end in [*sorted(received), (float("inf"), 0.0)]:
+        if batch and now - batch[-1][0] > BATCH_S:
+            done = max(e for _, e in batch)
+            completion += [t - sent_at(done) for t, _ in batch]
+            batch = []
+        batch.append((now, end))
+    return completion, strict
+
+
+async def _one_device(base: str, room: str, audio: bytes, seconds: float) -> StreamResult:
+    """Stream `seconds` of `audio` at real-time pace in 100 ms frames; latency of every turn."""
+    result = StreamResult()
+    sent_audio: list[float] = []
+    sent_wall: list[float] = []
+    received: list[tuple[float, float]] = []
+
+    def on_message(message: FeedMessage) -> None:
+        if message.type == "turn":
+            received.append((time.monotonic(), message.end))
+
+    start = StartMessage(participant=f"dev-{room}", name=room, sample_rate=16000, shared_mic=True)
+    try:
+        device = await DeviceStream.open(
+            base, room, issue_token(SECRET, room), start, on_message=on_message
+        )
+        total = min(int(seconds * 16000) * 2, len(audio))
+        frame = 3200  # 100 ms
+        began = time.monotonic()
+        for offset in range(0, total, frame):
+            delay = began + offset / 32000 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            piece = audio[offset : min(offset + frame, total)]
+            await device.ws.send(piece)
+            sent_audio.append((offset + len(piece)) / 32000)
+            sent_wall.append(time.monotonic())
+        async with asyncio.timeout(120):
+            await device.stop()
+    except Exception as exc:  # recorded, not raised: one failed device is a result
+        result.error = f"{type(exc).__name__}: {exc}"
+    if received and sent_wall:
+        result.latencies, result.strict_latencies = turn_latencies(received, sent_audio, sent_wall)
+    result.turns = len(received)
+    return result
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@dataclass
+class StepResult:
+    streams: int
+    seconds: float
+    turns: int
+    p50_latency_s: float
+    p95_latency_s: float
+    max_latency_s: float
+    p95_strict_latency_s: float
+    cpu_percent_total: float
+    cpu_percent_per_stream: float
+    rss_before_mib: float
+    rss_peak_mib: float
+    rss_per_stream_mib: float
+    errors: list[str]
+
+    @property
+    def holds(self) -> bool:
+        return not self.errors and self.turns > 0 and self.p95_latency_s < LATENCY_TARGET_S
+
+
+async def _step(
+    base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float, tag: str
+) -> StepResult:
+    rss_before = probe.rss_mib()
+    cpu_before = probe.cpu_seconds()
+    wall_before = time.monotonic()
+    peak = rss_before
+    tasks = [
+        asyncio.create_task(_one_device(base, f"{tag}-{n}-{i}", audio, seconds)) for i in range(n)
+    ]
+    while not all(t.done() for t in tasks):
+        peak = max(peak, probe.rss_mib())
+        await asyncio.sleep(0.5)
+    results = [t.result() for t in tasks]
+    wall = time.monotonic() - wall_before
+    cpu = (probe.cpu_seconds() - cpu_before) / wall * 100
+    latencies = [x for r in results for x in r.latencies]
+    return StepResult(
+        streams=n,
+        seconds=seconds,
+        turns=sum(r.turns for r in results),
+        p50_latency_s=round(percentile(latencies, 50), 3),
+        p95_latency_s=round(percentile(latencies, 95), 3),
+        max_latency_s=round(max(latencies, default=float("nan")), 3),
+        p95_strict_latency_s=round(
+            percentile([x for r in results for x in r.strict_latencies], 95), 3
+        ),
+        cpu_percent_total=round(cpu, 1),
+        cpu_percent_per_stream=round(cpu / n, 1),
+        rss_before_mib=round(rss_before, 1),
+        rss_peak_mib=round(peak, 1),
+        rss_per_stream_mib=round((peak - rss_before) / n, 1),
+        errors=[r.error for r in results if r.error],
+    )
+
+
+async def _soak(
+    base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float
+) -> dict[str, Any]:
+    """`n` rooms, each holding one meeting after another (a device per meeting) for `seconds`."""
+    samples: list[tuple[float, float]] = []
+    began = time.monotonic()
+    meeting_s = len(audio) / 32000
+
+    async def room(i: int) -> list[StreamResult]:
+        results: list[StreamResult] = []
+        while time.monotonic() - began + meeting_s <= seconds + 1:  # bounded by the soak time
+            results.append(await _one_device(base, f"soak-{i}", audio, meeting_s))
+        return results
+
+    tasks = [asyncio.create_task(room(i)) for i in range(n)]
+    with tqdm(total=int(seconds), desc=f"soak {n} streams", unit="s") as bar:
+        while not all(t.done() for t in tasks):
+            elapsed = time.monotonic() - began
+            samples.append((round(elapsed, 1), round(probe.rss_mib(), 1)))
+            bar.n = min(int(elapsed), int(seconds))
+            bar.refresh()
+            await asyncio.sleep(5)
+    samples.append((round(time.monotonic() - began, 1), round(probe.rss_mib(), 1)))
+    results = [r for t in tasks for r in t.result()]
+    latencies = [x for r in results for x in r.latencies]
+    rss = [m for _, m in samples]
+    later = [m for t, m in samples if t >= 60] or rss
+    return {
+        "streams": n,
+        "seconds": round(time.monotonic() - began, 1),
+        "meetings": len(results),
+        "turns": sum(r.turns for r in results),
+        "p95_latency_s": round(percentile(latencies, 95), 3),
+        "rss_start_mib": rss[0],
+        "rss_after_1min_mib": later[0],
+        "rss_end_mib": rss[-1],
+        "rss_max_mib": max(rss),
+        "samples": samples,
+        "errors": [r.error for r in results if r.error],
+    }
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))
+
+
+async def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str) -> int:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        port = _read_port(path)
+        if port is not None:
+            return port
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{what} did not start")
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from voice.audio import float_to_pcm16, read_audio_16k
+
+    audio = float_to_pcm16(read_audio_16k(args.audio))
+    counts = sorted({int(x) for x in str(args.streams).split(",") if x.strip()})
+    seconds = min(args.seconds, len(audio) / 32000)  # one pass: the STT stand-in knows one meeting
+    workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-load-"))
+    env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET}
+    py = sys.executable
+    port_file = workdir / "deepgram.port"
+    meeting_dir = _resolve(args.audio).parent
+    steps: list[StepResult] = []
+    soak: dict[str, Any] | None = None
+    with _process(
+        deepgram_server_command(py, port_file, meeting_dir), env, workdir / "deepgram.log"
+    ) as dg:
+        dg_port = await _wait_file(port_file, dg, "deepgram-protocol server")
+        port = _free_port()
+        config = workdir / "chorus.toml"
+        config.write_text(
+            '[stt]\nprovider = "deepgram"\n'
+            f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\ndiarize = false\n'
+            '[diarizer]\nkind = "embedded"\n'
+            '[realtime]\nprovider = "recorder"\n'
+            f"[limits]\nmax_streams = {max([*counts, args.soak_streams]) + 4}\n"
+        )
+        serve = [
+            py,
+            "-m",
+            "server.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--config",
+            str(config),
+            "--log-level",
+            "WARNING",
+        ]
+        with _process(serve, env, workdir / "server.log") as srv:
+            await _wait_port(port, srv, "chorus serve")
+            probe = ProcessProbe(srv.pid)
+            base = f"ws://127.0.0.1:{port}"
+            print(
+                f"server pid {srv.pid}, idle RSS {probe.rss_mib():.0f} MiB; logs in {workdir}",
+                file=sys.stderr,
+            )
+            for n in tqdm(counts, desc="streams", unit="step"):
+                step = await _step(base, probe, audio, n, seconds, "load")
+                steps.append(step)
+                tqdm.write(
+                    f"N={n}: turns {step.turns}, p95 {step.p95_latency_s:.2f} s, "
+                    f"CPU {step.cpu_percent_per_stream:.1f} %/stream, RSS peak {step.rss_peak_mib:.0f} MiB"
+                    + (f", errors {step.errors[:2]}" if step.errors else "")
+                )
+                if not step.holds and not args.keep_going:
+                    break
+            held = [s.streams for s in steps if s.holds]
+            if args.soak > 0:
+                n_soak = args.soak_streams or (max(held) if held else 1)
+                soak = await _soak(base, probe, audio, n_soak, args.soak)
+    largest = max((s.streams for s in steps if s.holds), default=0)
+    print()
+    print(
+        "| streams | turns | p50 latency (s) | p95 latency (s) | p95 by turn end (s) "
+        "| CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for s in steps:
+        print(
+            f"| {s.streams} | {s.turns} | {s.p50_latency_s:.2f} | {s.p95_latency_s:.2f} | "
+            f"{s.p95_strict_latency_s:.2f} | "
+            f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} |"
+        )
+    print(f"\nlargest N with p95 turn latency < {LATENCY_TARGET_S:g} s: {largest}")
+    if soak is not None:
+        print(
+            f"soak: {soak['streams']} streams for {soak['seconds']:.0f} s ({soak['meetings']} meetings): "
+            f"RSS {soak['rss_start_mib']:.0f} → {soak['rss_after_1min_mib']:.0f} (1 min) → "
+            f"{soak['rss_end_mib']:.0f} MiB (max {soak['rss_max_mib']:.0f}), "
+            f"p95 {soak['p95_latency_s']:.2f} s, turns {soak['turns']}, errors {len(soak['errors'])}"
+        )
+    if args.json:
+        out = {
+            "largest_streams_under_target": largest,
+            "target_p95_s": LATENCY_TARGET_S,
+            "steps": [asdict(s) for s in steps],
+            "soak": soak,
+        }
+        await asyncio.to_thread(Path(args.json).write_text, json.dumps(out, indent=2))
+    return 0

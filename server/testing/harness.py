@@ -1,0 +1,88 @@
+"""A real server on a free loopback port, for tests, the demo and the load benchmark.
+
+Owns starting `ChorusServer` in-process with a given configuration (the same pipeline
+`chorus serve` builds), and the small helpers a test needs around it: the base URL, an HTTP GET
+over a raw socket, how much audio the server has read, and a test tone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from server.app import ChorusServer
+from server.config import ServerConfig
+from server.pipeline import build_pipeline
+
+SECRET = "chorus-test-secret-0123456789abcdef"
+
+
+@dataclass
+class RunningServer:
+    server: ChorusServer
+    host: str
+    port: int
+
+    @property
+    def base(self) -> str:
+        return f"ws://{self.host}:{self.port}"
+
+    @property
+    def http_base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def audio_read(self) -> float:
+        """Seconds of audio the server has read from every stream so far."""
+        return round(self.server.metrics.audio_seconds_total, 3)
+
+    async def http_get(self, path: str) -> tuple[int, str]:
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        data = await reader.read()
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        return status, body.decode(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    config: ServerConfig | dict[str, Any] | None = None, host: str = "127.0.0.1"
+) -> AsyncIterator[RunningServer]:
+    if not isinstance(config, ServerConfig):
+        config = ServerConfig.model_validate({"secret": SECRET, **(config or {})})
+    pipeline = await build_pipeline(config)
+    server = ChorusServer(config, pipeline, config.secret or SECRET)
+    await server.start(host, 0)
+    try:
+        yield RunningServer(server=server, host=host, port=server.port)
+    finally:
+        await server.stop()
+
+
+def tone(seconds: float, rate: int = 16000, freq: float = 220.0, level: float = 0.1) -> bytes:
+    """A sine tone as pcm16 (audio that is not speech)."""
+    t = np.arange(int(seconds * rate)) / rate
+    wave = level * np.sin(2 * math.pi * freq * t)
+    return (np.round(wave * 32767)).astype("<i2").tobytes()
+
+
+async def eventually(predicate: Callable[[], bool], within_s: float = 10.0, what: str = "") -> None:
+    """Wait until `predicate()` holds (polling the loop), or raise `TimeoutError`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or predicate}")
+        await asyncio.sleep(0.02)

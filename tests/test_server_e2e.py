@@ -1,0 +1,175 @@
+"""End to end over real sockets: two phone legs (Twilio framing, µ-law) and one shared-mic
+device in one room, with the realtime channel on the local OpenAI Realtime server.
+
+Real pieces throughout: the server's websockets, the `VoiceChannel`, the embedded diarization
+stage, the attribution engine, the `RealtimeChannel` with the `openai` client. STT goes through
+the local Deepgram-protocol server, which finds the received audio in the demo meeting and
+returns the meeting's words (so the words are exact and the test is fast); the speakers of the
+device come from the embedded diarizer, not from the STT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from realtime.testing.openai_server import OpenAIRealtimeServer, lines_sent
+from server.auth import issue_token
+from server.client import DeviceStream, EventFeed, TwilioLeg
+from server.protocol import StartMessage
+from server.testing.harness import SECRET, RunningServer, eventually, running_server
+from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
+ROOM = "standup"
+
+
+def excerpt(start: float, end: float) -> np.ndarray:
+    audio = read_audio_16k(MEETING / "meeting.wav")
+    return audio[int(start * 16000) : int(end * 16000)]
+
+
+def phone_audio(start: float, end: float, silence: float = 0.35) -> bytes:
+    """An excerpt of the meeting as a phone line carries it (8 kHz µ-law), then a pause."""
+    narrow = resample(excerpt(start, end), 16000, 8000)
+    narrow = np.concatenate([narrow, np.zeros(int(silence * 8000), np.float32)])
+    return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
+
+
+@pytest.fixture
+async def servers() -> AsyncIterator[tuple[RunningServer, OpenAIRealtimeServer]]:
+    async with (
+        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
+        OpenAIRealtimeServer(replies=["Happy to help, Dana."], reply_audio_seconds=0.2) as model,
+        running_server(
+            {
+                "stt": {
+                    "provider": "deepgram",
+                    "deepgram_url": deepgram.url,
+                    "deepgram_api_key": "test",
+                    "diarize": False,  # the device's speakers come from the diarization stage
+                },
+                "diarizer": {"kind": "embedded"},
+                "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
+                "policy": {"answer_only": ["Dana"]},
+            }
+        ) as server,
+    ):
+        yield server, model
+
+
+async def test_two_phone_legs_and_a_shared_mic_device_in_one_room(
+    servers: tuple[RunningServer, OpenAIRealtimeServer],
+) -> None:
+    server, model = servers
+    token = issue_token(SECRET, ROOM)
+    feed = await EventFeed.open(server.base, ROOM, token)
+    dana = await TwilioLeg.open(server.base, {"room": ROOM, "token": token, "name": "Dana"})
+    eli = await TwilioLeg.open(server.base, {"room": ROOM, "token": token, "name": "Eli"})
+    device = await DeviceStream.open(
+        server.base,
+        ROOM,
+        token,
+        StartMessage(participant="room-4", name="Room 4", sample_rate=16000, shared_mic=True),
+    )
+    # Dana's line carries Alice's first turn; the policy answers Dana, so a reply plays.
+    await dana.send_mulaw(phone_audio(0.6, 4.3), realtime=False)
+    await eventually(lambda: any(m.get("event") == "mark" for m in dana.received), 30, "a reply")
+    await asyncio.sleep(
+        1.0
+    )  # the reply has played (the room's microphones are gated meanwhile, V9)
+    # Eli's line carries Bob's first turn.
+    await eli.send_mulaw(phone_audio(4.7, 8.95), realtime=False)
+    await eventually(lambda: len(feed.turns) >= 2, 30, "Eli's turn")
+    # The room's microphone: the first 31 s of the meeting, three voices.
+    await device.send_audio(float_to_pcm16(excerpt(0.0, 31.4)), chunk_s=0.5, realtime=False)
+    async with asyncio.timeout(120):
+        await asyncio.gather(dana.stop(), eli.stop(), device.stop())
+    await eventually(lambda: sum(m.type == "stream_stopped" for m in feed.received) == 3, 30)
+
+    turns = feed.turns
+    by_stream: dict[str | None, list[str]] = {}
+    for turn in turns:
+        by_stream.setdefault(turn.stream, []).append(turn.speaker)
+    starts = {m.participant: m.stream for m in feed.received if m.type == "stream_started"}
+    dana_stream, eli_stream = starts[f"call-{dana.call_sid}"], starts[f"call-{eli.call_sid}"]
+
+    # each leg's turns carry its caller's name
+    assert set(by_stream[dana_stream]) == {"Dana"}
+    assert set(by_stream[eli_stream]) == {"Eli"}
+    dana_text = " ".join(t.text for t in turns if t.stream == dana_stream)
+    assert "Good morning everyone" in dana_text
+    # the device's voices are diarized: several speakers, none of them a caller
+    device_speakers = by_stream[starts["room-4"]]
+    assert len(set(device_speakers)) >= 2
+    assert all(s.startswith("Speaker ") for s in device_speakers)
+    assert len(device_speakers) >= 5
+    # the device got its own turns; the feed got speaker changes
+    assert [t.text for t in device.turns] == [t.text for t in turns if t.stream == starts["room-4"]]
+    assert any(m.type == "speaker_change" for m in feed.received)
+
+    # the realtime server received the labelled lines
+    await eventually(lambda: len(lines_sent(model)) >= len(turns), 20, "every line at the model")
+    lines = lines_sent(model)
+    # G3: while the room held one speaker the line went as said; then every line is labelled
+    assert lines[0] == "Good morning everyone. Let's start the weekly release meeting."
+    assert lines[1].startswith('Eli: "Morning. The build is green')
+    assert "[Speaker labels from the runtime" in lines[1]
+    assert any(line.startswith('Speaker A: "') for line in lines)
+    assert any(line.startswith('Speaker B: "') for line in lines)
+
+    # the reply came back: text on the feed and the device, audio on both phone legs
+    replies = [m for m in feed.received if m.type == "reply"]
+    assert replies and replies[0].text == "Happy to help, Dana."
+    assert any(m.type == "reply" for m in device.received)
+    for leg in (dana, eli):
+        media = [m for m in leg.received if m.get("event") == "media"]
+        assert media and all(m["streamSid"] == leg.stream_sid for m in media)
+        assert len(base64.b64decode(media[0]["media"]["payload"])) > 0
+        assert any(m.get("event") == "mark" for m in leg.received)
+    assert len(device.audio_received) > 0
+
+    # participants: each leg is a participant named from its parameters
+    participants = await server.server.rooms.kit.get_participants(ROOM)
+    names = {p.id: p.display_name for p in participants}
+    assert names[f"call-{dana.call_sid}"] == "Dana"
+    assert names[f"call-{eli.call_sid}"] == "Eli"
+
+    # metrics saw all of it
+    status, metrics = await server.http_get("/metrics")
+    assert status == 200
+    assert f"chorus_turns_total {len(turns)}" in metrics
+    assert 'chorus_streams_total{kind="twilio"} 2' in metrics
+    await feed.close()
+    print(json.dumps([t.model_dump() for t in turns], indent=1)[:3000])
+
+
+async def test_a_mixed_bridge_leg_asks_for_shared_mic_diarization(
+    servers: tuple[RunningServer, OpenAIRealtimeServer],
+) -> None:
+    server, _ = servers
+    token = issue_token(SECRET, "bridge")
+    feed = await EventFeed.open(server.base, "bridge", token)
+    leg = await TwilioLeg.open(
+        server.base,
+        {"room": "bridge", "token": token, "name": "Conference line", "shared_mic": "true"},
+    )
+    # Alice, Bob and Carol on one phone line
+    await leg.send_mulaw(phone_audio(0.0, 12.9), realtime=False)
+    async with asyncio.timeout(60):
+        await leg.stop()
+    await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), 30)
+    speakers = [t.speaker for t in feed.turns]
+    assert len(speakers) >= 3
+    assert len(set(speakers)) >= 2 and all(s.startswith("Speaker ") for s in speakers)
+    assert "Conference line" not in speakers
+    await feed.close()

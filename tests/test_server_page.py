@@ -1,0 +1,133 @@
+"""The transcript page at `/`, in headless Chromium against the real server: live turns per
+speaker in their own colours, and a rename that goes through ON_TRANSCRIPTION (V6)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from server.auth import issue_token
+from server.client import DeviceStream, EventFeed
+from server.protocol import StartMessage
+from server.testing.chromium import HeadlessChromium, find_chromium
+from server.testing.harness import SECRET, RunningServer, eventually, running_server
+from voice.audio import float_to_pcm16, read_audio_16k
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        find_chromium() is None, reason="chromium is not installed (make test installs it)"
+    ),
+]
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
+ROOM = "page-room"
+SHOTS = Path(os.environ.get("CHORUS_SCREENSHOTS", tempfile.gettempdir()))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RunningServer]:
+    async with (
+        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
+        running_server(
+            {
+                "stt": {
+                    "provider": "deepgram",
+                    "deepgram_url": deepgram.url,
+                    "deepgram_api_key": "test",
+                    "diarize": False,
+                },
+                "diarizer": {"kind": "embedded"},
+                "realtime": {"provider": "none"},
+            }
+        ) as srv,
+    ):
+        yield srv
+
+
+def meeting_pcm(start: float, end: float) -> bytes:
+    audio = read_audio_16k(MEETING / "meeting.wav")
+    return float_to_pcm16(audio[int(start * 16000) : int(end * 16000)])
+
+
+SPEAKER_ROWS = "[...document.querySelectorAll('#speaker-list .speaker')]"
+TURNS = "[...document.querySelectorAll('#turns .turn')]"
+
+
+async def test_page_shows_speakers_in_colours_and_renames_through_on_transcription(
+    server: RunningServer,
+) -> None:
+    token = issue_token(SECRET, ROOM)
+    feed = await EventFeed.open(server.base, ROOM, token)
+    async with HeadlessChromium() as browser:
+        page = await browser.open(f"{server.http_base}/?room={ROOM}&token={token}")
+        await page.wait_for(
+            "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+        )
+        device = await DeviceStream.open(
+            server.base, ROOM, token, StartMessage(participant="room-7", shared_mic=True)
+        )
+        # Alice, Bob, Carol: their first turns
+        await device.send_audio(meeting_pcm(0.0, 13.0), chunk_s=0.5, realtime=False)
+        await page.wait_for(f"{SPEAKER_ROWS}.length >= 2", 30)
+        await page.wait_for(f"{TURNS}.length >= 2", 30)
+
+        rows = await page.evaluate(
+            f"{SPEAKER_ROWS}.map(r => [r.dataset.label, r.querySelector('.swatch').style.background])"
+        )
+        colours = [c for _, c in rows]
+        assert len(set(colours)) == len(colours)  # one colour per speaker
+        turn_colours = await page.evaluate(
+            f"{TURNS}.map(t => [t.querySelector('.who').textContent, t.style.borderLeftColor])"
+        )
+        by_speaker: dict[str, set[str]] = {}
+        for who, colour in turn_colours:
+            by_speaker.setdefault(who, set()).add(colour)
+        assert all(len(c) == 1 for c in by_speaker.values())  # a speaker keeps its colour
+        assert len({next(iter(c)) for c in by_speaker.values()}) == len(by_speaker)
+        first_label = rows[0][0]
+        assert first_label.startswith("Speaker ")
+        await page.screenshot(SHOTS / "chorus-page-before-rename.png")
+
+        # rename the first speaker from the page: click Rename, type, Save
+        await page.evaluate(
+            f"{SPEAKER_ROWS}.find(r => r.dataset.label === {first_label!r}).querySelector('button.rename').click()"
+        )
+        await page.evaluate(
+            "(() => { const i = document.querySelector('.rename-input'); i.value = 'Alice';"
+            " i.form.querySelector('button[type=submit]').click(); })()"
+        )
+        await eventually(lambda: any(m.type == "renamed" for m in feed.received), 10, "renamed")
+        await page.wait_for(
+            f"{SPEAKER_ROWS}.some(r => r.dataset.label === {first_label!r}"
+            " && r.querySelector('.name').textContent === 'Alice')"
+        )
+
+        # the voice speaks again: the server names the new turn Alice (ON_TRANSCRIPTION path)
+        await device.send_audio(meeting_pcm(13.0, 16.0), chunk_s=0.5, realtime=False)
+        await device.stop()
+        await eventually(
+            lambda: any(t.label == first_label and t.speaker == "Alice" for t in feed.turns),
+            30,
+            "a turn of the renamed voice named Alice",
+        )
+        await page.wait_for(f"{TURNS}.some(t => t.dataset.speaker === 'Alice')", 10)
+        # every turn of that voice on the page reads Alice now, old and new
+        whos = await page.evaluate(
+            f"{TURNS}.filter(t => t.style.borderLeftColor === {colours[0]!r})"
+            ".map(t => t.querySelector('.who').textContent)"
+        )
+        assert whos and set(whos) == {"Alice"}
+        # the room's events carry the new name: the same path an application hook takes
+        events = await server.server.rooms.kit.list_events(ROOM)
+        renamed = [e for e in events if e.metadata.get("sender_name") == "Alice"]
+        assert renamed and all(e.metadata["speaker_label"] == first_label for e in renamed)
+        shot = await page.screenshot(SHOTS / "chorus-page-after-rename.png")
+        assert shot.stat().st_size > 10_000
+    await feed.close()

@@ -1,0 +1,270 @@
+"""Refusals over real sockets: each bad connection gets a clear close code before any audio is
+read, and the streams and feeds already running in the server are unharmed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from server.auth import issue_token
+from server.client import DeviceStream, EventFeed, TwilioLeg, events_url, stream_url
+from server.protocol import CloseCode, StartMessage, dump
+from server.testing.harness import SECRET, RunningServer, eventually, running_server, tone
+from voice.testing.deepgram_server import DeepgramTestServer
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _closed_with(ws: ClientConnection | TwilioLeg) -> tuple[int, str]:
+    """Read until the server closes; the close code and reason (what a client sees)."""
+    async with asyncio.timeout(10):
+        if isinstance(ws, TwilioLeg):  # its own reader task is reading
+            assert ws._reader is not None
+            await ws._reader
+            ws = ws.ws
+        else:
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in ws:
+                    pass
+        await ws.wait_closed()
+    assert ws.close_code is not None
+    return ws.close_code, ws.close_reason or ""
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RunningServer]:
+    """STT through the local Deepgram-protocol server (no model to load), no realtime session."""
+    async with (
+        DeepgramTestServer() as deepgram,
+        running_server(
+            {
+                "stt": {
+                    "provider": "deepgram",
+                    "deepgram_url": deepgram.url,
+                    "deepgram_api_key": "test",
+                },
+                "diarizer": {"kind": "none"},
+                "realtime": {"provider": "none"},
+            }
+        ) as srv,
+    ):
+        yield srv
+
+
+@pytest.fixture
+async def bystanders(server: RunningServer) -> AsyncIterator[tuple[DeviceStream, EventFeed]]:
+    """A healthy device stream and a feed in room `calm`, running through every refusal."""
+    token = issue_token(SECRET, "calm")
+    feed = await EventFeed.open(server.base, "calm", token)
+    device = await DeviceStream.open(
+        server.base,
+        "calm",
+        token,
+        StartMessage(participant="steady", name="Steady", shared_mic=False),
+    )
+    await device.send_audio(tone(0.5), realtime=False)
+    await eventually(lambda: server.audio_read() >= 0.5)
+    yield device, feed
+    # unharmed: still open, still takes audio, and stops cleanly
+    assert device.ws.close_code is None and feed.ws.close_code is None
+    await device.send_audio(tone(0.5), realtime=False)
+    async with asyncio.timeout(60):
+        await device.stop()
+    assert device.ws.close_code == CloseCode.NORMAL
+    assert any(m.type == "started" for m in device.received)
+    assert any(m.type == "stream_started" for m in feed.received)
+    await feed.close()
+
+
+async def test_missing_token_is_refused(server: RunningServer, bystanders: object) -> None:
+    async with connect(stream_url(server.base, "r1", None)) as ws:
+        code, reason = await _closed_with(ws)
+    assert (code, reason) == (CloseCode.TOKEN_MISSING, "no token given")
+    assert server.audio_read() == 0.5
+
+
+async def test_wrong_room_token_is_refused(server: RunningServer, bystanders: object) -> None:
+    token = issue_token(SECRET, "other-room")
+    async with connect(stream_url(server.base, "r1", token)) as ws:
+        with contextlib.suppress(ConnectionClosed):  # the server may already have closed
+            await ws.send(dump(StartMessage(participant="p")))
+            await ws.send(tone(0.2))
+        code, reason = await _closed_with(ws)
+    assert code == CloseCode.TOKEN_WRONG_ROOM and "another room" in reason
+    async with connect(events_url(server.base, "r1", token)) as ws:
+        assert (await _closed_with(ws))[0] == CloseCode.TOKEN_WRONG_ROOM
+    assert server.audio_read() == 0.5
+
+
+async def test_expired_token_is_refused(server: RunningServer, bystanders: object) -> None:
+    token = issue_token(SECRET, "r1", ttl_s=1, now=time.time() - 10)
+    async with connect(stream_url(server.base, "r1", token)) as ws:
+        code, reason = await _closed_with(ws)
+    assert (code, reason) == (CloseCode.TOKEN_EXPIRED, "token expired")
+
+
+async def test_bad_signature_is_refused(server: RunningServer, bystanders: object) -> None:
+    token = issue_token("x" * 32, "r1")
+    async with connect(stream_url(server.base, "r1", token)) as ws:
+        assert (await _closed_with(ws))[0] == CloseCode.TOKEN_INVALID
+
+
+async def test_bad_json_is_refused(server: RunningServer, bystanders: object) -> None:
+    async with connect(stream_url(server.base, "r1", issue_token(SECRET, "r1"))) as ws:
+        await ws.send("{not json")
+        code, reason = await _closed_with(ws)
+    assert (code, reason) == (CloseCode.BAD_MESSAGE, "message is not JSON")
+
+
+async def test_audio_before_start_is_refused(server: RunningServer, bystanders: object) -> None:
+    async with connect(stream_url(server.base, "r1", issue_token(SECRET, "r1"))) as ws:
+        await ws.send(tone(0.1))
+        code, reason = await _closed_with(ws)
+    assert (code, reason) == (CloseCode.AUDIO_BEFORE_START, "audio before start")
+    assert server.audio_read() == 0.5
+
+
+async def test_unknown_encoding_is_refused(server: RunningServer, bystanders: object) -> None:
+    async with connect(stream_url(server.base, "r1", issue_token(SECRET, "r1"))) as ws:
+        await ws.send(json.dumps({"type": "start", "participant": "p", "encoding": "opus"}))
+        code, reason = await _closed_with(ws)
+    assert code == CloseCode.UNSUPPORTED_ENCODING and "pcm16 or mulaw" in reason
+
+
+async def test_oversized_frame_is_refused(server: RunningServer, bystanders: object) -> None:
+    limit = server.server.config.limits.max_frame_bytes
+    async with connect(
+        stream_url(server.base, "r1", issue_token(SECRET, "r1")), max_size=None
+    ) as ws:
+        await ws.send(dump(StartMessage(participant="big")))
+        await ws.send(b"\x00" * (limit + 2))
+        code, _ = await _closed_with(ws)
+    assert code == CloseCode.FRAME_TOO_LARGE
+
+
+async def test_twilio_leg_refusals(server: RunningServer, bystanders: object) -> None:
+    # no token in customParameters
+    leg = await TwilioLeg.open(server.base, {"room": "r1", "name": "Eve"})
+    assert (await _closed_with(leg))[0] == CloseCode.TOKEN_MISSING
+    # a token for another room
+    leg = await TwilioLeg.open(
+        server.base, {"room": "r1", "name": "Eve", "token": issue_token(SECRET, "calm")}
+    )
+    assert (await _closed_with(leg))[0] == CloseCode.TOKEN_WRONG_ROOM
+    # media before start
+    async with connect(f"{server.base}/v1/twilio") as ws:
+        await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+        await ws.send(
+            json.dumps({"event": "media", "streamSid": "MZ1", "media": {"payload": "AAAA"}})
+        )
+        assert (await _closed_with(ws))[0] == CloseCode.AUDIO_BEFORE_START
+    # a media format other than 8 kHz µ-law mono
+    async with connect(f"{server.base}/v1/twilio") as ws:
+        start = {
+            "event": "start",
+            "streamSid": "MZ2",
+            "start": {
+                "streamSid": "MZ2",
+                "callSid": "CA2",
+                "customParameters": {"room": "r1", "token": issue_token(SECRET, "r1")},
+                "mediaFormat": {"encoding": "audio/l16", "sampleRate": 16000, "channels": 1},
+            },
+        }
+        await ws.send(json.dumps(start))
+        assert (await _closed_with(ws))[0] == CloseCode.UNSUPPORTED_ENCODING
+    # bad JSON
+    async with connect(f"{server.base}/v1/twilio") as ws:
+        await ws.send("]]")
+        assert (await _closed_with(ws))[0] == CloseCode.BAD_MESSAGE
+
+
+async def test_stream_limit_per_room(server: RunningServer, bystanders: object) -> None:
+    server.server.config.limits.max_streams_per_room = 1
+    token = issue_token(SECRET, "calm")
+    async with connect(stream_url(server.base, "calm", token)) as ws:
+        await ws.send(dump(StartMessage(participant="second")))
+        code, reason = await _closed_with(ws)
+    assert code == CloseCode.TOO_MANY_STREAMS and "calm" in reason
+
+
+async def test_stream_limit_per_server(server: RunningServer, bystanders: object) -> None:
+    server.server.config.limits.max_streams = 1  # the bystander's stream is the one
+    async with connect(stream_url(server.base, "r2", issue_token(SECRET, "r2"))) as ws:
+        code, reason = await _closed_with(ws)
+    assert code == CloseCode.TOO_MANY_STREAMS and "no room for another stream" in reason
+    leg = await TwilioLeg.open(server.base, {"room": "r2", "token": issue_token(SECRET, "r2")})
+    assert (await _closed_with(leg))[0] == CloseCode.TOO_MANY_STREAMS
+    server.server.config.limits.max_streams = 64
+
+
+async def _silent_feed_reader(server: RunningServer, room: str, token: str) -> socket.socket:
+    """A feed consumer that completes the websocket handshake and then never reads a byte
+    (a tiny receive buffer, so the server's sends back up quickly)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (server.host, server.port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = (
+        f"GET /v1/rooms/{room}/events?token={token} HTTP/1.1\r\nHost: {server.host}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    await loop.sock_sendall(sock, request.encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await loop.sock_recv(sock, 1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
+
+async def test_slow_feed_consumer_is_dropped_without_stalling(
+    server: RunningServer, bystanders: tuple[DeviceStream, EventFeed]
+) -> None:
+    _, reader = bystanders
+    live = await server.server.rooms.room("calm")
+    live.feed.queue_size = 4  # the next consumer may fall 4 messages behind
+    silent = await _silent_feed_reader(server, "calm", issue_token(SECRET, "calm"))
+    try:
+        await eventually(lambda: len(live.feed.consumers) == 2)
+        live.feed.queue_size = 256
+        slowest = 0.0
+        for _ in range(300):  # 15 MB: more than the kernel buffers hold for a silent reader
+            began = time.monotonic()
+            live.feed.publish(json.dumps({"type": "reply", "room": "calm", "text": "x" * 50_000}))
+            slowest = max(slowest, time.monotonic() - began)
+            await asyncio.sleep(0)
+        assert slowest < 0.05  # publishing never waited on the silent reader
+        assert server.server.metrics.feed_dropped_total == 1
+        assert server.server.metrics.refused_total["feed_too_slow"] <= 1
+        # the reading consumer got everything, the device stream is untouched (fixture)
+        await eventually(lambda: sum(m.type == "reply" for m in reader.received) == 300, 20)
+        listening = server.server._server
+        assert listening is not None
+        await eventually(
+            lambda: len(listening.connections) == 2, 20, "the server to let go of the silent socket"
+        )
+    finally:
+        silent.close()
+
+
+async def test_http_routes(server: RunningServer) -> None:
+    status, body = await server.http_get("/healthz")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, body = await server.http_get("/metrics")
+    assert status == 200 and "chorus_turn_latency_seconds_bucket" in body
+    status, body = await server.http_get("/")
+    assert status == 200 and "Live transcript" in body
+    status, _ = await server.http_get("/nope")
+    assert status == 404

@@ -1,0 +1,88 @@
+"""`chorus serve` as a user runs it: a process that settles its secret, serves, and stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from server.auth import issue_token
+from server.client import DeviceStream
+from server.protocol import StartMessage
+from server.testing.harness import eventually, tone
+from voice.testing.deepgram_server import DeepgramTestServer
+
+pytestmark = pytest.mark.asyncio
+REPO = Path(__file__).resolve().parents[1]
+
+
+async def _http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+async def test_loopback_server_without_secret_makes_one_serves_and_stops(tmp_path: Path) -> None:
+    deepgram = await DeepgramTestServer().start()
+    config = tmp_path / "chorus.toml"
+    config.write_text(
+        f'[stt]\nprovider = "deepgram"\ndeepgram_url = "{deepgram.url}"\ndeepgram_api_key = "k"\n'
+        '[diarizer]\nkind = "none"\n[realtime]\nprovider = "none"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CHORUS_SECRET"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server.cli", "serve", "--port", "0", "--config", str(config),
+        cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    lines: list[str] = []
+    port = secret = None
+    try:
+        async with asyncio.timeout(60):
+            while port is None:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "".join(lines)
+                lines.append(line)
+                if m := re.search(r"CHORUS_SECRET=(\S+)", line):
+                    secret = m.group(1)
+                if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line):
+                    port = int(m.group(1))
+        assert secret is not None and "loopback" in "".join(lines)
+        status, body = await _http_get(port, "/healthz")
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        # the printed secret signs tokens the server accepts
+        token = issue_token(secret, "r1")
+        device = await DeviceStream.open(
+            f"ws://127.0.0.1:{port}", "r1", token, StartMessage(participant="p", shared_mic=False)
+        )
+        await device.send_audio(tone(0.2), realtime=False)
+        await eventually(lambda: bool(device.received), 30, "started")
+        assert device.received[0].type == "started"
+        await device.ws.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            code = await proc.wait()
+        await deepgram.stop()
+    assert code == 0
+
+
+async def test_public_server_without_secret_refuses_to_start() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CHORUS_SECRET"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server.cli", "serve", "--host", "0.0.0.0", "--port", "0",
+        cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert b"refusing to listen on '0.0.0.0' without a secret" in err
