@@ -372,17 +372,22 @@ class EmbeddedStage:
             # agrees with it; meanwhile the window's frames wait (hold_new) or go to the nearest
             # known voice
             pending = state.pending
+            # only a full window (min_window of speech) founds a voice: a short stretch's
+            # embedding is too noisy to be a speaker's first centroid, so it may only wait
+            full = len(state.speech_audio) * FRAME_SECONDS + 1e-9 >= self.live.min_window
             if (
-                pending is not None
+                full
+                and pending is not None
                 and float(pending @ embedding) >= self.live.new_speaker_threshold
             ):
                 state.pending = None
                 return self._open_voice(state, recipe.l2(pending + embedding)).name
             nearest = max(float(v.centroid @ embedding) for v in state.voices)
-            if nearest < self.live.open_below:  # clearly nobody known: no second window needed
+            if full and nearest < self.live.open_below:  # clearly nobody known: open at once
                 state.pending = None
                 return self._open_voice(state, embedding.copy()).name
-            state.pending = embedding.copy()
+            if full or pending is None:
+                state.pending = embedding.copy()
             waited = (state.frames - state.undecided[0]) * FRAME_SECONDS if state.undecided else 0.0
             if self.live.hold_new and waited < self.live.max_hold:
                 return None

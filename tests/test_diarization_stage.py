@@ -236,9 +236,9 @@ def test_V5_live_speaker_changes_are_not_lagged(
         if n % 25 == 0:
             snapshots.append(SpeakerTimeline(list(timeline.segments)))
     assert score(ref, timeline, duration=len(audio) / RATE, collar=0.25).der < 0.12
-    # 14 of 19 measured (the earlier recipe: 7); misses are turns that start inside the previous
+    # 16 of 19 measured (the earlier recipe: 7); misses are turns that start inside the previous
     # one (overlap), after a pause shorter than `cut_pause`, or a voice confused with another
-    assert turn_openings_right(timeline, ref) >= 13
+    assert turn_openings_right(timeline, ref) >= 14
     for earlier in snapshots:
         for seg in earlier.segments:
             assert any(
@@ -264,4 +264,4 @@ def test_V5_live_without_pause_cuts_lags_speaker_changes(
         centroid_momentum=0.9,
     )
     timeline = live(EmbeddedStage(live=old), audio)
-    assert turn_openings_right(timeline, ref) < 13
+    assert turn_openings_right(timeline, ref) < 14
