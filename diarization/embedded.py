@@ -55,20 +55,23 @@ def speaker_letter(index: int) -> str:
 
 @dataclass(frozen=True)
 class LiveSettings:
-    """Numbers of the live path (cross-validated like the batch ones, docs/benchmarks.md)."""
+    """Numbers of the live path. The new-speaker threshold and the centroid momentum were chosen
+    by leave-one-file-out cross-validation; the speaker-change rules were built on the demo
+    meeting and measured on the AMI excerpts too (docs/benchmarks.md)."""
 
     window: float = 1.5  # seconds of speech per embedding
-    min_window: float = 1.0  # first decision once this much speech was heard
+    min_window: float = 1.0  # first decision once this much speech was heard; only a window
+    # this long founds a new voice
     hop: float = 0.5  # seconds of new speech between decisions
     min_flush: float = 0.3  # an utterance's undecided tail is embedded if its stretch is this long
     new_speaker_threshold: float = 0.76  # best centroid similarity under this opens a speaker
     centroid_momentum: float = 0.8  # running centroid update for discovered speakers
     confirm_new: bool = True  # a new speaker needs two agreeing unmatched windows
-    # speaker changes (measured on the demo meeting and the AMI excerpts, docs/benchmarks.md):
+    # speaker changes:
     cut_pause: float = 0.25  # a pause this long (s) starts a new stretch: windows never span it
     flush_embed: bool = True  # end of speech: embed the undecided tail (False: last speaker)
-    hold_new: bool = True  # an unmatched window's frames wait for the window that confirms it
     open_below: float = 0.6  # a window this unlike every known voice opens one at once
+    hold_new: bool = True  # an unmatched window's frames wait for the window that confirms it
     max_hold: float = 3.0  # … but never longer than this (then: the nearest known voice)
     running_mean: bool = True  # a centroid is the mean of its first 1/(1-momentum) windows
 
