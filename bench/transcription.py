@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scripted turns (JSON with a `turns` list of {speaker, text, start, end})")
     parser.add_argument("--stt", choices=("whisper", "deepgram"), default="whisper")
     parser.add_argument("--whisper-model", default=None)
+    parser.add_argument("--local-deepgram", action="store_true",
+                        help="with --stt deepgram: start the local Deepgram-protocol server, which "
+                             "replays the script's words from the audio it receives (measures the "
+                             "streaming path's latency; its WER is 0 by construction)")
+    parser.add_argument("--pipeline-speakers", action="store_true",
+                        help="speakers from a diarization stage; adds speaker-attributed accuracy")
+    parser.add_argument("--diarizer", choices=("embedded", "pyannote"), default="embedded")
     parser.add_argument("--speed", type=float, default=1.0,
                         help="pace of the latency pass, as a multiple of real time (default 1)")
     parser.add_argument("--skip-latency", action="store_true", help="only the fast pass")
@@ -55,12 +62,63 @@ def word_error_rate(reference: str, hypothesis: str) -> dict[str, float]:
             "reference_words": float(len(normalized(reference).split()))}
 
 
+def speaker_accuracy(turns: list[Any], script: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Share of words whose speaker label maps to the script speaker of the turn they fall in
+    (labels mapped to script speakers one-to-one, the mapping that maximises matches). Words in
+    overlapped speech or between turns are not counted. None when no word carries a speaker."""
+    from scipy.optimize import linear_sum_assignment
+
+    pairs: list[tuple[str, str]] = []
+    for turn in turns:
+        for w in turn.words:
+            if w.speaker is None:
+                continue
+            mid = (w.start + w.end) / 2
+            said = [t["speaker"] for t in script if t["start"] <= mid <= t["end"]]
+            if len(said) == 1:
+                pairs.append((w.speaker, said[0]))
+    if not pairs:
+        return None
+    hyp = sorted({h for h, _ in pairs})
+    ref = sorted({r for _, r in pairs})
+    counts = np.zeros((len(hyp), len(ref)))
+    for h, r in pairs:
+        counts[hyp.index(h), ref.index(r)] += 1
+    rows, cols = linear_sum_assignment(-counts)
+    matched = float(counts[rows, cols].sum())
+    return {"speaker_accuracy": matched / len(pairs), "speaker_words": float(len(pairs)),
+            "speaker_labels": float(len(hyp))}
+
+
+def _local_deepgram(audio_dir: Path) -> str:
+    """Start the local Deepgram-protocol server on its own loop (a daemon thread); its URL."""
+    import threading
+
+    from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+    server = DeepgramTestServer(MeetingWords.from_meeting(audio_dir))
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.start())
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=serve, name="local-deepgram", daemon=True).start()
+    ready.wait(10)
+    return server.url
+
+
 def _stt(args: argparse.Namespace) -> Any:
     if args.stt == "deepgram":
         import os
 
         from voice.stt.deepgram import DeepgramSTT
 
+        if args.local_deepgram:
+            return DeepgramSTT("local", url=_local_deepgram(args.audio.parent))
         return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
@@ -94,12 +152,22 @@ def run(args: argparse.Namespace) -> int:
             if done > bar.n:
                 bar.update(done - bar.n)
 
-        result = asyncio.run(transcribe_audio(audio, rate, stt=stt, speed=speed, progress=progress))
+        diarizer = None
+        if args.pipeline_speakers:
+            from diarization import load_stage  # type: ignore[attr-defined,unused-ignore]
+
+            diarizer = load_stage(args.diarizer)
+        result = asyncio.run(transcribe_audio(audio, rate, stt=stt, speed=speed, progress=progress,
+                                              pipeline_speakers=args.pipeline_speakers,
+                                              diarizer=diarizer))
         bar.close()
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),
                                  "real_time_factor": round(result.real_time_factor, 3)}
         entry.update({k: round(v, 4) for k, v in word_error_rate(reference, hypothesis).items()})
+        attributed = speaker_accuracy(result.turns, script["turns"])
+        if attributed is not None:
+            entry.update({k: round(v, 4) for k, v in attributed.items()})
         if speed:
             latencies = np.array([t.latency for t in result.turns if t.latency is not None])
             entry["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
@@ -108,13 +176,15 @@ def run(args: argparse.Namespace) -> int:
             entry["speed"] = speed
         figures[name] = entry
     print(f"Transcription bench: {args.audio.name} ({duration:.1f} s), STT {stt.describe()}")
-    print(f"{'pass':<10} {'turns':>5} {'WER':>7} {'RTF':>7} {'p50 lat':>8} {'p95 lat':>8}")
+    print(f"{'pass':<10} {'turns':>5} {'WER':>7} {'RTF':>7} {'p50 lat':>8} {'p95 lat':>8} "
+          f"{'spk acc':>8}")
     for name, _ in passes:
         e = figures[name]
         p50 = f"{e['latency_p50_s']:.2f} s" if "latency_p50_s" in e else "—"
         p95 = f"{e['latency_p95_s']:.2f} s" if "latency_p95_s" in e else "—"
+        acc = f"{e['speaker_accuracy']:.3f}" if "speaker_accuracy" in e else "—"
         print(f"{name:<10} {e['turns']:>5} {e['wer']:>7.3f} {e['real_time_factor']:>7.3f} "
-              f"{p50:>8} {p95:>8}")
+              f"{p50:>8} {p95:>8} {acc:>8}")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

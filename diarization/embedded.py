@@ -59,6 +59,13 @@ class LiveSettings:
     new_speaker_threshold: float = 0.72  # best centroid similarity under this opens a speaker
     centroid_momentum: float = 0.9  # running centroid update for discovered speakers
     confirm_new: bool = True  # a new speaker needs two agreeing unmatched windows
+    # speaker changes (measured on the demo meeting and the AMI excerpts, docs/benchmarks.md):
+    cut_pause: float = 0.25  # a pause this long (s) starts a new stretch: windows never span it
+    flush_embed: bool = True  # end of speech: embed the undecided tail (False: last speaker)
+    hold_new: bool = True  # an unmatched window's frames wait for the window that confirms it
+    open_below: float = 0.6  # a window this unlike every known voice opens one at once
+    max_hold: float = 3.0  # … but never longer than this (then: the nearest known voice)
+    running_mean: bool = True  # a centroid is the mean of its first 1/(1-momentum) windows
 
 
 @dataclass
@@ -78,6 +85,7 @@ class _LiveState:
     speech_frame_ids: deque[int] = field(default_factory=deque)
     undecided: list[int] = field(default_factory=list)  # speech frames awaiting a speaker
     new_speech: int = 0  # speech frames since the last decision
+    gap: int = 0  # non-speech frames since the last speech frame
     voices: list[_Voice] = field(default_factory=list)
     unknown_count: int = 0
     segments: list[SpeakerSegment] = field(default_factory=list)
@@ -271,18 +279,16 @@ class EmbeddedStage:
         else:
             state.in_speech = prob >= threshold
         if not state.in_speech:
-            # end of a stretch of speech: pending frames (less than a hop) go to the speaker
-            # decided last, so an utterance's last words do not wait for the next utterance;
-            # before any decision, a short first utterance is embedded as it is
+            state.gap += 1
             if was_speech and state.undecided:
-                if state.open_run is not None:
-                    for frame in state.undecided:
-                        self._live_extend(state, frame, state.open_run[2])
-                    state.undecided = []
-                    state.new_speech = 0
-                elif len(state.speech_audio) * FRAME_SECONDS + 1e-9 >= self.live.min_flush:
-                    self._live_decide(state)
+                self._live_end_of_speech(state)
             return
+        cut = self.live.cut_pause
+        if cut > 0 and state.gap * FRAME_SECONDS + 1e-9 >= cut and state.speech_audio:
+            # after a pause the speaker may have changed: windows never reach back over it
+            state.speech_audio.clear()
+            state.speech_frame_ids.clear()
+        state.gap = 0
         per_window = round(self.live.window / FRAME_SECONDS)
         state.speech_audio.append(frame_audio.astype(np.float32))
         state.speech_frame_ids.append(index)
@@ -298,18 +304,40 @@ class EmbeddedStage:
             return
         self._live_decide(state)
 
+    def _live_end_of_speech(self, state: _LiveState) -> None:
+        """End of a stretch of speech: its undecided frames (less than a hop, or a short
+        utterance) are decided now, so an utterance's last words do not wait for the next one;
+        frames held back by an unconfirmed new voice wait for the next window."""
+        if state.pending is not None and state.new_speech == 0:
+            return
+        heard = len(state.speech_audio) * FRAME_SECONDS + 1e-9
+        if state.open_run is not None and not (
+            self.live.flush_embed and heard >= self.live.min_flush
+        ):
+            self._live_assign(state, state.open_run[2])
+        elif heard >= self.live.min_flush:
+            self._live_decide(state)
+
     def _live_decide(self, state: _LiveState) -> None:
         audio = np.concatenate(list(state.speech_audio))
         mel = mel_spectrogram(audio)
         n = min(len(mel), round(self.live.window * SAMPLE_RATE / MEL_HOP))
         embedding = self.embedder.embed_mels(mel[None, :n])[0]
         speaker = self._live_match(state, embedding)
+        if speaker is None:  # an unconfirmed new voice: its frames wait for the next window
+            state.new_speech = 0
+            return
+        self._live_assign(state, speaker)
+
+    def _live_assign(self, state: _LiveState, speaker: str) -> None:
         for frame in state.undecided:
             self._live_extend(state, frame, speaker)
         state.undecided = []
         state.new_speech = 0
 
-    def _live_match(self, state: _LiveState, embedding: FloatArray) -> str:
+    def _live_match(self, state: _LiveState, embedding: FloatArray) -> str | None:
+        """The speaker of a window, or None while a voice that matches nobody waits for a
+        second window to confirm it (`LiveSettings.hold_new`)."""
         cap = self.max_speakers or self.settings.max_speakers
         if self.num_speakers is not None:
             cap = self.num_speakers
@@ -325,7 +353,8 @@ class EmbeddedStage:
             best = max(discovered, key=lambda v: float(v.centroid @ embedding))
         if best is None and self.live.confirm_new and state.voices:
             # a voice that matches nobody opens a speaker only when the next unmatched window
-            # agrees with it; meanwhile the window goes to the nearest known voice
+            # agrees with it; meanwhile the window's frames wait (hold_new) or go to the nearest
+            # known voice
             pending = state.pending
             if (
                 pending is not None
@@ -333,13 +362,22 @@ class EmbeddedStage:
             ):
                 state.pending = None
                 return self._open_voice(state, recipe.l2(pending + embedding)).name
+            nearest = max(float(v.centroid @ embedding) for v in state.voices)
+            if nearest < self.live.open_below:  # clearly nobody known: no second window needed
+                state.pending = None
+                return self._open_voice(state, embedding.copy()).name
             state.pending = embedding.copy()
+            waited = (state.frames - state.undecided[0]) * FRAME_SECONDS if state.undecided else 0.0
+            if self.live.hold_new and waited < self.live.max_hold:
+                return None
             return max(state.voices, key=lambda v: float(v.centroid @ embedding)).name
         if best is None:
             return self._open_voice(state, embedding.copy()).name
         state.pending = None
         if not best.enrolled:
             m = self.live.centroid_momentum
+            if self.live.running_mean:
+                m = min(m, best.count / (best.count + 1))
             best.centroid = recipe.l2(m * best.centroid + (1 - m) * embedding)
             best.count += 1
         return best.name

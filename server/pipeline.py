@@ -14,13 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from voice.channel import VoiceChannel, VoiceSession
-
 from diarization import load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from rooms import RoomKit
 from server.config import ServerConfig
 from voice.audio import AudioError
+from voice.channel import VoiceChannel, VoiceSession
 from voice.stt.base import SttProvider
 
 
@@ -240,7 +239,6 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
     stt = _stt_provider(config)
     if config.diarizer.kind == "embedded":
         import diarization.embedded  # noqa: F401  (see above)
-
         from voice.embedding import default_embedder
 
         await asyncio.to_thread(default_embedder)

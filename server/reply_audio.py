@@ -12,7 +12,6 @@ import base64
 from collections.abc import Iterator
 
 import numpy as np
-from voice.audio import float_to_pcm16, mulaw_encode, pcm16_to_float, resample
 
 from server.protocol import (
     TwilioMarkName,
@@ -21,6 +20,7 @@ from server.protocol import (
     TwilioOutboundMediaPayload,
     dump,
 )
+from voice.audio import float_to_pcm16, mulaw_encode, pcm16_to_float, resample
 
 FRAME_SECONDS = 0.2
 """Reply audio is sent in 200 ms pieces: small enough to start playing at once."""

@@ -197,3 +197,20 @@ def test_V10_errors_are_audio_errors() -> None:
     for cls in (NotAudioError, UnsupportedEncodingError, TruncatedAudioError, EmptyAudioError,
                 InvalidSamplesError, ClippedAudioError, SampleRateError, FrameSizeError):
         assert issubclass(cls, AudioError)
+
+
+@settings(max_examples=25)
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=40), st.integers(1000, 20000))
+def test_audio_log_keeps_the_recent_audio_addressed_by_session_time(sizes: list[int], keep: int) -> None:
+    from voice.audio import AudioLog
+
+    log = AudioLog(sample_rate=1000, keep_seconds=keep / 1000)
+    whole = np.arange(sum(sizes), dtype=np.float32)
+    pos = 0
+    for n in sizes:
+        log.append(whole[pos : pos + n])
+        pos += n
+    assert log.total == len(whole)
+    assert log.first <= max(0, len(whole) - keep)  # at least `keep` samples are held
+    np.testing.assert_array_equal(log.samples(log.first), whole[log.first :])
+    np.testing.assert_array_equal(log.samples(0, 10), whole[log.first : 10])

@@ -157,13 +157,16 @@ class ScriptedStage:
 
     sample_rate = 16000
 
-    def __init__(self, timeline: SpeakerTimeline) -> None:
+    def __init__(self, timeline: SpeakerTimeline, lag: float = 0.0) -> None:
         self.timeline = timeline
+        self.lag = lag  # a segment is decided `lag` seconds after it ends
         self.fed = 0
 
     def feed(self, audio: np.ndarray) -> SpeakerTimeline:
         self.fed += len(audio)
-        return SpeakerTimeline([s for s in self.timeline.segments if s.start < self.fed / 16000])
+        heard = self.fed / 16000
+        return SpeakerTimeline([s for s in self.timeline.segments
+                                if s.start < heard and (not self.lag or s.end + self.lag <= heard)])
 
     def diarize(self, audio: np.ndarray, *, num_speakers: int | None = None,
                 max_speakers: int | None = None) -> SpeakerTimeline:
@@ -190,6 +193,25 @@ async def test_V5_pipeline_speakers_split_one_utterance_into_two_turns() -> None
     assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
                                                                    ("Bob", "No, wait.")]
     assert stage.fed > 0
+
+
+async def test_V5_words_wait_for_a_stage_that_decides_late() -> None:
+    one_utterance = ScriptedWords([[
+        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
+        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
+    ]])
+    stage = ScriptedStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
+                                           SpeakerSegment(0.85, 1.7, "Bob")]), lag=1.0)
+    async with DeepgramTestServer(one_utterance) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=stage, speaker_wait=2.0)
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, AUDIO, 16000, speed=8.0)  # the final comes before Bob is decided
+        await session.finish()
+        events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
+                                                                   ("Bob", "No, wait.")]
 
 
 def test_V5_pipeline_speakers_without_a_stage_is_refused() -> None:
@@ -232,3 +254,37 @@ async def test_V10_bad_live_frames_are_refused_and_other_streams_lose_nothing() 
     assert bad.skipped_frames and "absurd frame size" in bad.skipped_frames[0]
     assert [t.text for t in good_turns] == ["Hello everyone.", "Hi.", "How are you?"]
     del kit
+
+
+async def test_V1_stereo_48k_stream_reaches_the_stt_as_16k_mono_and_may_pause() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1", sample_rate=48000, channels=2)
+        tone = (0.1 * np.sin(np.arange(48000) / 7)).astype(np.float32)
+        stereo = np.repeat(tone, 2)  # interleaved L R
+        pcm = float_to_pcm16(stereo)
+        for i in range(0, len(pcm), 1001):  # odd frame sizes split samples across frames
+            session.push(pcm[i : i + 1001])
+        session.pause()
+        assert session.push(pcm[:4000]) == 0  # dropped while paused
+        session.resume()
+        await session.finish()
+        received = len(server.connections[0].audio) // 2
+    assert abs(received - 16000) <= 64  # one second of 16 kHz mono
+
+
+async def test_V10_a_failing_hook_drops_its_turn_only() -> None:
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def broken(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            if event.speaker == "Speaker B":
+                raise RuntimeError("hook bug")
+            return HookResult.allow()
+
+        events = await run(kit, channel)
+    assert [e.text for e in events] == ["Hello everyone.", "How are you?"]
+    assert len(server.connections) == 1  # not mistaken for a dropped STT connection

@@ -142,3 +142,56 @@ def test_S2_missing_api_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("DEEPGRAM_API_KEY", raising=False)
     with pytest.raises(ValueError, match="DEEPGRAM_API_KEY"):
         DeepgramSTT()
+
+
+async def test_S2_repeated_words_of_one_connection_are_not_mistaken_for_duplicates() -> None:
+    script = ScriptedWords([[SpokenWord("no", 0.10, 0.30, 0, "No,"),
+                             SpokenWord("no", 0.35, 0.55, 0, "no,"),
+                             SpokenWord("no", 0.60, 0.80, 0, "no.")]])
+    async with DeepgramTestServer(script) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        turns = await turns_of(session, SILENCE, 16000)
+    assert [t.text for t in turns] == ["No, no, no."]
+
+
+async def test_S2_unreachable_server_is_a_clear_error_not_a_hang() -> None:
+    channel = VoiceChannel(stt=DeepgramSTT("k", url="ws://127.0.0.1:9"))  # nothing listens there
+    await voice_room(channel)
+    with pytest.raises(ConnectionError, match="deepgram: cannot connect"):
+        await asyncio.wait_for(channel.start_session("room", "mic-1"), 20)
+    assert channel.sessions == []
+
+
+async def test_S2_malformed_server_messages_are_skipped_and_the_stream_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with DeepgramTestServer(two_voices_in_one_final()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await asyncio.sleep(0.1)
+        await server.send_raw('{"type": "Results", "channel": "not a channel"}')
+        await server.send_raw('{"type": "Results", "channel_index": [0, 1], "duration": 1, '
+                              '"start": 0, "is_final": true, "channel": {"alternatives": '
+                              '[{"transcript": "x", "confidence": 1, "words": [{"word": "x"}]}]}}')
+        await server.send_raw("not json at all")
+        await turns_of(session, SILENCE, 16000)
+        events = await kit.list_events("room")
+    assert [e.text for e in events] == ["So Thursday?", "Yes, Thursday."]
+    assert len(server.connections) == 1  # nothing was mistaken for a dropped connection
+
+
+async def test_S2_drop_now_mid_stream_reconnects_without_losing_the_final() -> None:
+    async with DeepgramTestServer(two_voices_in_one_final()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, SILENCE[:8000], 16000)  # 0.5 s: no final yet
+        await asyncio.sleep(0.2)
+        server.drop_now()
+        await turns_of(session, SILENCE[8000:], 16000)
+        events = await kit.list_events("room")
+    assert [c.closed_reason for c in server.connections] == ["dropped", "close_stream"]
+    assert [e.text for e in events] == ["So Thursday?", "Yes, Thursday."]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from pathlib import Path
 
 import jiwer
 import pytest
@@ -67,3 +68,23 @@ async def test_S1_phone_leg_mulaw_8k_is_resampled_for_whisper(whisper: WhisperST
     turns = await session.finish()
     said = " ".join(t.text for t in turns).lower()
     assert "morning" in said and "meeting" in said
+
+
+def test_S1_cli_pipeline_speakers_with_the_embedded_stage(
+    whisper: WhisperSTT, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    import soundfile as sf
+
+    from server.cli import main
+
+    demo = meeting(seconds=13.0)
+    wav = tmp_path / "start.wav"
+    sf.write(wav, demo.audio, demo.sample_rate, subtype="PCM_16")
+    code = main(["transcribe", str(wav), "--pipeline-speakers", "--diarizer", "embedded",
+                 "--format", "json", "--rename", "Speaker A=Alice", "--no-progress"])
+    turns = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert turns[0]["speaker"] == "Alice"  # the first voice heard, renamed
+    assert len({t["speaker"] for t in turns}) >= 2  # the stage tells voices apart

@@ -392,6 +392,11 @@ class FrameDecoder:
             return samples
         return np.asarray(self._resampler.resample_chunk(samples), np.float32)
 
+    def skip(self, frame: bytes) -> None:
+        """Drop a frame (a paused stream) but keep the byte alignment of the ones after it."""
+        data = self._carry + bytes(frame)
+        self._carry = data[len(data) - len(data) % self.format.bytes_per_frame :]
+
     def flush(self) -> FloatAudio:
         """The resampler's tail at end of stream."""
         self._carry = b""
@@ -404,33 +409,39 @@ class AudioLog:
     """The recent audio of one session (16 kHz mono float32), addressed by session time.
 
     The STT base replays from it after a reconnect, and speaker matching (rule V4) and the
-    diarization pipeline cut runs out of it. It keeps the last `keep_seconds`.
+    diarization pipeline cut runs out of it. It keeps at least the last `keep_seconds`. Appends
+    are amortised O(1): one preallocated array, compacted only when it fills (a server holds one
+    log per live stream, so no per-frame copy of the whole history).
     """
 
     def __init__(self, sample_rate: int = STT_SAMPLE_RATE, keep_seconds: float = 180.0) -> None:
         self.sample_rate = sample_rate
         self.keep = int(keep_seconds * sample_rate)
-        self._chunks: list[FloatAudio] = []
-        self._buffer = np.zeros(0, np.float32)
+        self._data = np.zeros(min(self.keep, 10 * sample_rate), np.float32)
+        self._used = 0  # samples of _data in use
         self.first = 0
         """Session sample index of the first sample still held."""
         self.total = 0
         """Samples appended since the session started."""
 
     def append(self, samples: FloatAudio) -> None:
-        if len(samples) == 0:
+        n = len(samples)
+        if n == 0:
             return
-        self._chunks.append(np.asarray(samples, np.float32))
-        self.total += len(samples)
-
-    def _compact(self) -> None:
-        if self._chunks:
-            self._buffer = np.concatenate([self._buffer, *self._chunks])
-            self._chunks = []
-        excess = len(self._buffer) - self.keep
-        if excess > 0:
-            self._buffer = self._buffer[excess:]
-            self.first += excess
+        if self._used + n > len(self._data):
+            drop = max(0, self._used + n - self.keep)
+            drop = min(drop, self._used)
+            if drop:
+                self._data[: self._used - drop] = self._data[drop : self._used]
+                self._used -= drop
+                self.first += drop
+            if self._used + n > len(self._data):
+                bigger = np.zeros(max(2 * len(self._data), self._used + n), np.float32)
+                bigger[: self._used] = self._data[: self._used]
+                self._data = bigger
+        self._data[self._used : self._used + n] = samples
+        self._used += n
+        self.total += n
 
     @property
     def seconds(self) -> float:
@@ -438,12 +449,11 @@ class AudioLog:
 
     def samples(self, start: int, end: int | None = None) -> FloatAudio:
         """Samples [start, end) by session sample index (clamped to what is held)."""
-        self._compact()
         end = self.total if end is None else min(end, self.total)
         start = max(start, self.first)
         if end <= start:
             return np.zeros(0, np.float32)
-        return self._buffer[start - self.first : end - self.first].copy()
+        return self._data[start - self.first : end - self.first].copy()
 
     def between(self, start: float, end: float) -> FloatAudio:
         """Audio between two session times in seconds."""

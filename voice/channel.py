@@ -144,6 +144,10 @@ class VoiceSession:
         self.last_speaker: str | object | None = _NOBODY
         self.interim: tuple[Word, ...] = ()
         self._pending: list[Word] = []
+        """Final words with speakers, waiting for their run to end."""
+        self._unassigned: list[Word] = []
+        """Final words waiting for the diarization stage (pipeline mode)."""
+        self._end_of_speech = False
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
         self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
@@ -152,6 +156,7 @@ class VoiceSession:
         self._fed = 0
         self._diar_task: asyncio.Task[None] | None = None
         self._diar_wake = asyncio.Event()
+        self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
         self.error: str | None = None
 
     # -- audio in --------------------------------------------------------------------------
@@ -163,13 +168,16 @@ class VoiceSession:
         session goes on (rule V10)."""
         if self.finished:
             raise RuntimeError(f"voice session {self.id} is finished")
+        if self.paused:
+            self.decoder.skip(frame)
+            return 0
         try:
             samples = self.decoder.decode(frame)
         except AudioError as exc:
             self.skipped_frames.append(str(exc))
             log.warning("voice session %s: skipped a frame: %s", self.id, exc)
             raise
-        if self.paused or len(samples) == 0:
+        if len(samples) == 0:
             return 0
         return self._accept(samples)
 
@@ -211,22 +219,22 @@ class VoiceSession:
 
     async def flush(self) -> None:
         """Make everything heard so far final and commit its turns."""
-        tail = self.decoder.flush()
-        if len(tail):
-            self._accept(tail)
         await self.stt.flush()
         async with self._lock:
-            await self._emit_pending(force=True)
+            await self._advance(force=True)
 
     async def finish(self) -> list[CommittedTurn]:
         """End the stream: flush, close the STT connection, return the session's turns."""
         if self.finished:
             return self.turns
+        tail = self.decoder.flush()  # the resampler's last samples (ends the decoder)
+        if len(tail) and not self.paused:
+            self._accept(tail)
         await self.flush()
         self.finished = True
         await self.stt.aclose()
         async with self._lock:
-            await self._emit_pending(force=True)
+            await self._advance(force=True)
         if self._diar_task is not None:
             self._diar_task.cancel()
             with contextlib.suppress(BaseException):
@@ -243,7 +251,8 @@ class VoiceSession:
             return
         async with self._lock:
             if isinstance(event, UtteranceEnd):
-                await self._emit_pending(force=True)
+                self._end_of_speech = True
+                await self._advance(force=False)
                 return
             if not isinstance(event, Transcript):
                 return
@@ -251,15 +260,38 @@ class VoiceSession:
                 self.interim = event.words
                 return
             self.interim = ()
-            words = list(event.words)
-            if self._diarizer is not None and words:
-                try:
-                    words = await self._speakers_from_stage(words)
-                except Exception:
-                    log.exception("voice session %s: the diarization stage failed; these words "
-                                  "keep no speaker", self.id)
-            self._pending.extend(words)
-            await self._emit_pending(force=event.speech_final)
+            self._unassigned.extend(event.words)
+            self._end_of_speech = event.speech_final
+            await self._advance(force=False)
+
+    async def _advance(self, *, force: bool) -> None:
+        """Move final words on: give them speakers (pipeline mode) and commit finished runs.
+
+        In pipeline mode a word the stage has not placed yet (no segment near it) waits until the
+        stage has heard `speaker_wait` seconds past it, so the stage's lag does not leave early
+        words without a speaker; `force` (flush, end of stream) assigns whatever is known."""
+        if self._diarizer is None:
+            self._pending.extend(self._unassigned)
+            self._unassigned = []
+        elif self._unassigned:
+            try:
+                await self._feed_stage(self._diarizer, self.audio.total)
+            except Exception:
+                log.exception("voice session %s: the diarization stage failed", self.id)
+            heard = self._fed / STT_SAMPLE_RATE
+            ready = 0
+            for w in self._unassigned:
+                placed = _overlapped(self._timeline, w)
+                if not placed and not force and heard < w.end + self.channel.speaker_wait:
+                    break
+                ready += 1
+            if ready:
+                self._pending.extend(assign_speakers(self._unassigned[:ready], self._timeline))
+                self._unassigned = self._unassigned[ready:]
+        done = not self._unassigned and (self._end_of_speech or force)
+        await self._emit_pending(force=done)
+        if done:
+            self._end_of_speech = False
 
     async def _emit_pending(self, *, force: bool) -> None:
         runs = speaker_runs(self._pending)
@@ -268,7 +300,12 @@ class VoiceSession:
         done = runs if force else runs[:-1]
         self._pending = [] if force else list(runs[-1].words)
         for run in done:
-            await self._commit(run)
+            try:
+                await self._commit(run)
+            except Exception:
+                # Fail closed: a hook that raises may have been the one that blocks this turn.
+                log.exception("voice session %s: a turn was dropped because committing it failed",
+                              self.id)
 
     async def _commit(self, run: SpeakerTurn) -> None:
         kit = self.channel.require_kit()
@@ -332,30 +369,34 @@ class VoiceSession:
         while True:
             await self._diar_wake.wait()
             self._diar_wake.clear()
-            while self.audio.total - self._fed >= step or (self.finished and self._fed < self.audio.total):
+            while self.audio.total - self._fed >= step:
                 await self._feed_stage(stage, self.audio.total)
+                if self._unassigned:  # words waiting for the stage to place them
+                    async with self._lock:
+                        await self._advance(force=False)
 
     async def _feed_stage(self, stage: DiarizationStage, upto: int) -> None:
-        if upto <= self._fed:
-            return
-        chunk = self.audio.samples(self._fed, upto)
-        self._fed = upto
-        if len(chunk) == 0:
-            return
-        if stage.sample_rate != STT_SAMPLE_RATE:
-            chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
-        self._timeline = await asyncio.to_thread(stage.feed, chunk)
+        async with self._feed_lock:
+            if upto <= self._fed:
+                return
+            chunk = self.audio.samples(self._fed, upto)
+            self._fed = upto
+            if len(chunk) == 0:
+                return
+            if stage.sample_rate != STT_SAMPLE_RATE:
+                chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
+            self._timeline = await asyncio.to_thread(stage.feed, chunk)
 
-    async def _speakers_from_stage(self, words: list[Word]) -> list[Word]:
-        stage = self._diarizer
-        assert stage is not None
-        need = int(max(w.end for w in words) * STT_SAMPLE_RATE)
-        if self._fed < need:
-            await self._feed_stage(stage, max(need, self.audio.total))
-        return assign_speakers(words, self._timeline)
 
 
 _NOBODY = object()
+
+
+def _overlapped(timeline: SpeakerTimeline, word: Word) -> bool:
+    """Whether the stage has decided a segment that overlaps the word (not merely one nearby)."""
+    if word.end <= word.start:
+        return timeline.speaker_over(word.start, word.end) is not None
+    return any(min(word.end, s.end) > max(word.start, s.start) for s in timeline.segments)
 
 
 class VoiceChannel(Channel):
@@ -373,7 +414,8 @@ class VoiceChannel(Channel):
         embedder: VoiceEmbedder | Callable[[], VoiceEmbedder] | str | None = "default",
         sticky_renames: bool = True,
         echo_tail: float = 0.3,
-        diarize_step: float = 1.0,
+        diarize_step: float = 0.5,
+        speaker_wait: float = 2.0,
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(channel_id)
@@ -385,6 +427,7 @@ class VoiceChannel(Channel):
         if diarizer is not None and not isinstance(diarizer, DiarizationStage):
             raise TypeError(f"diarizer must implement voice.diarization_stage.DiarizationStage, "
                             f"got {type(diarizer).__name__}")
+        self._owns_stt = stt is None
         if stt is None:
             from voice.stt.whisper import WhisperSTT
 
@@ -396,6 +439,7 @@ class VoiceChannel(Channel):
         self.sticky_renames = sticky_renames
         self.echo_tail = echo_tail
         self.diarize_step = diarize_step
+        self.speaker_wait = speaker_wait
         self.on_play = on_play
         self._sessions: dict[str, VoiceSession] = {}
         self._playing_until: dict[str, float] = {}
@@ -477,7 +521,8 @@ class VoiceChannel(Channel):
                 await session.finish()
         for task in list(self._tasks):
             task.cancel()
-        await self.stt.aclose()
+        if self._owns_stt:  # a provider passed in may serve other channels: its owner closes it
+            await self.stt.aclose()
 
 
 def pcm16_frames(audio: FloatAudio, sample_rate: int, frame_seconds: float = 0.1) -> list[bytes]:

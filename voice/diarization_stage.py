@@ -142,3 +142,40 @@ class DiarizationStage(Protocol):
     def reset(self) -> None:
         """Forget the live stream (not the enrolled voices)."""
         ...
+
+
+class KnownTimelineStage:
+    """A stage whose whole timeline is already known: the result of a refinement pass over a whole
+    recording (`stage.diarize(audio)`), handed out through the live interface.
+
+    Transcribing a file can afford to diarize it as a whole first (batch mode clusters every voice
+    with all the evidence, rule P1's refinement pass) and then take the same live path as a stream:
+    the voice channel feeds this stage and reads the timeline, so word alignment (V5), hooks and
+    turns are exactly those of a live room. It cannot learn voices: enroll on the stage that made
+    the timeline, before the refinement pass.
+    """
+
+    def __init__(self, timeline: SpeakerTimeline, sample_rate: int = 16000) -> None:
+        self.timeline = timeline
+        self.sample_rate = sample_rate
+
+    def feed(self, audio: Audio) -> SpeakerTimeline:
+        return self.timeline
+
+    def diarize(
+        self,
+        audio: Audio,
+        *,
+        num_speakers: int | None = None,
+        max_speakers: int | None = None,
+    ) -> SpeakerTimeline:
+        return self.timeline
+
+    def enroll(self, name: str, audio: Audio) -> None:
+        raise RuntimeError("a known timeline cannot enroll voices: enroll on the stage that made it")
+
+    def forget(self, name: str) -> None:
+        raise RuntimeError("a known timeline holds no voiceprints")
+
+    def reset(self) -> None:
+        """Nothing to forget: the timeline belongs to one recording."""

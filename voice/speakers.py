@@ -2,13 +2,16 @@
 
 Why: a diarizing STT numbers speakers per connection. When a stream drops and reconnects, the new
 connection starts again at speaker 0, so without help `Speaker A` of the first connection could
-come back as `Speaker B`, or two people could swap names. The session keeps a voiceprint centroid
-for each of its speakers (GE2E embeddings of the runs they spoke); a label the new connection
-introduces is matched to the closest centroid not already claimed on that connection, and only a
-voice that matches nobody becomes a new letter.
+come back as `Speaker B`, or two people could swap names. The labels a new connection introduces
+are matched, by GE2E voiceprints, to the session's speakers: the one-to-one assignment with the
+highest total similarity among speakers no other label of that connection holds; only a voice
+that matches nobody becomes a new letter.
 
-On the first connection the STT's own numbering is trusted (letters in order of first appearance,
-rule V3). Matching is CPU work: callers run `resolve` in a worker thread.
+Shaped for many streams: in steady state nothing is embedded. Each session speaker keeps the
+spans (session times) of its most recent speech; voiceprints are computed from the session's
+audio log only when a reconnected stream brings a label it has not bound yet, and cached until
+that speaker speaks again. On the first connection the STT's own numbering is trusted (letters in
+order of first appearance, rule V3). Matching is CPU work: callers run `resolve` in a worker thread.
 """
 
 from __future__ import annotations
@@ -38,18 +41,29 @@ MIN_EMBED_SECONDS = 0.6
 """Runs shorter than this are padded with their own audio repeated; GE2E wants about 1.6 s."""
 
 
+Span = tuple[float, float]
+AudioBetween = Callable[[float, float], FloatAudio]
+HISTORY_SECONDS = 20.0
+"""Seconds of each speaker's most recent speech kept (as spans) for its voiceprint."""
+
+
 @dataclass
 class SpeakerContinuity:
     """Session speakers across STT connections (generations)."""
 
     embedder: VoiceEmbedder | Callable[[], VoiceEmbedder] | None = None
-    threshold: float = 0.70
-    """Cosine similarity a new label's voice needs with a known speaker's centroid to take it."""
+    threshold: float = 0.75
+    """Cosine similarity a new label's voice needs with a known speaker's voiceprint to take it."""
     letters: SpeakerLetters = field(default_factory=SpeakerLetters)
-    centroids: dict[str, FloatAudio] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
+    history: dict[str, list[Span]] = field(default_factory=dict)
+    """Each session speaker's most recent speech, as session-time spans."""
     decisions: list[tuple[int, object, str, float | None]] = field(default_factory=list)
     """(generation, raw label, session label, similarity or None): how each label was bound."""
+    embedded: int = 0
+    """Voiceprints computed so far (zero until a reconnect needs one)."""
+
+    def __post_init__(self) -> None:
+        self._prints: dict[str, tuple[int, FloatAudio | None]] = {}
 
     def _embedder(self) -> VoiceEmbedder | None:
         found = self.embedder
@@ -67,52 +81,93 @@ class SpeakerContinuity:
         if len(audio) < MIN_EMBED_SECONDS * 16000:
             reps = int(np.ceil(MIN_EMBED_SECONDS * 16000 / len(audio)))
             audio = np.tile(audio, reps)
+        self.embedded += 1
         vec = np.asarray(embedder.embed(audio), np.float32)
         norm = float(np.linalg.norm(vec))
         return vec / norm if norm > 0 else None
 
-    def resolve(self, generation: int, runs: Mapping[object, FloatAudio]) -> dict[object, str]:
-        """Session labels for the raw labels of one final result; `runs` holds each raw label's
-        audio in that result (all its words). Updates the centroids. Blocking: run in a thread."""
+    def _voice(self, spans: list[Span], audio: AudioBetween) -> FloatAudio | None:
+        pieces = [audio(a, b) for a, b in spans]
+        pieces = [p for p in pieces if len(p)]
+        return self._embed(np.concatenate(pieces)) if pieces else None
+
+    def voiceprint(self, label: str, audio: AudioBetween) -> FloatAudio | None:
+        """The speaker's voiceprint from its recent speech (cached until it speaks again)."""
+        spans = self.history.get(label, [])
+        cached = self._prints.get(label)
+        if cached is not None and cached[0] == len(spans):
+            return cached[1]
+        vec = self._voice(spans, audio)
+        self._prints[label] = (len(spans), vec)
+        return vec
+
+    def needs_voices(self, generation: int, runs: Mapping[object, list[Span]]) -> bool:
+        """Whether `resolve` will embed: a reconnected stream brings an unbound label."""
+        return generation > 0 and bool(self.history) and any(
+            self.letters.get((generation, raw)) is None for raw in runs)
+
+    def resolve(self, generation: int, runs: Mapping[object, list[Span]],
+                audio: AudioBetween) -> dict[object, str]:
+        """Session labels for the raw labels of one final result. `runs` holds each raw label's
+        word spans in that result (session time); `audio(start, end)` reads the session's audio.
+        Blocking (embeddings, only after a reconnect): run it in a worker thread."""
         out: dict[object, str] = {}
-        embeddings = {raw: self._embed(audio) for raw, audio in runs.items()}
-        for raw, vec in embeddings.items():
-            key = (generation, raw)
-            label = self.letters.get(key)
-            if label is None:
-                label = self._bind_new(generation, raw, vec)
-            out[raw] = label
-            if vec is not None:
-                weight = len(runs[raw]) / 16000
-                self._update(label, vec, weight)
+        unbound = []
+        for raw in runs:
+            label = self.letters.get((generation, raw))
+            if label is not None:
+                out[raw] = label
+            else:
+                unbound.append(raw)
+        if unbound and (generation == 0 or not self.history):
+            for raw in unbound:
+                out[raw] = self.letters.label((generation, raw))
+                self.decisions.append((generation, raw, out[raw], None))
+        elif unbound:
+            new = {raw: self._voice(runs[raw], audio) for raw in unbound}
+            out.update(self._match(generation, new, audio))
+        for raw, spans in runs.items():
+            self._remember(out[raw], spans)
         return out
 
-    def _bind_new(self, generation: int, raw: object, vec: FloatAudio | None) -> str:
-        key = (generation, raw)
-        if generation == 0 or vec is None or not self.centroids:
-            label = self.letters.label(key)
-            self.decisions.append((generation, raw, label, None))
-            return label
+    def _remember(self, label: str, spans: list[Span]) -> None:
+        kept = self.history.setdefault(label, [])
+        kept.extend(spans)
+        total = 0.0
+        for i in range(len(kept) - 1, -1, -1):
+            total += kept[i][1] - kept[i][0]
+            if total >= HISTORY_SECONDS:
+                del kept[:i]
+                break
+
+    def _match(self, generation: int, new: dict[object, FloatAudio | None],
+               audio: AudioBetween) -> dict[object, str]:
+        from scipy.optimize import linear_sum_assignment
+
         claimed = {lab for key, lab in self.letters.labels.items()
                    if isinstance(key, tuple) and key[0] == generation}
-        scores = {lab: float(vec @ c) for lab, c in self.centroids.items() if lab not in claimed}
-        best = max(scores.items(), key=lambda kv: kv[1]) if scores else None
-        if best is not None and best[1] >= self.threshold:
-            label = self.letters.bind(key, best[0])
-            self.decisions.append((generation, raw, label, best[1]))
-            log.info("reconnect: STT label %s of connection %d is %s by voice (cosine %.2f)",
-                     raw, generation, label, best[1])
-            return label
-        label = self.letters.bind(key, self.letters.new_label())
-        self.decisions.append((generation, raw, label, best[1] if best else None))
-        log.info("reconnect: STT label %s of connection %d matches nobody (best %s): new %s",
-                 raw, generation, f"{best[1]:.2f}" if best else "none", label)
-        return label
-
-    def _update(self, label: str, vec: FloatAudio, weight: float) -> None:
-        old = self.centroids.get(label)
-        w_old = self.weights.get(label, 0.0)
-        merged = vec * weight if old is None else old * w_old + vec * weight
-        norm = float(np.linalg.norm(merged))
-        self.centroids[label] = (merged / norm).astype(np.float32) if norm > 0 else vec
-        self.weights[label] = min(w_old + weight, 60.0)
+        prints = {lab: self.voiceprint(lab, audio) for lab in self.history}
+        known = {lab: vec for lab, vec in prints.items() if vec is not None}
+        free = [lab for lab in known if lab not in claimed]
+        voiced = [raw for raw, vec in new.items() if vec is not None]
+        out: dict[object, str] = {}
+        if free and voiced:
+            sims = np.array([[float(cast(FloatAudio, new[raw]) @ known[lab]) for lab in free]
+                             for raw in voiced])
+            for i, j in zip(*linear_sum_assignment(-sims), strict=True):
+                if sims[i, j] >= self.threshold:
+                    raw, label = voiced[i], free[j]
+                    out[raw] = self.letters.bind((generation, raw), label)
+                    self.decisions.append((generation, raw, label, float(sims[i, j])))
+                    log.info("reconnect: STT label %s of connection %d is %s by voice (cosine %.2f)",
+                             raw, generation, label, sims[i, j])
+        for raw, vec in new.items():
+            if raw in out:
+                continue
+            best = max((float(vec @ c) for c in known.values()), default=None) \
+                if vec is not None else None
+            out[raw] = self.letters.bind((generation, raw), self.letters.new_label())
+            self.decisions.append((generation, raw, out[raw], best))
+            log.info("reconnect: STT label %s of connection %d matches nobody (best %s): new %s",
+                     raw, generation, f"{best:.2f}" if best is not None else "none", out[raw])
+        return out

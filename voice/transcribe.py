@@ -22,10 +22,11 @@ import numpy as np
 import numpy.typing as npt
 
 from rooms import HookContext, HookResult, HookTrigger, RoomKit
-from voice.audio import float_to_pcm16
+from voice.audio import float_to_pcm16, resample
 from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
-from voice.diarization_stage import DiarizationStage
+from voice.diarization_stage import DiarizationStage, KnownTimelineStage
 from voice.stt.base import SttProvider
+from voice.turns import Word
 
 FloatAudio = npt.NDArray[np.float32]
 
@@ -40,6 +41,7 @@ class Turn:
     """The raw label before renames (`Speaker A`)."""
     latency: float | None = None
     """Seconds from the end of the turn's speech (as streamed) to its room event (paced runs)."""
+    words: tuple[Word, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {"speaker": self.speaker, "text": self.text, "start": round(self.start, 3),
@@ -83,11 +85,18 @@ async def transcribe_audio(
     speed: float | None = None,
     frame_seconds: float = 0.1,
     progress: Callable[[float], None] | None = None,
+    refine_speakers: bool = False,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
     `speed=None` pushes as fast as the STT takes it; `speed=1.0` paces frames in real time and
-    fills `Turn.latency`. `progress(seconds)` is called as audio is transcribed."""
+    fills `Turn.latency`. `progress(seconds)` is called as audio is transcribed.
+    `refine_speakers=True` (a whole file is at hand): the diarization stage first diarizes the
+    whole recording in batch mode, and the channel reads that timeline instead of the stage's live
+    decisions; everything after (word alignment, turns, hooks) is the live path."""
+    if pipeline_speakers and diarizer is not None and refine_speakers:
+        whole = resample(audio, sample_rate, diarizer.sample_rate)
+        diarizer = KnownTimelineStage(await asyncio.to_thread(diarizer.diarize, whole))
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
     channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer)
@@ -133,6 +142,7 @@ async def transcribe_audio(
             end=c.end,
             label=c.transcription.speaker,
             latency=(c.committed_at - (t0 + c.end / speed)) if speed else None,
+            words=c.transcription.words,
         )
         for c in committed
     ]

@@ -65,10 +65,34 @@ def speaker_runs(words: Sequence[Word]) -> list[SpeakerTurn]:
     ]
 
 
+MIN_WORD_EVIDENCE = 0.02
+"""Seconds: a word shorter than this (Whisper gives some words no duration) carries no evidence
+of its own about who spoke it."""
+
+
 def assign_speakers(words: Sequence[Word], timeline: SpeakerTimeline) -> list[Word]:
-    """Each word takes the speaker the stage heard longest over it (rule V5); a word nobody
-    overlaps takes the previous word's speaker (or the next one's, at the start)."""
-    out = [replace(w, speaker=timeline.speaker_over(w.start, w.end)) for w in words]
+    """Each word takes the speaker the stage heard longest over it (rule V5).
+
+    A word with no duration takes the speaker of the word it touches (the next one first: such a
+    word is usually the clipped onset of the word after it); a word nobody overlaps takes the
+    previous word's speaker (or the next one's, at the start)."""
+    out = [
+        replace(w, speaker=timeline.speaker_over(w.start, w.end))
+        if w.end - w.start >= MIN_WORD_EVIDENCE
+        else replace(w, speaker=None)
+        for w in words
+    ]
+    for i, w in enumerate(out):
+        if w.end - w.start >= MIN_WORD_EVIDENCE:
+            continue
+        after = out[i + 1] if i + 1 < len(out) else None
+        before = out[i - 1] if i > 0 else None
+        if after is not None and after.speaker and after.start - w.end <= 0.1:
+            out[i] = replace(w, speaker=after.speaker)
+        elif before is not None and before.speaker and w.start - before.end <= 0.1:
+            out[i] = replace(w, speaker=before.speaker)
+        else:
+            out[i] = replace(w, speaker=timeline.speaker_over(w.start, w.end))
     last: str | None = None
     for i, w in enumerate(out):
         if w.speaker is None and last is not None:

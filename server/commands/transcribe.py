@@ -36,6 +36,9 @@ def register(subparsers: Any) -> None:
                         help="take speakers from a diarization stage instead of the STT")
     parser.add_argument("--diarizer", choices=("embedded", "pyannote"), default="embedded",
                         help="diarization stage for --pipeline-speakers (default: embedded)")
+    parser.add_argument("--live-diarization", action="store_true",
+                        help="with --pipeline-speakers: decide speakers as a live stream would "
+                             "(online, never revised) instead of diarizing the whole file first")
     parser.add_argument("--num-speakers", type=int, default=None,
                         help="number of speakers, when known (diarization stage)")
     parser.add_argument("--whisper-model", default=None,
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(transcribe_audio(
             audio, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
-            renames=renames, progress=progress))
+            renames=renames, progress=progress, refine_speakers=not args.live_diarization))
     except (ConnectionError, OSError) as exc:
         bar.close()
         print(f"chorus transcribe: error: {args.stt}: {exc}", file=sys.stderr)

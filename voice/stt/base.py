@@ -193,7 +193,8 @@ class SttStream:
         self._finalized = asyncio.Event()
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
-        self._recent_finals: list[Word] = []
+        self._recent_finals: list[tuple[int, Word]] = []
+        """Final words of the last 30 s with the connection that reported them (for dedup)."""
         self._connected = asyncio.Event()
         self.error: str | None = None
 
@@ -375,20 +376,20 @@ class SttStream:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
             await self._emit(Transcript(words, False, False, current.generation))
             return
-        kept = [(w, s, e) for w, s, e in raw if not self._is_duplicate(w.text, s)]
+        kept = [(w, s, e) for w, s, e in raw
+                if not self._is_duplicate(w.text, s, current.generation)]
         labels: dict[object, str] = {}
         if self.provider.diarizes and any(w.speaker is not None for w, _, _ in kept):
-            runs: dict[object, list[npt.NDArray[np.float32]]] = {}
+            spans: dict[object, list[tuple[float, float]]] = {}
             for w, s, e in kept:
                 if w.speaker is not None:
-                    runs.setdefault(w.speaker, []).append(self.audio.between(s, e))
-            audio = {k: np.concatenate(v) for k, v in runs.items()}
+                    spans.setdefault(w.speaker, []).append((s, e))
             try:
-                labels = await asyncio.to_thread(self.speakers.resolve, current.generation, audio)
+                labels = await self._resolve_speakers(current.generation, spans)
             except Exception:
                 log.exception("%s: matching voices failed; labels follow this connection's ids",
                               self.provider.name)
-                labels = {k: self.speakers.letters.label((current.generation, k)) for k in audio}
+                labels = {k: self.speakers.letters.label((current.generation, k)) for k in spans}
         words = tuple(
             Word(w.text, s, e, w.confidence,
                  labels.get(w.speaker) if w.speaker is not None else None)
@@ -396,18 +397,36 @@ class SttStream:
         )
         if words:
             self.final_until = max(self.final_until, max(w.end for w in words))
-            self._recent_finals.extend(words)
+            self._recent_finals.extend((current.generation, w) for w in words)
             horizon = self.final_until - 30.0
-            self._recent_finals = [w for w in self._recent_finals if w.end >= horizon]
+            self._recent_finals = [(g, w) for g, w in self._recent_finals if w.end >= horizon]
         await self._emit(Transcript(words, True, result.speech_final, current.generation))
 
-    def _is_duplicate(self, text: str, start: float) -> bool:
-        if start > self.final_until + DUPLICATE_TOLERANCE:
+    async def _resolve_speakers(self, generation: int,
+                                spans: dict[object, list[tuple[float, float]]]) -> dict[object, str]:
+        """V3/V4 labels. Cheap bookkeeping unless a reconnected stream brings a label the session
+        has not bound: then the voices are embedded in a worker thread, from audio copied here
+        (the log is only touched on the event loop)."""
+        if not self.speakers.needs_voices(generation, spans):
+            return self.speakers.resolve(generation, spans, self.audio.between)
+        wanted = [sp for runs in (spans, self.speakers.history) for v in runs.values() for sp in v]
+        clips = {sp: self.audio.between(*sp) for sp in wanted}
+        empty = np.zeros(0, np.float32)
+
+        def read(start: float, end: float) -> npt.NDArray[np.float32]:
+            return clips.get((start, end), empty)
+
+        return await asyncio.to_thread(self.speakers.resolve, generation, spans, read)
+
+    def _is_duplicate(self, text: str, start: float, generation: int) -> bool:
+        """A word an earlier connection already made final (replayed audio). Words of the same
+        connection are never duplicates: "no, no" stays two words."""
+        if generation == 0 or start > self.final_until + DUPLICATE_TOLERANCE:
             return False
         key = _norm(text)
         return any(
-            _norm(w.text) == key and abs(w.start - start) <= DUPLICATE_TOLERANCE
-            for w in reversed(self._recent_finals)
+            g < generation and _norm(w.text) == key and abs(w.start - start) <= DUPLICATE_TOLERANCE
+            for g, w in reversed(self._recent_finals)
         )
 
     async def _emit(self, event: SttEvent) -> None:

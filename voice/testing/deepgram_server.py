@@ -232,6 +232,7 @@ class DeepgramTestServer:
         self.interim_every = interim_every
         self.api_key = api_key
         self.connections: list[ConnectionState] = []
+        self._open: dict[int, ServerConnection] = {}
         self._server: Server | None = None
         self._drop_after: float | None = None
         self.port = 0
@@ -239,6 +240,17 @@ class DeepgramTestServer:
     @property
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
+
+    def drop_now(self) -> None:
+        """Abort every open connection at once (no close frame, as a network failure would)."""
+        for index, ws in list(self._open.items()):
+            self.connections[index].closed_reason = "dropped"
+            ws.transport.abort()
+
+    async def send_raw(self, text: str) -> None:
+        """Send a raw text frame to every open connection (malformed-message tests)."""
+        for ws in list(self._open.values()):
+            await ws.send(text)
 
     def drop_after(self, seconds: float) -> None:
         """Abort the next connection (or the current one) once it has received `seconds` of audio."""
@@ -274,8 +286,16 @@ class DeepgramTestServer:
         state = ConnectionState(parts.path, query, headers, int(query.get("sample_rate", "16000")),
                                 index=len(self.connections))
         self.connections.append(state)
-        if parts.path != "/v1/listen":
-            await ws.close(code=1008, reason=f"unknown path {parts.path}")
+        self._open[state.index] = ws
+        try:
+            await self._serve(ws, state, parts.path, headers)
+        finally:
+            self._open.pop(state.index, None)
+
+    async def _serve(self, ws: ServerConnection, state: ConnectionState, path: str,
+                     headers: dict[str, str]) -> None:
+        if path != "/v1/listen":
+            await ws.close(code=1008, reason=f"unknown path {path}")
             return
         if self.api_key is not None and headers.get("authorization") != f"Token {self.api_key}":
             await ws.close(code=1008, reason="invalid credentials")
