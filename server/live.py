@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 StreamKind = Literal["device", "twilio"]
 Outgoing = str | bytes
 OUTBOX_SIZE = 1024
+ONE_PERSON = "\x00one-person"
+"""Rename key for a one-person stream: its one voice, whatever label an STT gave it."""
 
 
 class StreamLimitError(Exception):
@@ -310,7 +312,9 @@ class LiveRooms:
                 start=float(meta.get("start", 0.0)),
                 end=end,
                 participant=event.source.participant_id,
-                label=meta.get("speaker_label"),
+                label=meta.get("speaker_label")
+                if stream is None or stream.info.shared_mic
+                else None,
                 stream=stream.id if stream else None,
                 event_id=event.id,
             )
@@ -378,7 +382,11 @@ class LiveRooms:
         live = self.rooms.get(room_id)
         if live is None:
             return
-        live.renames[(stream_id, label)] = name
+        stream = live.streams.get(stream_id) if stream_id is not None else None
+        if stream is not None and not stream.info.shared_mic:
+            live.renames[(stream.id, ONE_PERSON)] = name  # one voice, whatever its label
+        else:
+            live.renames[(stream_id, label)] = name
         live.feed.publish(
             dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
         )
@@ -395,12 +403,14 @@ class LiveRooms:
             name = live.renames.get((stream.id, label))
         if name is None:
             name = live.renames.get((None, label))
-        if name is None and stream is not None and not stream.info.shared_mic:
+        if stream is not None and not stream.info.shared_mic:
             # One person per stream (a phone leg): whatever labels the STT put on the voice,
-            # the turn is the participant's; no stamped name lets the participant record name it.
-            if getattr(value, "sender_name", None) is None:
+            # the turn is the participant's. Unless renamed, no stamped name: the participant
+            # record names it (B2).
+            name = live.renames.get((stream.id, ONE_PERSON))
+            if name == getattr(value, "sender_name", None):
                 return None
-            return HookResult.modify(dataclasses.replace(value, sender_name=None))
+            return HookResult.modify(dataclasses.replace(value, sender_name=name))
         if name is None or name == getattr(value, "sender_name", None):
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=name))
