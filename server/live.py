@@ -77,11 +77,14 @@ class LiveStream:
     def room_id(self) -> str:
         return self.info.room_id
 
-    def send(self, message: Outgoing) -> None:
+    def send(self, message: Outgoing) -> bool:
+        """Queue a message for the socket; False (and counted) when it stopped reading."""
         try:
             self.outbox.put_nowait(message)
         except asyncio.QueueFull:
             self.dropped_messages += 1
+            return False
+        return True
 
     def note_audio(self, seconds: float) -> None:
         """Record when the audio up to `received_s` arrived (for turn latency)."""
@@ -326,13 +329,17 @@ class LiveRooms:
             text = dump(turn)
             live.feed.publish(text)
             if stream is not None:
-                stream.send(text)
+                self._send(stream, text)
         elif event.source.channel_type in ("realtime", "ai"):
             self.metrics.replies_total += 1
             text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))
             live.feed.publish(text)
             for stream in list(live.streams.values()):
-                stream.send(text)
+                self._send(stream, text)
+
+    def _send(self, stream: LiveStream, message: Outgoing) -> None:
+        if not stream.send(message):
+            self.metrics.stream_messages_dropped_total += 1
 
     def play_reply(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
         live = self.rooms.get(room_id)
@@ -340,7 +347,7 @@ class LiveRooms:
             return
         for stream in list(live.streams.values()):
             for message in stream.reply_audio(pcm16, sample_rate):
-                stream.send(message)
+                self._send(stream, message)
 
     def _stream_of_value(self, value: Any, ctx: HookContext) -> LiveStream | None:
         """The stream a voice hook value (`TranscriptionEvent`, `SpeakerChangeEvent`) came from."""
@@ -373,7 +380,7 @@ class LiveRooms:
         text = dump(message)
         live.feed.publish(text)
         if stream is not None:
-            stream.send(text)
+            self._send(stream, text)
 
     # ------------------------------------------------------------------ renames
 
