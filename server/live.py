@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 StreamKind = Literal["device", "twilio"]
 Outgoing = str | bytes
 OUTBOX_SIZE = 1024
+ONE_PERSON = "\x00one-person"
+"""Rename key for a one-person stream: its one voice, whatever label an STT gave it."""
 
 
 class StreamLimitError(Exception):
@@ -75,11 +77,14 @@ class LiveStream:
     def room_id(self) -> str:
         return self.info.room_id
 
-    def send(self, message: Outgoing) -> None:
+    def send(self, message: Outgoing) -> bool:
+        """Queue a message for the socket; False (and counted) when it stopped reading."""
         try:
             self.outbox.put_nowait(message)
         except asyncio.QueueFull:
             self.dropped_messages += 1
+            return False
+        return True
 
     def note_audio(self, seconds: float) -> None:
         """Record when the audio up to `received_s` arrived (for turn latency)."""
@@ -310,7 +315,9 @@ class LiveRooms:
                 start=float(meta.get("start", 0.0)),
                 end=end,
                 participant=event.source.participant_id,
-                label=meta.get("speaker_label"),
+                label=meta.get("speaker_label")
+                if stream is None or stream.info.shared_mic
+                else None,
                 stream=stream.id if stream else None,
                 event_id=event.id,
             )
@@ -322,13 +329,17 @@ class LiveRooms:
             text = dump(turn)
             live.feed.publish(text)
             if stream is not None:
-                stream.send(text)
+                self._send(stream, text)
         elif event.source.channel_type in ("realtime", "ai"):
             self.metrics.replies_total += 1
             text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))
             live.feed.publish(text)
             for stream in list(live.streams.values()):
-                stream.send(text)
+                self._send(stream, text)
+
+    def _send(self, stream: LiveStream, message: Outgoing) -> None:
+        if not stream.send(message):
+            self.metrics.stream_messages_dropped_total += 1
 
     def play_reply(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
         live = self.rooms.get(room_id)
@@ -336,7 +347,7 @@ class LiveRooms:
             return
         for stream in list(live.streams.values()):
             for message in stream.reply_audio(pcm16, sample_rate):
-                stream.send(message)
+                self._send(stream, message)
 
     def _stream_of_value(self, value: Any, ctx: HookContext) -> LiveStream | None:
         """The stream a voice hook value (`TranscriptionEvent`, `SpeakerChangeEvent`) came from."""
@@ -369,7 +380,7 @@ class LiveRooms:
         text = dump(message)
         live.feed.publish(text)
         if stream is not None:
-            stream.send(text)
+            self._send(stream, text)
 
     # ------------------------------------------------------------------ renames
 
@@ -378,7 +389,11 @@ class LiveRooms:
         live = self.rooms.get(room_id)
         if live is None:
             return
-        live.renames[(stream_id, label)] = name
+        stream = live.streams.get(stream_id) if stream_id is not None else None
+        if stream is not None and not stream.info.shared_mic:
+            live.renames[(stream.id, ONE_PERSON)] = name  # one voice, whatever its label
+        else:
+            live.renames[(stream_id, label)] = name
         live.feed.publish(
             dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
         )
@@ -395,12 +410,14 @@ class LiveRooms:
             name = live.renames.get((stream.id, label))
         if name is None:
             name = live.renames.get((None, label))
-        if name is None and stream is not None and not stream.info.shared_mic:
+        if stream is not None and not stream.info.shared_mic:
             # One person per stream (a phone leg): whatever labels the STT put on the voice,
-            # the turn is the participant's; no stamped name lets the participant record name it.
-            if getattr(value, "sender_name", None) is None:
+            # the turn is the participant's. Unless renamed, no stamped name: the participant
+            # record names it (B2).
+            name = live.renames.get((stream.id, ONE_PERSON))
+            if name == getattr(value, "sender_name", None):
                 return None
-            return HookResult.modify(dataclasses.replace(value, sender_name=None))
+            return HookResult.modify(dataclasses.replace(value, sender_name=name))
         if name is None or name == getattr(value, "sender_name", None):
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=name))

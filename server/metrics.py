@@ -56,6 +56,7 @@ class ServerMetrics:
         self.audio_seconds_total = 0.0
         self.feed_consumers = 0
         self.feed_dropped_total = 0
+        self.stream_messages_dropped_total = 0
         self.turn_latency = Histogram()
 
     def render(self, rooms: int) -> str:
@@ -90,6 +91,12 @@ class ServerMetrics:
         lines.append(f"chorus_feed_consumers {self.feed_consumers}")
         family("chorus_feed_dropped_total", "counter", "Event-feed consumers dropped for lagging.")
         lines.append(f"chorus_feed_dropped_total {self.feed_dropped_total}")
+        family(
+            "chorus_stream_messages_dropped_total",
+            "counter",
+            "Messages to a device or phone leg dropped because it stopped reading.",
+        )
+        lines.append(f"chorus_stream_messages_dropped_total {self.stream_messages_dropped_total}")
         lines += self.turn_latency.render(
             "chorus_turn_latency_seconds",
             "From receiving the audio up to a turn's end to committing the turn.",

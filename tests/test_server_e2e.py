@@ -173,3 +173,36 @@ async def test_a_mixed_bridge_leg_asks_for_shared_mic_diarization(
     assert len(set(speakers)) >= 2 and all(s.startswith("Speaker ") for s in speakers)
     assert "Conference line" not in speakers
     await feed.close()
+
+
+async def test_a_one_person_stream_is_its_participant_and_renames_as_one_voice(
+    servers: tuple[RunningServer, OpenAIRealtimeServer],
+) -> None:
+    server, _ = servers
+    token = issue_token(SECRET, "desk")
+    feed = await EventFeed.open(server.base, "desk", token)
+    device = await DeviceStream.open(
+        server.base,
+        "desk",
+        token,
+        StartMessage(participant="desk-1", name="Desk", shared_mic=False),
+    )
+    # the STT stand-in labels these words with two voices; the stream is one person
+    await device.send_audio(float_to_pcm16(excerpt(0.0, 9.2)), chunk_s=0.5, realtime=False)
+    await eventually(lambda: len(feed.turns) >= 1, 30, "a first turn")
+    assert {t.speaker for t in feed.turns} == {"Desk"}
+    assert all(t.label is None for t in feed.turns)
+    stream = feed.turns[0].stream
+    await feed.rename("Desk", "Dana", stream=stream)
+    await eventually(lambda: any(m.type == "renamed" for m in feed.received), 10, "renamed")
+    before = len(feed.turns)
+    await device.send_audio(float_to_pcm16(excerpt(9.2, 16.0)), chunk_s=0.5, realtime=False)
+    async with asyncio.timeout(60):
+        await device.stop()
+    later = feed.turns[before:]
+    assert later and {t.speaker for t in later} == {"Dana"}
+    events = await server.server.rooms.kit.list_events("desk")
+    turns = [e for e in events if e.metadata.get("source") == "voice"]
+    assert [e.metadata.get("sender_name") for e in turns][-len(later) :] == ["Dana"] * len(later)
+    assert all("sender_name" not in e.metadata for e in turns[:before])
+    await feed.close()

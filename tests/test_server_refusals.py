@@ -268,3 +268,22 @@ async def test_http_routes(server: RunningServer) -> None:
     assert status == 200 and "Live transcript" in body
     status, _ = await server.http_get("/nope")
     assert status == 404
+
+
+async def test_a_dropped_device_is_closed_and_forgotten(
+    server: RunningServer, bystanders: tuple[DeviceStream, EventFeed]
+) -> None:
+    _, feed = bystanders
+    token = issue_token(SECRET, "calm")
+    gone = await DeviceStream.open(server.base, "calm", token, StartMessage(participant="flaky"))
+    await gone.send_audio(tone(0.3), realtime=False)
+    await eventually(lambda: any(m.type == "started" for m in gone.received), 10, "started")
+    gone.ws.transport.abort()  # the network drops: no stop, no close frame
+    await eventually(
+        lambda: any(m.type == "stream_stopped" and m.participant == "flaky" for m in feed.received),
+        20,
+        "the server to close the dropped stream",
+    )
+    assert server.server.metrics.streams_active["device"] == 1  # the bystander's
+    live = await server.server.rooms.room("calm")
+    assert [s.info.participant for s in live.streams.values()] == ["steady"]
