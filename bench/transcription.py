@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline-speakers", action="store_true",
                         help="speakers from a diarization stage; adds speaker-attributed accuracy")
     parser.add_argument("--diarizer", choices=("embedded", "pyannote"), default="embedded")
+    parser.add_argument("--refine-speakers", action="store_true",
+                        help="with --pipeline-speakers: diarize the whole file first, as "
+                             "`chorus transcribe` does for a file (no live latency to measure)")
     parser.add_argument("--speed", type=float, default=1.0,
                         help="pace of the latency pass, as a multiple of real time (default 1)")
     parser.add_argument("--skip-latency", action="store_true", help="only the fast pass")
@@ -137,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     script = json.loads(args.script.read_text())
     reference = " ".join(t["text"] for t in script["turns"])
     duration = len(audio) / rate
-    passes = [("fast", None)] + ([] if args.skip_latency else [("real-time", args.speed)])
+    live = not (args.skip_latency or args.refine_speakers)
+    passes = [("fast", None)] + ([("real-time", args.speed)] if live else [])
     figures: dict[str, Any] = {"audio": str(args.audio), "duration_s": round(duration, 2),
                                "stt": args.stt}
     load_started = time.perf_counter()
@@ -159,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
             diarizer = load_stage(args.diarizer)
         result = asyncio.run(transcribe_audio(audio, rate, stt=stt, speed=speed, progress=progress,
                                               pipeline_speakers=args.pipeline_speakers,
-                                              diarizer=diarizer))
+                                              diarizer=diarizer,
+                                              refine_speakers=args.refine_speakers))
         bar.close()
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),
