@@ -33,14 +33,13 @@ from realtime.testing.rooms import VoiceLikeChannel, expected_lines
 from rooms import RoomKit
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg
-from server.pipeline import VoiceStreamAudio
+from server.config import ConfigError, load_config
+from server.pipeline import VoiceStreamAudio, _realtime_channel
 from server.protocol import StartMessage
 from server.realtime_audio import RealtimeAudioTap
 from server.testing.harness import SECRET, RunningServer, eventually, running_server
 from voice.audio import AudioLog, float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
-
-pytestmark = [pytest.mark.asyncio]
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 ROOM = "standup"
@@ -314,3 +313,23 @@ async def test_a_failing_realtime_side_costs_the_audio_path_nothing_and_keeps_th
     assert np.all(pcm < -0.2 * 32768)
     await tap.close()
     await kit.close()
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_realtime_audio_is_off_by_default_and_set_from_file_or_environment(
+    tmp_path: Path,
+) -> None:
+    assert load_config(None, environ={}).realtime.audio is False
+    file = tmp_path / "chorus.toml"
+    file.write_text("[realtime]\naudio = true\n")
+    assert load_config(file, environ={}).realtime.audio is True
+    assert load_config(file, environ={"CHORUS_REALTIME_AUDIO": "false"}).realtime.audio is False
+    assert load_config(None, environ={"CHORUS_REALTIME_AUDIO": "true"}).realtime.audio is True
+    with pytest.raises(ConfigError, match=r"realtime\.audio"):
+        load_config(None, environ={"CHORUS_REALTIME_AUDIO": "loud"})
+    on = _realtime_channel(load_config(None, environ={"CHORUS_REALTIME_AUDIO": "1"}))
+    off = _realtime_channel(load_config(None, environ={}))
+    assert on is not None and on.audio_mode and on.options.audio_input
+    assert off is not None and not off.audio_mode
