@@ -78,6 +78,7 @@ class RealtimeAudioTap:
         self._retry_at = 0.0
         self._failing = False
         self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(
             self._run(), name=f"realtime-audio-{self.stream_id}"
         )
@@ -98,6 +99,10 @@ class RealtimeAudioTap:
 
     async def sync(self) -> None:
         """Push everything the session accepted since the last push (never raises)."""
+        async with self._lock:  # the task and the turn hook may both call it: push each sample once
+            await self._sync()
+
+    async def _sync(self) -> None:
         if self.off:
             return
         audio = self.session.audio
