@@ -55,6 +55,10 @@ class RealtimeConfig(_Section):
     api_key: str | None = None
     """Read from the provider's usual variable (`OPENAI_API_KEY`, `GEMINI_API_KEY`) when unset."""
     voice: str | None = None
+    audio: bool = False
+    """Audio mode (R3): every stream's audio goes to the model, its own turn detection off; at the
+    end of each turn the channel commits that turn's audio (from its own stream) and names the
+    speaker. Off: the model gets the labelled lines as text only."""
 
 
 class PolicyConfig(_Section):

@@ -4,7 +4,8 @@ Owns turning a `ServerConfig` into the channels of a room and into one audio ses
 and nothing else: `server.live` only sees `Pipeline.attach_room`, `Pipeline.open_stream` and the
 `StreamAudio` it returns (`push` raw frames, `finish` to flush the last turns). Models are loaded
 once per server and shared by every room; model work runs off the event loop inside the voice
-channel (V, P rules).
+channel (V, P rules). With `realtime.audio = true` each stream's audio also goes to the room's
+realtime channel, per stream, on the voice session's clock (R3, `server.realtime_audio`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any, Protocol
 
 from diarization import load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
-from rooms import RoomKit
+from rooms import HookContext, HookTrigger, RoomKit
 from server.config import ServerConfig
+from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
 from voice.stt.base import SttProvider
@@ -72,7 +74,9 @@ class VoicePipeline:
       `VoiceChannel` of its own with its own stage: a live stage follows one stream. Those
       channels are pooled per room and reused (stage reset) when their stream ends, so a
       long-running server does not grow a channel per connection.
-    - One `RealtimeChannel` (one session per room) when `realtime.provider` is not `none`.
+    - One `RealtimeChannel` (one session per room) when `realtime.provider` is not `none`; in
+      audio mode (`realtime.audio`) every stream gets a `RealtimeAudioTap` feeding it that
+      stream's audio under the stream's `voice_session_id`.
     """
 
     def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
@@ -80,9 +84,18 @@ class VoicePipeline:
         self.stt = stt
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False)
         self.realtime = _realtime_channel(config)
+        self._taps: dict[str, RealtimeAudioTap] = {}
+        """Audio mode: the tap of each open stream, by `voice_session_id`."""
+        if self.audio_mode:
+            throttle_drop_warnings()
         self._pools: dict[str, list[VoiceChannel]] = {}
         self._serial = 0
         self._registered = False
+
+    @property
+    def audio_mode(self) -> bool:
+        """Streams' audio goes to the realtime channel (R3)."""
+        return self.realtime is not None and self.realtime.audio_mode
 
     @property
     def diarizes_with_stage(self) -> bool:
@@ -97,7 +110,20 @@ class VoicePipeline:
         kit.register_channel(self.shared_voice)
         if self.realtime is not None:
             kit.register_channel(self.realtime)
+        if self.audio_mode:
+            kit.hooks.add(
+                HookTrigger.ON_TRANSCRIPTION,
+                self._audio_before_turn,
+                priority=-1000,
+                name="server-realtime-audio",
+            )
         self._registered = True
+
+    async def _audio_before_turn(self, value: object, ctx: HookContext) -> None:
+        """A turn is about to be committed: its stream's audio reaches the channel first."""
+        tap = self._taps.get(str(ctx.extra.get("voice_session_id")))
+        if tap is not None:
+            await tap.sync()  # never raises
 
     async def attach_room(self, kit: RoomKit, room_id: str) -> None:
         self._register(kit)
@@ -152,7 +178,11 @@ class VoicePipeline:
                 self._pools[info.room_id].append(channel)
             raise
         release = (lambda: self._pools[info.room_id].append(channel)) if pooled else None
-        return VoiceStreamAudio(session, release)
+        tap: RealtimeAudioTap | None = None
+        if self.audio_mode:
+            assert self.realtime is not None
+            tap = self._taps[session.id] = RealtimeAudioTap(self.realtime, session)
+        return VoiceStreamAudio(session, release, tap, on_close=self._taps.pop)
 
     async def close(self) -> None:
         # The kit closes every registered channel; the shared STT provider is closed once here.
@@ -162,22 +192,39 @@ class VoicePipeline:
 class VoiceStreamAudio:
     """A `StreamAudio` over one `VoiceSession`."""
 
-    def __init__(self, session: VoiceSession, release: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        session: VoiceSession,
+        release: Callable[[], None] | None,
+        tap: RealtimeAudioTap | None = None,
+        on_close: Callable[[str], object] | None = None,
+    ) -> None:
         self.session = session
         self.session_id = session.id
         self._release = release
+        self.tap = tap
+        """Audio mode: hands what the session accepted to the realtime channel (R3)."""
+        self._on_close = on_close
         self.skipped = 0
 
     async def push(self, frame: bytes) -> None:
         try:
-            self.session.push(frame)
+            accepted = self.session.push(frame)
         except AudioError:
             self.skipped += 1  # logged by the session; the stream goes on (V10)
+            return
+        if accepted and self.tap is not None:
+            self.tap.notify()
 
     async def finish(self) -> None:
         try:
-            await self.session.finish()
+            await self.session.finish()  # its last turns took their audio (the hook syncs first)
         finally:
+            if self.tap is not None:
+                await self.tap.close()
+                if self._on_close is not None:
+                    self._on_close(self.session_id)
+                self.tap = None
             if self._release is not None:
                 self._release()
                 self._release = None
@@ -224,6 +271,7 @@ def _realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
         assistant_name=config.policy.assistant_name,
         instructions=config.policy.system_prompt,
         policy=speak_policy(config),
+        audio_mode=rt.audio,
         voice=rt.voice,
         **options,
     )
