@@ -288,6 +288,12 @@ class RealtimeChannel(Channel):
 
     # ------------------------------------------------------------------ audio (R3)
 
+    def forget_stream(self, room_id: str, stream_id: str | None) -> None:
+        """Drop a finished stream's held audio (what no turn claimed yet)."""
+        state = self._rooms.get(room_id)
+        if state is not None:
+            state.streams.pop(stream_id, None)
+
     async def push_audio(
         self,
         room_id: str,

@@ -150,22 +150,7 @@ class RealtimeAudioTap:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        _forget_stream(self.channel, self.room_id, self.stream_id)
-
-
-def _forget_stream(channel: RealtimeChannel, room_id: str, stream_id: str) -> None:
-    """Drop a finished stream's held audio from the channel.
-
-    `RealtimeChannel` has no public call for this (its held audio per stream lives until the room
-    does, up to `max_held_seconds` each), so a long-running server would keep every finished
-    stream's unclaimed tail. This reaches into the channel's room state; if that state changes
-    shape, nothing breaks: the audio is simply kept, as without this call.
-    """
-    rooms: Any = getattr(channel, "_rooms", None)
-    state = rooms.get(room_id) if isinstance(rooms, dict) else None
-    streams = getattr(state, "streams", None)
-    if isinstance(streams, dict):
-        streams.pop(stream_id, None)
+        self.channel.forget_stream(self.room_id, self.stream_id)
 
 
 class DropWarningThrottle(logging.Filter):

@@ -173,3 +173,20 @@ def test_python_m_realtime_prints_what_the_recorder_was_sent(
     bad.write_text('{"turns": 3}')
     assert main([str(bad)]) == 2
     assert "expected a list of turns" in capsys.readouterr().err
+
+
+async def test_R3_forget_stream_drops_a_finished_streams_held_audio() -> None:
+    from realtime import RealtimeChannel
+    from rooms import RoomKit
+
+    kit = RoomKit()
+    channel = RealtimeChannel("rt", "recorder", audio_mode=True)
+    kit.register_channel(channel)
+    await kit.create_room(room_id="r")
+    await kit.attach_channel("r", "rt")
+    await channel.push_audio("r", b"\x00\x00" * 1600, 16000, stream_id="mic-1")
+    await channel.push_audio("r", b"\x00\x00" * 1600, 16000, stream_id="mic-2")
+    channel.forget_stream("r", "mic-1")
+    channel.forget_stream("nowhere", "mic-1")  # an unknown room is no error
+    assert set(channel._rooms["r"].streams) == {"mic-2"}
+    await kit.close()
