@@ -287,14 +287,7 @@ class ChorusServer:
                     "unsupported encoding (use pcm16 or mulaw)",
                     "unsupported_encoding",
                 ) from exc
-            if errors and errors[0].get("type") == "json_invalid":
-                raise Refusal(CloseCode.BAD_MESSAGE, "message is not JSON", "bad_json") from exc
-            where = ".".join(loc) or "message"
-            raise Refusal(
-                CloseCode.BAD_MESSAGE,
-                f"bad message at {where}: {errors[0]['msg']}"[:120],
-                "bad_message",
-            ) from exc
+            raise _bad_message(exc) from exc
 
     async def _device_frames(self, ws: ServerConnection, stream: LiveStream) -> None:
         """Read binary audio until `stop`; realign frames that split a sample."""
@@ -373,15 +366,7 @@ class ChorusServer:
         try:
             return parse_twilio_message(text)
         except ValidationError as exc:
-            errors = exc.errors()
-            if errors and errors[0].get("type") == "json_invalid":
-                raise Refusal(CloseCode.BAD_MESSAGE, "message is not JSON", "bad_json") from exc
-            where = ".".join(error_location(list(errors))) or "message"
-            raise Refusal(
-                CloseCode.BAD_MESSAGE,
-                f"bad message at {where}: {errors[0]['msg']}"[:120],
-                "bad_message",
-            ) from exc
+            raise _bad_message(exc) from exc
 
     async def _twilio_media(self, ws: ServerConnection, stream: LiveStream) -> None:
         async for text in ws:
@@ -525,3 +510,14 @@ class ChorusServer:
             failure = task.exception()
             if failure is not None:
                 raise failure
+
+
+def _bad_message(exc: ValidationError) -> Refusal:
+    """The refusal for a protocol message that does not parse: not JSON, or a field that is wrong."""
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        return Refusal(CloseCode.BAD_MESSAGE, "message is not JSON", "bad_json")
+    where = ".".join(error_location(list(errors))) or "message"
+    return Refusal(
+        CloseCode.BAD_MESSAGE, f"bad message at {where}: {errors[0]['msg']}"[:120], "bad_message"
+    )
