@@ -95,23 +95,9 @@ def speaker_accuracy(turns: list[Any], script: list[dict[str, Any]]) -> dict[str
 
 def _local_deepgram(audio_dir: Path) -> str:
     """Start the local Deepgram-protocol server on its own loop (a daemon thread); its URL."""
-    import threading
+    from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, ThreadedServer
 
-    from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
-
-    server = DeepgramTestServer(MeetingWords.from_meeting(audio_dir))
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(server.start())
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=serve, name="local-deepgram", daemon=True).start()
-    ready.wait(10)
-    return server.url
+    return ThreadedServer(DeepgramTestServer(MeetingWords.from_meeting(audio_dir))).url
 
 
 def _stt(args: argparse.Namespace) -> Any:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import soundfile as sf
 
 from server.cli import main
 from tests.voice_helpers import MEETING_DIR, meeting
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, ThreadedServer
 from voice.transcribe import Turn, clock, format_turns, parse_renames
 
 TURNS = [Turn("Alice", 'She said "hi"', 1.2, 3.9), Turn("Speaker B", "Yes.", 4.0, 65.25)]
@@ -47,23 +45,9 @@ def test_rename_pairs_are_parsed_or_refused() -> None:
 @pytest.fixture
 def deepgram_url() -> Iterator[str]:
     """The local Deepgram-protocol server on its own loop, for a CLI that runs its own."""
-    loop = asyncio.new_event_loop()
-    server = DeepgramTestServer(MeetingWords.from_meeting(MEETING_DIR))
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(server.start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(10)
-    yield server.url
-    asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    running = ThreadedServer(DeepgramTestServer(MeetingWords.from_meeting(MEETING_DIR)))
+    yield running.url
+    running.stop()
 
 
 def test_cli_deepgram_json_with_rename(deepgram_url: str, tmp_path: Path,

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -425,3 +426,33 @@ class DeepgramTestServer:
                 state.utterance_end_sent = True
                 await self._send(ws, state, DeepgramUtteranceEnd(channel=[0, 1],
                                                                   last_word_end=state.last_word_end))
+
+
+class ThreadedServer:
+    """A `DeepgramTestServer` on its own event loop in a daemon thread, for callers that run
+    their own loop (the CLI, the benchmark) and must not share it with the server."""
+
+    def __init__(self, server: DeepgramTestServer, *, timeout: float = 10.0) -> None:
+        self.server = server
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve_forever() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(server.start())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve_forever, name="local-deepgram", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise RuntimeError("the local Deepgram-protocol server did not start")
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
