@@ -214,6 +214,27 @@ async def test_V5_words_wait_for_a_stage_that_decides_late() -> None:
                                                                    ("Bob", "No, wait.")]
 
 
+async def test_V5_a_word_without_duration_waits_for_the_word_it_touches() -> None:
+    # Whisper gives some onsets no duration: "Good" at 0.95-0.95 belongs to Bob's "morning", not
+    # to Alice, whose segment the stage decided first and which ends right there.
+    words = ScriptedWords([[
+        SpokenWord("meeting", 0.3, 0.7, 0, "meeting."), SpokenWord("good", 0.95, 0.95, 0, "Good"),
+        SpokenWord("morning", 0.95, 1.4, 0, "morning."),
+    ]])
+    stage = ScriptedStage(SpeakerTimeline([SpeakerSegment(0.0, 0.95, "Alice"),
+                                           SpeakerSegment(0.95, 2.0, "Bob")]), lag=1.0)
+    async with DeepgramTestServer(words) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=stage, speaker_wait=2.0)
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, AUDIO, 16000, speed=8.0)
+        await session.finish()
+        events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "meeting."),
+                                                                   ("Bob", "Good morning.")]
+
+
 def test_V5_pipeline_speakers_without_a_stage_is_refused() -> None:
     with pytest.raises(ValueError, match="pipeline_speakers=True needs a diarization stage"):
         VoiceChannel(stt=DeepgramSTT("k", url="ws://127.0.0.1:1"), pipeline_speakers=True)

@@ -50,7 +50,14 @@ from voice.audio import (
 from voice.diarization_stage import DiarizationStage, SpeakerTimeline
 from voice.speakers import SpeakerContinuity, VoiceEmbedder
 from voice.stt.base import StreamError, SttEvent, SttProvider, SttStream, Transcript, UtteranceEnd
-from voice.turns import SpeakerTurn, Word, assign_speakers, join_words, speaker_runs
+from voice.turns import (
+    MIN_WORD_EVIDENCE,
+    SpeakerTurn,
+    Word,
+    assign_speakers,
+    join_words,
+    speaker_runs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +292,11 @@ class VoiceSession:
                 if not placed and not force and heard < w.end + self.channel.speaker_wait:
                     break
                 ready += 1
+            if ready < len(self._unassigned) and not force:
+                # a word with no duration takes the speaker of the word after it (V5): it waits
+                # with that word
+                while ready and _no_duration(self._unassigned[ready - 1]):
+                    ready -= 1
             if ready:
                 self._pending.extend(assign_speakers(self._unassigned[:ready], self._timeline))
                 self._unassigned = self._unassigned[ready:]
@@ -390,6 +402,10 @@ class VoiceSession:
 
 
 _NOBODY = object()
+
+
+def _no_duration(word: Word) -> bool:
+    return word.end - word.start < MIN_WORD_EVIDENCE
 
 
 def _overlapped(timeline: SpeakerTimeline, word: Word) -> bool:
