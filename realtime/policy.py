@@ -13,6 +13,7 @@ when addressed, or whenever the room holds a single speaker (a one-to-one conver
 
 from __future__ import annotations
 
+import abc
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,9 +39,9 @@ class SpeakPolicy(Protocol):
     def should_answer(self, turn: SpeakTurn) -> bool: ...
 
 
-class _Combinable:
-    def should_answer(self, turn: SpeakTurn) -> bool:
-        raise NotImplementedError
+class _Combinable(abc.ABC):
+    @abc.abstractmethod
+    def should_answer(self, turn: SpeakTurn) -> bool: ...
 
     def __or__(self, other: SpeakPolicy) -> AnyOf:
         return AnyOf((self, other))

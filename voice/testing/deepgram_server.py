@@ -26,6 +26,7 @@ Where words come from (a `WordSource`):
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import json
@@ -77,12 +78,12 @@ class SpokenWord:
 # ------------------------------------------------------------------ word sources
 
 
-class WordSource:
+class WordSource(abc.ABC):
     """Decides, per connection, which words its audio holds (grouped into finals)."""
 
+    @abc.abstractmethod
     def finals_for(self, conn: ConnectionState) -> list[list[SpokenWord]] | None:
         """Groups of words in connection time, or None while it cannot tell yet."""
-        raise NotImplementedError
 
 
 @dataclass
