@@ -594,7 +594,7 @@ class PyannoteStage:
         samples = _mono(audio, f"enroll {name!r}")
         model = getattr(self.pipeline, "_embedding", None)
         if model is None:
-            raise NotImplementedError(
+            raise RuntimeError(
                 f"the pipeline loaded from {self.source} exposes no speaker-embedding model "
                 "(pipeline._embedding), so it cannot enroll voices"
             )
