@@ -132,6 +132,8 @@ class RealtimeChannel(Channel):
       while the room holds a single speaker.
     - `audio_mode`: R3 (see the module docstring); `instructions`: the session's instructions.
     - `answer_agents`: also answer turns of other agent channels (off: two agents would loop).
+    - `response_timeout`: seconds a requested response may take before it is cancelled and the
+      next one may be asked for (R4; default 60, `None` waits forever).
     """
 
     channel_type: ClassVar[str] = "realtime"
@@ -149,6 +151,7 @@ class RealtimeChannel(Channel):
         voice: str | None = None,
         answer_agents: bool = False,
         max_held_seconds: float = 120.0,
+        response_timeout: float | None = 60.0,
         **provider_options: Any,
     ) -> None:
         super().__init__(channel_id)
@@ -165,6 +168,7 @@ class RealtimeChannel(Channel):
             audio_input=audio_mode,
             output_audio=output_audio,
             voice=voice,
+            response_timeout=response_timeout,
         )
         self._rooms: dict[str, _RoomState] = {}
 

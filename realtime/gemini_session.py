@@ -13,6 +13,10 @@ Mapping onto the same operations as OpenAI Realtime:
   `turn_complete` then only confirms it. OpenAI has no such behaviour: `commit` never answers.)
 - replies: `output_transcription` text (or text parts) are the transcript, `inline_data` audio
   parts (24 kHz PCM) the audio, `turn_complete` ends the reply.
+- a response that times out (`response_timeout`, R4): `BidiGenerateContent` has no message that
+  cancels a generation (an interruption only comes from new user activity, which would itself be
+  a turn). The session therefore closes the connection and opens a fresh one with the history
+  replayed (R6): the abandoned turn cannot answer late on a connection that no longer exists.
 
 `base_url` reaches a proxy or the local server (`realtime.testing.GeminiLiveServer`); `ssl` is an
 `ssl.SSLContext` trusting that endpoint's certificate (the SDK's `async_client_args["ssl"]`).
@@ -102,6 +106,7 @@ class GeminiLiveSession(RealtimeSession):
         self._session: Any = None
         self._responses = 0
         self._current: str | None = None
+        self._current_request: int | None = None
         self._started = False
         self._transcript: list[str] = []
         self._activity_open = False
@@ -218,6 +223,7 @@ class GeminiLiveSession(RealtimeSession):
     async def _send_response_create(self) -> None:
         self._responses += 1
         self._current = f"gemini_resp_{self.connection_index}_{self._responses}"
+        self._current_request = self.active_request
         self._started = False
         self._transcript = []
         await self._call(
@@ -226,6 +232,10 @@ class GeminiLiveSession(RealtimeSession):
             turns=None,
             turn_complete=True,
         )
+
+    async def _abandon_response(self, response_id: str | None) -> None:
+        # No cancel in the protocol: a fresh connection is the only sure stop (see the docstring).
+        await self._reopen()
 
     async def _receive(self) -> AsyncIterator[SessionEvent]:
         session = self._session
@@ -248,12 +258,13 @@ class GeminiLiveSession(RealtimeSession):
         if content is None:
             return []
         rid = self._current or f"gemini_resp_{self.connection_index}_unrequested"
+        request = self._current_request if self._current else None
         out: list[SessionEvent] = []
 
         def start() -> None:
             if not self._started:
                 self._started = True
-                out.append(ReplyStarted(rid))
+                out.append(ReplyStarted(rid, request))
 
         if content.output_transcription is not None and content.output_transcription.text:
             start()
@@ -277,9 +288,11 @@ class GeminiLiveSession(RealtimeSession):
                     rid,
                     "".join(self._transcript).strip(),
                     "cancelled" if content.interrupted else "completed",
+                    request,
                 )
             )
             self._current = None
+            self._current_request = None
             self._started = False
             self._transcript = []
         return out

@@ -82,20 +82,35 @@ def response_create_event(number: int) -> wire.ResponseCreate:
 
 
 class _ReplyAssembler:
-    """Turns OpenAI server events into the base class's reply events."""
+    """Turns OpenAI server events into the base class's reply events.
+
+    Each reply event carries the number of the request it answers (the base class's
+    `active_request` when its `response.create` was sent): the service answers `response.create`
+    events in order, each with `response.created` or an `error` naming its `event_id`, so the
+    oldest unanswered request is the one a `response.created` belongs to. That is how a late
+    `response.done` of a cancelled response is told from the done of the newer one.
+    """
 
     def __init__(self) -> None:
         self.transcripts: dict[str, list[str]] = {}
         self.finished: dict[str, str] = {}
-        self.pending_request: str | None = None
-        """The `event_id` of the `response.create` not yet answered by `response.created`."""
+        self.pending: dict[str, int | None] = {}
+        """`event_id` → request number of each `response.create` not yet answered, in order."""
+        self.requests: dict[str, int | None] = {}
+        """Response id → request number, from `response.created` to `response.done`."""
+
+    def sent_request(self, event_id: str, request: int | None) -> None:
+        self.pending[event_id] = request
 
     def feed(self, event: wire.ServerEvent) -> list[SessionEvent]:
         if isinstance(event, wire.ResponseCreated):
-            self.pending_request = None
             rid = event.response.id or ""
+            request = None
+            if self.pending:  # else a response the service started by itself
+                request = self.pending.pop(next(iter(self.pending)))
+            self.requests[rid] = request
             self.transcripts[rid] = []
-            return [ReplyStarted(rid)]
+            return [ReplyStarted(rid, request)]
         if isinstance(event, wire.ResponseOutputAudioDelta):
             try:
                 pcm = base64.b64decode(event.delta, validate=True)
@@ -123,15 +138,16 @@ class _ReplyAssembler:
                     item.text for item in event.response.output if item.role == "assistant"
                 )
             self.transcripts.pop(rid, None)
-            return [ReplyDone(rid, text, event.response.status or "completed")]
+            request = self.requests.pop(rid, None)
+            return [ReplyDone(rid, text, event.response.status or "completed", request)]
         if isinstance(event, wire.ErrorEvent):
             out: list[SessionEvent] = [SessionError(event.error.code, event.error.message)]
             refused = event.error.event_id
-            if refused is not None and refused == self.pending_request:
-                self.pending_request = None
+            if refused is not None and refused in self.pending:
+                request = self.pending.pop(refused)
                 if event.error.code != wire.ACTIVE_RESPONSE_CODE:
                     # The request was refused: no response will come for it.
-                    out.append(ReplyDone("", "", "failed"))
+                    out.append(ReplyDone("", "", "failed", request))
             return out
         return []
 
@@ -219,11 +235,17 @@ class OpenAIRealtimeSession(RealtimeSession):
     async def _send_response_create(self) -> None:
         self._requests += 1
         event = response_create_event(self._requests)
-        self._assembler.pending_request = event.event_id
+        assert event.event_id is not None
+        self._assembler.sent_request(event.event_id, self.active_request)
         await self._send(event)
 
-    async def _send_cancel(self) -> None:
-        await self._send(wire.ResponseCancel())
+    async def _send_cancel(self, response_id: str | None = None) -> None:
+        """`response.cancel`, naming the response when it started (the service then answers
+        with its `response.done`, status `cancelled`, or an error if it already ended)."""
+        if response_id:
+            await self._send(wire.ResponseCancel(response_id=response_id))
+        else:
+            await self._send(wire.ResponseCancel())
 
     async def _receive(self) -> AsyncIterator[SessionEvent]:
         conn = self._conn

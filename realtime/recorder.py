@@ -87,13 +87,17 @@ class RecorderSession(RealtimeSession):
         self._send(response_create_event(self._responses))
         rid = f"resp_recorded_{self._responses}"
         text = self.replies.pop(0) if self.replies else ""
-        self._events.put_nowait(ReplyStarted(rid))
+        request = self.active_request
+        self._events.put_nowait(ReplyStarted(rid, request))
         if text:
             self._events.put_nowait(ReplyTranscript(rid, text))
-        self._events.put_nowait(ReplyDone(rid, text))
+        self._events.put_nowait(ReplyDone(rid, text, request=request))
 
-    async def _send_cancel(self) -> None:
-        self._send(wire.ResponseCancel())
+    async def _send_cancel(self, response_id: str | None = None) -> None:
+        if response_id:
+            self._send(wire.ResponseCancel(response_id=response_id))
+        else:
+            self._send(wire.ResponseCancel())
 
     async def _receive(self) -> AsyncIterator[SessionEvent]:
         events = self._events

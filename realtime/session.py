@@ -12,6 +12,13 @@ read replies. `RealtimeSession` owns everything that must be right for every pro
 - **one response at a time (R4)**: a response is requested only when none is in flight; a request
   made while one is in flight is held (coalesced) and sent when the active one is done, so the
   service never answers `conversation_already_has_active_response`.
+- **a response that never ends (R4)**: a requested response that has not finished within
+  `SessionOptions.response_timeout` seconds is given up: the provider is told to stop it
+  (`_abandon_response`: OpenAI `response.cancel`; Gemini, which has no cancel, reopens the
+  connection), a warning is logged, listeners get `ReplyDone(status="timed_out")`, and the slot is
+  free for the next request. Requests are numbered; whatever arrives later for an abandoned one
+  (its `response.done`, audio, transcript) is dropped, so it is never delivered late, twice, or
+  taken for the done of a newer response.
 - **replies (R5)**: providers turn their wire events into `ReplyStarted`, `ReplyAudio`,
   `ReplyTranscript` and `ReplyDone` values handed to listeners (the `RealtimeChannel`).
 """
@@ -82,6 +89,16 @@ class SessionOptions:
     """Audio mode (R3): the model's own turn detection is off and the channel commits turns."""
     output_audio: bool = True
     voice: str | None = None
+    response_timeout: float | None = 60.0
+    """Seconds a requested response may take to finish (its `response.done` / `turn_complete`)
+    before it is cancelled and the slot freed for the next request (R4); `None` waits forever."""
+
+    def __post_init__(self) -> None:
+        if self.response_timeout is not None and not self.response_timeout > 0:
+            raise ValueError(
+                f"response_timeout must be a positive number of seconds or None, "
+                f"not {self.response_timeout!r}"
+            )
 
 
 # --------------------------------------------------------------------------- what comes out
@@ -90,6 +107,9 @@ class SessionOptions:
 @dataclass(frozen=True)
 class ReplyStarted:
     response_id: str
+    request: int | None = None
+    """The number of the request (`RealtimeSession.active_request` when it was sent) this
+    response answers, when the provider can tell; `None`: the request in flight."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +132,10 @@ class ReplyDone:
     response_id: str
     transcript: str
     status: str = "completed"
+    """The provider's status (`completed`, `cancelled`, `failed`, `incomplete`), or `timed_out`
+    when Chorus gave the response up after `response_timeout`."""
+    request: int | None = None
+    """As in `ReplyStarted`."""
 
 
 @dataclass(frozen=True)
@@ -148,10 +172,11 @@ class SentEvent:
 
 @dataclass
 class _Op:
-    kind: Literal["item", "audio_turn", "response", "cancel", "reconnect"]
+    kind: Literal["item", "audio_turn", "response", "cancel", "abandon", "reconnect"]
     item: ContextItem | None = None
     audio: bytes = b""
     send_item: bool = True
+    response_id: str | None = None
     done: asyncio.Future[None] | None = None
 
 
@@ -197,6 +222,12 @@ class RealtimeSession(ABC):
         self._in_flight = False  # requested and not done
         self._response_written = False  # response.create went on the wire, no reply yet
         self._pending_response = False
+        self._request_count = 0  # requests numbered 1, 2, … (the one in flight: _active)
+        self._active: int | None = None
+        self._active_rid: str | None = None  # the provider's id for it, once it started
+        self._abandoned: set[int] = set()  # timed-out requests whose late events are dropped
+        self._abandoned_rids: set[str] = set()
+        self._watchdog: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ provider hooks
 
@@ -224,9 +255,20 @@ class RealtimeSession(ABC):
     @abstractmethod
     async def _send_response_create(self) -> None: ...
 
-    async def _send_cancel(self) -> None:
-        """Cancel the active response (providers without cancel do nothing)."""
+    async def _send_cancel(self, response_id: str | None = None) -> None:
+        """Cancel the active response (`response_id` when known; providers without cancel do
+        nothing)."""
         return None
+
+    async def _abandon_response(self, response_id: str | None) -> None:
+        """Stop a response that timed out. Default: `_send_cancel`. A protocol without a cancel
+        can call `self._reopen()`: a fresh connection (history replayed, R6) cannot answer late."""
+        await self._send_cancel(response_id)
+
+    async def _reopen(self) -> None:
+        """Drop the current connection and open a fresh one now (history replayed)."""
+        self._connected = False
+        await self._ensure_connected()
 
     @abstractmethod
     def _receive(self) -> AsyncIterator[SessionEvent]:
@@ -248,6 +290,11 @@ class RealtimeSession(ABC):
     @property
     def response_in_flight(self) -> bool:
         return self._in_flight
+
+    @property
+    def active_request(self) -> int | None:
+        """The number of the request in flight (providers tag their reply events with it)."""
+        return self._active
 
     async def start(self) -> None:
         """Open the first connection (errors such as a refused key surface here), then write."""
@@ -278,9 +325,15 @@ class RealtimeSession(ABC):
         if self._in_flight:
             self._pending_response = True
             return False
-        self._in_flight = True
         self._enqueue(_Op("response"))
+        self._begin_request()
         return True
+
+    def _begin_request(self) -> None:
+        self._request_count += 1
+        self._in_flight = True
+        self._active = self._request_count
+        self._active_rid = None
 
     async def add_item(self, item: ContextItem) -> None:
         await self.post_item(item)
@@ -298,7 +351,7 @@ class RealtimeSession(ABC):
     async def cancel_response(self) -> None:
         self._pending_response = False
         if self._in_flight:
-            await self._enqueue(_Op("cancel"))
+            await self._enqueue(_Op("cancel", response_id=self._active_rid))
 
     async def drain(self) -> None:
         """Wait until every operation enqueued so far was written."""
@@ -327,6 +380,7 @@ class RealtimeSession(ABC):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._writer), 5)
         self._closing = True  # a writer still reconnecting gives up
+        self._disarm()
         if self._writer is not None and not self._writer.done():
             self._writer.cancel()
             with contextlib.suppress(BaseException):
@@ -411,11 +465,14 @@ class RealtimeSession(ABC):
                     await self._send_item(op.item)
                 self.history.append(op.item)
         elif op.kind == "response":
-            if not self._response_written:  # a reconnect may already have re-sent it
+            if self._in_flight and not self._response_written:  # a reconnect may have re-sent it
                 await self._send_response_create()
                 self._response_written = True
+                self._arm()
         elif op.kind == "cancel":
-            await self._send_cancel()
+            await self._send_cancel(op.response_id)
+        elif op.kind == "abandon":
+            await self._abandon_response(op.response_id)
         # "reconnect": _ensure_connected already did the work
 
     async def _ensure_connected(self) -> None:
@@ -440,6 +497,7 @@ class RealtimeSession(ABC):
                     await self._send_item(item)
                 if self._response_written:  # the reply it asked for was lost with the line
                     await self._send_response_create()
+                    self._arm()  # a fresh connection: the request gets its full time again
             except (SessionDropped, OSError) as exc:
                 # The first connection has a budget (a wrong key or URL is a clear error); a
                 # session that worked keeps trying, so nothing is lost while the provider is away.
@@ -489,18 +547,120 @@ class RealtimeSession(ABC):
             await self._emit(SessionError("reader_failed", str(exc)))
 
     async def _on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, ReplyStarted):
+            if event.request is not None and event.request in self._abandoned:
+                self._abandoned_rids.add(event.response_id)
+                log.info(
+                    "%s: dropping response %s of an abandoned request",
+                    self.provider,
+                    event.response_id,
+                )
+                return
+            if (
+                self._in_flight
+                and self._active_rid is None
+                and event.request in (None, self._active)
+            ):
+                self._active_rid = event.response_id
+            await self._emit(event)
+            return
+        if isinstance(event, ReplyAudio | ReplyTranscript):
+            if event.response_id in self._abandoned_rids:
+                return  # a late piece of a response that timed out: never delivered
+            await self._emit(event)
+            return
         if isinstance(event, ReplyDone):
-            self._in_flight = False
-            self._response_written = False
+            if self._is_abandoned(event):
+                self._abandoned_rids.discard(event.response_id)
+                if event.request is not None:
+                    self._abandoned.discard(event.request)
+                log.info(
+                    "%s: late %s done for abandoned response %s dropped",
+                    self.provider,
+                    event.status,
+                    event.response_id or f"request {event.request}",
+                )
+                return
+            if not self._is_active(event):
+                # The done of a response nobody asked for (or one we no longer track): deliver
+                # it, but it must not free the request in flight.
+                await self._emit(event)
+                return
+            self._finish_request()
             if event.transcript:
                 self.history.append(ContextItem("assistant", event.transcript))
             await self._emit(event)
-            if self._pending_response and not self._closing:
-                self._pending_response = False
-                self._in_flight = True
-                self._queue.put_nowait(_Op("response"))
+            self._send_held_request()
             return
         await self._emit(event)
+
+    def _is_abandoned(self, event: ReplyDone) -> bool:
+        if event.request is not None:
+            return event.request in self._abandoned
+        return bool(event.response_id) and event.response_id in self._abandoned_rids
+
+    def _is_active(self, event: ReplyDone) -> bool:
+        if not self._in_flight:
+            return False
+        if event.request is not None:
+            return event.request == self._active
+        # Providers that cannot number their events: the done of the started response, or of a
+        # request that never started (a refusal carries no response id).
+        return self._active_rid is None or event.response_id in ("", self._active_rid)
+
+    def _finish_request(self) -> None:
+        self._disarm()
+        self._in_flight = False
+        self._response_written = False
+        self._active = None
+        self._active_rid = None
+
+    def _send_held_request(self) -> None:
+        if self._pending_response and not self._closing and self.failed is None:
+            self._pending_response = False
+            self._queue.put_nowait(_Op("response"))
+            self._begin_request()
+
+    # ------------------------------------------------------------------ response timeout (R4)
+
+    def _arm(self) -> None:
+        """Start the clock of the request just written (`options.response_timeout`)."""
+        self._disarm()
+        timeout = self.options.response_timeout
+        request = self._active
+        if timeout is None or request is None:
+            return
+        self._watchdog = asyncio.create_task(
+            self._expire(request, timeout), name=f"{self.provider}-response-timeout"
+        )
+
+    def _disarm(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+
+    async def _expire(self, request: int, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        if self._active != request or not self._in_flight or self._closing:
+            return
+        rid = self._active_rid
+        log.warning(
+            "%s: response %s (request %d) did not finish within %.3g s; cancelling it",
+            self.provider,
+            rid or "(not started)",
+            request,
+            seconds,
+        )
+        self._abandoned.add(request)
+        if rid is not None:
+            self._abandoned_rids.add(rid)
+        self._watchdog = None
+        self._finish_request()
+        # Through the writer, so the cancel goes out before the next response.create.
+        with contextlib.suppress(RuntimeError, SessionFailed):
+            self._enqueue(_Op("abandon", response_id=rid))
+        await self._emit(ReplyDone(rid or "", "", "timed_out", request))
+        self._send_held_request()
 
     async def _emit(self, event: SessionEvent) -> None:
         for listener in list(self._listeners):
