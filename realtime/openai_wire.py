@@ -267,6 +267,8 @@ class ResponseInfo(_Wire):
     output: list[MessageItem] = Field(default_factory=list)
     output_modalities: list[Literal["text", "audio"]] | None = None
     conversation_id: str | None = None
+    status_details: dict[str, Any] | None = None
+    """Why it ended, e.g. `{"type": "cancelled", "reason": "client_cancelled"}`."""
 
 
 class SessionCreated(_Wire):

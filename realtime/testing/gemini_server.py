@@ -6,7 +6,8 @@ the SDK's own setting (`HttpOptions(async_client_args={"ssl": server.client_ssl}
 SDK is patched. It parses each client message with `realtime.gemini_wire`, answers `setup` with
 `setupComplete`, and answers `client_content` with `turnComplete: true` by a reply: output
 transcription text, 24 kHz PCM audio in `modelTurn.inlineData`, then `turnComplete`. It logs every
-client message per connection and can drop connections.
+client message per connection, can drop connections, and can hang a turn (`hang_turns(n)`:
+no reply and no `turnComplete` for it, ever).
 """
 
 from __future__ import annotations
@@ -141,6 +142,13 @@ class GeminiLiveServer:
         """An SSL context that trusts this server (pass as `GeminiLiveSession(ssl=…)`)."""
         self.port = 0
         self._count = 0
+        self._hang = 0
+        self.hung = 0
+        """How many turns were left hanging."""
+
+    def hang_turns(self, count: int) -> None:
+        """The next `count` requests (`client_content` with `turnComplete`) get no answer."""
+        self._hang += count
 
     async def __aenter__(self) -> GeminiLiveServer:
         self._server = await serve(self._handle, "127.0.0.1", 0, ssl=self._server_ssl)
@@ -183,6 +191,10 @@ class GeminiLiveServer:
                 if message.setup is not None:
                     await ws.send(ServerMessage(setup_complete={}).wire())
                 elif message.client_content is not None and message.client_content.turn_complete:
+                    if self._hang > 0:
+                        self._hang -= 1
+                        self.hung += 1
+                        continue
                     await self._reply(ws)
         except ConnectionClosed:
             pass

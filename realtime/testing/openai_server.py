@@ -8,7 +8,13 @@ with), logs each connection's events in order, answers with the real server even
 `input_audio_buffer.committed`, `response.created`, `response.output_audio.delta`,
 `response.output_audio_transcript.delta`/`done`, `response.done`), refuses a second
 `response.create` while one is active with the service's `conversation_already_has_active_response`
-error, and can be told to drop a connection (now, or right after a given client event).
+error, and can be told to drop a connection (now, or right after a given client event) or to hang
+a response (`hang_responses(n)`: `response.created`, then never a `response.done`). It honours
+`response.cancel` as the service does: the active response ends with a `response.done` whose
+status is `cancelled` (`status_details.reason` `client_cancelled`), or an error
+`response_cancel_not_active` when nothing (or not the named response) is active;
+`cancel_done_delay` makes that `response.done` arrive late, as a slow or misbehaving provider's
+would.
 
 Test helpers read like the behaviour: `lines_sent(server)` is the text of every user item the
 latest connection received, `types_sent(server)` the event types in order.
@@ -117,6 +123,8 @@ class OpenAIRealtimeServer:
       `response.create` can be seen colliding with it).
     - `item_events`: `("added", "done")` (GA, default) or `("created",)` (the pre-GA name).
     - `api_key`: when set, a connection without `Authorization: Bearer <api_key>` is refused.
+    - `cancel_done_delay`: seconds between a `response.cancel` and the cancelled response's
+      `response.done` (the service answers at once; the response stops being active at once).
     """
 
     def __init__(
@@ -128,8 +136,15 @@ class OpenAIRealtimeServer:
         reply_audio_seconds: float = 0.1,
         item_events: tuple[str, ...] = ("added", "done"),
         api_key: str | None = None,
+        cancel_done_delay: float = 0.0,
     ) -> None:
         self.replies = list(replies)
+        self.cancel_done_delay = cancel_done_delay
+        self._hang = 0
+        self.hung: list[str] = []
+        """Ids of the responses left hanging, in order."""
+        self.cancelled: list[str] = []
+        """Ids of the responses ended by `response.cancel`, in order."""
         self.reply_script = reply_script
         self.response_delay = response_delay
         self.reply_audio_seconds = reply_audio_seconds
@@ -212,6 +227,11 @@ class OpenAIRealtimeServer:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "Service Unavailable\n")
         return None
 
+    def hang_responses(self, count: int) -> None:
+        """The next `count` responses start (`response.created`) and then never finish: no
+        output, no `response.done`, until the client cancels them."""
+        self._hang += count
+
     def refuse_responses(self, count: int, code: str = "rate_limit_exceeded") -> None:
         """Refuse the next `count` `response.create` events with an `error` naming them."""
         self._refuse_responses += [code] * count
@@ -288,6 +308,8 @@ class OpenAIRealtimeServer:
             self._live.pop(log.index, None)
             if state.response_task is not None:
                 state.response_task.cancel()
+            for task in state.late:
+                task.cancel()
 
     async def _send(self, ws: ServerConnection, event: Any) -> None:
         await ws.send(server_event_wire(event))
@@ -438,9 +460,14 @@ class OpenAIRealtimeServer:
                     ),
                 ),
             )
+            if self._hang > 0:
+                self._hang -= 1
+                self.hung.append(response_id)
+                return  # active until cancelled: never a response.done
             state.response_task = asyncio.create_task(self._respond(ws, log, state, response_id))
         elif isinstance(event, ResponseCancel):
-            if state.active_response is None:
+            active = state.active_response
+            if active is None or event.response_id not in (None, active):
                 await self._error(
                     ws,
                     log,
@@ -451,15 +478,24 @@ class OpenAIRealtimeServer:
                 return
             if state.response_task is not None:
                 state.response_task.cancel()
-            response_id = state.active_response
+                state.response_task = None
             state.active_response = None
-            await self._send(
-                ws,
-                ResponseDone(
-                    event_id=new_id("event"),
-                    response=ResponseInfo(id=response_id, status="cancelled"),
+            self.cancelled.append(active)
+            done = ResponseDone(
+                event_id=new_id("event"),
+                response=ResponseInfo(
+                    id=active,
+                    status="cancelled",
+                    status_details={"type": "cancelled", "reason": "client_cancelled"},
+                    output_modalities=["audio"],
                 ),
             )
+            if self.cancel_done_delay:
+                state.late.append(
+                    asyncio.create_task(self._send_late(ws, done, self.cancel_done_delay))
+                )
+            else:
+                await self._send(ws, done)
 
     async def _announce_item(
         self, ws: ServerConnection, state: _ConnectionState, item: MessageItem
@@ -475,6 +511,11 @@ class OpenAIRealtimeServer:
             await self._send(
                 ws, cls(event_id=new_id("event"), item=item, previous_item_id=previous)
             )
+
+    async def _send_late(self, ws: ServerConnection, event: Any, delay: float) -> None:
+        await asyncio.sleep(delay)
+        with contextlib.suppress(ConnectionClosed):
+            await self._send(ws, event)
 
     def _next_reply(self, log: RealtimeConnectionLog) -> str:
         self._responses += 1
@@ -562,6 +603,7 @@ class _ConnectionState:
     response_task: asyncio.Task[None] | None = None
     last_item: str | None = None
     dropped: bool = False
+    late: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
