@@ -1,0 +1,266 @@
+"""A response that never finishes is given up (R4: one response at a time, but never stuck).
+
+The real `openai` client against the local GA-protocol server told to hang responses
+(`response.created`, then never a `response.done`), and `google-genai` against the local Gemini
+server told to hang a turn. Timeouts are short here (fractions of a second); the default is 60 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import pytest
+
+from realtime import (
+    AnswerWhenAddressed,
+    GeminiLiveSessionFactory,
+    RealtimeChannel,
+    SessionOptions,
+)
+from realtime.openai_wire import ACTIVE_RESPONSE_CODE
+from realtime.session import ReplyDone, SessionEvent
+from realtime.testing import OpenAIRealtimeServer, events_sent, types_sent
+from realtime.testing.gemini_server import GeminiLiveServer
+from realtime.testing.rooms import VoiceLikeChannel, expected_lines
+from rooms import RoomKit
+
+
+async def open_room(
+    channel: RealtimeChannel,
+) -> tuple[RoomKit, VoiceLikeChannel, RealtimeChannel]:
+    kit = RoomKit()
+    await kit.create_room("r1")
+    voice = VoiceLikeChannel("voice")
+    for c in (voice, channel):
+        kit.register_channel(c)
+    await kit.attach_channel("r1", "voice", group=True)
+    await kit.attach_channel("r1", "rt")
+    return kit, voice, channel
+
+
+def openai_channel(server: OpenAIRealtimeServer, response_timeout: float | None) -> RealtimeChannel:
+    return RealtimeChannel(
+        "rt",
+        "openai",
+        assistant_name="Chorus",
+        policy=AnswerWhenAddressed(),
+        model="gpt-realtime",
+        api_key="sk-test",
+        base_url=server.base_url,
+        response_timeout=response_timeout,
+    )
+
+
+async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+async def replies(kit: RoomKit) -> list[str]:
+    return [e.text for e in await kit.list_events("r1") if e.source.channel_id == "rt"]
+
+
+def error_codes(server: OpenAIRealtimeServer) -> list[str | None]:
+    return [e["code"] for log in server.connections for e in log.errors]
+
+
+async def test_R4_hung_response_times_out_is_cancelled_and_next_turn_answered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="realtime.session")
+    async with OpenAIRealtimeServer() as server:
+        server.hang_responses(1)
+        kit, voice, rt = await open_room(openai_channel(server, 0.3))
+        session = rt.session_for("r1")
+        await voice.say("r1", "Speaker A", "Chorus, what time is it?")
+        await server.wait_for(lambda s: len(s.hung) == 1)
+        assert session.response_in_flight
+        # Given up after the timeout: cancelled on the wire, slot free.
+        await server.wait_for(lambda s: len(s.cancelled) == 1, limit=3.0)
+        await until(lambda: not session.response_in_flight)
+        cancel = [e for e in events_sent(server) if e["type"] == "response.cancel"]
+        assert cancel == [{"type": "response.cancel", "response_id": server.hung[0]}]
+        warnings = [r for r in caplog.records if "did not finish within" in r.getMessage()]
+        assert len(warnings) == 1 and server.hung[0] in warnings[0].getMessage()
+
+        await voice.say("r1", "Speaker A", "Chorus, are you there?")
+        await rt.wait_idle("r1")
+        assert types_sent(server) == [
+            "session.update",
+            "conversation.item.create",
+            "response.create",
+            "response.cancel",
+            "conversation.item.create",
+            "response.create",
+        ]
+        assert error_codes(server) == []  # never conversation_already_has_active_response
+        assert await replies(kit) == ["Reply 1"]  # the cancelled response posted nothing
+        assert len(server.connections) == 1  # a cancel, not a reconnect
+        await kit.close()
+
+
+async def test_R4_request_held_behind_hung_response_goes_out_after_the_cancel() -> None:
+    async with OpenAIRealtimeServer() as server:
+        server.hang_responses(1)
+        kit, voice, rt = await open_room(openai_channel(server, 0.3))
+        await voice.say("r1", "Speaker A", "Chorus, first question?")
+        await server.wait_for(lambda s: len(s.hung) == 1)
+        await voice.say("r1", "Speaker A", "Chorus, second question?")  # held: one in flight
+        await rt.wait_idle("r1")
+        assert types_sent(server) == [
+            "session.update",
+            "conversation.item.create",
+            "response.create",
+            "conversation.item.create",
+            "response.cancel",
+            "response.create",
+        ]
+        assert error_codes(server) == []
+        assert ACTIVE_RESPONSE_CODE not in error_codes(server)
+        assert await replies(kit) == ["Reply 1"]
+        await kit.close()
+
+
+async def test_R4_late_done_of_cancelled_response_does_not_free_the_newer_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="realtime.session")
+    # The cancelled response's response.done arrives 0.2 s after the cancel, while the next
+    # response (also hung) is in flight.
+    async with OpenAIRealtimeServer(cancel_done_delay=0.2) as server:
+        server.hang_responses(2)
+        kit, voice, rt = await open_room(openai_channel(server, 1.0))
+        session = rt.session_for("r1")
+        await voice.say("r1", "Speaker A", "Chorus, first?")
+        await server.wait_for(lambda s: len(s.cancelled) == 1, limit=3.0)
+        await voice.say("r1", "Speaker A", "Chorus, second?")
+        await server.wait_for(lambda s: len(s.hung) == 2)
+        assert session.active_request == 2
+
+        delivered: list[SessionEvent] = []
+        session.add_listener(delivered.append)
+
+        def late_dones_dropped() -> int:
+            return sum("late cancelled done" in r.getMessage() for r in caplog.records)
+
+        def first_late_done_handled() -> bool:  # dropped (right) or delivered (wrong)
+            return late_dones_dropped() == 1 or any(
+                isinstance(e, ReplyDone) and e.response_id == server.hung[0] for e in delivered
+            )
+
+        await until(first_late_done_handled, limit=3.0)
+        assert server.cancelled == [server.hung[0]]  # the second has not timed out yet
+        assert session.response_in_flight and session.active_request == 2
+        assert all(getattr(e, "response_id", None) != server.hung[0] for e in delivered)
+        # Had the late done freed the slot, this turn's response.create would go out now and
+        # the server would refuse it with conversation_already_has_active_response.
+        await voice.say("r1", "Speaker A", "Chorus, third?")
+        await rt.wait_idle("r1")
+        assert types_sent(server) == [
+            "session.update",
+            "conversation.item.create",
+            "response.create",
+            "response.cancel",
+            "conversation.item.create",
+            "response.create",
+            "conversation.item.create",
+            "response.cancel",
+            "response.create",
+        ]
+        assert error_codes(server) == []
+        assert server.cancelled == server.hung
+        assert await replies(kit) == ["Reply 1"]  # once, for the third turn only
+        await until(lambda: late_dones_dropped() == 2)  # the second's late done, after Reply 1
+        assert not session.response_in_flight
+        assert await replies(kit) == ["Reply 1"]
+        await kit.close()
+
+
+async def test_R4_no_timeout_when_disabled() -> None:
+    async with OpenAIRealtimeServer() as server:
+        server.hang_responses(1)
+        kit, voice, rt = await open_room(openai_channel(server, None))
+        session = rt.session_for("r1")
+        assert session.options.response_timeout is None
+        await voice.say("r1", "Speaker A", "Chorus, hello?")
+        await server.wait_for(lambda s: len(s.hung) == 1)
+        await asyncio.sleep(0.4)
+        assert session.response_in_flight
+        assert "response.cancel" not in types_sent(server)
+        await kit.close()
+
+
+def test_R4_response_timeout_defaults_to_60_s_and_must_be_positive() -> None:
+    assert SessionOptions().response_timeout == 60.0
+    assert RealtimeChannel("rt").options.response_timeout == 60.0
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="response_timeout"):
+            SessionOptions(response_timeout=bad)
+
+
+async def test_R4_local_server_cancel_answers_like_the_service() -> None:
+    """`response.cancel` → `response.done` with status `cancelled` (reason `client_cancelled`),
+    read through the SDK's own event types; nothing active → `response_cancel_not_active`."""
+    from openai import AsyncOpenAI
+
+    async with OpenAIRealtimeServer() as server:
+        server.hang_responses(1)
+        client = AsyncOpenAI(api_key="sk-test", base_url=server.base_url)
+        async with client.realtime.connect(model="gpt-realtime") as conn:
+            await conn.response.create()
+            seen: list[str] = []
+            async for event in conn:
+                seen.append(event.type)
+                if event.type == "response.created":
+                    await conn.response.cancel(response_id=event.response.id or "")
+                elif event.type == "response.done":
+                    assert event.response.status == "cancelled"
+                    assert event.response.status_details is not None
+                    assert event.response.status_details.reason == "client_cancelled"
+                    assert event.response.id == server.hung[0]
+                    await conn.response.cancel()
+                elif event.type == "error":
+                    assert event.error.code == "response_cancel_not_active"
+                    break
+            assert seen == ["session.created", "response.created", "response.done", "error"]
+
+
+async def test_R4_gemini_hung_turn_times_out_reopens_and_next_turn_is_answered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="realtime.session")
+    async with GeminiLiveServer(replies=["Here."]) as server:
+        server.hang_turns(1)
+        channel = RealtimeChannel(
+            "rt",
+            GeminiLiveSessionFactory(
+                api_key="gm-test", base_url=server.base_url, ssl=server.client_ssl
+            ),
+            assistant_name="Chorus",
+            policy=AnswerWhenAddressed(),
+            response_timeout=0.3,
+        )
+        kit, voice, rt = await open_room(channel)
+        session = rt.session_for("r1")
+        await voice.say("r1", "Speaker A", "Chorus, first?")
+        await until(lambda: server.hung == 1)
+        # No cancel in Gemini's protocol: the session reopens, replaying what the model had.
+        await until(lambda: len(server.connections) == 2 and not session.response_in_flight)
+        assert any("did not finish within" in r.getMessage() for r in caplog.records)
+        await voice.say("r1", "Speaker A", "Chorus, second?")
+        await rt.wait_idle("r1")
+        assert server.latest.lines == await expected_lines(kit, "r1", "rt")
+        assert server.latest.kinds == [
+            "setup",
+            "client_content",  # replayed
+            "client_content",
+            "client_content:turn_complete",
+        ]
+        assert await replies(kit) == ["Here."]
+        await kit.close()
