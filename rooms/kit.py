@@ -100,6 +100,23 @@ class RoomKit:
     async def get_room(self, room_id: str) -> Room | None:
         return await self.store.get_room(room_id)
 
+    async def delete_room(self, room_id: str) -> None:
+        """Forget a room: under the room lock its stored data goes (room, bindings, senders routed
+        to it, events, participants, register), then the kit's delivery queue for it and its
+        in-process lock entry. Channels that were attached to it are told nothing (there is no
+        detach hook): an owner that keeps per-room state in a channel releases it itself. A room
+        id used again afterwards is a new room. Deleting a room that is not there is no error."""
+        lock = self.locks.lock(room_id)
+        async with lock:
+            await self.store.delete_room(room_id)
+            self._deliveries.pop(room_id, None)
+        if isinstance(self.locks, InProcessLocks) and isinstance(lock, asyncio.Lock):
+            # Drop the lock entry only when nobody holds or waits for it: a waiter keeps the
+            # old lock object, and a second lock for the same room must never exist beside it.
+            if not lock.locked() and not getattr(lock, "_waiters", None):
+                if self.locks._locks.get(room_id) is lock:
+                    del self.locks._locks[room_id]
+
     async def _require_room(self, room_id: str) -> Room:
         room = await self.store.get_room(room_id)
         if room is None:
@@ -112,6 +129,14 @@ class RoomKit:
         channel.bind(self)
         self._channels[channel.channel_id] = channel
         return channel
+
+    def unregister_channel(self, channel_id: str) -> Channel:
+        """Forget a registered channel (its owner closes it). Bindings are not touched: detach
+        it from its rooms first (or delete the rooms), or events there skip it."""
+        try:
+            return self._channels.pop(channel_id)
+        except KeyError:
+            raise KeyError(f"no channel {channel_id!r} is registered") from None
 
     def get_channel(self, channel_id: str) -> Channel:
         try:

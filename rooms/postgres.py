@@ -82,6 +82,19 @@ class PostgresStore(RoomStore):
         rows = await self._rows("SELECT id, metadata, created_at FROM chorus_rooms ORDER BY created_at")
         return [Room(id=r[0], metadata=r[1], created_at=r[2]) for r in rows]
 
+    async def delete_room(self, room_id: str) -> None:
+        # One transaction: another process never sees half a room.
+        async with self._query_lock, self._conn.transaction(), self._conn.cursor() as cur:
+            for table in (
+                "chorus_bindings",
+                "chorus_senders",
+                "chorus_events",
+                "chorus_participants",
+                "chorus_registers",
+            ):
+                await cur.execute(f"DELETE FROM {table} WHERE room_id = %s", (room_id,))
+            await cur.execute("DELETE FROM chorus_rooms WHERE id = %s", (room_id,))
+
     async def add_binding(self, binding: ChannelBinding) -> None:
         await self._rows(
             "INSERT INTO chorus_bindings (room_id, channel_id, is_group) VALUES (%s, %s, %s) "

@@ -38,6 +38,10 @@ class RoomStore(ABC):
     async def get_room(self, room_id: str) -> Room | None: ...
     @abstractmethod
     async def list_rooms(self) -> list[Room]: ...
+    @abstractmethod
+    async def delete_room(self, room_id: str) -> None:
+        """Forget everything kept for the room: the room, its bindings, the senders routed to it,
+        its events, participants and register. A room that is not there is no error."""
 
     @abstractmethod
     async def add_binding(self, binding: ChannelBinding) -> None: ...
@@ -96,6 +100,16 @@ class InMemoryStore(RoomStore):
 
     async def list_rooms(self) -> list[Room]:
         return [r.model_copy(deep=True) for r in self._rooms.values()]
+
+    async def delete_room(self, room_id: str) -> None:
+        self._rooms.pop(room_id, None)
+        self._bindings.pop(room_id, None)
+        for key in [k for k, room in self._senders.items() if room == room_id]:
+            del self._senders[key]
+        for event in self._events.pop(room_id, []):
+            self._event_index.pop((room_id, event.id), None)
+        self._participants.pop(room_id, None)
+        self._registers.pop(room_id, None)
 
     async def add_binding(self, binding: ChannelBinding) -> None:
         self._bindings.setdefault(binding.room_id, {})[binding.channel_id] = binding.model_copy()

@@ -118,6 +118,7 @@ class ChorusServer:
             close_timeout=5,
             server_header="chorus",
         )
+        self.rooms.start()
         return self._server
 
     @property

@@ -82,6 +82,9 @@ class LimitsConfig(_Section):
     """How long a stream may take to send `start` (Twilio: `connected` + `start`)."""
     history: int = Field(default=500, ge=0)
     """Recent feed messages a new event-feed consumer is sent first."""
+    idle_room_seconds: float = Field(default=300.0, ge=0)
+    """A room with no open stream and no feed consumer for this long is evicted (its realtime
+    state, pooled voice channels, live state and stored events); 0 keeps rooms forever."""
 
 
 class ServerConfig(_Section):

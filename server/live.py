@@ -9,6 +9,12 @@ delivers every committed event to it in commit order, and as an `AudioSink` it r
 assistant's reply audio (R5). Nothing here awaits a client: messages go to bounded per-socket
 queues, so a slow device or page never stalls audio handling or another room.
 
+A room with no open stream and no feed consumer for `limits.idle_room_seconds` is evicted (a
+sweeper task): its live state, the pipeline's per-room state (`Pipeline.release_room`) and its
+room in the kit (`RoomKit.delete_room`) go, so memory follows the rooms in use, not every room
+ever seen. Idleness is checked again under the room's lock, and the room leaves `rooms` before
+anything is awaited, so a connection arriving meanwhile either keeps the room or gets a new one.
+
 Renames from the page go through `ON_TRANSCRIPTION` (V6) exactly as an application hook's
 rename would: the server's own hook rewrites `sender_name` of the matching voice's turns.
 """
@@ -17,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -112,6 +119,17 @@ class LiveRoom:
     streams: dict[str, LiveStream] = field(default_factory=dict)
     renames: dict[tuple[str | None, str], str] = field(default_factory=dict)
     """(stream id or None for every stream, raw speaker label) → name."""
+    last_active: float = field(default_factory=time.monotonic)
+    """When a stream or a feed consumer last came or went (idle eviction counts from here)."""
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+
+@dataclass(eq=False)
+class _RoomLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class ServerOutput(Channel):
@@ -140,7 +158,8 @@ class LiveRooms:
         self.output = ServerOutput(self)
         self.kit.register_channel(self.output)
         self._sessions: dict[str, LiveStream] = {}
-        self._room_locks: dict[str, asyncio.Lock] = {}
+        self._room_locks: dict[str, _RoomLock] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._stream_count = 0
         self._serial = itertools.count(1)
         self.kit.hooks.add(
@@ -156,8 +175,7 @@ class LiveRooms:
         live = self.rooms.get(room_id)
         if live is not None:
             return live
-        lock = self._room_locks.setdefault(room_id, asyncio.Lock())
-        async with lock:
+        async with self._room_lock(room_id):
             live = self.rooms.get(room_id)
             if live is not None:
                 return live
@@ -176,6 +194,74 @@ class LiveRooms:
             self.rooms[room_id] = live
             return live
 
+    @contextlib.asynccontextmanager
+    async def _room_lock(self, room_id: str) -> AsyncIterator[None]:
+        """The server's lock for creating and evicting one room. Its entry lives only while
+        someone holds or waits for it, so the map does not grow with every room ever seen."""
+        entry = self._room_locks.get(room_id)
+        if entry is None:
+            entry = self._room_locks[room_id] = _RoomLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0 and self._room_locks.get(room_id) is entry:
+                del self._room_locks[room_id]
+
+    # ------------------------------------------------------------------ idle rooms
+
+    def start(self) -> None:
+        """Start evicting idle rooms (`limits.idle_room_seconds`; 0: never). Needs the loop."""
+        idle = self.config.limits.idle_room_seconds
+        if idle > 0 and self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(
+                self._sweep(idle), name="chorus-idle-rooms"
+            )
+
+    @staticmethod
+    def _idle_since(live: LiveRoom) -> float | None:
+        """When the room last had a stream or a feed consumer; None while it has one."""
+        if live.streams or live.feed.consumers:
+            return None
+        return live.last_active
+
+    async def _sweep(self, idle: float) -> None:
+        interval = min(max(idle / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for room_id, live in list(self.rooms.items()):
+                since = self._idle_since(live)
+                if since is not None and now - since >= idle:
+                    try:
+                        await self.evict(room_id, idle)
+                    except Exception:
+                        log.exception("evicting room %s failed", room_id)
+
+    async def evict(self, room_id: str, idle_s: float = 0.0) -> bool:
+        """Evict the room if it has been idle for `idle_s` seconds; True when it was.
+
+        Idleness is checked again under the room's lock and the room leaves `self.rooms` before
+        anything is awaited, so a stream or feed that arrives meanwhile either found the room
+        first (then it is not idle and stays) or waits for the lock and gets a fresh room."""
+        async with self._room_lock(room_id):
+            live = self.rooms.get(room_id)
+            if live is None:
+                return False
+            since = self._idle_since(live)
+            if since is None or time.monotonic() - since < idle_s:
+                return False
+            del self.rooms[room_id]
+            try:
+                await self.pipeline.release_room(self.kit, room_id)
+            finally:
+                await self.kit.delete_room(room_id)
+            self.metrics.rooms_evicted_total += 1
+        log.info("room %s evicted after %.0f s idle", room_id, idle_s)
+        return True
+
     def subscribe(self, live: LiveRoom) -> FeedConsumer:
         if len(live.feed.consumers) >= self.config.limits.max_feed_consumers_per_room:
             raise StreamLimitError(
@@ -183,11 +269,13 @@ class LiveRooms:
                 f"{self.config.limits.max_feed_consumers_per_room} feed consumers"
             )
         self.metrics.feed_consumers += 1
+        live.touch()
         return live.feed.subscribe()
 
     def unsubscribe(self, live: LiveRoom, consumer: FeedConsumer) -> None:
         self.metrics.feed_consumers -= 1
         live.feed.unsubscribe(consumer)
+        live.touch()
 
     def _feed_dropped(self, consumer: FeedConsumer) -> None:
         self.metrics.feed_dropped_total += 1
@@ -231,10 +319,12 @@ class LiveRooms:
         )
         stream = LiveStream(info=info, kind=kind, reply_audio=reply_audio)
         live.streams[stream.id] = stream
+        live.touch()
         try:
             stream.audio = await self.pipeline.open_stream(self.kit, info)
         except BaseException:
             live.streams.pop(stream.id, None)
+            live.touch()
             self._stream_count -= 1
             raise
         self._sessions[stream.audio.session_id] = stream
@@ -275,6 +365,7 @@ class LiveRooms:
             if stream.audio is not None:
                 self._sessions.pop(stream.audio.session_id, None)
             if live is not None and live.streams.pop(stream.id, None) is not None:
+                live.touch()
                 self._stream_count -= 1
                 self.metrics.streams_active[stream.kind] -= 1
                 live.feed.publish(
@@ -425,6 +516,11 @@ class LiveRooms:
     # ------------------------------------------------------------------ shutdown
 
     async def close(self) -> None:
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
         for live in list(self.rooms.values()):
             for stream in list(live.streams.values()):
                 await self.close_stream(stream)

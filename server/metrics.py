@@ -55,6 +55,7 @@ class ServerMetrics:
         self.speaker_changes_total = 0
         self.audio_seconds_total = 0.0
         self.feed_consumers = 0
+        self.rooms_evicted_total = 0
         self.feed_dropped_total = 0
         self.stream_messages_dropped_total = 0
         self.turn_latency = Histogram()
@@ -66,8 +67,14 @@ class ServerMetrics:
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {kind}")
 
-        family("chorus_rooms", "gauge", "Rooms with at least one stream or feed consumer.")
+        family("chorus_rooms", "gauge", "Rooms the server holds (idle ones are evicted).")
         lines.append(f"chorus_rooms {rooms}")
+        family(
+            "chorus_rooms_evicted_total",
+            "counter",
+            "Rooms evicted after limits.idle_room_seconds without a stream or feed consumer.",
+        )
+        lines.append(f"chorus_rooms_evicted_total {self.rooms_evicted_total}")
         family("chorus_streams", "gauge", "Audio streams open now, by kind (device, twilio).")
         for kind in ("device", "twilio"):
             lines.append(f'chorus_streams{{kind="{kind}"}} {self.streams_active[kind]}')

@@ -11,6 +11,8 @@ realtime channel, per stream, on the voice session's clock (R3, `server.realtime
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +25,8 @@ from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
 from voice.stt.base import SttProvider
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,11 @@ class Pipeline(Protocol):
     async def attach_room(self, kit: RoomKit, room_id: str) -> None: ...
 
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio: ...
+
+    async def release_room(self, kit: RoomKit, room_id: str) -> None:
+        """The room is being evicted (no stream is open in it): drop what the pipeline keeps
+        for it. The kit still holds the room; the caller deletes it afterwards."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -183,6 +192,21 @@ class VoicePipeline:
             assert self.realtime is not None
             tap = self._taps[session.id] = RealtimeAudioTap(self.realtime, session)
         return VoiceStreamAudio(session, release, tap, on_close=self._taps.pop)
+
+    async def release_room(self, kit: RoomKit, room_id: str) -> None:
+        """Close and drop the room's pooled voice channels (all idle: no stream is open).
+
+        The room's realtime session is left as it is: `RealtimeChannel` has no public call that
+        closes one room's session AND forgets its per-room state, and closing the session alone
+        (`session_for(room).close()`) would leave a closed session that a returning room would
+        be handed again. See docs/server.md, "Idle rooms"."""
+        for channel in self._pools.pop(room_id, []):
+            try:
+                await channel.close()
+            except Exception:
+                log.exception("closing pooled voice channel %s failed", channel.channel_id)
+            with contextlib.suppress(KeyError):
+                kit.unregister_channel(channel.channel_id)
 
     async def close(self) -> None:
         # The kit closes every registered channel; the shared STT provider is closed once here.

@@ -1,0 +1,197 @@
+"""Idle rooms are evicted (`limits.idle_room_seconds`), over real sockets.
+
+A room whose last stream closed and that has no feed consumer is evicted after the idle time:
+`/metrics` counts it, and its live state, its pooled voice channels (each with its own
+diarization stage) and its stored room data are gone. A room with a feed consumer open is kept.
+A stream into an evicted room works and starts a fresh room. An eviction that races with a new
+connection loses: idleness is checked again under the room's lock.
+
+STT goes through the local Deepgram-protocol server (the demo meeting's words), speakers come
+from the embedded diarization stage (so shared-mic streams use pooled channels), and the
+realtime channel is the recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server.auth import issue_token
+from server.client import DeviceStream, EventFeed
+from server.config import load_config
+from server.live import LiveRooms
+from server.pipeline import VoicePipeline
+from server.protocol import StartMessage
+from server.testing.harness import SECRET, RunningServer, eventually, running_server
+from voice.audio import float_to_pcm16, read_audio_16k
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+pytestmark = pytest.mark.asyncio
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
+IDLE_S = 0.8
+
+
+@pytest.fixture(scope="module")
+def speech() -> bytes:
+    audio = read_audio_16k(MEETING / "meeting.wav")
+    return float_to_pcm16(audio[: int(5.0 * 16000)].astype(np.float32))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RunningServer]:
+    async with (
+        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
+        running_server(
+            {
+                "stt": {
+                    "provider": "deepgram",
+                    "deepgram_url": deepgram.url,
+                    "deepgram_api_key": "test",
+                    "diarize": False,  # shared-mic speakers from the stage: pooled channels
+                },
+                "diarizer": {"kind": "embedded"},
+                "realtime": {"provider": "recorder"},
+                "limits": {"idle_room_seconds": IDLE_S},
+            }
+        ) as srv,
+    ):
+        yield srv
+
+
+def _parts(server: RunningServer) -> tuple[LiveRooms, VoicePipeline]:
+    live = server.server.rooms
+    assert isinstance(live.pipeline, VoicePipeline)
+    return live, live.pipeline
+
+
+async def _metric(server: RunningServer, name: str) -> float:
+    status, body = await server.http_get("/metrics")
+    assert status == 200
+    m = re.search(rf"^{name} (\S+)$", body, re.M)
+    assert m is not None, name
+    return float(m[1])
+
+
+async def _one_stream(server: RunningServer, room: str, speech: bytes) -> DeviceStream:
+    """A shared-mic device streams the start of the meeting, then stops; its turns came back."""
+    device = await DeviceStream.open(
+        server.base, room, issue_token(SECRET, room), StartMessage(participant="desk")
+    )
+    await device.send_audio(speech, chunk_s=0.25, realtime=False)
+    async with asyncio.timeout(10):
+        await device.stop()
+    assert device.turns, "the stream produced no turn"
+    return device
+
+
+def _pooled_ids(live: LiveRooms, room: str) -> list[str]:
+    return [c for c in live.kit._channels if c.startswith(f"voice-{room}-")]
+
+
+async def test_an_idle_room_is_evicted_and_a_returning_room_starts_fresh(
+    server: RunningServer, speech: bytes
+) -> None:
+    live, pipeline = _parts(server)
+    first = await _one_stream(server, "gone", speech)
+    assert "gone" in live.rooms
+    old_channels = _pooled_ids(live, "gone")
+    assert len(old_channels) == 1 and len(pipeline._pools["gone"]) == 1
+    assert await live.kit.list_events("gone")
+    assert await _metric(server, "chorus_rooms") == 1
+
+    await eventually(lambda: "gone" not in live.rooms, within_s=5, what="eviction")
+    assert await _metric(server, "chorus_rooms_evicted_total") == 1
+    assert await _metric(server, "chorus_rooms") == 0
+    assert "gone" not in pipeline._pools
+    assert _pooled_ids(live, "gone") == []
+    assert await live.kit.get_room("gone") is None
+    assert await live.kit.list_events("gone") == []
+    assert await live.kit.get_participants("gone") == []
+    assert "gone" not in live.kit._deliveries
+    assert live._room_locks == {}
+    status, _ = await server.http_get("/healthz")
+    assert status == 200
+
+    # the room comes back: a fresh room (new live state, new pooled channel, no old events)
+    second = await _one_stream(server, "gone", speech)
+    assert "gone" in live.rooms and await _metric(server, "chorus_rooms") == 1
+    new_channels = _pooled_ids(live, "gone")
+    assert len(new_channels) == 1 and new_channels != old_channels
+    events = await live.kit.list_events("gone")
+    turn_ids = {t.event_id for t in second.turns}
+    assert {e.id for e in events if e.source.channel_type == "voice"} == turn_ids
+    assert not turn_ids & {t.event_id for t in first.turns}
+    assert pipeline.realtime is not None
+    assert any(t.text in line for t in second.turns for line in pipeline.realtime.lines_for("gone"))
+
+
+async def test_a_room_with_a_feed_consumer_is_not_evicted(
+    server: RunningServer, speech: bytes
+) -> None:
+    live, _ = _parts(server)
+    feed = await EventFeed.open(server.base, "watched", issue_token(SECRET, "watched"))
+    await _one_stream(server, "watched", speech)
+    await asyncio.sleep(IDLE_S * 3)
+    assert "watched" in live.rooms
+    assert await _metric(server, "chorus_rooms_evicted_total") == 0
+    assert feed.ws.close_code is None and feed.turns
+
+    await feed.close()  # now idle: evicted after the idle time
+    await eventually(lambda: "watched" not in live.rooms, within_s=5, what="eviction")
+    assert await _metric(server, "chorus_rooms_evicted_total") == 1
+
+
+async def test_an_eviction_racing_with_a_new_connection_loses(server: RunningServer) -> None:
+    """The eviction waits for the room's lock (held here); meanwhile a feed connects to the
+    still-listed room. Checked again under the lock, the room is no longer idle and stays."""
+    live, _ = _parts(server)
+    token = issue_token(SECRET, "busy")
+    first = await EventFeed.open(server.base, "busy", token)
+    await eventually(lambda: "busy" in live.rooms and bool(live.rooms["busy"].feed.consumers))
+    await first.close()
+    await eventually(lambda: not live.rooms["busy"].feed.consumers)
+    room = live.rooms["busy"]
+    room.last_active -= 100  # long idle
+    async with live._room_lock("busy"):
+        evicting = asyncio.create_task(live.evict("busy", IDLE_S))
+        await asyncio.sleep(0.05)
+        assert not evicting.done()  # waiting for the lock
+        late = await EventFeed.open(server.base, "busy", token)
+        await eventually(lambda: bool(room.feed.consumers), what="the late feed")
+    assert await evicting is False
+    assert live.rooms.get("busy") is room
+    assert await _metric(server, "chorus_rooms_evicted_total") == 0
+    await late.close()
+
+
+async def test_idle_room_seconds_from_config_and_environment_and_0_disables(speech: bytes) -> None:
+    assert load_config(environ={}).limits.idle_room_seconds == 300
+    env = {"CHORUS_LIMITS_IDLE_ROOM_SECONDS": "0"}
+    assert load_config(environ=env).limits.idle_room_seconds == 0
+    async with (
+        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
+        running_server(
+            {
+                "stt": {
+                    "provider": "deepgram",
+                    "deepgram_url": deepgram.url,
+                    "deepgram_api_key": "test",
+                },
+                "diarizer": {"kind": "none"},
+                "realtime": {"provider": "none"},
+                "limits": {"idle_room_seconds": 0},
+            }
+        ) as srv,
+    ):
+        live = srv.server.rooms
+        assert live._sweeper is None
+        await _one_stream(srv, "kept", speech)
+        await asyncio.sleep(0.3)
+        assert "kept" in live.rooms
+        assert await _metric(srv, "chorus_rooms_evicted_total") == 0
