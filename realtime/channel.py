@@ -218,6 +218,16 @@ class RealtimeChannel(Channel):
             del self._rooms[room_id]  # the next event (or attach) tries again
             raise
 
+    async def on_detach(self, room_id: str) -> None:
+        """The room is gone: close its session and forget what it was sent (a room that comes
+        back gets a new session on attach)."""
+        state = self._rooms.pop(room_id, None)
+        if state is not None:
+            try:
+                await state.session.close()
+            except Exception:
+                log.exception("closing realtime session of room %s failed", room_id)
+
     async def close(self) -> None:
         for state in self._rooms.values():
             try:

@@ -53,6 +53,10 @@ class Channel(ABC):  # noqa: B024 - every method has a working default
     async def on_attach(self, room_id: str) -> None:  # noqa: B027 - optional
         """Called once when the channel is attached to a room."""
 
+    async def on_detach(self, room_id: str) -> None:  # noqa: B027 - optional
+        """Called once the room is gone (`RoomKit.delete_room`): drop what the channel keeps for
+        it (sessions, buffers). A room id used again later is a new room."""
+
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:  # noqa: B027 - optional
         """Called for each committed event from another channel this channel may see."""
 

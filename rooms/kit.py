@@ -102,20 +102,20 @@ class RoomKit:
 
     async def delete_room(self, room_id: str) -> None:
         """Forget a room: under the room lock its stored data goes (room, bindings, senders routed
-        to it, events, participants, register), then the kit's delivery queue for it and its
-        in-process lock entry. Channels that were attached to it are told nothing (there is no
-        detach hook): an owner that keeps per-room state in a channel releases it itself. A room
-        id used again afterwards is a new room. Deleting a room that is not there is no error."""
-        lock = self.locks.lock(room_id)
-        async with lock:
+        to it, events, participants, register) and the kit's delivery queue for it; then every
+        channel that was attached hears `on_detach` (it drops its sessions and buffers for the
+        room), and the room's lock entry goes unless someone holds or waits for it. A room id used
+        again afterwards is a new room. Deleting a room that is not there is no error."""
+        async with self.locks.lock(room_id):
+            attached = await self.channels_in(room_id)
             await self.store.delete_room(room_id)
             self._deliveries.pop(room_id, None)
-        if isinstance(self.locks, InProcessLocks) and isinstance(lock, asyncio.Lock):
-            # Drop the lock entry only when nobody holds or waits for it: a waiter keeps the
-            # old lock object, and a second lock for the same room must never exist beside it.
-            if not lock.locked() and not getattr(lock, "_waiters", None):
-                if self.locks._locks.get(room_id) is lock:
-                    del self.locks._locks[room_id]
+        for channel in attached:
+            try:
+                await channel.on_detach(room_id)
+            except Exception:
+                log.exception("channel %s failed to let go of room %s", channel.channel_id, room_id)
+        self.locks.discard(room_id)
 
     async def _require_room(self, room_id: str) -> Room:
         room = await self.store.get_room(room_id)

@@ -18,6 +18,14 @@ class RoomLockManager(ABC):
     def lock(self, room_id: str) -> AbstractAsyncContextManager[Any]:
         """An async context manager held while a room is written."""
 
+    def discard(self, room_id: str) -> None:  # noqa: B027 - optional
+        """Forget a deleted room's lock, if nobody holds or waits for it."""
+
+
+def idle(lock: asyncio.Lock) -> bool:
+    """Nobody holds the lock and nobody waits for it (a woken waiter may not hold it yet)."""
+    return not lock.locked() and not getattr(lock, "_waiters", None)
+
 
 class InProcessLocks(RoomLockManager):
     def __init__(self) -> None:
@@ -28,3 +36,10 @@ class InProcessLocks(RoomLockManager):
         if lock is None:
             lock = self._locks[room_id] = asyncio.Lock()
         return lock
+
+    def discard(self, room_id: str) -> None:
+        # A waiter keeps the old lock object: a second lock for the same room must never exist
+        # beside it, so an entry someone holds or waits for stays.
+        lock = self._locks.get(room_id)
+        if lock is not None and idle(lock):
+            del self._locks[room_id]

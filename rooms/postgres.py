@@ -22,7 +22,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from models import Participant, RoomEvent
-from rooms.locks import RoomLockManager
+from rooms.locks import RoomLockManager, idle
 from rooms.store import ChannelBinding, Room, RoomStore
 
 SCHEMA = """
@@ -232,6 +232,11 @@ class PostgresAdvisoryLocks(RoomLockManager):
 
     def local_lock(self, room_id: str) -> asyncio.Lock:
         return self._local.setdefault(room_id, asyncio.Lock())
+
+    def discard(self, room_id: str) -> None:
+        lock = self._local.get(room_id)
+        if lock is not None and idle(lock):
+            del self._local[room_id]
 
     def lock(self, room_id: str) -> _AdvisoryLock:
         return _AdvisoryLock(self, room_id)

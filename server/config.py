@@ -59,6 +59,9 @@ class RealtimeConfig(_Section):
     """Audio mode (R3): every stream's audio goes to the model, its own turn detection off; at the
     end of each turn the channel commits that turn's audio (from its own stream) and names the
     speaker. Off: the model gets the labelled lines as text only."""
+    response_timeout: float = Field(default=60.0, gt=0)
+    """Seconds a requested response may take before it is cancelled so the next one can go out
+    (R4; `realtime.RealtimeChannel(response_timeout=…)`)."""
 
 
 class PolicyConfig(_Section):

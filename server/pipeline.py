@@ -196,10 +196,8 @@ class VoicePipeline:
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """Close and drop the room's pooled voice channels (all idle: no stream is open).
 
-        The room's realtime session is left as it is: `RealtimeChannel` has no public call that
-        closes one room's session AND forgets its per-room state, and closing the session alone
-        (`session_for(room).close()`) would leave a closed session that a returning room would
-        be handed again. See docs/server.md, "Idle rooms"."""
+        The channels that stay registered (the realtime channel, the shared voice channel) let go
+        of the room themselves when the caller deletes it (`RoomKit.delete_room` → `on_detach`)."""
         for channel in self._pools.pop(room_id, []):
             try:
                 await channel.close()
@@ -297,6 +295,7 @@ def _realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
         policy=speak_policy(config),
         audio_mode=rt.audio,
         voice=rt.voice,
+        response_timeout=rt.response_timeout,
         **options,
     )
 

@@ -158,3 +158,35 @@ async def test_delete_room_on_postgres_removes_every_table_row(database: str) ->
     finally:
         await store.close()
         await locks.close()
+
+
+async def test_deleting_a_room_tells_its_channels_and_closes_a_realtime_session() -> None:
+    from realtime import ContextItem, RealtimeChannel
+    from rooms import Channel
+
+    class Keeper(Channel):
+        def __init__(self) -> None:
+            super().__init__("keeper")
+            self.detached: list[str] = []
+
+        async def on_detach(self, room_id: str) -> None:
+            self.detached.append(room_id)
+
+    kit = RoomKit()
+    keeper, rt = Keeper(), RealtimeChannel("rt", "recorder")
+    kit.register_channel(keeper)
+    kit.register_channel(rt)
+    await kit.create_room(room_id="r")
+    await kit.attach_channel("r", "keeper")
+    await kit.attach_channel("r", "rt")
+    session = rt.session_for("r")
+    await kit.delete_room("r")
+    assert keeper.detached == ["r"]
+    with pytest.raises(KeyError):
+        rt.lines_for("r")
+    with pytest.raises(RuntimeError, match="session is closed"):
+        await session.add_item(ContextItem("user", "late"))
+    await kit.create_room(room_id="r")  # the same id again: a new room, a new session
+    await kit.attach_channel("r", "rt")
+    assert rt.session_for("r") is not session
+    await kit.close()

@@ -149,3 +149,17 @@ def test_token_command_prints_a_token_the_server_accepts(
     monkeypatch.delenv("CHORUS_SECRET")
     assert main(["token", "room-9"]) == 2
     assert "no secret" in capsys.readouterr().err
+
+
+def test_realtime_response_timeout_is_configurable_and_reaches_the_channel(tmp_path: Path) -> None:
+    from server.pipeline import _realtime_channel
+
+    path = tmp_path / "chorus.toml"
+    path.write_text("[realtime]\nresponse_timeout = 12.5\n")
+    config = load_config(path, environ={})
+    assert config.realtime.response_timeout == 12.5
+    channel = _realtime_channel(config)
+    assert channel is not None and channel.options.response_timeout == 12.5
+    path.write_text("[realtime]\nresponse_timeout = 0\n")
+    with pytest.raises(ConfigError, match="response_timeout"):
+        load_config(path, environ={})

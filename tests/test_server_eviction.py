@@ -115,6 +115,9 @@ async def test_an_idle_room_is_evicted_and_a_returning_room_starts_fresh(
     assert await live.kit.get_participants("gone") == []
     assert "gone" not in live.kit._deliveries
     assert live._room_locks == {}
+    assert pipeline.realtime is not None
+    with pytest.raises(KeyError):  # the realtime channel closed the room's session (on_detach)
+        pipeline.realtime.lines_for("gone")
     status, _ = await server.http_get("/healthz")
     assert status == 200
 
@@ -128,7 +131,10 @@ async def test_an_idle_room_is_evicted_and_a_returning_room_starts_fresh(
     assert {e.id for e in events if e.source.channel_type == "voice"} == turn_ids
     assert not turn_ids & {t.event_id for t in first.turns}
     assert pipeline.realtime is not None
-    assert any(t.text in line for t in second.turns for line in pipeline.realtime.lines_for("gone"))
+    lines = pipeline.realtime.lines_for("gone")  # a new session: none of the old room's lines
+    assert any(t.text in line for t in second.turns for line in lines)
+    assert not any(t.text in line for t in first.turns for line in lines if t.text not in {
+        n.text for n in second.turns})
 
 
 async def test_a_room_with_a_feed_consumer_is_not_evicted(

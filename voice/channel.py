@@ -521,6 +521,10 @@ class VoiceChannel(Channel):
         if self.on_play is not None:
             await self.on_play(room_id, pcm16, sample_rate)
 
+    async def on_detach(self, room_id: str) -> None:
+        """The room is gone: forget its playback window (V9)."""
+        self._playing_until.pop(room_id, None)
+
     def is_playing(self, room_id: str) -> bool:
         until = self._playing_until.get(room_id)
         return until is not None and asyncio.get_running_loop().time() < until
