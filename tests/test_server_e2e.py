@@ -23,7 +23,13 @@ from realtime.testing.openai_server import OpenAIRealtimeServer, lines_sent
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.protocol import StartMessage
-from server.testing.harness import SECRET, RunningServer, eventually, running_server
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    local_deepgram_stt,
+    running_server,
+)
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
@@ -52,12 +58,8 @@ async def servers() -> AsyncIterator[tuple[RunningServer, OpenAIRealtimeServer]]
         OpenAIRealtimeServer(replies=["Happy to help, Dana."], reply_audio_seconds=0.2) as model,
         running_server(
             {
-                "stt": {
-                    "provider": "deepgram",
-                    "deepgram_url": deepgram.url,
-                    "deepgram_api_key": "test",
-                    "diarize": False,  # the device's speakers come from the diarization stage
-                },
+                # the device's speakers come from the diarization stage
+                "stt": local_deepgram_stt(deepgram.url, diarize=False),
                 "diarizer": {"kind": "embedded"},
                 "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
                 "policy": {"answer_only": ["Dana"]},

@@ -27,7 +27,13 @@ from server.config import load_config
 from server.live import LiveRooms
 from server.pipeline import VoicePipeline
 from server.protocol import StartMessage
-from server.testing.harness import SECRET, RunningServer, eventually, running_server
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    local_deepgram_stt,
+    running_server,
+)
 from voice.audio import float_to_pcm16, read_audio_16k
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
@@ -49,12 +55,8 @@ async def server() -> AsyncIterator[RunningServer]:
         DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
         running_server(
             {
-                "stt": {
-                    "provider": "deepgram",
-                    "deepgram_url": deepgram.url,
-                    "deepgram_api_key": "test",
-                    "diarize": False,  # shared-mic speakers from the stage: pooled channels
-                },
+                # shared-mic speakers from the stage: pooled channels
+                "stt": local_deepgram_stt(deepgram.url, diarize=False),
                 "diarizer": {"kind": "embedded"},
                 "realtime": {"provider": "recorder"},
                 "limits": {"idle_room_seconds": IDLE_S},
@@ -184,11 +186,7 @@ async def test_idle_room_seconds_from_config_and_environment_and_0_disables(spee
         DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
         running_server(
             {
-                "stt": {
-                    "provider": "deepgram",
-                    "deepgram_url": deepgram.url,
-                    "deepgram_api_key": "test",
-                },
+                "stt": local_deepgram_stt(deepgram.url),
                 "diarizer": {"kind": "none"},
                 "realtime": {"provider": "none"},
                 "limits": {"idle_room_seconds": 0},

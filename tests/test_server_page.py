@@ -14,7 +14,13 @@ from server.auth import issue_token
 from server.client import DeviceStream, EventFeed
 from server.protocol import StartMessage
 from server.testing.chromium import HeadlessChromium, find_chromium
-from server.testing.harness import SECRET, RunningServer, eventually, running_server
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    local_deepgram_stt,
+    running_server,
+)
 from voice.audio import float_to_pcm16, read_audio_16k
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
@@ -37,12 +43,7 @@ async def server() -> AsyncIterator[RunningServer]:
         DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
         running_server(
             {
-                "stt": {
-                    "provider": "deepgram",
-                    "deepgram_url": deepgram.url,
-                    "deepgram_api_key": "test",
-                    "diarize": False,
-                },
+                "stt": local_deepgram_stt(deepgram.url, diarize=False),
                 "diarizer": {"kind": "embedded"},
                 "realtime": {"provider": "none"},
             }

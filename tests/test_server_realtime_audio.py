@@ -37,7 +37,13 @@ from server.config import ConfigError, load_config
 from server.pipeline import VoiceStreamAudio, _realtime_channel
 from server.protocol import StartMessage
 from server.realtime_audio import RealtimeAudioTap
-from server.testing.harness import SECRET, RunningServer, eventually, running_server
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    local_deepgram_stt,
+    running_server,
+)
 from voice.audio import AudioLog, float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
@@ -62,12 +68,8 @@ def servers_config(
     deepgram: DeepgramTestServer, model: OpenAIRealtimeServer, audio: bool
 ) -> dict[str, Any]:
     return {
-        "stt": {
-            "provider": "deepgram",
-            "deepgram_url": deepgram.url,
-            "deepgram_api_key": "test",
-            "diarize": True,  # the shared mic's speakers come from the STT's labels (V3)
-        },
+        # the shared mic's speakers come from the STT's labels (V3)
+        "stt": local_deepgram_stt(deepgram.url, diarize=True),
         "diarizer": {"kind": "none"},
         "realtime": {
             "provider": "openai",

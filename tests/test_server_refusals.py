@@ -19,7 +19,14 @@ from websockets.exceptions import ConnectionClosed
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg, events_url, stream_url
 from server.protocol import CloseCode, StartMessage, dump
-from server.testing.harness import SECRET, RunningServer, eventually, running_server, tone
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    local_deepgram_stt,
+    running_server,
+    tone,
+)
 from voice.testing.deepgram_server import DeepgramTestServer
 
 pytestmark = pytest.mark.asyncio
@@ -48,11 +55,7 @@ async def server() -> AsyncIterator[RunningServer]:
         DeepgramTestServer() as deepgram,
         running_server(
             {
-                "stt": {
-                    "provider": "deepgram",
-                    "deepgram_url": deepgram.url,
-                    "deepgram_api_key": "test",
-                },
+                "stt": local_deepgram_stt(deepgram.url),
                 "diarizer": {"kind": "none"},
                 "realtime": {"provider": "none"},
             }

@@ -56,6 +56,12 @@ class RunningServer:
         return status, body.decode(errors="replace")
 
 
+def local_deepgram_stt(url: str, **options: Any) -> dict[str, Any]:
+    """The `stt` config section that points `chorus serve` at a local Deepgram-protocol server
+    (`voice.testing.deepgram_server`); `options` add to it (e.g. `diarize=False`)."""
+    return {"provider": "deepgram", "deepgram_url": url, "deepgram_api_key": "test", **options}
+
+
 @contextlib.asynccontextmanager
 async def running_server(
     config: ServerConfig | dict[str, Any] | None = None, host: str = "127.0.0.1"
