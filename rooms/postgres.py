@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS chorus_events (
 CREATE TABLE IF NOT EXISTS chorus_participants (
     room_id text NOT NULL, id text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, id));
 CREATE TABLE IF NOT EXISTS chorus_registers (room_id text PRIMARY KEY, data jsonb NOT NULL);
+CREATE TABLE IF NOT EXISTS chorus_memory_states (
+    room_id text NOT NULL, key text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, key));
 """
 
 
@@ -91,6 +93,7 @@ class PostgresStore(RoomStore):
                 "chorus_events",
                 "chorus_participants",
                 "chorus_registers",
+                "chorus_memory_states",
             ):
                 await cur.execute(f"DELETE FROM {table} WHERE room_id = %s", (room_id,))
             await cur.execute("DELETE FROM chorus_rooms WHERE id = %s", (room_id,))
@@ -185,6 +188,19 @@ class PostgresStore(RoomStore):
             "INSERT INTO chorus_registers (room_id, data) VALUES (%s, %s) "
             "ON CONFLICT (room_id) DO UPDATE SET data = EXCLUDED.data",
             (room_id, Jsonb(register)),
+        )
+
+    async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
+        rows = await self._rows(
+            "SELECT data FROM chorus_memory_states WHERE room_id = %s AND key = %s", (room_id, key)
+        )
+        return dict(rows[0][0]) if rows else None
+
+    async def put_memory_state(self, room_id: str, key: str, value: dict[str, Any]) -> None:
+        await self._rows(
+            "INSERT INTO chorus_memory_states (room_id, key, data) VALUES (%s, %s, %s) "
+            "ON CONFLICT (room_id, key) DO UPDATE SET data = EXCLUDED.data",
+            (room_id, key, Jsonb(value)),
         )
 
 

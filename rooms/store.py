@@ -1,4 +1,5 @@
-"""Where rooms keep what they hold: rooms, bindings, events, participants and the register.
+"""Where rooms keep what they hold: rooms, bindings, events, participants, the register
+and what memories keep with a room (running summaries).
 
 `RoomStore` is the interface; `InMemoryStore` is the default for one process. A store shared by
 several processes must be paired with a distributed lock (see `rooms.locks`), because the
@@ -75,6 +76,15 @@ class RoomStore(ABC):
     @abstractmethod
     async def put_register(self, room_id: str, register: dict[str, Any]) -> None: ...
 
+    @abstractmethod
+    async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
+        """What a memory kept for the room under `key` (a running summary, G4), or None."""
+
+    @abstractmethod
+    async def put_memory_state(self, room_id: str, key: str, value: dict[str, Any]) -> None:
+        """Keep `value` (JSON) for the room under `key`, replacing what was there; deleting the
+        room forgets it."""
+
 
 class InMemoryStore(RoomStore):
     """Everything in dictionaries; returns copies so callers cannot change stored state."""
@@ -87,6 +97,7 @@ class InMemoryStore(RoomStore):
         self._event_index: dict[tuple[str, str], int] = {}
         self._participants: dict[str, dict[str, Participant]] = {}
         self._registers: dict[str, dict[str, Any]] = {}
+        self._memory_states: dict[str, dict[str, dict[str, Any]]] = {}
 
     async def create_room(self, room: Room) -> None:
         if room.id in self._rooms:
@@ -110,6 +121,7 @@ class InMemoryStore(RoomStore):
             self._event_index.pop((room_id, event.id), None)
         self._participants.pop(room_id, None)
         self._registers.pop(room_id, None)
+        self._memory_states.pop(room_id, None)
 
     async def add_binding(self, binding: ChannelBinding) -> None:
         self._bindings.setdefault(binding.room_id, {})[binding.channel_id] = binding.model_copy()
@@ -164,3 +176,10 @@ class InMemoryStore(RoomStore):
 
     async def put_register(self, room_id: str, register: dict[str, Any]) -> None:
         self._registers[room_id] = copy.deepcopy(register)
+
+    async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
+        value = self._memory_states.get(room_id, {}).get(key)
+        return copy.deepcopy(value) if value is not None else None
+
+    async def put_memory_state(self, room_id: str, key: str, value: dict[str, Any]) -> None:
+        self._memory_states.setdefault(room_id, {})[key] = copy.deepcopy(value)
