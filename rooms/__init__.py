@@ -11,12 +11,26 @@ from rooms.hooks import HookContext, HookResult, HookTrigger
 from rooms.kit import InboundResult, RoomKit, RoutingError
 from rooms.locks import InProcessLocks, RoomLockManager
 from rooms.memory import Memory, SlidingWindowMemory
+from rooms.policy import (
+    AnswerAlways,
+    AnswerNever,
+    AnswerOnly,
+    AnswerWhenAddressed,
+    AnswerWhenAlone,
+    SpeakPolicy,
+    SpeakTurn,
+)
 from rooms.store import ChannelBinding, InMemoryStore, Room, RoomStore
 
 __all__ = [
     "AIChannel",
     "AIProvider",
     "AIResponse",
+    "AnswerAlways",
+    "AnswerNever",
+    "AnswerOnly",
+    "AnswerWhenAddressed",
+    "AnswerWhenAlone",
     "AudioSink",
     "Channel",
     "ChannelBinding",
@@ -35,5 +49,7 @@ __all__ = [
     "RoomStore",
     "RoutingError",
     "SlidingWindowMemory",
+    "SpeakPolicy",
+    "SpeakTurn",
     "TextChannel",
 ]

@@ -4,6 +4,11 @@ For each event it should answer, the channel asks memory for the window, hands t
 attribution engine (which labels turns when several people speak, rules A–E) and sends the
 resulting `AIContext` to its provider. The reply is stored as an event of this channel, so the
 model's own turns come back to it as `assistant` turns, never labelled (C3).
+
+Whether the channel answers at all is decided before any of that: `should_answer` (message events,
+not other agents unless `answer_agents`), then, when one is given, the speak policy (G6) — the same
+`SpeakPolicy` objects the realtime channel uses, reading the turn under its attribution label, so
+`AnswerOnly(people=["Alice"])` never answers a look-alike ranked `Alice (2)`.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from attribution import Register, render_chat_context, render_plain_context
+from attribution import Register, label_for, render_chat_context, render_plain_context
 from models import AIContext, RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
 from rooms.memory import Memory, SlidingWindowMemory
+from rooms.policy import SpeakPolicy, SpeakTurn
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,16 @@ class MockAIProvider(AIProvider):
 
 
 class AIChannel(Channel):
+    """A chat model in a room: `AIChannel("ai", provider, system_prompt, memory=..., policy=...)`.
+
+    - `memory`: which past events the model reads (default: the last 50, `SlidingWindowMemory`).
+    - `attribution`: label turns when several people speak (A–E); off sends plain roles.
+    - `answer_agents`: also answer other agent channels' turns (off: two agents would loop).
+    - `policy`: a `SpeakPolicy` (G6) deciding, per turn, whether the model is asked at all; None
+      (the default) answers every message. `assistant_name` is the name `AnswerWhenAddressed`
+      listens for.
+    """
+
     channel_type: ClassVar[str] = "ai"
 
     def __init__(
@@ -57,6 +73,8 @@ class AIChannel(Channel):
         memory: Memory | None = None,
         attribution: bool = True,
         answer_agents: bool = False,
+        policy: SpeakPolicy | None = None,
+        assistant_name: str = "Assistant",
     ) -> None:
         super().__init__(channel_id)
         self.provider = provider
@@ -65,11 +83,36 @@ class AIChannel(Channel):
         self.attribution = attribution
         self.answer_agents = answer_agents
         """Answer events from other agent channels too (off by default: two agents would loop)."""
+        self.policy = policy
+        self.assistant_name = assistant_name
 
     def should_answer(self, event: RoomEvent) -> bool:
         if event.kind != "message":
             return False
         return self.answer_agents or event.source.channel_type not in {"ai", "realtime"}
+
+    async def speak_turn(self, event: RoomEvent, ctx: RoomContext) -> SpeakTurn:
+        """The turn as the speak policy reads it (G6): its attribution label, the text as sent,
+        and how many distinct speakers (by label) the room's turns this channel can see hold."""
+        kit = ctx.kit
+        participants = await kit.get_participants(ctx.room_id)
+        register = await kit.get_register(ctx.room_id) or Register.new()
+        label = label_for(event, participants, register)
+        speakers = {label}
+        for past in await kit.list_events(ctx.room_id):
+            if (
+                past.kind != "system"
+                and past.source.channel_id != self.channel_id
+                and past.visible_to(self.channel_id)
+            ):
+                speakers.add(label_for(past, participants, register))
+        return SpeakTurn(
+            speakers=(label,),
+            text=event.text,
+            assistant_name=self.assistant_name,
+            room_speakers=len(speakers),
+            event=event,
+        )
 
     async def build_context(self, trigger: RoomEvent, ctx: RoomContext) -> AIContext:
         kit = ctx.kit
@@ -91,6 +134,10 @@ class AIChannel(Channel):
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
         if not self.should_answer(event):
+            return
+        if self.policy is not None and not self.policy.should_answer(
+            await self.speak_turn(event, ctx)
+        ):
             return
         context = await self.build_context(event, ctx)
         response = await self.provider.generate(context)
