@@ -3,7 +3,8 @@
 Owns speaker resolution (B), shown names and labels (C4, C6, C7), look-alike groups and the room's
 register of ranks (D), the note and runtime marks (E), and the renderers that hand a provider a
 labelled conversation (A, C, E, F): `render_chat_context` for chat models, `render_line` for
-realtime sessions (G1). Pure functions and plain data, no I/O: the caller (rooms) owns storage and
+realtime sessions (G1), `render_task_block` for task blocks handed to a worker agent (G5), and the
+summary transcript and summarized contexts of summarizing memories (G4). Pure functions and plain data, no I/O: the caller (rooms) owns storage and
 the room lock, and calls `register_participant` from `ensure_participant` and `commit_turn` for
 every committed turn.
 
@@ -37,6 +38,7 @@ from attribution.render import (
     render_plain_context,
 )
 from attribution.speakers import Participants, Speaker, match_participant, resolve_speaker
+from attribution.tasks import TASK_CLOSE, TASK_OPEN, render_task_block
 
 __all__ = [
     "AUTHOR_KEY",
@@ -46,6 +48,8 @@ __all__ = [
     "NOTE_MARK",
     "ROLE_WORDS",
     "RUNTIME_MARKS",
+    "TASK_CLOSE",
+    "TASK_OPEN",
     "Participants",
     "Register",
     "RegisterEntry",
@@ -68,6 +72,7 @@ __all__ = [
     "render_chat_context",
     "render_line",
     "render_plain_context",
+    "render_task_block",
     "resolve_speaker",
     "shown_name",
     "skeleton",

@@ -7,6 +7,7 @@ server build on it.
 
 from rooms.ai import AIChannel, AIProvider, AIResponse, MockAIProvider
 from rooms.channel import AudioSink, Channel, RoomContext, TextChannel
+from rooms.delegation import Delegation, TaskWorker, delegate_task
 from rooms.hooks import HookContext, HookResult, HookTrigger
 from rooms.kit import InboundResult, RoomKit, RoutingError
 from rooms.locks import InProcessLocks, RoomLockManager
@@ -34,6 +35,7 @@ __all__ = [
     "AudioSink",
     "Channel",
     "ChannelBinding",
+    "Delegation",
     "HookContext",
     "HookResult",
     "HookTrigger",
@@ -51,5 +53,7 @@ __all__ = [
     "SlidingWindowMemory",
     "SpeakPolicy",
     "SpeakTurn",
+    "TaskWorker",
     "TextChannel",
+    "delegate_task",
 ]

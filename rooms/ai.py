@@ -20,8 +20,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from attribution import Register, label_for, render_chat_context, render_plain_context
-from models import AIContext, RoomEvent, TextContent
+from models import AIContext, AIMessage, RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
+from rooms.delegation import Delegation, TaskWorker, delegate_task
 from rooms.memory import Memory, SlidingWindowMemory
 from rooms.policy import SpeakPolicy, SpeakTurn
 
@@ -130,6 +131,30 @@ class AIChannel(Channel):
             )
         return render_plain_context(
             window, trigger, ai_channel_id=self.channel_id, system_prompt=self.system_prompt
+        )
+
+    async def perform_task(self, block: str, *, room_id: str) -> str:
+        """G5, as a worker: answer a task block another agent handed over. The model reads the
+        block alone (its system prompt, then the block as the one user turn), not the room."""
+        context = AIContext(
+            messages=[AIMessage(role="user", content=block)], system_prompt=self.system_prompt
+        )
+        return (await self.provider.generate(context)).text
+
+    async def delegate(
+        self,
+        room_id: str,
+        worker: TaskWorker,
+        *,
+        request: RoomEvent | None = None,
+        task: str | None = None,
+    ) -> Delegation:
+        """G5, as the delegating agent: hand `worker` a task and post its result into the room
+        (see `rooms.delegation.delegate_task`: `request` alone forwards a person's words, `task`
+        with `request` is this agent's wording on their behalf, `task` alone names no one)."""
+        kit = self.require_kit()
+        return await delegate_task(
+            kit, room_id, worker, request=request, task=task, delegated_by=self.channel_id
         )
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
