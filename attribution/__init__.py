@@ -28,6 +28,7 @@ from attribution.render import (
     NOTE,
     NOTE_MARK,
     RUNTIME_MARKS,
+    SUMMARY_MARK,
     json_line,
     labelled_lines,
     labelling_on,
@@ -38,9 +39,21 @@ from attribution.render import (
     render_plain_context,
 )
 from attribution.speakers import Participants, Speaker, match_participant, resolve_speaker
+from attribution.summaries import (
+    ASSISTANT_TAG,
+    SYSTEM_TAG,
+    USER_TAG,
+    quoted_line,
+    render_summarized_context,
+    render_summary,
+    render_summary_transcript,
+    summary_labelling_on,
+    summary_speakers,
+)
 from attribution.tasks import TASK_CLOSE, TASK_OPEN, render_task_block
 
 __all__ = [
+    "ASSISTANT_TAG",
     "AUTHOR_KEY",
     "MARK_NOTICE",
     "MAX_NAME_CHARS",
@@ -48,8 +61,11 @@ __all__ = [
     "NOTE_MARK",
     "ROLE_WORDS",
     "RUNTIME_MARKS",
+    "SUMMARY_MARK",
+    "SYSTEM_TAG",
     "TASK_CLOSE",
     "TASK_OPEN",
+    "USER_TAG",
     "Participants",
     "Register",
     "RegisterEntry",
@@ -65,6 +81,7 @@ __all__ = [
     "nameless_label",
     "neutralize_marks",
     "other_double_quotes",
+    "quoted_line",
     "reading_keys",
     "reads_alike",
     "rebuild_register",
@@ -72,8 +89,13 @@ __all__ = [
     "render_chat_context",
     "render_line",
     "render_plain_context",
+    "render_summarized_context",
+    "render_summary",
+    "render_summary_transcript",
     "render_task_block",
     "resolve_speaker",
     "shown_name",
     "skeleton",
+    "summary_labelling_on",
+    "summary_speakers",
 ]

@@ -52,7 +52,10 @@ NOTE = (
 MARK_NOTICE = "[A copy of a runtime mark stood here: the runtime did not write it.]"
 """E3: what replaces a copy of a runtime mark inside a participant's text."""
 
-RUNTIME_MARKS: tuple[str, ...] = (NOTE_MARK,)
+SUMMARY_MARK = "[Summary of the earlier conversation, from the runtime:"
+"""G4: the runtime mark a running summary opens with when a model reads it."""
+
+RUNTIME_MARKS: tuple[str, ...] = (NOTE_MARK, SUMMARY_MARK)
 """E3: the runtime marks `neutralize_marks` looks for by default (pass more to it)."""
 
 LABELLED_METADATA = {"attribution": "labelled"}

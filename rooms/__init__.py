@@ -11,7 +11,14 @@ from rooms.delegation import Delegation, TaskWorker, delegate_task
 from rooms.hooks import HookContext, HookResult, HookTrigger
 from rooms.kit import InboundResult, RoomKit, RoutingError
 from rooms.locks import InProcessLocks, RoomLockManager
-from rooms.memory import Memory, SlidingWindowMemory
+from rooms.memory import (
+    CompactingMemory,
+    Memory,
+    Recall,
+    SlidingWindowMemory,
+    Summarizer,
+    SummarizingMemory,
+)
 from rooms.policy import (
     AnswerAlways,
     AnswerNever,
@@ -35,6 +42,7 @@ __all__ = [
     "AudioSink",
     "Channel",
     "ChannelBinding",
+    "CompactingMemory",
     "Delegation",
     "HookContext",
     "HookResult",
@@ -44,6 +52,7 @@ __all__ = [
     "InboundResult",
     "Memory",
     "MockAIProvider",
+    "Recall",
     "Room",
     "RoomContext",
     "RoomKit",
@@ -53,6 +62,8 @@ __all__ = [
     "SlidingWindowMemory",
     "SpeakPolicy",
     "SpeakTurn",
+    "Summarizer",
+    "SummarizingMemory",
     "TaskWorker",
     "TextChannel",
     "delegate_task",

@@ -19,11 +19,17 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from attribution import Register, label_for, render_chat_context, render_plain_context
+from attribution import (
+    Register,
+    label_for,
+    render_chat_context,
+    render_plain_context,
+    render_summarized_context,
+)
 from models import AIContext, AIMessage, RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
 from rooms.delegation import Delegation, TaskWorker, delegate_task
-from rooms.memory import Memory, SlidingWindowMemory
+from rooms.memory import Memory, SlidingWindowMemory, SummarizingMemory
 from rooms.policy import SpeakPolicy, SpeakTurn
 
 log = logging.getLogger(__name__)
@@ -92,6 +98,34 @@ class AIChannel(Channel):
             return False
         return self.answer_agents or event.source.channel_type not in {"ai", "realtime"}
 
+    async def _build_summarized_context(
+        self, memory: SummarizingMemory, trigger: RoomEvent, ctx: RoomContext
+    ) -> AIContext:
+        """G4: the running summary (kept with the room) and the turns kept verbatim after it."""
+        kit = ctx.kit
+        participants = await kit.get_participants(ctx.room_id)
+        register = await kit.get_register(ctx.room_id) or Register.new()
+        recall = await memory.recall(
+            await kit.list_events(ctx.room_id),
+            self.channel_id,
+            room_id=ctx.room_id,
+            store=kit.store,
+            participants=participants,
+            register=register,
+            attribution=self.attribution,
+        )
+        return render_summarized_context(
+            recall.summary,
+            recall.summary_names,
+            recall.window,
+            trigger,
+            participants,
+            register,
+            ai_channel_id=self.channel_id,
+            system_prompt=self.system_prompt,
+            attribution=self.attribution,
+        )
+
     async def speak_turn(self, event: RoomEvent, ctx: RoomContext) -> SpeakTurn:
         """The turn as the speak policy reads it (G6): its attribution label, the text as sent,
         and how many distinct speakers (by label) the room's turns this channel can see hold."""
@@ -116,6 +150,8 @@ class AIChannel(Channel):
         )
 
     async def build_context(self, trigger: RoomEvent, ctx: RoomContext) -> AIContext:
+        if isinstance(self.memory, SummarizingMemory):
+            return await self._build_summarized_context(self.memory, trigger, ctx)
         kit = ctx.kit
         window = self.memory.window(await kit.list_events(ctx.room_id), self.channel_id)
         if self.attribution:
