@@ -5,6 +5,14 @@ realtime model receives from a meeting. Rather than re-implementing the labellin
 small room — a voice-like channel posting each turn with the voice channel's metadata
 (`sender_name`, `speaker_label`, `start`, `end`, `source="voice"`) and a `RealtimeChannel` — so
 the session receives the very client events the room's realtime channel sends in production.
+
+With a summarizing memory (`memory=SummarizingMemory(...)` or `CompactingMemory(...)`, G4), a long
+meeting is not streamed whole: every turn is committed to the room first, the memory folds the
+older ones into a running summary (its summarizer reads them labelled, G4), and the session then
+receives the summary as an application instruction (`[Summary of the earlier conversation, from
+the runtime: …]`, not labelled, G3) followed by the turns kept verbatim, labelled as live. Labelling
+counts every turn the room holds, summarized or kept, so a summary naming Alice is never followed by
+a bare `Alice: …`.
 """
 
 from __future__ import annotations
@@ -14,11 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from attribution import Register, render_summary
 from models import TextContent
 from realtime.channel import RealtimeChannel
 from realtime.policy import SpeakPolicy
 from realtime.session import SentEvent
-from rooms import Channel, RoomKit
+from rooms import Channel, RoomContext, RoomKit, SummarizingMemory
 
 
 class _TurnChannel(Channel):
@@ -105,6 +114,56 @@ def _render_event(event: Mapping[str, Any]) -> str:
     return f"→ {kind}"
 
 
+def _turn_posts(turns: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Each turn with text as the voice channel would post it: its text and metadata (V2)."""
+    posts: list[tuple[str, dict[str, Any]]] = []
+    for number, turn in enumerate(turns):
+        speaker = str(turn.get("speaker") or "").strip()
+        text = str(turn.get("text") or "")
+        if not text.strip():
+            continue
+        metadata: dict[str, Any] = {"source": "voice", "voice_session_id": "replay"}
+        if speaker:
+            metadata["sender_name"] = speaker
+            metadata["speaker_label"] = speaker
+        for key in ("start", "end"):
+            if isinstance(turn.get(key), int | float):
+                metadata[key] = float(turn[key])
+        metadata["turn_index"] = number
+        posts.append((text, metadata))
+    return posts
+
+
+async def _fold(
+    memory: SummarizingMemory, posts: list[tuple[str, dict[str, Any]]], channel_id: str
+) -> tuple[int, str | None]:
+    """G4: how many of the oldest turns the memory folds, and the summary it makes of them.
+
+    Worked out in a scratch room holding the same turns in the same order (so the same labels and
+    ranks); the summarizer is called there, once."""
+    kit = RoomKit()
+    try:
+        room = await kit.create_room()
+        source = kit.register_channel(_TurnChannel("voice"))
+        await kit.attach_channel(room.id, source.channel_id, group=True)
+        for text, metadata in posts:
+            await kit.post_event(room.id, source.channel_id, TextContent(body=text), metadata=metadata)
+        events = await kit.list_events(room.id)
+        recall = await memory.recall(
+            events,
+            channel_id,
+            room_id=room.id,
+            store=kit.store,
+            participants=await kit.get_participants(room.id),
+            register=await kit.get_register(room.id) or Register.new(),
+        )
+        if recall.summary is None:
+            return 0, None
+        return len(events) - len(recall.window), recall.summary
+    finally:
+        await kit.close()
+
+
 async def replay_turns(
     turns: Sequence[Mapping[str, Any]],
     provider: str = "recorder",
@@ -115,6 +174,7 @@ async def replay_turns(
     audio: tuple[bytes, int] | None = None,
     wait: bool = True,
     limit: float = 30.0,
+    memory: SummarizingMemory | None = None,
     **options: Any,
 ) -> ReplayResult:
     """Stream `turns` (`{"speaker", "text", "start", "end"}`) into a `provider` session.
@@ -123,12 +183,18 @@ async def replay_turns(
     is appended and committed before its labelled item. `options` go to the session (`model`,
     `api_key`, `base_url`, `replies` for the recorder …). With `wait`, each turn waits for the
     model's reply (if the policy asked for one) before the next, as a live meeting would.
+    `memory` (G4, text only) folds older turns into a summary first (see the module docstring).
     """
+    if memory is not None and audio is not None:
+        raise ValueError("replaying with a summarizing memory is text only (no audio)")
+    posts = _turn_posts(turns)
+    channel_id = "realtime"
+    folded, summary = (0, None) if memory is None else await _fold(memory, posts, channel_id)
     kit = RoomKit()
     room = await kit.create_room()
     source = kit.register_channel(_TurnChannel("voice"))
     channel = RealtimeChannel(
-        "realtime",
+        channel_id,
         provider,
         assistant_name=assistant_name,
         instructions=instructions,
@@ -138,22 +204,28 @@ async def replay_turns(
     )
     kit.register_channel(channel)
     await kit.attach_channel(room.id, source.channel_id, group=True)
-    await kit.attach_channel(room.id, channel.channel_id)
     pcm, rate = audio if audio is not None else (b"", 0)
     pushed = 0  # samples of the recording already pushed
+    attached = False
+
+    async def attach() -> None:
+        """Attach the realtime channel once the folded turns are in the room: it counts every
+        speaker the room holds (G3, G4); then hand it the summary, an application instruction."""
+        nonlocal attached
+        notice = None
+        if summary is not None:
+            notice = await kit.post_event(
+                room.id, source.channel_id, TextContent(body=render_summary(summary)), kind="system"
+            )
+        await kit.attach_channel(room.id, channel.channel_id)
+        attached = True
+        if notice is not None:
+            await channel.deliver(notice, RoomContext(room_id=room.id, kit=kit))
+
     try:
-        for number, turn in enumerate(turns):
-            speaker = str(turn.get("speaker") or "").strip()
-            text = str(turn.get("text") or "")
-            if not text.strip():
-                continue
-            metadata: dict[str, Any] = {"source": "voice", "voice_session_id": "replay"}
-            if speaker:
-                metadata["sender_name"] = speaker
-                metadata["speaker_label"] = speaker
-            for key in ("start", "end"):
-                if isinstance(turn.get(key), int | float):
-                    metadata[key] = float(turn[key])
+        for index, (text, metadata) in enumerate(posts):
+            if index == folded and not attached:
+                await attach()
             if audio is not None and rate:
                 end_s = metadata.get("end")
                 upto = len(pcm) // 2 if end_s is None else min(len(pcm) // 2, round(end_s * rate))
@@ -161,13 +233,12 @@ async def replay_turns(
                     await channel.push_audio(room.id, pcm[pushed * 2 : upto * 2], rate)
                     pushed = upto
             await kit.post_event(
-                room.id,
-                source.channel_id,
-                TextContent(body=text),
-                metadata={**metadata, "turn_index": number},
+                room.id, source.channel_id, TextContent(body=text), metadata=metadata
             )
-            if wait:
+            if wait and attached:
                 await channel.wait_idle(room.id, limit)
+        if not attached:
+            await attach()
         await channel.wait_idle(room.id, limit)
         session = channel.session_for(room.id)
         state_replies = [
