@@ -18,6 +18,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from attribution import (
@@ -119,8 +120,10 @@ class SummarizingMemory(Memory):
 
     The summary is kept with the room (`RoomStore.put_memory_state`, key `summary:<channel>` plus
     `key`), so it survives what the store survives and another process or a restarted channel reuses
-    it. It records the last event it covers (`through`), how many turns it folded, and the labels of
-    the people in them (`names`), which decide labelling together with the kept turns.
+    it. It records the last event it covers (`through`, and its time `through_at`, so a caller that
+    hands in only the newest events still finds where the summary ends), how many turns it folded,
+    and the labels of the people in them (`names`), which decide labelling together with the kept
+    turns.
 
     A summarizer that fails (raises, or answers nothing) folds nothing: the turns stay verbatim and
     the next call tries again; the error is logged. Two calls racing may both summarize; the last
@@ -178,15 +181,23 @@ class SummarizingMemory(Memory):
         names: list[str] = []
         folded = 0
         start = 0
-        if state is not None:
+        if state is not None and isinstance(state.get("summary"), str):
             through = state.get("through")
+            through_at = _parse_time(state.get("through_at"))
             ids = [e.id for e in visible]
             if isinstance(through, str) and through in ids:
                 start = ids.index(through) + 1
-                summary = state.get("summary") if isinstance(state.get("summary"), str) else None
+            elif through_at is not None:
+                # The events handed in do not reach back to the summary's last turn (a windowed
+                # read): whatever is not newer than it was folded already.
+                while start < len(visible) and visible[start].created_at <= through_at:
+                    start += 1
+            else:
+                state = None  # a record without its place in the timeline: summarize afresh
+            if state is not None:
+                summary = str(state["summary"])
                 names = [n for n in state.get("names", []) if isinstance(n, str)]
                 folded = int(state.get("folded", 0))
-            # else: the turns it covered are gone (or no longer visible): summarize afresh
         unfolded = visible[start:]
         count = self.fold_count(unfolded, summary)
         if count > 0:
@@ -216,6 +227,7 @@ class SummarizingMemory(Memory):
                         "version": 1,
                         "summary": summary,
                         "through": falling[-1].id,
+                        "through_at": falling[-1].created_at.isoformat(),
                         "folded": folded,
                         "names": names,
                     },
@@ -245,6 +257,15 @@ class SummarizingMemory(Memory):
             log.warning("the summarizer answered nothing; the turns stay verbatim")
             return None
         return text
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 def _named(summary: str | None, names: list[str], participants: Sequence[Participant]) -> list[str]:

@@ -225,3 +225,30 @@ def _ctx(kit: RoomKit) -> Any:
     from rooms import RoomContext
 
     return RoomContext(kit=kit, room_id="r")
+
+
+async def test_G4_a_windowed_read_keeps_the_stored_summary() -> None:
+    """A caller that hands the memory only the newest events (a windowed store read) still gets
+    the stored summary: events not newer than its last turn count as folded, nothing is re-made."""
+    summarizer = MockAIProvider(["S1"])
+    memory = SummarizingMemory(summarizer, keep_recent=2, max_recent=4)
+    kit, web, _sms, _provider = await meeting(memory, policy=AnswerNever())
+    for text in ["a", "b", "c", "d", "e"]:
+        await web.send("u-alice", text, room_id="r")
+    events = await kit.list_events("r")
+    participants = await kit.get_participants("r")
+    register = await kit.get_register("r")
+    assert register is not None
+
+    async def recall(window: list[Any]) -> Any:
+        return await memory.recall(
+            window, "ai", room_id="r", store=kit.store, participants=participants, register=register
+        )
+
+    first = await recall(events)
+    assert first.summary == "S1" and [e.text for e in first.window] == ["d", "e"]
+    for newest in (events[-2:], events[-1:], events[1:]):
+        again = await recall(newest)
+        assert again.summary == "S1"
+        assert [e.text for e in again.window] == [e.text for e in newest if e.text in ("d", "e")]
+    assert len(summarizer.calls) == 1
