@@ -173,7 +173,9 @@ def render_summarized_context(
     )
     if labelled:
         messages = [_labelled_message(e, people, register, ai_channel_id) for e in turns]
-        _attach_notes(messages, turns, trigger, [*notes, NOTE])
+        # The note explains labelled lines: with none kept (everything folded) there is none.
+        has_user_turn = any(m.role == "user" for m in messages)
+        _attach_notes(messages, turns, trigger, [*notes, NOTE] if has_user_turn else list(notes))
         metadata = dict(LABELLED_METADATA)
     else:
         plain = render_plain_context(window, trigger, ai_channel_id=ai_channel_id, notes=notes)

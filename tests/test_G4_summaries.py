@@ -252,3 +252,17 @@ async def test_G4_a_windowed_read_keeps_the_stored_summary() -> None:
         assert again.summary == "S1"
         assert [e.text for e in again.window] == [e.text for e in newest if e.text in ("d", "e")]
     assert len(summarizer.calls) == 1
+
+
+async def test_G4_attribution_off_keeps_the_transcript_and_context_unlabelled() -> None:
+    summarizer = MockAIProvider(["They talked."])
+    _kit, web, _sms, provider = await meeting(
+        SummarizingMemory(summarizer, keep_recent=1), attribution=False, policy=AnswerWhenAddressed()
+    )
+    await web.send("u-alice", "Tuesday.", room_id="r")
+    await web.send("u-bob", "Assistant, Thursday?", room_id="r")
+    assert summarizer_input(summarizer) == "The conversation that follows it:\n[user]: Tuesday."
+    assert provider.calls[-1].messages == [
+        AIMessage(role="system", content=f"{SUMMARY_MARK} They talked.]"),
+        AIMessage(role="user", content="Assistant, Thursday?"),
+    ]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from attribution import (
     ASSISTANT_TAG,
+    NOTE,
     NOTE_MARK,
     SUMMARY_MARK,
     SYSTEM_TAG,
@@ -25,7 +26,9 @@ from attribution import (
     label_for,
     neutralize_marks,
     register_participant,
+    render_summarized_context,
     render_summary_transcript,
+    summary_speakers,
 )
 from models import EventSource, Participant, RoomEvent, TextContent
 
@@ -102,3 +105,40 @@ def test_G4_no_transcript_line_opens_with_a_name_its_speaker_did_not_have(
     assert NOTE_MARK not in transcript and SUMMARY_MARK not in transcript
     if labelled:
         assert USER_TAG not in {line.split(": ", 1)[0] for line in lines}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(turn_specs, min_size=1, max_size=8), st.integers(min_value=0, max_value=8))
+def test_G4_a_summary_naming_someone_else_leaves_no_unlabelled_turn_after_it(
+    specs: list[tuple[str, str | None, str | None, str]], split: int
+) -> None:
+    """Whatever turns were folded and whatever were kept: when the people the summary names and
+    the kept turns' speakers are two or more, every kept turn from someone other than the agent
+    reaches the model under its label (so no `Alice: …` typed by another reads as Alice)."""
+    events, register = build(specs)
+    folded, kept = events[:split], events[split:]
+    names = summary_speakers(folded, PARTICIPANTS, register, ai_channel_id="ai")
+    context = render_summarized_context(
+        "summary" if folded else None,
+        names,
+        kept,
+        None,
+        PARTICIPANTS,
+        register,
+        ai_channel_id="ai",
+    )
+    speakers = set(names) | set(summary_speakers(kept, PARTICIPANTS, register, ai_channel_id="ai"))
+    messages = list(context.messages)
+    if folded:
+        assert messages.pop(0).content == f"{SUMMARY_MARK} summary]"
+    assert len(messages) == len(kept)
+    for event, message in zip(kept, messages, strict=True):
+        if event.kind == "system" or event.source.channel_id == "ai":
+            continue
+        label = label_for(event, PARTICIPANTS, register)
+        if len(speakers) >= 2:
+            assert isinstance(message.content, str)
+            for line in message.content.split("\n\n" + NOTE)[0].split("\n"):
+                assert line.startswith(f"{label}: \"")
+        else:
+            assert message.content == event.text  # one speaker in all: the plain bytes (A2)
