@@ -1,7 +1,9 @@
 """The room runtime: the RoomKit hub, rooms, routing, hooks, channels, memory, stores and locks.
 
 Owns how events enter a room, in what order they are committed and delivered, and the AI channel
-that answers them. Imports `models` and `attribution` only; voice, diarization, realtime and the
+that answers them: its memories (a sliding window, or older turns folded into a running summary
+kept with the room, G4), the speak policies that decide whether an agent answers (G6, shared with
+the realtime channel), and delegation of a task from one agent channel to another (G5). Imports `models` and `attribution` only; voice, diarization, realtime and the
 server build on it.
 """
 
