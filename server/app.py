@@ -41,6 +41,7 @@ from server.pipeline import Pipeline
 from server.protocol import (
     CloseCode,
     ErrorMessage,
+    MessageRequest,
     StartedMessage,
     StartMessage,
     StopMessage,
@@ -489,7 +490,10 @@ class ChorusServer:
                     request = parse_feed_request(message)
                 except ValidationError as exc:
                     raise Refusal(CloseCode.BAD_MESSAGE, "bad feed request", "bad_message") from exc
-                self.rooms.rename(room, request.label, request.name, request.stream)
+                if isinstance(request, MessageRequest):
+                    await self.rooms.post_message(room, request)
+                else:
+                    self.rooms.rename(room, request.label, request.name, request.stream)
 
         tasks = [
             asyncio.create_task(send_all()),

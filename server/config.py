@@ -72,6 +72,22 @@ class PolicyConfig(_Section):
     system_prompt: str | None = None
 
 
+class ChatConfig(_Section):
+    """The room's chat model (`AIChannel`): it reads typed messages and spoken turns as one
+    labelled conversation and answers in the room. Off (`none`) by default."""
+
+    provider: Literal["none", "openai"] = "none"
+    """`openai`: the Chat Completions API or any server speaking it (`base_url`)."""
+    base_url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    """Read from `OPENAI_API_KEY` when unset."""
+    system_prompt: str | None = None
+    """Default: `policy.system_prompt`."""
+    history: int = Field(default=50, ge=1)
+    """Turns of the room the model reads per answer (its memory window)."""
+
+
 class LimitsConfig(_Section):
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     """Largest websocket message accepted (audio or JSON); bigger closes with 1009."""
@@ -96,6 +112,7 @@ class ServerConfig(_Section):
     diarizer: DiarizerConfig = Field(default_factory=DiarizerConfig)
     realtime: RealtimeConfig = Field(default_factory=RealtimeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
 
@@ -103,7 +120,7 @@ class ConfigError(ValueError):
     """A config file or variable that cannot be used; the message names the key."""
 
 
-_SECTIONS = ("stt", "diarizer", "realtime", "policy", "limits")
+_SECTIONS = ("stt", "diarizer", "realtime", "policy", "chat", "limits")
 _LIST_FIELDS = {("policy", "answer_only")}
 
 

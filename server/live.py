@@ -33,13 +33,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from models import RoomEvent
+from models import InboundMessage, RoomEvent, TextContent
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
+from server.chat import ChatInput
 from server.config import ServerConfig
 from server.feed import FeedConsumer, RoomFeed
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline, StreamAudio, StreamInfo
 from server.protocol import (
+    ChatMessage,
+    MessageRequest,
     RenamedMessage,
     ReplyMessage,
     SpeakerChangeMessage,
@@ -157,6 +160,9 @@ class LiveRooms:
         self.rooms: dict[str, LiveRoom] = {}
         self.output = ServerOutput(self)
         self.kit.register_channel(self.output)
+        self.chat = ChatInput()
+        """Typed messages (`post_message`) enter every room through this channel."""
+        self.kit.register_channel(self.chat)
         self._sessions: dict[str, LiveStream] = {}
         self._room_locks: dict[str, _RoomLock] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -182,6 +188,7 @@ class LiveRooms:
             if await self.kit.get_room(room_id) is None:
                 await self.kit.create_room(room_id=room_id)
                 await self.kit.attach_channel(room_id, self.output.channel_id)
+                await self.kit.attach_channel(room_id, self.chat.channel_id)
                 await self.pipeline.attach_room(self.kit, room_id)
             live = LiveRoom(
                 room_id=room_id,
@@ -381,6 +388,28 @@ class LiveRooms:
                     )
                 )
 
+    # ------------------------------------------------------------------ chat
+
+    async def post_message(self, room_id: str, request: MessageRequest) -> RoomEvent | None:
+        """A message typed into the room (server.chat): the participant is recorded on the chat
+        channel (its first name stays; B2 names the turn), then the text is committed as a turn
+        of the chat channel. None when a hook blocked it."""
+        live = await self.room(room_id)
+        live.touch()
+        await self.kit.ensure_participant(
+            room_id, self.chat.channel_id, request.participant, display_name=request.name
+        )
+        result = await self.kit.process_inbound(
+            InboundMessage(
+                channel_id=self.chat.channel_id,
+                sender_id=request.participant,
+                content=TextContent(body=request.text),
+                metadata={"source": "chat"},
+                room_id=room_id,
+            )
+        )
+        return result.event
+
     # ------------------------------------------------------------------ what the room says
 
     def _stream_of(self, metadata: dict[str, Any]) -> LiveStream | None:
@@ -421,6 +450,20 @@ class LiveRooms:
             live.feed.publish(text)
             if stream is not None:
                 self._send(stream, text)
+        elif event.source.channel_type == "chat":
+            speaker = await self.kit.label_for(event.room_id, event)
+            live.feed.publish(
+                dump(
+                    ChatMessage(
+                        room=event.room_id,
+                        speaker=speaker,
+                        text=event.text,
+                        participant=event.source.participant_id,
+                        channel=event.source.channel_id,
+                        event_id=event.id,
+                    )
+                )
+            )
         elif event.source.channel_type in ("realtime", "ai"):
             self.metrics.replies_total += 1
             text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from diarization import load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
-from rooms import HookContext, HookTrigger, RoomKit
+from rooms import AIChannel, HookContext, HookTrigger, RoomKit, SlidingWindowMemory
 from server.config import ServerConfig
 from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
@@ -93,6 +93,8 @@ class VoicePipeline:
         self.stt = stt
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False)
         self.realtime = _realtime_channel(config)
+        self.chat_ai = _chat_channel(config)
+        """The room's chat model (`[chat]`), reading typed and spoken turns alike; or None."""
         self._taps: dict[str, RealtimeAudioTap] = {}
         """Audio mode: the tap of each open stream, by `voice_session_id`."""
         if self.audio_mode:
@@ -119,6 +121,8 @@ class VoicePipeline:
         kit.register_channel(self.shared_voice)
         if self.realtime is not None:
             kit.register_channel(self.realtime)
+        if self.chat_ai is not None:
+            kit.register_channel(self.chat_ai)
         if self.audio_mode:
             kit.hooks.add(
                 HookTrigger.ON_TRANSCRIPTION,
@@ -139,6 +143,8 @@ class VoicePipeline:
         await kit.attach_channel(room_id, self.shared_voice.channel_id)
         if self.realtime is not None:
             await kit.attach_channel(room_id, self.realtime.channel_id)
+        if self.chat_ai is not None:
+            await kit.attach_channel(room_id, self.chat_ai.channel_id)
 
     async def _diarized_channel(self, kit: RoomKit, room_id: str) -> VoiceChannel:
         pool = self._pools.setdefault(room_id, [])
@@ -297,6 +303,23 @@ def _realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
         voice=rt.voice,
         response_timeout=rt.response_timeout,
         **options,
+    )
+
+
+def _chat_channel(config: ServerConfig) -> AIChannel | None:
+    chat = config.chat
+    if chat.provider == "none":
+        return None
+    from rooms.providers.openai_chat import DEFAULT_MODEL, OpenAIChatProvider
+
+    provider = OpenAIChatProvider(
+        chat.model or DEFAULT_MODEL, api_key=chat.api_key, base_url=chat.base_url
+    )
+    return AIChannel(
+        "chat-ai",
+        provider,
+        chat.system_prompt or config.policy.system_prompt,
+        memory=SlidingWindowMemory(chat.history),
     )
 
 

@@ -132,3 +132,33 @@ async def test_page_shows_speakers_in_colours_and_renames_through_on_transcripti
         shot = await page.screenshot(SHOTS / "chorus-page-after-rename.png")
         assert shot.stat().st_size > 10_000
     await feed.close()
+
+
+async def test_page_text_box_types_into_the_room_and_shows_the_message(
+    server: RunningServer,
+) -> None:
+    token = issue_token(SECRET, ROOM)
+    feed = await EventFeed.open(server.base, ROOM, token)
+    async with HeadlessChromium() as browser:
+        page = await browser.open(f"{server.http_base}/?room={ROOM}&token={token}")
+        await page.wait_for(
+            "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+        )
+        await page.evaluate(
+            "(() => { const f = document.getElementById('chat');"
+            " f.elements.name.value = 'Erin'; f.elements.text.value = 'Ship it on Thursday.';"
+            " f.requestSubmit(); })()"
+        )
+        await page.wait_for(f"{TURNS}.some(t => t.classList.contains('typed'))")
+        shown = await page.evaluate(
+            f"{TURNS}.filter(t => t.classList.contains('typed'))"
+            ".map(t => [t.dataset.speaker, t.querySelector('.text').textContent])"
+        )
+        assert shown == [["Erin", "Ship it on Thursday."]]
+        assert await page.evaluate("document.getElementById('chat').elements.text.value") == ""
+    await eventually(lambda: any(m.type == "message" for m in feed.received), 10)
+    [message] = [m for m in feed.received if m.type == "message"]
+    assert (message.speaker, message.text) == ("Erin", "Ship it on Thursday.")
+    events = await server.server.rooms.kit.list_events(ROOM)
+    assert [e.text for e in events] == ["Ship it on Thursday."]
+    await feed.close()
