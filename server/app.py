@@ -39,7 +39,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from server.auth import TokenError, TokenProblem, verify_token
+from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.config import ServerConfig
 from server.live import LiveRooms, LiveStream, Outgoing, StreamLimitError
 from server.metrics import ServerMetrics
@@ -77,10 +77,13 @@ DRAIN_TIMEOUT_S = 30.0
 
 _TOKEN_CODES = {
     TokenProblem.MISSING: CloseCode.TOKEN_MISSING,
+    TokenProblem.NOT_ASCII: CloseCode.TOKEN_MISSING,
     TokenProblem.MALFORMED: CloseCode.TOKEN_INVALID,
     TokenProblem.BAD_SIGNATURE: CloseCode.TOKEN_INVALID,
     TokenProblem.EXPIRED: CloseCode.TOKEN_EXPIRED,
     TokenProblem.WRONG_ROOM: CloseCode.TOKEN_WRONG_ROOM,
+    TokenProblem.NOT_GRANTED: CloseCode.TOKEN_INVALID,
+    TokenProblem.WRONG_PARTICIPANT: CloseCode.TOKEN_INVALID,
 }
 
 
@@ -436,13 +439,23 @@ class ChorusServer:
             return auth[7:].strip()
         return None
 
-    def _authorize(self, token: str | None, room: str) -> None:
+    def _authorize(self, token: str | None, room: str, need: Grant) -> RoomGrant:
         try:
-            verify_token(self.secret, token, room)
+            return verify_token(self.secret, token, room, need=need)
         except TokenError as exc:
             raise Refusal(
                 _TOKEN_CODES[exc.problem], str(exc), f"token_{exc.problem.value}"
             ) from exc
+
+    @staticmethod
+    def _check_participant(grant: RoomGrant, participant: str) -> None:
+        """A token naming a participant (`sub`) opens streams for that participant only."""
+        if grant.participant is not None and grant.participant != participant:
+            raise Refusal(
+                CloseCode.TOKEN_INVALID,
+                "token is for another participant",
+                f"token_{TokenProblem.WRONG_PARTICIPANT.value}",
+            )
 
     def _check_capacity(self) -> None:
         if self._closing:
@@ -470,7 +483,7 @@ class ChorusServer:
     # ------------------------------------------------------------------ device stream
 
     async def _device_stream(self, ws: Socket, room: str, token: str | None) -> None:
-        self._authorize(token, room)
+        grant = self._authorize(token, room, Grant.STREAM)
         self._check_capacity()
         first = await self._first_message(ws)
         if isinstance(first, bytes):
@@ -479,6 +492,7 @@ class ChorusServer:
         if isinstance(start, StopMessage):
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return
+        self._check_participant(grant, start.participant)
         stream = await self._open(
             ws,
             room,
@@ -548,7 +562,7 @@ class ChorusServer:
             raise Refusal(
                 CloseCode.BAD_MESSAGE, "customParameters.room missing or invalid", "bad_message"
             )
-        self._authorize(params.get("token"), room)
+        grant = self._authorize(params.get("token"), room, Grant.STREAM)
         fmt = start.start.mediaFormat
         if fmt.encoding.lower() != "audio/x-mulaw" or fmt.channels != 1:
             raise Refusal(
@@ -561,6 +575,7 @@ class ChorusServer:
             raise Refusal(
                 CloseCode.BAD_MESSAGE, "customParameters.participant invalid", "bad_message"
             )
+        self._check_participant(grant, participant)
         name = params.get("name") or None
         shared_mic = params.get("shared_mic", "false").strip().lower() in ("1", "true", "yes")
         stream_sid = start.streamSid or start.start.streamSid
@@ -704,7 +719,7 @@ class ChorusServer:
     # ------------------------------------------------------------------ event feed
 
     async def _event_feed(self, ws: Socket, room: str, token: str | None) -> None:
-        self._authorize(token, room)
+        self._authorize(token, room, Grant.FEED)
         if self._closing:
             raise Refusal(CloseCode.SHUTTING_DOWN, "server is shutting down", "shutting_down")
         live = await self.rooms.room(room)
