@@ -42,6 +42,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.config import ServerConfig
 from server.live import LiveRooms, LiveStream, Outgoing, StreamLimitError
+from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
 from server.protocol import (
@@ -295,6 +296,7 @@ class ChorusServer:
             summary="Voice-first realtime rooms: device streams, phone legs, live feeds.",
             docs_url=None,
             redoc_url=None,
+            responses={404: {"model": Problem, "description": "No such route or room"}},
         )
 
         @app.exception_handler(StarletteHTTPException)
@@ -341,7 +343,7 @@ class ChorusServer:
         async def metrics() -> Response:
             return Response(
                 self.metrics.render(len(self.rooms.rooms)),
-                media_type="text/plain; version=0.0.4; charset=utf-8",
+                media_type=METRICS_CONTENT_TYPE,
                 headers={"Cache-Control": "no-store"},
             )
 
