@@ -29,10 +29,11 @@ import re
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import uvicorn
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import FastAPI, Header, Query, Request, WebSocket
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
@@ -65,6 +66,7 @@ from server.protocol import (
 )
 from server.reply_audio import device_reply_frames, twilio_reply_messages
 from voice.audio import AudioError
+from voice.transcribe import Turn, format_turns
 
 log = logging.getLogger("chorus.server")
 
@@ -188,6 +190,57 @@ class Health(BaseModel):
     streams: int
 
 
+class TranscriptTurn(BaseModel):
+    """One committed speaker turn, as `chorus transcribe --format json` writes it."""
+
+    speaker: str | None
+    text: str
+    start: float
+    end: float
+
+
+class RoomDeleted(BaseModel):
+    room: str
+    deleted: Literal[True] = True
+
+
+TranscriptFormat = Literal["json", "text", "srt", "vtt", "rttm"]
+_TRANSCRIPT_TYPES: dict[str, str] = {
+    "json": "application/json",
+    "text": "text/plain; charset=utf-8",
+    "srt": "application/x-subrip; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+    "rttm": "text/plain; charset=utf-8",
+}
+_TOKEN_STATUS = {
+    TokenProblem.WRONG_ROOM: 403,
+    TokenProblem.NOT_GRANTED: 403,
+    TokenProblem.WRONG_PARTICIPANT: 403,
+}
+"""HTTP status of a token problem (default 401: the bearer is not authenticated)."""
+
+
+class ProblemError(Exception):
+    """An HTTP request refused with a status and a problem name (answered as `Problem` JSON)."""
+
+    def __init__(self, status: int, problem: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.problem = problem
+        self.detail = detail
+
+
+RoomId = Annotated[str, PathParam(pattern=ROOM_PATTERN, description="the room id")]
+TokenQuery = Annotated[
+    str | None, Query(description="room token (or send `Authorization: Bearer …`)")
+]
+AuthorizationHeader = Annotated[str | None, Header(include_in_schema=False)]
+_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "Token missing, malformed, badly signed or expired"},
+    403: {"model": Problem, "description": "Token for another room, or without the grant"},
+}
+
+
 def _page() -> bytes:
     return resources.files("server").joinpath("page.html").read_bytes()
 
@@ -304,6 +357,10 @@ class ChorusServer:
             problem = _HTTP_PROBLEMS.get(exc.status_code, "http_error")
             return _problem(exc.status_code, problem, str(exc.detail))
 
+        @app.exception_handler(ProblemError)
+        async def problem_error(request: Request, exc: ProblemError) -> Response:
+            return _problem(exc.status, exc.problem, exc.detail)
+
         @app.exception_handler(RequestValidationError)
         async def bad_request(request: Request, exc: RequestValidationError) -> Response:
             where = ".".join(error_location(list(exc.errors()))) or "request"
@@ -346,6 +403,55 @@ class ChorusServer:
                 media_type=METRICS_CONTENT_TYPE,
                 headers={"Cache-Control": "no-store"},
             )
+
+        @app.get(
+            "/v1/rooms/{room}/transcript",
+            response_model=list[TranscriptTurn],
+            responses={
+                **_AUTH_RESPONSES,
+                200: {
+                    "description": "The room's committed turns, oldest first (json: a list of "
+                    "turns; text, srt, vtt, rttm: as `chorus transcribe` writes them)",
+                    "content": {t: {} for t in set(_TRANSCRIPT_TYPES.values())},
+                },
+            },
+            summary="The room's transcript (needs the `feed` grant)",
+        )
+        async def transcript(
+            room: RoomId,
+            format: Annotated[TranscriptFormat, Query()] = "json",
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> Response:
+            self._authorize_http(token, authorization, room, Grant.FEED)
+            turns = await self._transcript(room)
+            return Response(
+                format_turns(turns, format, file_id=room),
+                media_type=_TRANSCRIPT_TYPES[format],
+                headers={"Cache-Control": "no-store"},
+            )
+
+        @app.delete(
+            "/v1/rooms/{room}",
+            response_model=RoomDeleted,
+            responses={
+                **_AUTH_RESPONSES,
+                409: {"model": Problem, "description": "A stream or feed is still connected"},
+            },
+            summary="Delete a room and everything stored about it (needs the `admin` grant)",
+        )
+        async def delete_room(
+            room: RoomId, token: TokenQuery = None, authorization: AuthorizationHeader = None
+        ) -> RoomDeleted:
+            self._authorize_http(token, authorization, room, Grant.ADMIN)
+            deleted = await self.rooms.delete(room)
+            if deleted is None:
+                raise ProblemError(
+                    409, "room_in_use", "the room has an open stream or feed; close them first"
+                )
+            if not deleted:
+                raise ProblemError(404, "unknown_room", f"no room {room!r}")
+            return RoomDeleted(room=room)
 
         for path in (
             "/v1/rooms/{room}/stream",
@@ -448,6 +554,40 @@ class ChorusServer:
             raise Refusal(
                 _TOKEN_CODES[exc.problem], str(exc), f"token_{exc.problem.value}"
             ) from exc
+
+    def _authorize_http(
+        self, token: str | None, authorization: str | None, room: str, need: Grant
+    ) -> RoomGrant:
+        """The token of an HTTP request (`?token=` or `Authorization: Bearer`), or a problem."""
+        if not token and authorization and authorization.lower().startswith("bearer "):
+            token = authorization[7:].strip()
+        try:
+            return verify_token(self.secret, token, room, need=need)
+        except TokenError as exc:
+            status = _TOKEN_STATUS.get(exc.problem, 401)
+            raise ProblemError(status, f"token_{exc.problem.value}", str(exc)) from exc
+
+    async def _transcript(self, room: str) -> list[Turn]:
+        """The room's committed voice turns, oldest first, named as the feed named them."""
+        kit = self.rooms.kit
+        if await kit.get_room(room) is None:
+            raise ProblemError(404, "unknown_room", f"no room {room!r}")
+        turns: list[Turn] = []
+        for event in await kit.list_events(room):
+            meta = event.metadata
+            if event.kind != "message" or meta.get("source") != "voice":
+                continue
+            speaker = meta.get("sender_name") or await kit.label_for(room, event)
+            turns.append(
+                Turn(
+                    speaker=str(speaker),
+                    text=event.text,
+                    start=float(meta.get("start", 0.0)),
+                    end=float(meta.get("end", 0.0)),
+                    label=meta.get("speaker_label"),
+                )
+            )
+        return turns
 
     @staticmethod
     def _check_participant(grant: RoomGrant, participant: str) -> None:
