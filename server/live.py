@@ -260,14 +260,35 @@ class LiveRooms:
             since = self._idle_since(live)
             if since is None or time.monotonic() - since < idle_s:
                 return False
-            del self.rooms[room_id]
-            try:
-                await self.pipeline.release_room(self.kit, room_id)
-            finally:
-                await self.kit.delete_room(room_id)
+            await self._forget(room_id)
             self.metrics.rooms_evicted_total += 1
         log.info("room %s evicted after %.0f s idle", room_id, idle_s)
         return True
+
+    async def delete(self, room_id: str) -> bool | None:
+        """Delete a room on request (`DELETE /v1/rooms/{room}`): its live state, the pipeline's
+        state and the room in the kit. True: deleted; False: no such room; None: the room has
+        an open stream or feed consumer and was left alone."""
+        async with self._room_lock(room_id):
+            live = self.rooms.get(room_id)
+            if live is not None:
+                if self._idle_since(live) is None:
+                    return None
+                await self._forget(room_id)
+            elif await self.kit.get_room(room_id) is not None:
+                await self.kit.delete_room(room_id)
+            else:
+                return False
+        log.info("room %s deleted", room_id)
+        return True
+
+    async def _forget(self, room_id: str) -> None:
+        """Under the room's lock: the room leaves `rooms` first, then the pipeline and kit."""
+        del self.rooms[room_id]
+        try:
+            await self.pipeline.release_room(self.kit, room_id)
+        finally:
+            await self.kit.delete_room(room_id)
 
     def subscribe(self, live: LiveRoom) -> FeedConsumer:
         if len(live.feed.consumers) >= self.config.limits.max_feed_consumers_per_room:
