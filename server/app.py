@@ -5,7 +5,10 @@ Owns the sockets and the HTTP surface. One app, one event loop, served by uvicor
 
 - `/v1/rooms/{room}/stream?token=…`  a conference-room device (the device stream protocol)
 - `/v1/twilio`                        a phone bridge leg (Twilio Media Streams framing)
-- `/v1/rooms/{room}/events?token=…`  the live JSON feed of a room (and renames from the page)
+- `/v1/rooms/{room}/events?token=…`  the live JSON feed of a room (renames and typed messages
+                                      from the page)
+- `POST /v1/rooms/{room}/messages`    chat typed into a live room (`chat` grant, server.chat)
+- `POST /v1/webhooks/teams|whatsapp`  chat ingress from Teams and WhatsApp (server.ingress)
 - `/`, `/healthz`, `/metrics`         declared HTTP routes (JSON bodies are pydantic models, so
                                       `/openapi.json` describes every HTTP route)
 
@@ -41,7 +44,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
+from server.chat import ChatPost, ChatPosted
 from server.config import ServerConfig
+from server.ingress.base import WebhookAnswer
+from server.ingress.serve import build_webhooks
 from server.live import LiveRooms, LiveStream, Outgoing, StreamLimitError
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import ServerMetrics
@@ -200,6 +206,19 @@ class TranscriptTurn(BaseModel):
     end: float
 
 
+class WebhookAccepted(BaseModel):
+    """A provider webhook taken: how many messages became room events."""
+
+    accepted: int
+
+
+def _webhook_answer(answer: WebhookAnswer) -> WebhookAccepted:
+    if answer.status != 200:
+        problem = "bad_signature" if answer.status == 401 else "bad_request"
+        raise ProblemError(answer.status, problem, str(answer.body.get("error", "refused")))
+    return WebhookAccepted(accepted=len(answer.events))
+
+
 class RoomDeleted(BaseModel):
     room: str
     deleted: Literal[True] = True
@@ -276,7 +295,13 @@ class ChorusServer:
         self._sockets: set[Socket] = set()
         self._stream_handlers: set[asyncio.Task[Any]] = set()
         self._feed_handlers: set[asyncio.Task[Any]] = set()
+        self.webhooks = build_webhooks(config, self.rooms.kit, self._open_conversation_room)
+        """Teams and WhatsApp conversations (`[teams]`, `[whatsapp]`), when configured."""
         self.app = self._build_app()
+
+    async def _open_conversation_room(self, room_id: str) -> None:
+        """A chat conversation's room: a live room like any other (pipeline channels attached)."""
+        (await self.rooms.room(room_id)).touch()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -340,6 +365,7 @@ class ChorusServer:
         if server is not None:
             server.force_exit = False
             await server.shutdown()
+        await self.webhooks.close()
         await self.rooms.close()
 
     # ------------------------------------------------------------------ the app
@@ -453,6 +479,84 @@ class ChorusServer:
             if not deleted:
                 raise ProblemError(404, "unknown_room", f"no room {room!r}")
             return RoomDeleted(room=room)
+
+        @app.post(
+            "/v1/rooms/{room}/messages",
+            response_model=ChatPosted,
+            status_code=201,
+            responses={
+                **_AUTH_RESPONSES,
+                409: {"model": Problem, "description": "A hook blocked the message"},
+                503: {"model": Problem, "description": "The server is draining"},
+            },
+            summary="Type a message into the room (needs the `chat` grant)",
+        )
+        async def post_message(
+            room: RoomId,
+            body: ChatPost,
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> ChatPosted:
+            grant = self._authorize_http(token, authorization, room, Grant.CHAT)
+            if grant.participant is not None and grant.participant != body.participant:
+                raise ProblemError(
+                    403,
+                    f"token_{TokenProblem.WRONG_PARTICIPANT.value}",
+                    "token is for another participant",
+                )
+            if self._closing:
+                raise ProblemError(503, "shutting_down", "server is shutting down")
+            event = await self.rooms.post_message(room, body.participant, body.name, body.text)
+            if event is None:
+                raise ProblemError(409, "blocked", "a hook blocked the message")
+            return ChatPosted(room=room, event_id=event.id)
+
+        @app.post(
+            "/v1/webhooks/teams",
+            response_model=WebhookAccepted,
+            responses={
+                400: {"model": Problem, "description": "Not a Bot Framework activity"},
+                401: {"model": Problem, "description": "Bot Framework token missing or rejected"},
+                404: {"model": Problem, "description": "Teams is not configured"},
+            },
+            summary="Microsoft Teams activities (Bot Framework messaging endpoint)",
+        )
+        async def teams_webhook(request: Request) -> WebhookAccepted:
+            if self.webhooks.teams is None:
+                raise ProblemError(404, "not_configured", "teams is not enabled on this server")
+            answer = await self.webhooks.teams.handle(dict(request.headers), await request.body())
+            return _webhook_answer(answer)
+
+        @app.post(
+            "/v1/webhooks/whatsapp",
+            response_model=WebhookAccepted,
+            responses={
+                400: {"model": Problem, "description": "Not a WhatsApp Cloud API webhook"},
+                401: {"model": Problem, "description": "X-Hub-Signature-256 missing or wrong"},
+                404: {"model": Problem, "description": "WhatsApp is not configured"},
+            },
+            summary="WhatsApp Cloud API webhooks (signed with the app secret)",
+        )
+        async def whatsapp_webhook(request: Request) -> WebhookAccepted:
+            if self.webhooks.whatsapp is None:
+                raise ProblemError(404, "not_configured", "whatsapp is not enabled on this server")
+            answer = await self.webhooks.whatsapp.handle(
+                dict(request.headers), await request.body()
+            )
+            return _webhook_answer(answer)
+
+        @app.get(
+            "/v1/webhooks/whatsapp",
+            response_class=PlainTextResponse,
+            summary="WhatsApp webhook subscription handshake (echoes hub.challenge)",
+        )
+        async def whatsapp_handshake(request: Request) -> Response:
+            if self.webhooks.whatsapp is None:
+                raise ProblemError(404, "not_configured", "whatsapp is not enabled on this server")
+            status, text = self.webhooks.whatsapp.handshake(dict(request.query_params))
+            if status != 200:
+                raise ProblemError(status, "handshake_refused", text)
+            return PlainTextResponse(text)
 
         for path in (
             "/v1/rooms/{room}/stream",
@@ -862,7 +966,7 @@ class ChorusServer:
     # ------------------------------------------------------------------ event feed
 
     async def _event_feed(self, ws: Socket, room: str, token: str | None) -> None:
-        self._authorize(token, room, Grant.FEED)
+        grant = self._authorize(token, room, Grant.FEED)
         if self._closing:
             raise Refusal(CloseCode.SHUTTING_DOWN, "server is shutting down", "shutting_down")
         live = await self.rooms.room(room)
@@ -883,7 +987,16 @@ class ChorusServer:
                 except ValidationError as exc:
                     raise Refusal(CloseCode.BAD_MESSAGE, "bad feed request", "bad_message") from exc
                 if isinstance(request, MessageRequest):
-                    await self.rooms.post_message(room, request)
+                    if not grant.allows(Grant.CHAT):
+                        raise Refusal(
+                            CloseCode.TOKEN_INVALID,
+                            "token has no chat grant",
+                            f"token_{TokenProblem.NOT_GRANTED.value}",
+                        )
+                    self._check_participant(grant, request.participant)
+                    await self.rooms.post_message(
+                        room, request.participant, request.name, request.text
+                    )
                 else:
                     self.rooms.rename(room, request.label, request.name, request.stream)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -88,6 +88,49 @@ class ChatConfig(_Section):
     """Turns of the room the model reads per answer (its memory window)."""
 
 
+class TeamsConfig(_Section):
+    """Microsoft Teams through the Bot Framework (`POST /v1/webhooks/teams`, docs/ingress.md)."""
+
+    enabled: bool = False
+    app_id: str | None = None
+    """The bot's Microsoft app id: the audience inbound tokens must name, and the client id of
+    the connector token for replies."""
+    app_password: str | None = None
+    """The bot's client secret (replies need it; without it replies go unauthenticated, which
+    only a local connector accepts)."""
+    token_url: str = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
+    jwks_url: str = "https://login.botframework.com/v1/.well-known/keys"
+    """Where the Bot Framework's token signing keys are published."""
+    issuer: str = "https://api.botframework.com"
+    trust_gateway: bool = False
+    """Accept activities without checking their token: only behind a gateway that did."""
+
+    @model_validator(mode="after")
+    def _needs_app_id(self) -> TeamsConfig:
+        if self.enabled and not self.trust_gateway and not self.app_id:
+            raise ValueError("teams.app_id is required to check Bot Framework tokens")
+        return self
+
+
+class WhatsAppConfig(_Section):
+    """WhatsApp through the Cloud API (`POST /v1/webhooks/whatsapp`, docs/ingress.md)."""
+
+    enabled: bool = False
+    app_secret: str | None = None
+    """The Meta app secret: every webhook's `X-Hub-Signature-256` is checked with it."""
+    verify_token: str | None = None
+    """The token the subscription handshake (`GET /v1/webhooks/whatsapp`) must echo."""
+    access_token: str | None = None
+    """The Cloud API access token for replies."""
+    graph_url: str = "https://graph.facebook.com/v21.0"
+
+    @model_validator(mode="after")
+    def _needs_secret(self) -> WhatsAppConfig:
+        if self.enabled and not self.app_secret:
+            raise ValueError("whatsapp.app_secret is required to check webhook signatures")
+        return self
+
+
 class LimitsConfig(_Section):
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     """Largest websocket message accepted (audio or JSON); bigger closes with 1009."""
@@ -113,6 +156,8 @@ class ServerConfig(_Section):
     realtime: RealtimeConfig = Field(default_factory=RealtimeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
+    teams: TeamsConfig = Field(default_factory=TeamsConfig)
+    whatsapp: WhatsAppConfig = Field(default_factory=WhatsAppConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
 
@@ -120,7 +165,7 @@ class ConfigError(ValueError):
     """A config file or variable that cannot be used; the message names the key."""
 
 
-_SECTIONS = ("stt", "diarizer", "realtime", "policy", "chat", "limits")
+_SECTIONS = ("stt", "diarizer", "realtime", "policy", "chat", "teams", "whatsapp", "limits")
 _LIST_FIELDS = {("policy", "answer_only")}
 
 

@@ -42,7 +42,6 @@ from server.metrics import ServerMetrics
 from server.pipeline import Pipeline, StreamAudio, StreamInfo
 from server.protocol import (
     ChatMessage,
-    MessageRequest,
     RenamedMessage,
     ReplyMessage,
     SpeakerChangeMessage,
@@ -411,20 +410,22 @@ class LiveRooms:
 
     # ------------------------------------------------------------------ chat
 
-    async def post_message(self, room_id: str, request: MessageRequest) -> RoomEvent | None:
+    async def post_message(
+        self, room_id: str, participant: str, name: str | None, text: str
+    ) -> RoomEvent | None:
         """A message typed into the room (server.chat): the participant is recorded on the chat
         channel (its first name stays; B2 names the turn), then the text is committed as a turn
         of the chat channel. None when a hook blocked it."""
         live = await self.room(room_id)
         live.touch()
         await self.kit.ensure_participant(
-            room_id, self.chat.channel_id, request.participant, display_name=request.name
+            room_id, self.chat.channel_id, participant, display_name=name
         )
         result = await self.kit.process_inbound(
             InboundMessage(
                 channel_id=self.chat.channel_id,
-                sender_id=request.participant,
-                content=TextContent(body=request.text),
+                sender_id=participant,
+                content=TextContent(body=text),
                 metadata={"source": "chat"},
                 room_id=room_id,
             )

@@ -4,8 +4,8 @@ conversation, in commit order, for the realtime session and for the chat model a
 Real pieces: the server's sockets, the shared-mic voice channel with STT speaker labels from the
 local Deepgram-protocol server (the demo meeting's words), the recorder realtime session, and an
 `AIChannel` on the `openai` client against a local Chat Completions server. Typed messages come
-through the event feed (`type: "message"`) and through the HTTP handler of
-`POST /v1/rooms/{room}/messages`.
+through the event feed (`type: "message"`) and through `POST /v1/rooms/{room}/messages` over
+real HTTP.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from test_openai_chat import ChatServer
 
 from attribution import NOTE
 from realtime import RealtimeChannel
-from server.auth import issue_token
-from server.chat import bearer_token, handle_message_post
+from server.auth import Grant, issue_token
 from server.client import DeviceStream, EventFeed
 from server.protocol import StartMessage, parse_feed_request
 from server.testing.harness import (
@@ -98,14 +98,14 @@ async def test_typed_and_spoken_turns_are_one_labelled_conversation(
     await device.send_audio(float_to_pcm16(excerpt(9.25, 15.9)), chunk_s=0.5, realtime=False)
     await eventually(lambda: len(said()) >= 5, 60, "two more spoken turns")
     # Alice types through the HTTP endpoint.
-    answer = await handle_message_post(
-        server.server.rooms,
-        SECRET,
-        ROOM,
-        token,
-        json.dumps({"participant": "u-alice", "name": "Alice", "text": "Thanks, Bob."}).encode(),
-    )
-    assert answer.status == 201
+    async with httpx.AsyncClient(base_url=server.http_base, timeout=30) as http:
+        answer = await http.post(
+            f"/v1/rooms/{ROOM}/messages",
+            json={"participant": "u-alice", "name": "Alice", "text": "Thanks, Bob."},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert answer.status_code == 201
+    assert answer.json()["room"] == ROOM
     await eventually(lambda: len(said()) >= 6, 30, "the second typed message")
     await device.stop()
     await feed.close()
@@ -151,23 +151,44 @@ async def test_chat_post_refuses_bad_tokens_and_bodies_and_changes_nothing(
     server: RunningServer, chat_model: ChatServer
 ) -> None:
     rooms = server.server.rooms
-    good = json.dumps({"participant": "u-alice", "name": "Alice", "text": "Hi"}).encode()
-    cases = [
-        (None, good, 401),
-        ("v1.bad.token", good, 401),
-        (issue_token(SECRET, "other-room"), good, 403),
-        (issue_token(SECRET, ROOM, ttl_s=10, now=0), good, 401),  # long expired
-        (issue_token(SECRET, ROOM), b"{not json", 400),
-        (issue_token(SECRET, ROOM), b'{"participant": "u-alice"}', 400),
-        (issue_token(SECRET, ROOM), b'{"participant": "has space", "text": "x"}', 400),
-        (issue_token(SECRET, ROOM), b'{"participant": "u-a", "text": ""}', 400),
+    good = {"participant": "u-alice", "name": "Alice", "text": "Hi"}
+    token = issue_token(SECRET, ROOM)
+    cases: list[tuple[str | None, Any, int, str]] = [
+        (None, good, 401, "token_missing"),
+        ("not.a.jwt", good, 401, "token_malformed"),
+        (issue_token(SECRET, "other-room"), good, 403, "token_wrong_room"),
+        (issue_token(SECRET, ROOM, ttl_s=10, now=0), good, 401, "token_expired"),
+        (issue_token(SECRET, ROOM, grants=[Grant.FEED]), good, 403, "token_not_granted"),
+        (issue_token(SECRET, ROOM, participant="u-bob"), good, 403, "token_wrong_participant"),
+        (token, {"participant": "u-alice"}, 422, "bad_request"),
+        (token, {"participant": "has space", "text": "x"}, 422, "bad_request"),
+        (token, {"participant": "u-a", "text": ""}, 422, "bad_request"),
+        (token, {**good, "sender_name": "Bob"}, 422, "bad_request"),  # no stamping names
     ]
-    for token, body, status in cases:
-        answer = await handle_message_post(rooms, SECRET, ROOM, token, body)
-        assert answer.status == status, (token, body)
-        assert "error" in answer.body
+    async with httpx.AsyncClient(base_url=server.http_base, timeout=30) as http:
+        for bearer, body, status, problem in cases:
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            answer = await http.post(f"/v1/rooms/{ROOM}/messages", json=body, headers=headers)
+            assert (answer.status_code, answer.json()["problem"]) == (status, problem), body
+        not_json = await http.post(
+            f"/v1/rooms/{ROOM}/messages",
+            content=b"{not json",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        assert not_json.status_code == 422
     assert ROOM not in rooms.rooms or await rooms.kit.list_events(ROOM) == []
     assert chat_model.requests == []
+
+
+async def test_feed_message_needs_the_chat_grant(server: RunningServer) -> None:
+    token = issue_token(SECRET, ROOM, grants=[Grant.FEED])
+    feed = await EventFeed.open(server.base, ROOM, token)
+    await feed.message("u-erin", "Let me in.", name="Erin")
+    await eventually(lambda: any(m.type == "error" for m in feed.received), 10, "the refusal")
+    [error] = [m for m in feed.received if m.type == "error"]
+    assert "chat grant" in error.reason
+    assert await server.server.rooms.kit.list_events(ROOM) == []
+    await feed.close()
 
 
 def test_feed_message_request_and_rename_parse_apart() -> None:
@@ -175,9 +196,3 @@ def test_feed_message_request_and_rename_parse_apart() -> None:
     assert message.type == "message"
     rename = parse_feed_request('{"label": "Speaker A", "name": "Alice"}')  # type may be left out
     assert rename.type == "rename"
-
-
-def test_bearer_token_from_header_or_query() -> None:
-    assert bearer_token({"Authorization": "Bearer abc"}) == "abc"
-    assert bearer_token({}, {"token": "xyz"}) == "xyz"
-    assert bearer_token({}) is None

@@ -179,17 +179,14 @@ async def test_page_text_box_types_into_the_room_and_shows_the_message(
 ) -> None:
     token = issue_token(SECRET, ROOM)
     feed = await EventFeed.open(server.base, ROOM, token)
-    async with HeadlessChromium() as browser:
-        page = await browser.open(f"{server.http_base}/?room={ROOM}&token={token}")
-        await page.wait_for(
-            "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+    async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+        await wait_for(
+            page, "document.getElementById('status').textContent === 'live: " + ROOM + "'"
         )
-        await page.evaluate(
-            "(() => { const f = document.getElementById('chat');"
-            " f.elements.name.value = 'Erin'; f.elements.text.value = 'Ship it on Thursday.';"
-            " f.requestSubmit(); })()"
-        )
-        await page.wait_for(f"{TURNS}.some(t => t.classList.contains('typed'))")
+        await page.fill("#chat input[name=name]", "Erin")
+        await page.fill("#chat input[name=text]", "Ship it on Thursday.")
+        await page.click("#chat button[type=submit]")
+        await wait_for(page, f"{TURNS}.some(t => t.classList.contains('typed'))")
         shown = await page.evaluate(
             f"{TURNS}.filter(t => t.classList.contains('typed'))"
             ".map(t => [t.dataset.speaker, t.querySelector('.text').textContent])"

@@ -35,6 +35,7 @@ from server.ingress.base import Conversation, InboundItem, Ingress, IngressError
 PROVIDER = "teams"
 BOT_FRAMEWORK_ISSUER = "https://api.botframework.com"
 BOT_FRAMEWORK_JWKS_URL = "https://login.botframework.com/v1/.well-known/keys"
+BOT_FRAMEWORK_TOKEN_URL = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
 GROUP_CONVERSATION_TYPES = frozenset({"channel", "groupChat"})
 TokenProvider = Callable[[], Awaitable[str]]
 
@@ -220,6 +221,58 @@ class BotFrameworkTokenValidator:
 
 
 # --------------------------------------------------------------------------- replies
+
+
+class BotFrameworkCredentials:
+    """A `TokenProvider`: the bot's connector token by the OAuth client-credentials grant
+    (`client_id` = app id, `client_secret` = app password, scope `https://api.botframework.com/
+    .default`), cached until a minute before it expires."""
+
+    def __init__(
+        self,
+        app_id: str,
+        app_password: str,
+        *,
+        token_url: str = BOT_FRAMEWORK_TOKEN_URL,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.app_id = app_id
+        self.app_password = app_password
+        self.token_url = token_url
+        self.http = http or httpx.AsyncClient(timeout=10.0)
+        self._token: str | None = None
+        self._expires_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> str:
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            if self._token is None or loop.time() >= self._expires_at:
+                response = await self.http.post(
+                    self.token_url,
+                    data={
+                        "grant_type": "client_credentials",
+                        "client_id": self.app_id,
+                        "client_secret": self.app_password,
+                        "scope": "https://api.botframework.com/.default",
+                    },
+                )
+                response.raise_for_status()
+                granted = TokenResponse.model_validate_json(response.content)
+                self._token = granted.access_token
+                self._expires_at = loop.time() + max(0, granted.expires_in - 60)
+            return self._token
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class TokenResponse(_Wire):
+    """The OAuth token endpoint's answer."""
+
+    token_type: str = "Bearer"
+    expires_in: int = 3600
+    access_token: str
 
 
 class BotFrameworkClient:

@@ -1,7 +1,8 @@
 """A local HTTP server speaking the providers' APIs, for tests and offline demos.
 
 `LocalProviderServer` answers the Bot Framework connector route
-(`POST /v3/conversations/{id}/activities`), the WhatsApp Cloud API route
+(`POST /v3/conversations/{id}/activities`), the OAuth client-credentials token route
+(`POST /oauth2/token`), the WhatsApp Cloud API route
 (`POST /graph/{phone_number_id}/messages`) and serves a JWKS (`GET /keys`) so the Bot Framework
 token check runs against real RS256 signatures. It parses requests with the same pydantic models
 the clients send (`OutgoingActivity`, `OutgoingText`), so it cannot drift from them, and records
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 import jwt
 import uvicorn
@@ -25,7 +27,12 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.ingress.teams import BOT_FRAMEWORK_ISSUER, OutgoingActivity, ResourceResponse
+from server.ingress.teams import (
+    BOT_FRAMEWORK_ISSUER,
+    OutgoingActivity,
+    ResourceResponse,
+    TokenResponse,
+)
 from server.ingress.whatsapp import OutgoingText, SendResult
 
 
@@ -50,6 +57,7 @@ class LocalProviderServer:
 
     def __init__(self, *, fail_with: int | None = None) -> None:
         self.received: list[Received] = []
+        self.token_requests: list[dict[str, str]] = []
         self.fail_with = fail_with
         self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self._kid = uuid.uuid4().hex[:8]
@@ -78,6 +86,14 @@ class LocalProviderServer:
             result = SendResult(messages=[{"id": f"wamid.{uuid.uuid4().hex}"}])
             return self._record(
                 "whatsapp", phone_number_id, request, message.model_dump(), result.model_dump()
+            )
+
+        @app.post("/oauth2/token")
+        async def oauth_token(request: Request) -> JSONResponse:
+            form = parse_qs((await request.body()).decode())
+            self.token_requests.append({k: v[0] for k, v in form.items()})
+            return JSONResponse(
+                TokenResponse(access_token=f"connector-token-{len(self.token_requests)}").model_dump()
             )
 
         @app.get("/keys")
