@@ -15,6 +15,10 @@ room in the kit (`RoomKit.delete_room`) go, so memory follows the rooms in use, 
 ever seen. Idleness is checked again under the room's lock, and the room leaves `rooms` before
 anything is awaited, so a connection arriving meanwhile either keeps the room or gets a new one.
 
+Typed messages (`post_message`, from `POST /v1/rooms/{room}/messages` or the feed) enter through
+the `ChatInput` channel attached to every room and are published to the feed as `message`s in
+commit order with the turns (server.chat).
+
 Renames from the page go through `ON_TRANSCRIPTION` (V6) exactly as an application hook's
 rename would: the server's own hook rewrites `sender_name` of the matching voice's turns.
 """

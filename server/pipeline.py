@@ -83,6 +83,8 @@ class VoicePipeline:
       `VoiceChannel` of its own with its own stage: a live stage follows one stream. Those
       channels are pooled per room and reused (stage reset) when their stream ends, so a
       long-running server does not grow a channel per connection.
+    - One chat model (`AIChannel` "chat-ai", `[chat]`) in every room when `chat.provider` is not
+      `none`: it reads typed messages and spoken turns as one labelled conversation.
     - One `RealtimeChannel` (one session per room) when `realtime.provider` is not `none`; in
       audio mode (`realtime.audio`) every stream gets a `RealtimeAudioTap` feeding it that
       stream's audio under the stream's `voice_session_id`.
