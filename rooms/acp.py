@@ -185,6 +185,9 @@ class ACPAgentChannel(Channel):
             reader, writer, process = await stack.enter_async_context(
                 spawn_stdio_transport(self.command[0], *self.command[1:], env=self.env, cwd=self.cwd)
             )
+            if process.stderr is not None:  # a pipe nobody reads would stall a chatty agent
+                drain = asyncio.create_task(self._log_stderr(process.stderr))
+                stack.callback(drain.cancel)
             # The client implements only what it offers; the library answers the rest
             # `method not found`.
             connection = ClientSideConnection(cast(Client, _ChorusClient(self)), writer, reader)
@@ -203,6 +206,10 @@ class ACPAgentChannel(Channel):
         self.agent_info = response.agent_info
         self._stack, self._connection, self._process = stack, connection, process
         return connection
+
+    async def _log_stderr(self, stderr: asyncio.StreamReader) -> None:
+        while line := await stderr.readline():
+            log.info("agent %s: %s", self.channel_id, line.decode(errors="replace").rstrip())
 
     @property
     def process(self) -> asyncio.subprocess.Process | None:

@@ -5,7 +5,7 @@ line (`{"session": …, "prompt": [content blocks as sent on the wire]}`), befor
 test can assert the exact prompts. It answers in two `agent_message_chunk` updates:
 `Noted (N).` for its N-th prompt in that session. A prompt whose text contains `read the room`
 makes it read the linked resource with `fs/read_text_file` and answer with what it read; one
-containing `wait for cancel` answers `Working` and waits until `session/cancel`, then ends the
+containing `log a lot` first writes about 300 kB to stderr; one containing `wait for cancel` answers `Working` and waits until `session/cancel`, then ends the
 turn with stop reason `cancelled`.
 """
 
@@ -87,6 +87,9 @@ class RecordingAgent(Agent):
             read = await self.client.read_text_file(session_id=session_id, path=link.uri)
             await self._say(session_id, read.content)
             return PromptResponse(stop_reason="end_turn")
+        if "log a lot" in text:  # more than a pipe holds: the client must read stderr
+            for i in range(4000):
+                print(f"debug line {i:05d} " + "x" * 60, file=sys.stderr, flush=True)
         if "wait for cancel" in text:
             self.cancelled[session_id].clear()
             await self._say(session_id, "Working")

@@ -224,6 +224,12 @@ async def test_G3_acp_prompt_past_its_timeout_is_cancelled(tmp_path: Path) -> No
         await kit.close()
 
 
+async def test_G3_acp_an_agent_that_logs_a_lot_to_stderr_keeps_answering(room: AgentRoom) -> None:
+    await asyncio.wait_for(room.say("Alice", "Please log a lot."), 60)
+    await room.say("Alice", "Still there?")
+    assert [r.text for r in room.agent.replies_for("r1")] == ["Noted (1).", "Noted (2)."]
+
+
 async def test_G3_acp_agent_replies_do_not_make_a_chat_agent_answer(room: AgentRoom) -> None:
     provider = MockAIProvider(["Sure."])
     ai = AIChannel("ai1", provider)
