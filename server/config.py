@@ -91,9 +91,10 @@ class LimitsConfig(_Section):
     stream_burst_s: float = Field(default=30.0, ge=0)
     """Seconds of audio a stream may send ahead of `max_stream_rate` (a device catching up
     after a network blip sends what it buffered)."""
-    max_throttled_s: float = Field(default=60.0, gt=0)
+    max_throttled_s: float = Field(default=15.0, gt=0)
     """A stream held back by the rate cap for this long in total is refused (4429): a client
-    that streams a file faster than real time is told so instead of silently stalling."""
+    that streams a file faster than real time is told so instead of silently stalling. Keep it
+    under the 20 s websocket ping timeout: a socket that is not read cannot answer pings."""
     min_push_ms: float = Field(default=20.0, ge=0)
     """Tiny frames are coalesced until they hold this much audio before they reach the
     pipeline, so the per-frame cost is bounded whatever the client's frame size."""
