@@ -634,17 +634,29 @@ class ChorusServer:
             )
 
     async def _first_message(self, ws: Socket, deadline: float | None = None) -> str | bytes:
-        """The next message before `deadline` (loop time; default: `start_timeout_s` from now)."""
+        """The next message before `deadline` (loop time; default: `start_timeout_s` from now).
+        A drain does not wait for a client that has not started: it is told 4503 at once."""
         loop = asyncio.get_running_loop()
         if deadline is None:
             deadline = loop.time() + self.config.limits.start_timeout_s
+        receiving = asyncio.ensure_future(ws.recv())
+        draining = asyncio.ensure_future(self._draining.wait())
         try:
-            async with asyncio.timeout_at(deadline):
-                return await ws.recv()
-        except TimeoutError as exc:
-            raise Refusal(
-                CloseCode.START_TIMEOUT, "no start message in time", "start_timeout"
-            ) from exc
+            await asyncio.wait(
+                {receiving, draining},
+                timeout=max(0.0, deadline - loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for task in (receiving, draining):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(receiving, draining, return_exceptions=True)
+        if receiving.done() and not receiving.cancelled():
+            return receiving.result()  # a message (or SocketClosed) wins over a drain
+        if draining.done() and not draining.cancelled():
+            raise Refusal(CloseCode.SHUTTING_DOWN, "server is shutting down", "shutting_down")
+        raise Refusal(CloseCode.START_TIMEOUT, "no start message in time", "start_timeout")
 
     # ------------------------------------------------------------------ device stream
 

@@ -212,8 +212,14 @@ async def test_shutdown_drains_flushes_the_last_turns_then_closes_with_4503() ->
         await ref_feed.close()
     expected = [t.text for t in ref_device.turns]
     assert expected  # the flush at `stop` gives the trailing turn too
-    async with limited_server() as srv:
+    async with limited_server(start_timeout_s=60) as srv:
+        # a phone leg still waiting to send `start` does not hold the drain up
+        waiting = await connect(f"{srv.base}/v1/twilio")
+        await waiting.send(dump(TwilioConnected()))
+        began = time.monotonic()
         device, feed = await _stream_then_end(srv, "r", audio, drain=True)
+        assert time.monotonic() - began < 50  # not the leg's 60 s deadline
+        assert (await _closed_with(waiting))[0] == CloseCode.SHUTTING_DOWN
         assert [t.text for t in device.turns] == expected
         assert [t.text for t in feed.turns] == expected
         assert device.ws.close_code == CloseCode.SHUTTING_DOWN
