@@ -30,7 +30,7 @@ import contextlib
 import logging
 import re
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from importlib import resources
 from typing import Annotated, Any, Literal
 
@@ -48,7 +48,7 @@ from server.chat import ChatPost, ChatPosted
 from server.config import ServerConfig
 from server.ingress.base import WebhookAnswer
 from server.ingress.serve import build_webhooks
-from server.live import LiveRooms, LiveStream, Outgoing, StreamLimitError
+from server.live import LiveRooms, LiveStream, Outgoing, StreamLimitError, StreamTooFastError
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
@@ -95,6 +95,26 @@ _TOKEN_CODES = {
     TokenProblem.NOT_GRANTED: CloseCode.TOKEN_INVALID,
     TokenProblem.WRONG_PARTICIPANT: CloseCode.TOKEN_INVALID,
 }
+
+
+class _RedactTokens(logging.Filter):
+    """uvicorn logs each websocket's request line, query included: keep tokens out of logs."""
+
+    _TOKEN = re.compile(r"(token=)[^&\s\"]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = tuple(
+                self._TOKEN.sub(r"\1…", a) if isinstance(a, str) else a for a in args
+            )
+        return True
+
+
+_REDACT_TOKENS = _RedactTokens()
+for _name in ("uvicorn.error", "uvicorn.access"):
+    if _REDACT_TOKENS not in logging.getLogger(_name).filters:
+        logging.getLogger(_name).addFilter(_REDACT_TOKENS)
 
 
 class Refusal(Exception):
@@ -293,6 +313,8 @@ class ChorusServer:
         """Set once the streams are flushed: feeds send what they hold and close with 4503."""
         self._uvicorn: uvicorn.Server | None = None
         self._sockets: set[Socket] = set()
+        self._unauthenticated_total = 0
+        self._unauthenticated_by_address: dict[str, int] = {}
         self._stream_handlers: set[asyncio.Task[Any]] = set()
         self._feed_handlers: set[asyncio.Task[Any]] = set()
         self.webhooks = build_webhooks(config, self.rooms.kit, self._open_conversation_room)
@@ -349,6 +371,8 @@ class ChorusServer:
     async def stop(self) -> None:
         """Drain, then close: stop accepting, let every stream flush its STT and commit its last
         turns (sent to its device), tell devices and feeds `4503`, then close the rest."""
+        if self._closing:
+            return
         self._closing = True
         server = self._uvicorn
         if server is not None:
@@ -715,17 +739,29 @@ class ChorusServer:
             )
 
     async def _first_message(self, ws: Socket, deadline: float | None = None) -> str | bytes:
-        """The next message before `deadline` (loop time; default: `start_timeout_s` from now)."""
+        """The next message before `deadline` (loop time; default: `start_timeout_s` from now).
+        A drain does not wait for a client that has not started: it is told 4503 at once."""
         loop = asyncio.get_running_loop()
         if deadline is None:
             deadline = loop.time() + self.config.limits.start_timeout_s
+        receiving = asyncio.ensure_future(ws.recv())
+        draining = asyncio.ensure_future(self._draining.wait())
         try:
-            async with asyncio.timeout_at(deadline):
-                return await ws.recv()
-        except TimeoutError as exc:
-            raise Refusal(
-                CloseCode.START_TIMEOUT, "no start message in time", "start_timeout"
-            ) from exc
+            await asyncio.wait(
+                {receiving, draining},
+                timeout=max(0.0, deadline - loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for task in (receiving, draining):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(receiving, draining, return_exceptions=True)
+        if receiving.done() and not receiving.cancelled():
+            return receiving.result()  # a message (or SocketClosed) wins over a drain
+        if draining.done() and not draining.cancelled():
+            raise Refusal(CloseCode.SHUTTING_DOWN, "server is shutting down", "shutting_down")
+        raise Refusal(CloseCode.START_TIMEOUT, "no start message in time", "start_timeout")
 
     # ------------------------------------------------------------------ device stream
 
@@ -789,20 +825,10 @@ class ChorusServer:
     async def _twilio_leg(self, ws: Socket) -> None:
         """`connected`, then `start` carrying room/token/name, then `media` until `stop`."""
         self._check_capacity()
-        start: TwilioStart | None = None
-        deadline = asyncio.get_running_loop().time() + self.config.limits.start_timeout_s
-        while start is None:
-            message = self._parse_twilio(await self._first_message(ws, deadline))
-            if isinstance(message, TwilioConnected | TwilioMark | TwilioDtmf):
-                continue
-            if isinstance(message, TwilioMedia):
-                raise Refusal(
-                    CloseCode.AUDIO_BEFORE_START, "media before start", "audio_before_start"
-                )
-            if isinstance(message, TwilioStop):
-                await ws.close(CloseCode.NORMAL, "stopped before start")
-                return
-            start = message
+        with self._unauthenticated(ws):
+            start = await self._twilio_start(ws)
+        if start is None:
+            return
         params = start.start.customParameters
         room = params.get("room", "")
         if not re.fullmatch(ROOM_ID, room):
@@ -839,6 +865,55 @@ class ChorusServer:
             stream_sid=stream_sid,
         )
         await self._pump(ws, stream, self._twilio_media(ws, stream))
+
+    @contextlib.contextmanager
+    def _unauthenticated(self, ws: Socket) -> Iterator[None]:
+        """Count a socket that has not shown a token yet, server-wide and per client address;
+        over `limits.max_unauthenticated(_per_address)` it is refused at once."""
+        limits = self.config.limits
+        here = self._unauthenticated_by_address.get(ws.remote, 0)
+        if self._unauthenticated_total >= limits.max_unauthenticated:
+            raise Refusal(
+                CloseCode.TOO_MANY_STREAMS,
+                "too many connections waiting to authenticate",
+                "too_many_unauthenticated",
+            )
+        if here >= limits.max_unauthenticated_per_address:
+            raise Refusal(
+                CloseCode.TOO_MANY_STREAMS,
+                "too many connections waiting to authenticate from this address",
+                "too_many_unauthenticated",
+            )
+        self._unauthenticated_total += 1
+        self._unauthenticated_by_address[ws.remote] = here + 1
+        try:
+            yield
+        finally:
+            self._unauthenticated_total -= 1
+            left = self._unauthenticated_by_address[ws.remote] - 1
+            if left:
+                self._unauthenticated_by_address[ws.remote] = left
+            else:
+                del self._unauthenticated_by_address[ws.remote]
+
+    async def _twilio_start(self, ws: Socket) -> TwilioStart | None:
+        """Messages up to `start`, all within one deadline from the connection's opening (a
+        `connected`, `mark` or `dtmf` never extends it); None when the leg stopped first."""
+        start: TwilioStart | None = None
+        deadline = asyncio.get_running_loop().time() + self.config.limits.start_timeout_s
+        while start is None:
+            message = self._parse_twilio(await self._first_message(ws, deadline))
+            if isinstance(message, TwilioConnected | TwilioMark | TwilioDtmf):
+                continue
+            if isinstance(message, TwilioMedia):
+                raise Refusal(
+                    CloseCode.AUDIO_BEFORE_START, "media before start", "audio_before_start"
+                )
+            if isinstance(message, TwilioStop):
+                await ws.close(CloseCode.NORMAL, "stopped before start")
+                return None
+            start = message
+        return start
 
     def _parse_twilio(self, text: str | bytes) -> Any:
         if isinstance(text, bytes):
@@ -925,10 +1000,14 @@ class ChorusServer:
         draining = asyncio.create_task(self._draining.wait())
         closed_cleanly = False
         drained = False
+        too_fast: StreamTooFastError | None = None
         try:
             await asyncio.wait({reading, draining}, return_when=asyncio.FIRST_COMPLETED)
             if reading.done():
-                reading.result()  # a refusal or a broken socket propagates
+                try:
+                    reading.result()  # a refusal or a broken socket propagates
+                except StreamTooFastError as exc:
+                    too_fast = exc  # refused, but only after its last turns went out
                 closed_cleanly = True
             else:
                 drained = closed_cleanly = True
@@ -943,6 +1022,8 @@ class ChorusServer:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await writer
+        if too_fast is not None:
+            raise Refusal(CloseCode.TOO_MANY_STREAMS, str(too_fast), "stream_too_fast")
         if drained:
             await ws.close(CloseCode.SHUTTING_DOWN, "server is shutting down")
         else:

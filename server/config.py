@@ -144,6 +144,23 @@ class LimitsConfig(_Section):
     """How long a stream may take to send `start` (Twilio: `connected` + `start`)."""
     history: int = Field(default=500, ge=0)
     """Recent feed messages a new event-feed consumer is sent first."""
+    max_stream_rate: float = Field(default=2.0, ge=1.0)
+    """A stream's audio is read at most this many times real time (after `stream_burst_s`):
+    a client that sends faster is held back through TCP, its own connection only."""
+    stream_burst_s: float = Field(default=30.0, ge=0)
+    """Seconds of audio a stream may send ahead of `max_stream_rate` (a device catching up
+    after a network blip sends what it buffered)."""
+    max_throttled_s: float = Field(default=15.0, gt=0)
+    """A stream held back by the rate cap for this long in total is refused (4429): a client
+    that streams a file faster than real time is told so instead of silently stalling. Keep it
+    under the 20 s websocket ping timeout: a socket that is not read cannot answer pings."""
+    min_push_ms: float = Field(default=20.0, ge=0)
+    """Tiny frames are coalesced until they hold this much audio before they reach the
+    pipeline, so the per-frame cost is bounded whatever the client's frame size."""
+    max_unauthenticated: int = Field(default=64, ge=1)
+    """Phone legs that have not authenticated yet (no `start` with a token), server-wide."""
+    max_unauthenticated_per_address: int = Field(default=8, ge=1)
+    """The same, per client address."""
     idle_room_seconds: float = Field(default=300.0, ge=0)
     """A room with no open stream and no feed consumer for this long is evicted (its realtime
     state, pooled voice channels, live state and stored events); 0 keeps rooms forever."""

@@ -67,6 +67,48 @@ class StreamLimitError(Exception):
     """No room for another stream (server-wide or in this room)."""
 
 
+class StreamTooFastError(Exception):
+    """A stream kept sending faster than `limits.max_stream_rate` for `limits.max_throttled_s`."""
+
+
+MIN_MESSAGE_S = 0.005
+"""Every message is charged at least this much audio against the rate cap, so a flood of tiny
+frames is held back like a flood of audio (per-message work is bounded too)."""
+
+
+class StreamPacer:
+    """The rate cap of one stream: audio is admitted at most `rate` times real time after a
+    `burst`; a stream ahead of that waits (and, since its socket is not read meanwhile, its
+    client is held back by TCP alone). Waiting longer than `max_throttled_s` in total raises
+    `StreamTooFastError` so the client hears why instead of stalling forever."""
+
+    def __init__(self, rate: float, burst_s: float, max_throttled_s: float) -> None:
+        self.rate = rate
+        self.burst_s = burst_s
+        self.max_throttled_s = max_throttled_s
+        self.admitted_s = 0.0
+        self.throttled_s = 0.0
+        self._began = time.monotonic()
+
+    def delay_for(self, seconds: float, now: float | None = None) -> float:
+        """How long audio of `seconds` must wait before it may be admitted (0: now)."""
+        elapsed = (time.monotonic() if now is None else now) - self._began
+        ahead = self.admitted_s + max(seconds, MIN_MESSAGE_S) - self.burst_s - self.rate * elapsed
+        return max(0.0, ahead / self.rate)
+
+    async def admit(self, seconds: float) -> None:
+        delay = self.delay_for(seconds)
+        if delay > 0:
+            if self.throttled_s + delay > self.max_throttled_s:
+                raise StreamTooFastError(
+                    f"stream sends faster than {self.rate:g}x real time "
+                    f"(held back {self.throttled_s:.0f} s)"
+                )
+            self.throttled_s += delay
+            await asyncio.sleep(delay)
+        self.admitted_s += max(seconds, MIN_MESSAGE_S)
+
+
 @dataclass(eq=False)
 class LiveStream:
     """One open audio stream: a conference-room device or a phone leg."""
@@ -81,6 +123,9 @@ class LiveStream:
     _clock_audio: list[float] = field(default_factory=list)
     _clock_wall: list[float] = field(default_factory=list)
     dropped_messages: int = 0
+    pacer: StreamPacer | None = None
+    pending: bytearray = field(default_factory=bytearray)
+    """Audio read but not yet pushed (tiny frames are coalesced up to `limits.min_push_ms`)."""
 
     @property
     def id(self) -> str:
@@ -348,7 +393,14 @@ class LiveRooms:
             encoding=encoding,
             channels=channels,
         )
-        stream = LiveStream(info=info, kind=kind, reply_audio=reply_audio)
+        stream = LiveStream(
+            info=info,
+            kind=kind,
+            reply_audio=reply_audio,
+            pacer=StreamPacer(
+                limits.max_stream_rate, limits.stream_burst_s, limits.max_throttled_s
+            ),
+        )
         live.streams[stream.id] = stream
         live.touch()
         try:
@@ -376,19 +428,35 @@ class LiveRooms:
         return stream
 
     async def push_audio(self, stream: LiveStream, pcm_or_mulaw: bytes) -> None:
+        """Admit a piece of the stream's audio (whole samples) under its rate cap; it reaches
+        the pipeline once `limits.min_push_ms` of audio has gathered. Raises
+        `StreamTooFastError` for a stream that stays over the cap."""
         info = stream.info
-        width = 2 if info.encoding == "pcm16" else 1
-        seconds = len(pcm_or_mulaw) / (width * info.channels * info.sample_rate)
+        width = (2 if info.encoding == "pcm16" else 1) * info.channels
+        seconds = len(pcm_or_mulaw) / (width * info.sample_rate)
+        if stream.pacer is not None:
+            await stream.pacer.admit(seconds)
         stream.note_audio(seconds)
         self.metrics.audio_seconds_total += seconds
+        stream.pending += pcm_or_mulaw
+        min_bytes = int(self.config.limits.min_push_ms / 1000 * info.sample_rate) * width
+        if len(stream.pending) >= min_bytes:
+            await self._push_pending(stream)
+
+    async def _push_pending(self, stream: LiveStream) -> None:
+        if not stream.pending:
+            return
+        data = bytes(stream.pending)
+        stream.pending.clear()
         assert stream.audio is not None
-        await stream.audio.push(pcm_or_mulaw)
+        await stream.audio.push(data)
 
     async def close_stream(self, stream: LiveStream) -> None:
         """Flush the stream's last turns, then forget it. Safe to call once per stream."""
         live = self.rooms.get(stream.room_id)
         try:
             if stream.audio is not None:
+                await self._push_pending(stream)
                 await stream.audio.finish()
         except Exception:
             log.exception("closing stream %s failed", stream.id)

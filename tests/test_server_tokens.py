@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -208,3 +209,14 @@ def test_token_command_grants_and_participant(
     assert main(["token", "room-9", "--grant", "feed", "--participant", "ann"]) == 0
     grant = verify_token(SECRET, capsys.readouterr().out.strip(), "room-9")
     assert grant.grants == {Grant.FEED} and grant.participant == "ann"
+
+
+async def test_tokens_stay_out_of_the_server_log(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    token = issue_token(SECRET, "r1")
+    async with connect(events_url(server.base, "r1", token)):
+        pass
+    await eventually(lambda: "events?token=" in caplog.text, 10, "the request line logged")
+    assert token not in caplog.text and "token=…" in caplog.text
