@@ -232,6 +232,25 @@ class WebhookAccepted(BaseModel):
     accepted: int
 
 
+WEBHOOK_MAX_BYTES = 1024 * 1024
+"""Largest provider webhook body read; a bigger one is refused (413) before it is buffered."""
+
+
+async def _webhook_body(request: Request) -> bytes:
+    """The raw body (signatures cover the exact bytes), at most `WEBHOOK_MAX_BYTES`."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > WEBHOOK_MAX_BYTES:
+        raise ProblemError(413, "body_too_large", f"webhook bodies are at most {WEBHOOK_MAX_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > WEBHOOK_MAX_BYTES:
+            raise ProblemError(
+                413, "body_too_large", f"webhook bodies are at most {WEBHOOK_MAX_BYTES} bytes"
+            )
+    return bytes(body)
+
+
 def _webhook_answer(answer: WebhookAnswer) -> WebhookAccepted:
     if answer.status != 200:
         problem = "bad_signature" if answer.status == 401 else "bad_request"
@@ -542,13 +561,16 @@ class ChorusServer:
                 400: {"model": Problem, "description": "Not a Bot Framework activity"},
                 401: {"model": Problem, "description": "Bot Framework token missing or rejected"},
                 404: {"model": Problem, "description": "Teams is not configured"},
+                413: {"model": Problem, "description": "Body over 1 MiB"},
             },
             summary="Microsoft Teams activities (Bot Framework messaging endpoint)",
         )
         async def teams_webhook(request: Request) -> WebhookAccepted:
             if self.webhooks.teams is None:
                 raise ProblemError(404, "not_configured", "teams is not enabled on this server")
-            answer = await self.webhooks.teams.handle(dict(request.headers), await request.body())
+            answer = await self.webhooks.teams.handle(
+                dict(request.headers), await _webhook_body(request)
+            )
             return _webhook_answer(answer)
 
         @app.post(
@@ -558,6 +580,7 @@ class ChorusServer:
                 400: {"model": Problem, "description": "Not a WhatsApp Cloud API webhook"},
                 401: {"model": Problem, "description": "X-Hub-Signature-256 missing or wrong"},
                 404: {"model": Problem, "description": "WhatsApp is not configured"},
+                413: {"model": Problem, "description": "Body over 1 MiB"},
             },
             summary="WhatsApp Cloud API webhooks (signed with the app secret)",
         )
@@ -565,7 +588,7 @@ class ChorusServer:
             if self.webhooks.whatsapp is None:
                 raise ProblemError(404, "not_configured", "whatsapp is not enabled on this server")
             answer = await self.webhooks.whatsapp.handle(
-                dict(request.headers), await request.body()
+                dict(request.headers), await _webhook_body(request)
             )
             return _webhook_answer(answer)
 

@@ -175,3 +175,18 @@ def test_teams_config_needs_an_app_id_unless_behind_a_gateway() -> None:
     ServerConfig.model_validate({"teams": {"enabled": True, "trust_gateway": True}})
     with pytest.raises(ValueError, match=r"whatsapp\.app_secret"):
         ServerConfig.model_validate({"whatsapp": {"enabled": True}})
+
+
+async def test_webhook_bodies_over_a_mebibyte_are_413_and_change_nothing(served: Served) -> None:
+    body = b'{"object": "whatsapp_business_account", "entry": [], "pad": "' + b"x" * 1_100_000 + b'"}'
+    signed = {"X-Hub-Signature-256": signature_of(SECRET, body)}
+    answer = await served.http.post("/v1/webhooks/whatsapp", content=body, headers=signed)
+    assert (answer.status_code, answer.json()["problem"]) == (413, "body_too_large")
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted while read
+        for i in range(0, len(body), 65536):
+            yield body[i : i + 65536]
+
+    answer = await served.http.post("/v1/webhooks/whatsapp", content=chunked(), headers=signed)
+    assert (answer.status_code, answer.json()["problem"]) == (413, "body_too_large")
+    assert served.server.server.rooms.rooms == {}
