@@ -407,7 +407,7 @@ class ACPAgentChannel(Channel):
         agent's own turns `[assistant]`; a one-to-one room reads `[user]` / `[assistant]`. A
         runtime system event keeps its own text.
         """
-        state = self._state(room_id)
+        state = self._rooms.get(room_id)
         kit = self.require_kit()
         events = [
             e
@@ -416,7 +416,7 @@ class ACPAgentChannel(Channel):
         ][-self.transcript_events :]
         participants = await kit.get_participants(room_id)
         register = await kit.get_register(room_id) or Register.new()
-        labelled = state.labels.labelling or labelling_on(
+        labelled = (state is not None and state.labels.labelling) or labelling_on(
             events, participants, self.channel_id, register=register
         )
         lines: list[str] = []
