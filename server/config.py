@@ -88,6 +88,18 @@ class ChatConfig(_Section):
     """Turns of the room the model reads per answer (its memory window)."""
 
 
+class AgentConfig(_Section):
+    """An external agent over the Agent Client Protocol in every room (`rooms.acp`, docs/acp.md):
+    one subprocess for the server, one ACP session per room."""
+
+    command: list[str] = Field(default_factory=list)
+    """The agent's executable and arguments; empty: no agent."""
+    cwd: str | None = None
+    """The agent's working directory (and its sessions'); default: the server's."""
+    prompt_timeout: float = Field(default=300.0, gt=0)
+    """Seconds a prompt turn may run before it is cancelled."""
+
+
 class TeamsConfig(_Section):
     """Microsoft Teams through the Bot Framework (`POST /v1/webhooks/teams`, docs/ingress.md)."""
 
@@ -173,6 +185,7 @@ class ServerConfig(_Section):
     realtime: RealtimeConfig = Field(default_factory=RealtimeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     teams: TeamsConfig = Field(default_factory=TeamsConfig)
     whatsapp: WhatsAppConfig = Field(default_factory=WhatsAppConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -182,8 +195,18 @@ class ConfigError(ValueError):
     """A config file or variable that cannot be used; the message names the key."""
 
 
-_SECTIONS = ("stt", "diarizer", "realtime", "policy", "chat", "teams", "whatsapp", "limits")
-_LIST_FIELDS = {("policy", "answer_only")}
+_SECTIONS = (
+    "stt",
+    "diarizer",
+    "realtime",
+    "policy",
+    "chat",
+    "agent",
+    "teams",
+    "whatsapp",
+    "limits",
+)
+_LIST_FIELDS = {("policy", "answer_only"), ("agent", "command")}
 
 
 def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
