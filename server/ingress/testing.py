@@ -131,7 +131,10 @@ class LocalProviderServer:
         )
 
     async def __aenter__(self) -> LocalProviderServer:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        # no log_config, no log_level: uvicorn would otherwise reset the process's uvicorn loggers
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="off"
+        )
         self._server = _QuietServer(config)
         self._task = asyncio.create_task(self._server.serve())
         while not self._server.started:
