@@ -9,6 +9,14 @@ to receiving the turn), and the server process's CPU and memory per stream. The 
 p95 turn latency stays under 1 s is the answer. `--soak SECONDS` then keeps `--soak-streams`
 streams running (looping the meeting) and samples the server's memory over time.
 
+`--flood` adds the flood case (issue 10): `--flood-streams` rooms stream the meeting at real
+time twice, first alone, then while one more device in its own room floods the server (the
+meeting as fast as the socket takes it, alternating 2-byte and full-size frames). The other
+rooms' p95 should not move beyond noise; the flooder's fate (how much audio the server took, how
+it was closed) is reported. `--server-repo PATH` (repeatable) runs everything against the
+`chorus serve` of another checkout too (e.g. an older commit), in the same run, one server after
+the other, so old and new are measured by the same command on the same machine state.
+
 Everything stays on 127.0.0.1 and every loop is bounded (`--streams`, `--seconds`, `--soak`).
 """
 
@@ -31,7 +39,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from server.auth import issue_token
 from server.client import DeviceStream
 from server.metrics import percentile
 from server.protocol import FeedMessage, StartMessage
@@ -59,6 +66,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument(
         "--keep-going", action="store_true", help="do not stop at the first N over target"
+    )
+    parser.add_argument(
+        "--flood", action="store_true", help="add the flood case (one device floods its room)"
+    )
+    parser.add_argument(
+        "--flood-streams", type=int, default=2, help="real-time rooms in the flood case"
+    )
+    parser.add_argument(
+        "--server-repo",
+        action="append",
+        default=None,
+        help="checkout whose `chorus serve` to measure (repeatable; default: this one)",
     )
 
 
@@ -117,9 +136,9 @@ async def _wait_port(
 
 
 @contextlib.contextmanager
-def _process(args: list[str], env: dict[str, str], log: Path) -> Any:
+def _process(args: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> Any:
     with log.open("wb") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
         try:
             yield proc
         finally:
@@ -203,7 +222,9 @@ def turn_latencies(
     return completion, strict
 
 
-async def _one_device(base: str, room: str, audio: bytes, seconds: float) -> StreamResult:
+async def _one_device(
+    base: str, room: str, audio: bytes, seconds: float, tokens: TokenMinter
+) -> StreamResult:
     """Stream `seconds` of `audio` at real-time pace in 100 ms frames; latency of every turn."""
     result = StreamResult()
     sent_audio: list[float] = []
@@ -217,7 +238,7 @@ async def _one_device(base: str, room: str, audio: bytes, seconds: float) -> Str
     start = StartMessage(participant=f"dev-{room}", name=room, sample_rate=16000, shared_mic=True)
     try:
         device = await DeviceStream.open(
-            base, room, issue_token(SECRET, room), start, on_message=on_message
+            base, room, await tokens.mint(room), start, on_message=on_message
         )
         total = min(int(seconds * 16000) * 2, len(audio))
         frame = 3200  # 100 ms
@@ -265,14 +286,21 @@ class StepResult:
 
 
 async def _step(
-    base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float, tag: str
+    base: str,
+    probe: ProcessProbe,
+    audio: bytes,
+    n: int,
+    seconds: float,
+    tag: str,
+    tokens: TokenMinter,
 ) -> StepResult:
     rss_before = probe.rss_mib()
     cpu_before = probe.cpu_seconds()
     wall_before = time.monotonic()
     peak = rss_before
     tasks = [
-        asyncio.create_task(_one_device(base, f"{tag}-{n}-{i}", audio, seconds)) for i in range(n)
+        asyncio.create_task(_one_device(base, f"{tag}-{n}-{i}", audio, seconds, tokens))
+        for i in range(n)
     ]
     while not all(t.done() for t in tasks):
         peak = max(peak, probe.rss_mib())
@@ -301,7 +329,7 @@ async def _step(
 
 
 async def _soak(
-    base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float
+    base: str, probe: ProcessProbe, audio: bytes, n: int, seconds: float, tokens: TokenMinter
 ) -> dict[str, Any]:
     """`n` rooms, each holding one meeting after another (a device per meeting) for `seconds`."""
     samples: list[tuple[float, float]] = []
@@ -311,7 +339,7 @@ async def _soak(
     async def room(i: int) -> list[StreamResult]:
         results: list[StreamResult] = []
         while time.monotonic() - began + meeting_s <= seconds + 1:  # bounded by the soak time
-            results.append(await _one_device(base, f"soak-{i}", audio, meeting_s))
+            results.append(await _one_device(base, f"soak-{i}", audio, meeting_s, tokens))
         return results
 
     tasks = [asyncio.create_task(room(i)) for i in range(n)]
@@ -342,6 +370,121 @@ async def _soak(
     }
 
 
+# --------------------------------------------------------------------------- tokens
+
+
+class TokenMinter:
+    """Room tokens the server under test accepts, minted by that checkout's own code (an older
+    server speaks an older token format), in one subprocess per batch of rooms."""
+
+    def __init__(self, repo: Path, python: str, env: dict[str, str]) -> None:
+        self.repo = repo
+        self.python = python
+        self.env = env
+        self._cache: dict[str, str] = {}
+
+    async def mint(self, *rooms: str) -> str:
+        """Tokens for `rooms` (cached); returns the first room's."""
+        wanted = [r for r in rooms if r not in self._cache]
+        if wanted:
+            code = (
+                "import sys; from server.auth import issue_token\n"
+                "for room in sys.argv[2:]: print(issue_token(sys.argv[1], room, 7200))"
+            )
+            proc = await asyncio.create_subprocess_exec(
+                self.python, "-c", code, SECRET, *wanted,
+                cwd=self.repo, env=self.env, stdout=subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await proc.communicate()
+            lines = out.decode().split()
+            if proc.returncode != 0 or len(lines) != len(wanted):
+                raise RuntimeError(f"could not mint tokens in {self.repo}")
+            self._cache.update(zip(wanted, lines, strict=True))
+        return self._cache[rooms[0]]
+
+
+# --------------------------------------------------------------------------- flood
+
+
+@dataclass
+class FloodResult:
+    streams: int
+    p95_alone_s: float
+    p95_flooded_s: float
+    p50_alone_s: float
+    p50_flooded_s: float
+    turns_alone: int
+    turns_flooded: int
+    flood_sent_s: float
+    """Seconds of audio the flooder got onto its socket (what the server read, or buffers)."""
+    flood_closed: str
+    """How the flooder's socket ended (close code and reason, or `open` at the end)."""
+    errors: list[str]
+
+
+async def _flooder(base: str, token: str, audio: bytes, stop: asyncio.Event) -> tuple[float, str]:
+    """One device sending `audio` over and over as fast as its socket takes it, alternating
+    2-byte frames (1000 at a time) and full-size frames, until `stop` or the server closes."""
+    start = StartMessage(participant="flooder", sample_rate=16000, shared_mic=True)
+    device = await DeviceStream.open(base, "flood-room", token, start, max_size=None)
+    sent = 0
+    big = 60 * 1024
+    try:
+        while not stop.is_set():
+            for offset in range(0, len(audio) - big, big):
+                if stop.is_set():
+                    break
+                await device.ws.send(audio[offset : offset + big])
+                for i in range(offset, offset + 2000, 2):
+                    await device.ws.send(audio[i : i + 2])
+                sent += big + 2000
+    except Exception:  # the server closed it: that is a result
+        pass
+    closed = (
+        f"{device.ws.close_code} {device.ws.close_reason}"
+        if device.ws.close_code is not None
+        else "open"
+    )
+    with contextlib.suppress(Exception):
+        await device.ws.close()
+    return sent / 32000, closed
+
+
+async def _flood_case(
+    base: str, audio: bytes, n: int, seconds: float, tokens: TokenMinter
+) -> FloodResult:
+    async def rooms(tag: str) -> list[StreamResult]:
+        names = [f"{tag}-{i}" for i in range(n)]
+        await tokens.mint(*names)
+        return list(
+            await asyncio.gather(*(_one_device(base, r, audio, seconds, tokens) for r in names))
+        )
+
+    alone = await rooms("calm")
+    stop = asyncio.Event()
+    flooding = asyncio.create_task(_flooder(base, await tokens.mint("flood-room"), audio, stop))
+    flooded = await rooms("busy")
+    stop.set()
+    async with asyncio.timeout(60):
+        sent_s, closed = await flooding
+
+    def lat(results: list[StreamResult]) -> list[float]:
+        return [x for r in results for x in r.latencies]
+
+    return FloodResult(
+        streams=n,
+        p95_alone_s=round(percentile(lat(alone), 95), 3),
+        p95_flooded_s=round(percentile(lat(flooded), 95), 3),
+        p50_alone_s=round(percentile(lat(alone), 50), 3),
+        p50_flooded_s=round(percentile(lat(flooded), 50), 3),
+        turns_alone=sum(r.turns for r in alone),
+        turns_flooded=sum(r.turns for r in flooded),
+        flood_sent_s=round(sent_s, 1),
+        flood_closed=closed,
+        errors=[r.error for r in alone + flooded if r.error],
+    )
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -360,6 +503,34 @@ async def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str) -> in
     raise RuntimeError(f"{what} did not start")
 
 
+@dataclass
+class ServerRun:
+    """Everything measured against one checkout's `chorus serve`."""
+
+    repo: str
+    commit: str
+    steps: list[StepResult]
+    soak: dict[str, Any] | None
+    flood: FloodResult | None
+
+    @property
+    def largest(self) -> int:
+        return max((s.streams for s in self.steps if s.holds), default=0)
+
+
+def _commit_of(repo: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
 async def _run(args: argparse.Namespace) -> int:
     from voice.audio import float_to_pcm16, read_audio_16k
 
@@ -371,69 +542,121 @@ async def _run(args: argparse.Namespace) -> int:
     py = sys.executable
     port_file = workdir / "deepgram.port"
     meeting_dir = _resolve(args.audio).parent
-    steps: list[StepResult] = []
-    soak: dict[str, Any] | None = None
+    repos = [_resolve(r) for r in (args.server_repo or [str(REPO)])]
+    runs: list[ServerRun] = []
     with _process(
         deepgram_server_command(py, port_file, meeting_dir), env, workdir / "deepgram.log"
     ) as dg:
         dg_port = await _wait_file(port_file, dg, "deepgram-protocol server")
-        port = _free_port()
-        config = workdir / "chorus.toml"
-        config.write_text(
-            '[stt]\nprovider = "deepgram"\n'
-            f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\ndiarize = false\n'
-            '[diarizer]\nkind = "embedded"\n'
-            '[realtime]\nprovider = "recorder"\n'
-            f"[limits]\nmax_streams = {max([*counts, args.soak_streams]) + 4}\n"
-        )
-        serve = [
-            py,
-            "-m",
-            "server.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--config",
-            str(config),
-            "--log-level",
-            "WARNING",
-        ]
-        with _process(serve, env, workdir / "server.log") as srv:
-            await _wait_port(port, srv, "chorus serve")
-            probe = ProcessProbe(srv.pid)
-            base = f"ws://127.0.0.1:{port}"
-            print(
-                f"server pid {srv.pid}, idle RSS {probe.rss_mib():.0f} MiB; logs in {workdir}",
-                file=sys.stderr,
-            )
-            for n in tqdm(counts, desc="streams", unit="step"):
-                step = await _step(base, probe, audio, n, seconds, "load")
-                steps.append(step)
-                tqdm.write(
-                    f"N={n}: turns {step.turns}, p95 {step.p95_latency_s:.2f} s, "
-                    f"CPU {step.cpu_percent_per_stream:.1f} %/stream, RSS peak {step.rss_peak_mib:.0f} MiB"
-                    + (f", errors {step.errors[:2]}" if step.errors else "")
+        for k, repo in enumerate(repos):
+            runs.append(
+                await _one_server(
+                    args, repo, workdir / f"server-{k}", dg_port, audio, counts, seconds, env
                 )
-                if not step.holds and not args.keep_going:
-                    break
-            held = [s.streams for s in steps if s.holds]
-            if args.soak > 0:
-                n_soak = args.soak_streams or (max(held) if held else 1)
-                soak = await _soak(base, probe, audio, n_soak, args.soak)
-    largest = max((s.streams for s in steps if s.holds), default=0)
+            )
+    for run in runs:
+        _print_run(run, len(runs) > 1)
+    if args.json:
+        out = [
+            {
+                "repo": r.repo,
+                "commit": r.commit,
+                "largest_streams_under_target": r.largest,
+                "target_p95_s": LATENCY_TARGET_S,
+                "steps": [asdict(s) for s in r.steps],
+                "soak": r.soak,
+                "flood": asdict(r.flood) if r.flood else None,
+            }
+            for r in runs
+        ]
+        await asyncio.to_thread(
+            Path(args.json).write_text, json.dumps(out[0] if len(out) == 1 else out, indent=2)
+        )
+    return 0
+
+
+async def _one_server(
+    args: argparse.Namespace,
+    repo: Path,
+    workdir: Path,
+    dg_port: int,
+    audio: bytes,
+    counts: list[int],
+    seconds: float,
+    env: dict[str, str],
+) -> ServerRun:
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    py = sys.executable
+    steps: list[StepResult] = []
+    soak: dict[str, Any] | None = None
+    flood: FloodResult | None = None
+    port = _free_port()
+    config = workdir / "chorus.toml"
+    config.write_text(
+        '[stt]\nprovider = "deepgram"\n'
+        f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\ndiarize = false\n'
+        '[diarizer]\nkind = "embedded"\n'
+        '[realtime]\nprovider = "recorder"\n'
+        f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"
+    )
+    serve = [py, "-m", "server.cli", "serve", "--port", str(port), "--config", str(config),
+             "--log-level", "WARNING"]  # fmt: skip
+    tokens = TokenMinter(repo, py, env)
+    with _process(serve, env, workdir / "server.log", cwd=repo) as srv:
+        await _wait_port(port, srv, "chorus serve")
+        probe = ProcessProbe(srv.pid)
+        base = f"ws://127.0.0.1:{port}"
+        print(
+            f"{repo} ({_commit_of(repo)}): server pid {srv.pid}, idle RSS "
+            f"{probe.rss_mib():.0f} MiB; logs in {workdir}",
+            file=sys.stderr,
+        )
+        for n in tqdm(counts, desc="streams", unit="step"):
+            await tokens.mint(*(f"load-{n}-{i}" for i in range(n)))
+            step = await _step(base, probe, audio, n, seconds, "load", tokens)
+            steps.append(step)
+            tqdm.write(
+                f"N={n}: turns {step.turns}, p95 {step.p95_latency_s:.2f} s, "
+                f"CPU {step.cpu_percent_per_stream:.1f} %/stream, RSS peak {step.rss_peak_mib:.0f} MiB"
+                + (f", errors {step.errors[:2]}" if step.errors else "")
+            )
+            if not step.holds and not args.keep_going:
+                break
+        held = [s.streams for s in steps if s.holds]
+        if args.flood:
+            flood = await _flood_case(base, audio, args.flood_streams, seconds, tokens)
+        if args.soak > 0:
+            n_soak = args.soak_streams or (max(held) if held else 1)
+            await tokens.mint(*(f"soak-{i}" for i in range(n_soak)))
+            soak = await _soak(base, probe, audio, n_soak, args.soak, tokens)
+    return ServerRun(str(repo), _commit_of(repo), steps, soak, flood)
+
+
+def _print_run(run: ServerRun, named: bool) -> None:
     print()
+    if named:
+        print(f"### {run.repo} ({run.commit})\n")
     print(
         "| streams | turns | p50 latency (s) | p95 latency (s) | p95 by turn end (s) "
         "| CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for s in steps:
+    for s in run.steps:
         print(
             f"| {s.streams} | {s.turns} | {s.p50_latency_s:.2f} | {s.p95_latency_s:.2f} | "
             f"{s.p95_strict_latency_s:.2f} | "
             f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} |"
         )
-    print(f"\nlargest N with p95 turn latency < {LATENCY_TARGET_S:g} s: {largest}")
+    print(f"\nlargest N with p95 turn latency < {LATENCY_TARGET_S:g} s: {run.largest}")
+    if run.flood is not None:
+        f = run.flood
+        print(
+            f"flood: {f.streams} real-time rooms, p50/p95 {f.p50_alone_s:.2f}/{f.p95_alone_s:.2f} s "
+            f"alone, {f.p50_flooded_s:.2f}/{f.p95_flooded_s:.2f} s beside the flooder "
+            f"(turns {f.turns_alone} / {f.turns_flooded}); the flooder sent {f.flood_sent_s:.0f} s "
+            f"of audio, closed: {f.flood_closed}" + (f", errors {f.errors[:2]}" if f.errors else "")
+        )
+    soak = run.soak
     if soak is not None:
         print(
             f"soak: {soak['streams']} streams for {soak['seconds']:.0f} s ({soak['meetings']} meetings): "
@@ -441,12 +664,3 @@ async def _run(args: argparse.Namespace) -> int:
             f"{soak['rss_end_mib']:.0f} MiB (max {soak['rss_max_mib']:.0f}), "
             f"p95 {soak['p95_latency_s']:.2f} s, turns {soak['turns']}, errors {len(soak['errors'])}"
         )
-    if args.json:
-        out = {
-            "largest_streams_under_target": largest,
-            "target_p95_s": LATENCY_TARGET_S,
-            "steps": [asdict(s) for s in steps],
-            "soak": soak,
-        }
-        await asyncio.to_thread(Path(args.json).write_text, json.dumps(out, indent=2))
-    return 0

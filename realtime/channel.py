@@ -29,7 +29,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attribution import NOTE, Register, label_for, render_line
+from attribution import Register
+from attribution.session import SessionLabels
 from models import Participant, RoomEvent, TextContent
 from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
 from realtime.providers import make_session
@@ -113,9 +114,8 @@ class _HeldAudio:
 @dataclass
 class _RoomState:
     session: RealtimeSession
-    speakers: set[str] = field(default_factory=set)
-    labelling: bool = False
-    note_sent: bool = False
+    labels: SessionLabels = field(default_factory=SessionLabels)
+    """G3: who the room holds, whether this session's lines are labelled, note sent."""
     streams: dict[str | None, _HeldAudio] = field(default_factory=dict)
     """Audio mode: pushed audio waiting for its turn, per stream (`voice_session_id`)."""
     replies: list[RoomEvent] = field(default_factory=list)
@@ -211,7 +211,7 @@ class RealtimeChannel(Channel):
         register = await kit.get_register(room_id) or Register.new()
         for past in await kit.list_events(room_id):  # who already spoke (G3 counts the room)
             if self._counts(past):
-                state.speakers.add(label_for(past, participants, register))
+                state.labels.count_event(past, participants, register)
         try:
             await session.start()
         except BaseException:
@@ -263,24 +263,15 @@ class RealtimeChannel(Channel):
             return
         participants = await ctx.participants()
         register = await ctx.kit.get_register(ctx.room_id) or Register.new()
-        label = label_for(event, participants, register)
-        state.speakers.add(label)
-        if not state.labelling and len(state.speakers) >= 2:
-            state.labelling = True  # G3: from now on, every line in this session is labelled
-        if state.labelling:
-            text = render_line(event, participants, register)
-            if not state.note_sent:
-                text = f"{text}\n\n{NOTE}"
-                state.note_sent = True
-        else:
-            text = event.text
+        line = state.labels.render(event, participants, register)
+        label, text = line.label, line.text
         state.lines.append(text)
         item = ContextItem("user", text)
         pcm = None
         if self.audio_mode and event.metadata.get("source") == "voice":
             pcm = self._take_turn_audio(state, event)  # a typed message has no audio
         if pcm is not None:
-            session.post_audio_turn(pcm, item, send_item=state.labelling)
+            session.post_audio_turn(pcm, item, send_item=line.labelled)
         else:
             session.post_item(item)
         if self._should_answer(event, label, state, participants):
@@ -295,7 +286,7 @@ class RealtimeChannel(Channel):
             speakers=(label,),
             text=event.text,
             assistant_name=self.assistant_name,
-            room_speakers=len(state.speakers),
+            room_speakers=len(state.labels.speakers),
             event=event,
         )
         return self.policy.should_answer(turn)

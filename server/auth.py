@@ -1,39 +1,64 @@
-"""Room tokens: HMAC-signed, one room each, with an expiry.
+"""Room tokens: JWTs (HS256 with the server secret), one room each, with an expiry and grants.
 
-Owns issuing and checking the tokens that `chorus token ROOM` prints and every stream, phone leg
-and event feed must present. A token is `v1.<payload>.<signature>` (base64url, no padding) where
-the payload is `{"room": ..., "exp": ..., "iat": ...}` and the signature is HMAC-SHA256 over
-`v1.<payload>` with the server secret. Stateless on purpose: any server holding the secret can
-check a token, and nothing is stored. A token names exactly one room, so it can neither read nor
-write another; checks happen before a single byte of audio is read.
+Owns issuing and checking the tokens that `chorus token ROOM` prints and every stream, phone leg,
+event feed and REST call must present. A token is a standard JWT signed with HS256 and the server
+secret, so a user's backend can mint one with any JWT library (as LiveKit access tokens are
+minted). Claims:
+
+- `room` (required): the one room the token opens;
+- `exp`, `iat` (required, unix seconds);
+- `sub` (optional): the participant; a stream that names another participant is refused;
+- `grants` (optional, default `["stream", "feed", "chat"]`): what the bearer may do —
+  `stream` (send audio: device streams and phone legs), `feed` (read the live feed and the
+  transcript, rename speakers), `chat` (post messages), `admin` (delete the room).
+
+Stateless on purpose: any server holding the secret can check a token, and nothing is stored.
+The signature is checked before any claim is believed; checks happen before a byte of audio is
+read. The home-made `v1.<payload>.<signature>` tokens of earlier versions are refused with a
+message that says to mint a new one.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import enum
-import hashlib
-import hmac
-import json
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-VERSION = "v1"
+import jwt
+from jwt.utils import base64url_decode, base64url_encode
+
+ALGORITHM = "HS256"
 MIN_SECRET_BYTES = 16
+
+
+class Grant(enum.StrEnum):
+    STREAM = "stream"
+    FEED = "feed"
+    CHAT = "chat"
+    ADMIN = "admin"
+
+
+DEFAULT_GRANTS: tuple[Grant, ...] = (Grant.STREAM, Grant.FEED, Grant.CHAT)
+"""What a token without a `grants` claim allows (everything but `admin`)."""
 
 
 class TokenProblem(enum.Enum):
     MISSING = "missing"
+    NOT_ASCII = "not_ascii"
     MALFORMED = "malformed"
     BAD_SIGNATURE = "bad_signature"
     EXPIRED = "expired"
     WRONG_ROOM = "wrong_room"
+    NOT_GRANTED = "not_granted"
+    WRONG_PARTICIPANT = "wrong_participant"
 
 
 class TokenError(Exception):
-    """A token that does not let its bearer into the room; `problem` says why."""
+    """A token that does not let its bearer in; `problem` says why."""
 
     def __init__(self, problem: TokenProblem, message: str) -> None:
         super().__init__(message)
@@ -47,18 +72,11 @@ class RoomGrant:
     room: str
     expires_at: int
     issued_at: int
+    grants: frozenset[Grant] = frozenset(DEFAULT_GRANTS)
+    participant: str | None = None
 
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _sign(secret: str, message: str) -> str:
-    return _b64(hmac.new(secret.encode(), message.encode("ascii"), hashlib.sha256).digest())
+    def allows(self, grant: Grant) -> bool:
+        return grant in self.grants
 
 
 def generate_secret() -> str:
@@ -71,47 +89,120 @@ def check_secret(secret: str) -> None:
         raise ValueError(f"the server secret must be at least {MIN_SECRET_BYTES} bytes long")
 
 
-def issue_token(secret: str, room: str, ttl_s: int = 3600, *, now: float | None = None) -> str:
-    """A token for `room` valid for `ttl_s` seconds."""
+def parse_grants(names: Iterable[str]) -> frozenset[Grant]:
+    """Grant names as given on a command line or in a claim; `ValueError` names an unknown one."""
+    out: set[Grant] = set()
+    for name in names:
+        try:
+            out.add(Grant(name))
+        except ValueError:
+            known = ", ".join(g.value for g in Grant)
+            raise ValueError(f"unknown grant {name!r} (known: {known})") from None
+    return frozenset(out)
+
+
+def issue_token(
+    secret: str,
+    room: str,
+    ttl_s: int = 3600,
+    *,
+    grants: Iterable[Grant | str] | None = None,
+    participant: str | None = None,
+    now: float | None = None,
+) -> str:
+    """A JWT for `room` valid for `ttl_s` seconds (default grants: stream, feed, chat)."""
     if not room:
         raise ValueError("a token needs a room")
     if ttl_s <= 0:
         raise ValueError("ttl must be positive")
     check_secret(secret)
+    chosen = parse_grants(str(g) for g in (DEFAULT_GRANTS if grants is None else grants))
+    if not chosen:
+        raise ValueError("a token needs at least one grant")
     issued = int(time.time() if now is None else now)
-    payload = json.dumps(
-        {"room": room, "iat": issued, "exp": issued + int(ttl_s)}, separators=(",", ":")
-    )
-    body = f"{VERSION}.{_b64(payload.encode())}"
-    return f"{body}.{_sign(secret, body)}"
+    claims: dict[str, Any] = {
+        "room": room,
+        "iat": issued,
+        "exp": issued + int(ttl_s),
+        "grants": sorted(g.value for g in chosen),
+    }
+    if participant is not None:
+        claims["sub"] = participant
+    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+def _claims(secret: str, token: str) -> dict[str, Any]:
+    """The verified claims of a token (signature first), or `TokenError`."""
+    try:
+        token.encode("ascii")
+    except UnicodeEncodeError:
+        raise TokenError(TokenProblem.NOT_ASCII, "token is not ASCII text") from None
+    if token.startswith("v1.") and token.count(".") == 2:
+        raise TokenError(
+            TokenProblem.MALFORMED,
+            "old-format chorus v1 token: mint a JWT with `chorus token ROOM`",
+        )
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            secret,
+            algorithms=[ALGORITHM],
+            options={"require": ["room", "exp", "iat"], "verify_exp": False, "verify_iat": False},
+        )
+    except jwt.InvalidSignatureError:
+        raise TokenError(TokenProblem.BAD_SIGNATURE, "token signature does not match") from None
+    except jwt.MissingRequiredClaimError as exc:
+        raise TokenError(TokenProblem.MALFORMED, f"token has no {exc.claim!r} claim") from None
+    except jwt.InvalidAlgorithmError:
+        raise TokenError(TokenProblem.MALFORMED, "token is not signed with HS256") from None
+    except jwt.InvalidTokenError:
+        raise TokenError(TokenProblem.MALFORMED, "token is not a readable JWT") from None
+    signature = token.rsplit(".", 1)[-1]
+    try:  # base64 has spellings that decode alike; only the canonical one is the signature
+        canonical = base64url_encode(base64url_decode(signature)).decode("ascii") == signature
+    except (binascii.Error, ValueError):
+        canonical = False
+    if not canonical:
+        raise TokenError(TokenProblem.BAD_SIGNATURE, "token signature does not match")
+    return claims
 
 
 def verify_token(
-    secret: str, token: str | None, room: str, *, now: float | None = None
+    secret: str,
+    token: str | None,
+    room: str,
+    *,
+    need: Grant | None = None,
+    now: float | None = None,
 ) -> RoomGrant:
-    """The grant `token` carries for `room`, or `TokenError` saying what is wrong with it.
-
-    The signature is checked before anything in the payload is believed, and compared in
-    constant time.
-    """
+    """The grant `token` carries for `room` (and `need`, if given), or `TokenError` saying what
+    is wrong with it. The signature is checked before anything in the payload is believed."""
     if not token:
         raise TokenError(TokenProblem.MISSING, "no token given")
-    parts = token.split(".")
-    if len(parts) != 3 or parts[0] != VERSION:
-        raise TokenError(TokenProblem.MALFORMED, "token is not a chorus v1 token")
-    body = f"{parts[0]}.{parts[1]}"
-    if not hmac.compare_digest(_sign(secret, body), parts[2]):
-        raise TokenError(TokenProblem.BAD_SIGNATURE, "token signature does not match")
+    claims = _claims(secret, token)
     try:
-        claims = json.loads(_unb64(parts[1]))
+        raw_grants = claims.get("grants", [g.value for g in DEFAULT_GRANTS])
+        if not isinstance(raw_grants, list) or not all(isinstance(g, str) for g in raw_grants):
+            raise ValueError("grants must be a list of names")
+        subject = claims.get("sub")
+        if subject is not None and not isinstance(subject, str):
+            raise ValueError("sub must be a string")
+        if not isinstance(claims["room"], str):
+            raise ValueError("room must be a string")
         grant = RoomGrant(
-            room=str(claims["room"]), expires_at=int(claims["exp"]), issued_at=int(claims["iat"])
+            room=claims["room"],
+            expires_at=int(claims["exp"]),
+            issued_at=int(claims["iat"]),
+            grants=parse_grants(raw_grants),
+            participant=subject,
         )
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
-        raise TokenError(TokenProblem.MALFORMED, "token payload unreadable") from exc
+    except (ValueError, TypeError) as exc:
+        raise TokenError(TokenProblem.MALFORMED, f"token claims unreadable: {exc}") from None
     current = time.time() if now is None else now
     if current >= grant.expires_at:
         raise TokenError(TokenProblem.EXPIRED, "token expired")
-    if not hmac.compare_digest(grant.room.encode(), room.encode()):
+    if grant.room != room:
         raise TokenError(TokenProblem.WRONG_ROOM, "token is for another room")
+    if need is not None and not grant.allows(need):
+        raise TokenError(TokenProblem.NOT_GRANTED, f"token does not grant {need.value}")
     return grant

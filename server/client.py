@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from server.protocol import (
     FeedMessage,
+    MessageRequest,
     RenameRequest,
     StartMessage,
     StopMessage,
@@ -253,6 +254,10 @@ class EventFeed:
 
     async def rename(self, label: str, name: str, stream: str | None = None) -> None:
         await self.ws.send(dump(RenameRequest(label=label, name=name, stream=stream)))
+
+    async def message(self, participant: str, text: str, name: str | None = None) -> None:
+        """Type `text` into the room's chat as `participant` (shown as `name`)."""
+        await self.ws.send(dump(MessageRequest(participant=participant, name=name, text=text)))
 
     async def close(self) -> None:
         await self.ws.close()

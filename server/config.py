@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -72,6 +72,77 @@ class PolicyConfig(_Section):
     system_prompt: str | None = None
 
 
+class ChatConfig(_Section):
+    """The room's chat model (`AIChannel`): it reads typed messages and spoken turns as one
+    labelled conversation and answers in the room. Off (`none`) by default."""
+
+    provider: Literal["none", "openai"] = "none"
+    """`openai`: the Chat Completions API or any server speaking it (`base_url`)."""
+    base_url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    """Read from `OPENAI_API_KEY` when unset."""
+    system_prompt: str | None = None
+    """Default: `policy.system_prompt`."""
+    history: int = Field(default=50, ge=1)
+    """Turns of the room the model reads per answer (its memory window)."""
+
+
+class AgentConfig(_Section):
+    """An external agent over the Agent Client Protocol in every room (`rooms.acp`, docs/acp.md):
+    one subprocess for the server, one ACP session per room."""
+
+    command: list[str] = Field(default_factory=list)
+    """The agent's executable and arguments; empty: no agent."""
+    cwd: str | None = None
+    """The agent's working directory (and its sessions'); default: the server's."""
+    prompt_timeout: float = Field(default=300.0, gt=0)
+    """Seconds a prompt turn may run before it is cancelled."""
+
+
+class TeamsConfig(_Section):
+    """Microsoft Teams through the Bot Framework (`POST /v1/webhooks/teams`, docs/ingress.md)."""
+
+    enabled: bool = False
+    app_id: str | None = None
+    """The bot's Microsoft app id: the audience inbound tokens must name, and the client id of
+    the connector token for replies."""
+    app_password: str | None = None
+    """The bot's client secret (replies need it; without it replies go unauthenticated, which
+    only a local connector accepts)."""
+    token_url: str = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
+    jwks_url: str = "https://login.botframework.com/v1/.well-known/keys"
+    """Where the Bot Framework's token signing keys are published."""
+    issuer: str = "https://api.botframework.com"
+    trust_gateway: bool = False
+    """Accept activities without checking their token: only behind a gateway that did."""
+
+    @model_validator(mode="after")
+    def _needs_app_id(self) -> TeamsConfig:
+        if self.enabled and not self.trust_gateway and not self.app_id:
+            raise ValueError("teams.app_id is required to check Bot Framework tokens")
+        return self
+
+
+class WhatsAppConfig(_Section):
+    """WhatsApp through the Cloud API (`POST /v1/webhooks/whatsapp`, docs/ingress.md)."""
+
+    enabled: bool = False
+    app_secret: str | None = None
+    """The Meta app secret: every webhook's `X-Hub-Signature-256` is checked with it."""
+    verify_token: str | None = None
+    """The token the subscription handshake (`GET /v1/webhooks/whatsapp`) must echo."""
+    access_token: str | None = None
+    """The Cloud API access token for replies."""
+    graph_url: str = "https://graph.facebook.com/v21.0"
+
+    @model_validator(mode="after")
+    def _needs_secret(self) -> WhatsAppConfig:
+        if self.enabled and not self.app_secret:
+            raise ValueError("whatsapp.app_secret is required to check webhook signatures")
+        return self
+
+
 class LimitsConfig(_Section):
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     """Largest websocket message accepted (audio or JSON); bigger closes with 1009."""
@@ -85,6 +156,23 @@ class LimitsConfig(_Section):
     """How long a stream may take to send `start` (Twilio: `connected` + `start`)."""
     history: int = Field(default=500, ge=0)
     """Recent feed messages a new event-feed consumer is sent first."""
+    max_stream_rate: float = Field(default=2.0, ge=1.0)
+    """A stream's audio is read at most this many times real time (after `stream_burst_s`):
+    a client that sends faster is held back through TCP, its own connection only."""
+    stream_burst_s: float = Field(default=30.0, ge=0)
+    """Seconds of audio a stream may send ahead of `max_stream_rate` (a device catching up
+    after a network blip sends what it buffered)."""
+    max_throttled_s: float = Field(default=15.0, gt=0)
+    """A stream held back by the rate cap for this long in total is refused (4429): a client
+    that streams a file faster than real time is told so instead of silently stalling. Keep it
+    under the 20 s websocket ping timeout: a socket that is not read cannot answer pings."""
+    min_push_ms: float = Field(default=20.0, ge=0)
+    """Tiny frames are coalesced until they hold this much audio before they reach the
+    pipeline, so the per-frame cost is bounded whatever the client's frame size."""
+    max_unauthenticated: int = Field(default=64, ge=1)
+    """Phone legs that have not authenticated yet (no `start` with a token), server-wide."""
+    max_unauthenticated_per_address: int = Field(default=8, ge=1)
+    """The same, per client address."""
     idle_room_seconds: float = Field(default=300.0, ge=0)
     """A room with no open stream and no feed consumer for this long is evicted (its realtime
     state, pooled voice channels, live state and stored events); 0 keeps rooms forever."""
@@ -96,6 +184,10 @@ class ServerConfig(_Section):
     diarizer: DiarizerConfig = Field(default_factory=DiarizerConfig)
     realtime: RealtimeConfig = Field(default_factory=RealtimeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    teams: TeamsConfig = Field(default_factory=TeamsConfig)
+    whatsapp: WhatsAppConfig = Field(default_factory=WhatsAppConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
 
 
@@ -103,8 +195,18 @@ class ConfigError(ValueError):
     """A config file or variable that cannot be used; the message names the key."""
 
 
-_SECTIONS = ("stt", "diarizer", "realtime", "policy", "limits")
-_LIST_FIELDS = {("policy", "answer_only")}
+_SECTIONS = (
+    "stt",
+    "diarizer",
+    "realtime",
+    "policy",
+    "chat",
+    "agent",
+    "teams",
+    "whatsapp",
+    "limits",
+)
+_LIST_FIELDS = {("policy", "answer_only"), ("agent", "command")}
 
 
 def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -15,6 +15,10 @@ room in the kit (`RoomKit.delete_room`) go, so memory follows the rooms in use, 
 ever seen. Idleness is checked again under the room's lock, and the room leaves `rooms` before
 anything is awaited, so a connection arriving meanwhile either keeps the room or gets a new one.
 
+Typed messages (`post_message`, from `POST /v1/rooms/{room}/messages` or the feed) enter through
+the `ChatInput` channel attached to every room and are published to the feed as `message`s in
+commit order with the turns (server.chat).
+
 Renames from the page go through `ON_TRANSCRIPTION` (V6) exactly as an application hook's
 rename would: the server's own hook rewrites `sender_name` of the matching voice's turns.
 """
@@ -33,13 +37,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from models import RoomEvent
+from models import InboundMessage, RoomEvent, TextContent
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
+from server.chat import ChatInput
 from server.config import ServerConfig
 from server.feed import FeedConsumer, RoomFeed
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline, StreamAudio, StreamInfo
 from server.protocol import (
+    ChatMessage,
     RenamedMessage,
     ReplyMessage,
     SpeakerChangeMessage,
@@ -61,6 +67,48 @@ class StreamLimitError(Exception):
     """No room for another stream (server-wide or in this room)."""
 
 
+class StreamTooFastError(Exception):
+    """A stream kept sending faster than `limits.max_stream_rate` for `limits.max_throttled_s`."""
+
+
+MIN_MESSAGE_S = 0.005
+"""Every message is charged at least this much audio against the rate cap, so a flood of tiny
+frames is held back like a flood of audio (per-message work is bounded too)."""
+
+
+class StreamPacer:
+    """The rate cap of one stream: audio is admitted at most `rate` times real time after a
+    `burst`; a stream ahead of that waits (and, since its socket is not read meanwhile, its
+    client is held back by TCP alone). Waiting longer than `max_throttled_s` in total raises
+    `StreamTooFastError` so the client hears why instead of stalling forever."""
+
+    def __init__(self, rate: float, burst_s: float, max_throttled_s: float) -> None:
+        self.rate = rate
+        self.burst_s = burst_s
+        self.max_throttled_s = max_throttled_s
+        self.admitted_s = 0.0
+        self.throttled_s = 0.0
+        self._began = time.monotonic()
+
+    def delay_for(self, seconds: float, now: float | None = None) -> float:
+        """How long audio of `seconds` must wait before it may be admitted (0: now)."""
+        elapsed = (time.monotonic() if now is None else now) - self._began
+        ahead = self.admitted_s + max(seconds, MIN_MESSAGE_S) - self.burst_s - self.rate * elapsed
+        return max(0.0, ahead / self.rate)
+
+    async def admit(self, seconds: float) -> None:
+        delay = self.delay_for(seconds)
+        if delay > 0:
+            if self.throttled_s + delay > self.max_throttled_s:
+                raise StreamTooFastError(
+                    f"stream sends faster than {self.rate:g}x real time "
+                    f"(held back {self.throttled_s:.0f} s)"
+                )
+            self.throttled_s += delay
+            await asyncio.sleep(delay)
+        self.admitted_s += max(seconds, MIN_MESSAGE_S)
+
+
 @dataclass(eq=False)
 class LiveStream:
     """One open audio stream: a conference-room device or a phone leg."""
@@ -75,6 +123,9 @@ class LiveStream:
     _clock_audio: list[float] = field(default_factory=list)
     _clock_wall: list[float] = field(default_factory=list)
     dropped_messages: int = 0
+    pacer: StreamPacer | None = None
+    pending: bytearray = field(default_factory=bytearray)
+    """Audio read but not yet pushed (tiny frames are coalesced up to `limits.min_push_ms`)."""
 
     @property
     def id(self) -> str:
@@ -157,6 +208,9 @@ class LiveRooms:
         self.rooms: dict[str, LiveRoom] = {}
         self.output = ServerOutput(self)
         self.kit.register_channel(self.output)
+        self.chat = ChatInput()
+        """Typed messages (`post_message`) enter every room through this channel."""
+        self.kit.register_channel(self.chat)
         self._sessions: dict[str, LiveStream] = {}
         self._room_locks: dict[str, _RoomLock] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -182,6 +236,7 @@ class LiveRooms:
             if await self.kit.get_room(room_id) is None:
                 await self.kit.create_room(room_id=room_id)
                 await self.kit.attach_channel(room_id, self.output.channel_id)
+                await self.kit.attach_channel(room_id, self.chat.channel_id)
                 await self.pipeline.attach_room(self.kit, room_id)
             live = LiveRoom(
                 room_id=room_id,
@@ -253,14 +308,35 @@ class LiveRooms:
             since = self._idle_since(live)
             if since is None or time.monotonic() - since < idle_s:
                 return False
-            del self.rooms[room_id]
-            try:
-                await self.pipeline.release_room(self.kit, room_id)
-            finally:
-                await self.kit.delete_room(room_id)
+            await self._forget(room_id)
             self.metrics.rooms_evicted_total += 1
         log.info("room %s evicted after %.0f s idle", room_id, idle_s)
         return True
+
+    async def delete(self, room_id: str) -> bool | None:
+        """Delete a room on request (`DELETE /v1/rooms/{room}`): its live state, the pipeline's
+        state and the room in the kit. True: deleted; False: no such room; None: the room has
+        an open stream or feed consumer and was left alone."""
+        async with self._room_lock(room_id):
+            live = self.rooms.get(room_id)
+            if live is not None:
+                if self._idle_since(live) is None:
+                    return None
+                await self._forget(room_id)
+            elif await self.kit.get_room(room_id) is not None:
+                await self.kit.delete_room(room_id)
+            else:
+                return False
+        log.info("room %s deleted", room_id)
+        return True
+
+    async def _forget(self, room_id: str) -> None:
+        """Under the room's lock: the room leaves `rooms` first, then the pipeline and kit."""
+        del self.rooms[room_id]
+        try:
+            await self.pipeline.release_room(self.kit, room_id)
+        finally:
+            await self.kit.delete_room(room_id)
 
     def subscribe(self, live: LiveRoom) -> FeedConsumer:
         if len(live.feed.consumers) >= self.config.limits.max_feed_consumers_per_room:
@@ -317,7 +393,14 @@ class LiveRooms:
             encoding=encoding,
             channels=channels,
         )
-        stream = LiveStream(info=info, kind=kind, reply_audio=reply_audio)
+        stream = LiveStream(
+            info=info,
+            kind=kind,
+            reply_audio=reply_audio,
+            pacer=StreamPacer(
+                limits.max_stream_rate, limits.stream_burst_s, limits.max_throttled_s
+            ),
+        )
         live.streams[stream.id] = stream
         live.touch()
         try:
@@ -345,19 +428,35 @@ class LiveRooms:
         return stream
 
     async def push_audio(self, stream: LiveStream, pcm_or_mulaw: bytes) -> None:
+        """Admit a piece of the stream's audio (whole samples) under its rate cap; it reaches
+        the pipeline once `limits.min_push_ms` of audio has gathered. Raises
+        `StreamTooFastError` for a stream that stays over the cap."""
         info = stream.info
-        width = 2 if info.encoding == "pcm16" else 1
-        seconds = len(pcm_or_mulaw) / (width * info.channels * info.sample_rate)
+        width = (2 if info.encoding == "pcm16" else 1) * info.channels
+        seconds = len(pcm_or_mulaw) / (width * info.sample_rate)
+        if stream.pacer is not None:
+            await stream.pacer.admit(seconds)
         stream.note_audio(seconds)
         self.metrics.audio_seconds_total += seconds
+        stream.pending += pcm_or_mulaw
+        min_bytes = int(self.config.limits.min_push_ms / 1000 * info.sample_rate) * width
+        if len(stream.pending) >= min_bytes:
+            await self._push_pending(stream)
+
+    async def _push_pending(self, stream: LiveStream) -> None:
+        if not stream.pending:
+            return
+        data = bytes(stream.pending)
+        stream.pending.clear()
         assert stream.audio is not None
-        await stream.audio.push(pcm_or_mulaw)
+        await stream.audio.push(data)
 
     async def close_stream(self, stream: LiveStream) -> None:
         """Flush the stream's last turns, then forget it. Safe to call once per stream."""
         live = self.rooms.get(stream.room_id)
         try:
             if stream.audio is not None:
+                await self._push_pending(stream)
                 await stream.audio.finish()
         except Exception:
             log.exception("closing stream %s failed", stream.id)
@@ -380,6 +479,30 @@ class LiveRooms:
                         )
                     )
                 )
+
+    # ------------------------------------------------------------------ chat
+
+    async def post_message(
+        self, room_id: str, participant: str, name: str | None, text: str
+    ) -> RoomEvent | None:
+        """A message typed into the room (server.chat): the participant is recorded on the chat
+        channel (its first name stays; B2 names the turn), then the text is committed as a turn
+        of the chat channel. None when a hook blocked it."""
+        live = await self.room(room_id)
+        live.touch()
+        await self.kit.ensure_participant(
+            room_id, self.chat.channel_id, participant, display_name=name
+        )
+        result = await self.kit.process_inbound(
+            InboundMessage(
+                channel_id=self.chat.channel_id,
+                sender_id=participant,
+                content=TextContent(body=text),
+                metadata={"source": "chat"},
+                room_id=room_id,
+            )
+        )
+        return result.event
 
     # ------------------------------------------------------------------ what the room says
 
@@ -421,6 +544,20 @@ class LiveRooms:
             live.feed.publish(text)
             if stream is not None:
                 self._send(stream, text)
+        elif event.source.channel_type == "chat":
+            speaker = await self.kit.label_for(event.room_id, event)
+            live.feed.publish(
+                dump(
+                    ChatMessage(
+                        room=event.room_id,
+                        speaker=speaker,
+                        text=event.text,
+                        participant=event.source.participant_id,
+                        channel=event.source.channel_id,
+                        event_id=event.id,
+                    )
+                )
+            )
         elif event.source.channel_type in ("realtime", "ai"):
             self.metrics.replies_total += 1
             text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))

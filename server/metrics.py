@@ -1,9 +1,12 @@
-"""Prometheus text metrics for `/metrics`: streams, turns, replies, refusals, feed drops and the
-turn-latency histogram.
+"""Prometheus metrics for `/metrics`, through `prometheus_client`: streams, turns, replies,
+refusals, feed drops and the turn-latency histogram.
 
-Owns the counters the server keeps about itself. Written by hand (a few dozen lines) rather than
-pulling in a client library: the server is one process with one event loop, so plain integers
-updated on the loop need no locks, and the text format is small and stable.
+Owns the counters the server keeps about itself. The server updates plain integers on its one
+event loop (no locks, nothing to register per increment); a per-server `CollectorRegistry` turns
+them into metric families at scrape time through a custom collector, and the turn latency is a
+real `prometheus_client.Histogram`. One registry per server, so two servers in one process (tests,
+benchmarks) never share or collide on metrics, and the output is whatever Prometheus' own client
+writes — parseable by Prometheus' own parser.
 
 Turn latency is measured where a user feels it: from the moment the server had received the audio
 up to a turn's end, to the moment the turn was committed to the room.
@@ -11,42 +14,43 @@ up to a turn's end, to the moment the turn was committed to the room.
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+STREAM_KINDS = ("device", "twilio")
+MAX_SAMPLES = 100_000
 
 
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0.0
-        self.count = 0
+class LatencyHistogram:
+    """The turn-latency histogram, plus the raw samples (bounded) so tests and the load
+    benchmark can read percentiles exactly."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._histogram = Histogram(
+            "chorus_turn_latency_seconds",
+            "From receiving the audio up to a turn's end to committing the turn.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
         self.samples: list[float] = []
-        """Kept (bounded) so tests and the load benchmark can read percentiles exactly."""
+        self.count = 0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
+        self._histogram.observe(value)
         self.count += 1
-        if len(self.samples) < 100_000:
+        if len(self.samples) < MAX_SAMPLES:
             self.samples.append(value)
 
-    def render(self, name: str, help_text: str) -> list[str]:
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        running = 0
-        for bound, n in zip(self.buckets, self.counts, strict=False):
-            running += n
-            lines.append(f'{name}_bucket{{le="{bound}"}} {running}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{name}_sum {self.total:.6f}")
-        lines.append(f"{name}_count {self.count}")
-        return lines
 
-
-class ServerMetrics:
+class ServerMetrics(Collector):
     def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
         self.streams_active: dict[str, int] = defaultdict(int)
         self.streams_total: dict[str, int] = defaultdict(int)
         self.refused_total: dict[str, int] = defaultdict(int)
@@ -58,57 +62,71 @@ class ServerMetrics:
         self.rooms_evicted_total = 0
         self.feed_dropped_total = 0
         self.stream_messages_dropped_total = 0
-        self.turn_latency = Histogram()
+        self.rooms = 0
+        self.turn_latency = LatencyHistogram(self.registry)
+        self.registry.register(self)
 
-    def render(self, rooms: int) -> str:
-        lines: list[str] = []
-
-        def family(name: str, kind: str, help_text: str) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-
-        family("chorus_rooms", "gauge", "Rooms the server holds (idle ones are evicted).")
-        lines.append(f"chorus_rooms {rooms}")
-        family(
-            "chorus_rooms_evicted_total",
-            "counter",
+    def collect(self) -> Iterator[Metric]:
+        """The metric families at scrape time (called by the registry)."""
+        yield _gauge("chorus_rooms", "Rooms the server holds (idle ones are evicted).", self.rooms)
+        yield _counter(
+            "chorus_rooms_evicted",
             "Rooms evicted after limits.idle_room_seconds without a stream or feed consumer.",
+            self.rooms_evicted_total,
         )
-        lines.append(f"chorus_rooms_evicted_total {self.rooms_evicted_total}")
-        family("chorus_streams", "gauge", "Audio streams open now, by kind (device, twilio).")
-        for kind in ("device", "twilio"):
-            lines.append(f'chorus_streams{{kind="{kind}"}} {self.streams_active[kind]}')
-        family("chorus_streams_total", "counter", "Audio streams started, by kind.")
-        for kind in ("device", "twilio"):
-            lines.append(f'chorus_streams_total{{kind="{kind}"}} {self.streams_total[kind]}')
-        family(
-            "chorus_refused_total", "counter", "Connections closed for a protocol or auth error."
+        streams = GaugeMetricFamily(
+            "chorus_streams", "Audio streams open now, by kind (device, twilio).", labels=["kind"]
+        )
+        started = CounterMetricFamily(
+            "chorus_streams", "Audio streams started, by kind.", labels=["kind"]
+        )
+        for kind in STREAM_KINDS:
+            streams.add_metric([kind], self.streams_active[kind])
+            started.add_metric([kind], self.streams_total[kind])
+        yield streams
+        yield started
+        refused = CounterMetricFamily(
+            "chorus_refused",
+            "Connections closed for a protocol or auth error, by reason.",
+            labels=["reason"],
         )
         for reason, n in sorted(self.refused_total.items()):
-            lines.append(f'chorus_refused_total{{reason="{reason}"}} {n}')
-        family("chorus_turns_total", "counter", "Speaker turns committed.")
-        lines.append(f"chorus_turns_total {self.turns_total}")
-        family("chorus_speaker_changes_total", "counter", "Speaker changes seen.")
-        lines.append(f"chorus_speaker_changes_total {self.speaker_changes_total}")
-        family("chorus_replies_total", "counter", "Assistant replies committed.")
-        lines.append(f"chorus_replies_total {self.replies_total}")
-        family("chorus_audio_seconds_total", "counter", "Seconds of audio received.")
-        lines.append(f"chorus_audio_seconds_total {self.audio_seconds_total:.3f}")
-        family("chorus_feed_consumers", "gauge", "Event-feed consumers connected.")
-        lines.append(f"chorus_feed_consumers {self.feed_consumers}")
-        family("chorus_feed_dropped_total", "counter", "Event-feed consumers dropped for lagging.")
-        lines.append(f"chorus_feed_dropped_total {self.feed_dropped_total}")
-        family(
-            "chorus_stream_messages_dropped_total",
-            "counter",
+            refused.add_metric([reason], n)
+        yield refused
+        yield _counter("chorus_turns", "Speaker turns committed.", self.turns_total)
+        yield _counter(
+            "chorus_speaker_changes", "Speaker changes seen.", self.speaker_changes_total
+        )
+        yield _counter("chorus_replies", "Assistant replies committed.", self.replies_total)
+        yield _counter(
+            "chorus_audio_seconds", "Seconds of audio received.", self.audio_seconds_total
+        )
+        yield _gauge(
+            "chorus_feed_consumers", "Event-feed consumers connected.", self.feed_consumers
+        )
+        yield _counter(
+            "chorus_feed_dropped",
+            "Event-feed consumers dropped for lagging.",
+            self.feed_dropped_total,
+        )
+        yield _counter(
+            "chorus_stream_messages_dropped",
             "Messages to a device or phone leg dropped because it stopped reading.",
+            self.stream_messages_dropped_total,
         )
-        lines.append(f"chorus_stream_messages_dropped_total {self.stream_messages_dropped_total}")
-        lines += self.turn_latency.render(
-            "chorus_turn_latency_seconds",
-            "From receiving the audio up to a turn's end to committing the turn.",
-        )
-        return "\n".join(lines) + "\n"
+
+    def render(self, rooms: int) -> str:
+        """The Prometheus text exposition of every metric of this server."""
+        self.rooms = rooms
+        return generate_latest(self.registry).decode()
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
+
+
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_text, value=value)
 
 
 def percentile(values: list[float], q: float) -> float:

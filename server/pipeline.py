@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from diarization import load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
-from rooms import HookContext, HookTrigger, RoomKit
+from rooms import AIChannel, HookContext, HookTrigger, RoomKit, SlidingWindowMemory
+from rooms.acp import ACPAgentChannel
 from server.config import ServerConfig
 from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
@@ -83,6 +84,10 @@ class VoicePipeline:
       `VoiceChannel` of its own with its own stage: a live stage follows one stream. Those
       channels are pooled per room and reused (stage reset) when their stream ends, so a
       long-running server does not grow a channel per connection.
+    - One chat model (`AIChannel` "chat-ai", `[chat]`) in every room when `chat.provider` is not
+      `none`: it reads typed messages and spoken turns as one labelled conversation.
+    - One external agent (`ACPAgentChannel` "agent", `[agent]`) when `agent.command` is set: one
+      subprocess for the server, one ACP session per room (G3 labelling).
     - One `RealtimeChannel` (one session per room) when `realtime.provider` is not `none`; in
       audio mode (`realtime.audio`) every stream gets a `RealtimeAudioTap` feeding it that
       stream's audio under the stream's `voice_session_id`.
@@ -93,6 +98,10 @@ class VoicePipeline:
         self.stt = stt
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False)
         self.realtime = _realtime_channel(config)
+        self.chat_ai = _chat_channel(config)
+        self.agent = _agent_channel(config)
+        """The external ACP agent (`[agent]`), one session per room; or None."""
+        """The room's chat model (`[chat]`), reading typed and spoken turns alike; or None."""
         self._taps: dict[str, RealtimeAudioTap] = {}
         """Audio mode: the tap of each open stream, by `voice_session_id`."""
         if self.audio_mode:
@@ -119,6 +128,10 @@ class VoicePipeline:
         kit.register_channel(self.shared_voice)
         if self.realtime is not None:
             kit.register_channel(self.realtime)
+        if self.chat_ai is not None:
+            kit.register_channel(self.chat_ai)
+        if self.agent is not None:
+            kit.register_channel(self.agent)
         if self.audio_mode:
             kit.hooks.add(
                 HookTrigger.ON_TRANSCRIPTION,
@@ -139,6 +152,13 @@ class VoicePipeline:
         await kit.attach_channel(room_id, self.shared_voice.channel_id)
         if self.realtime is not None:
             await kit.attach_channel(room_id, self.realtime.channel_id)
+        if self.chat_ai is not None:
+            await kit.attach_channel(room_id, self.chat_ai.channel_id)
+        if self.agent is not None:
+            try:
+                await kit.attach_channel(room_id, self.agent.channel_id)
+            except Exception:  # the room works without its agent; the next turn tries again
+                log.exception("the ACP agent could not join room %s", room_id)
 
     async def _diarized_channel(self, kit: RoomKit, room_id: str) -> VoiceChannel:
         pool = self._pools.setdefault(room_id, [])
@@ -297,6 +317,32 @@ def _realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
         voice=rt.voice,
         response_timeout=rt.response_timeout,
         **options,
+    )
+
+
+def _chat_channel(config: ServerConfig) -> AIChannel | None:
+    chat = config.chat
+    if chat.provider == "none":
+        return None
+    from rooms.providers.openai_chat import DEFAULT_MODEL, OpenAIChatProvider
+
+    provider = OpenAIChatProvider(
+        chat.model or DEFAULT_MODEL, api_key=chat.api_key, base_url=chat.base_url
+    )
+    return AIChannel(
+        "chat-ai",
+        provider,
+        chat.system_prompt or config.policy.system_prompt,
+        memory=SlidingWindowMemory(chat.history),
+    )
+
+
+def _agent_channel(config: ServerConfig) -> ACPAgentChannel | None:
+    agent = config.agent
+    if not agent.command:
+        return None
+    return ACPAgentChannel(
+        "agent", agent.command, cwd=agent.cwd, prompt_timeout=agent.prompt_timeout
     )
 
 

@@ -15,6 +15,7 @@ Twilio shapes follow Twilio's Media Streams WebSocket messages: `connected`, `st
 from __future__ import annotations
 
 import enum
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
@@ -161,6 +162,20 @@ class StreamEventMessage(_Wire):
     kind: Literal["device", "twilio"] = "device"
 
 
+class ChatMessage(_Wire):
+    """A message typed into the room's chat (`POST /v1/rooms/{room}/messages` or the feed's
+    `message` request, or a chat ingress), in commit order with the turns (feed only).
+    `speaker` is the label the room's models read it under."""
+
+    type: Literal["message"] = "message"
+    room: str
+    speaker: str
+    text: str
+    participant: str | None = None
+    channel: str | None = None
+    event_id: str | None = None
+
+
 class ErrorMessage(_Wire):
     """Sent just before the server closes a socket for a protocol error."""
 
@@ -175,6 +190,7 @@ FeedMessage = (
     | ReplyMessage
     | RenamedMessage
     | StreamEventMessage
+    | ChatMessage
     | StartedMessage
     | ErrorMessage
 )
@@ -201,11 +217,31 @@ class RenameRequest(_Wire):
     """Limit the rename to one stream's session (default: every stream in the room)."""
 
 
-_feed_request_adapter: TypeAdapter[RenameRequest] = TypeAdapter(RenameRequest)
+PARTICIPANT_ID = r"^[A-Za-z0-9_.:@+-]{1,64}$"
 
 
-def parse_feed_request(text: str | bytes) -> RenameRequest:
-    return _feed_request_adapter.validate_json(text)
+class MessageRequest(_Wire):
+    """Type a message into the room's chat as `participant` (shown as `name`, B2). The same body,
+    without `type`, is what `POST /v1/rooms/{room}/messages` takes."""
+
+    type: Literal["message"] = "message"
+    participant: str = Field(pattern=PARTICIPANT_ID)
+    name: str | None = Field(default=None, min_length=1, max_length=80)
+    text: str = Field(min_length=1, max_length=4000)
+
+
+FeedRequest = RenameRequest | MessageRequest
+
+
+def parse_feed_request(text: str | bytes) -> FeedRequest:
+    """A `message` request, or a rename (whose `type` may be left out, as before)."""
+    try:
+        kind = json.loads(text).get("type")
+    except (ValueError, AttributeError):
+        kind = None
+    if kind == "message":
+        return MessageRequest.model_validate_json(text)
+    return RenameRequest.model_validate_json(text)
 
 
 # --- Twilio Media Streams ----------------------------------------------------------------------

@@ -1,19 +1,22 @@
-"""The transcript page at `/`, in headless Chromium against the real server: live turns per
-speaker in their own colours, and a rename that goes through ON_TRANSCRIPTION (V6)."""
+"""The transcript page at `/`, in headless Chromium (driven by Playwright, with the system's
+Chromium: no browser download) against the real server: live turns per speaker in their own
+colours, and a rename that goes through ON_TRANSCRIPTION (V6)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from playwright.async_api import Page, async_playwright
 
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed
 from server.protocol import StartMessage
-from server.testing.chromium import HeadlessChromium, find_chromium
 from server.testing.harness import (
     SECRET,
     RunningServer,
@@ -23,6 +26,42 @@ from server.testing.harness import (
 )
 from voice.audio import float_to_pcm16, read_audio_16k
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+def find_chromium() -> str | None:
+    """The system Chromium (`CHORUS_CHROMIUM`, else the first on PATH); `make` installs it."""
+    env = os.environ.get("CHORUS_CHROMIUM")
+    if env:
+        return env
+    for name in CHROMIUM_NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@contextlib.asynccontextmanager
+async def headless_page(url: str) -> AsyncIterator[Page]:
+    """One page of a throwaway headless Chromium, opened at `url`."""
+    executable = find_chromium()
+    assert executable is not None
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1200, "height": 900})
+            await page.goto(url)
+            yield page
+        finally:
+            await browser.close()
+
+
+async def wait_for(page: Page, expression: str, within_s: float = 10.0) -> None:
+    await page.wait_for_function(expression, timeout=within_s * 1000)
+
 
 pytestmark = [
     pytest.mark.asyncio,
@@ -66,18 +105,17 @@ async def test_page_shows_speakers_in_colours_and_renames_through_on_transcripti
 ) -> None:
     token = issue_token(SECRET, ROOM)
     feed = await EventFeed.open(server.base, ROOM, token)
-    async with HeadlessChromium() as browser:
-        page = await browser.open(f"{server.http_base}/?room={ROOM}&token={token}")
-        await page.wait_for(
-            "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+    async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+        await wait_for(
+            page, "document.getElementById('status').textContent === 'live: " + ROOM + "'"
         )
         device = await DeviceStream.open(
             server.base, ROOM, token, StartMessage(participant="room-7", shared_mic=True)
         )
         # Alice, Bob, Carol: their first turns
         await device.send_audio(meeting_pcm(0.0, 13.0), chunk_s=0.5, realtime=False)
-        await page.wait_for(f"{SPEAKER_ROWS}.length >= 2", 30)
-        await page.wait_for(f"{TURNS}.length >= 2", 30)
+        await wait_for(page, f"{SPEAKER_ROWS}.length >= 2", 30)
+        await wait_for(page, f"{TURNS}.length >= 2", 30)
 
         rows = await page.evaluate(
             f"{SPEAKER_ROWS}.map(r => [r.dataset.label, r.querySelector('.swatch').style.background])"
@@ -94,7 +132,7 @@ async def test_page_shows_speakers_in_colours_and_renames_through_on_transcripti
         assert len({next(iter(c)) for c in by_speaker.values()}) == len(by_speaker)
         first_label = rows[0][0]
         assert first_label.startswith("Speaker ")
-        await page.screenshot(SHOTS / "chorus-page-before-rename.png")
+        await page.screenshot(path=SHOTS / "chorus-page-before-rename.png")
 
         # rename the first speaker from the page: click Rename, type, Save
         await page.evaluate(
@@ -105,9 +143,10 @@ async def test_page_shows_speakers_in_colours_and_renames_through_on_transcripti
             " i.form.querySelector('button[type=submit]').click(); })()"
         )
         await eventually(lambda: any(m.type == "renamed" for m in feed.received), 10, "renamed")
-        await page.wait_for(
+        await wait_for(
+            page,
             f"{SPEAKER_ROWS}.some(r => r.dataset.label === {first_label!r}"
-            " && r.querySelector('.name').textContent === 'Alice')"
+            " && r.querySelector('.name').textContent === 'Alice')",
         )
 
         # the voice speaks again: the server names the new turn Alice (ON_TRANSCRIPTION path)
@@ -118,7 +157,7 @@ async def test_page_shows_speakers_in_colours_and_renames_through_on_transcripti
             30,
             "a turn of the renamed voice named Alice",
         )
-        await page.wait_for(f"{TURNS}.some(t => t.dataset.speaker === 'Alice')", 10)
+        await wait_for(page, f"{TURNS}.some(t => t.dataset.speaker === 'Alice')", 10)
         # every turn of that voice on the page reads Alice now, old and new
         whos = await page.evaluate(
             f"{TURNS}.filter(t => t.style.borderLeftColor === {colours[0]!r})"
@@ -129,6 +168,34 @@ async def test_page_shows_speakers_in_colours_and_renames_through_on_transcripti
         events = await server.server.rooms.kit.list_events(ROOM)
         renamed = [e for e in events if e.metadata.get("sender_name") == "Alice"]
         assert renamed and all(e.metadata["speaker_label"] == first_label for e in renamed)
-        shot = await page.screenshot(SHOTS / "chorus-page-after-rename.png")
+        shot = SHOTS / "chorus-page-after-rename.png"
+        await page.screenshot(path=shot)
         assert shot.stat().st_size > 10_000
+    await feed.close()
+
+
+async def test_page_text_box_types_into_the_room_and_shows_the_message(
+    server: RunningServer,
+) -> None:
+    token = issue_token(SECRET, ROOM)
+    feed = await EventFeed.open(server.base, ROOM, token)
+    async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+        await wait_for(
+            page, "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+        )
+        await page.fill("#chat input[name=name]", "Erin")
+        await page.fill("#chat input[name=text]", "Ship it on Thursday.")
+        await page.click("#chat button[type=submit]")
+        await wait_for(page, f"{TURNS}.some(t => t.classList.contains('typed'))")
+        shown = await page.evaluate(
+            f"{TURNS}.filter(t => t.classList.contains('typed'))"
+            ".map(t => [t.dataset.speaker, t.querySelector('.text').textContent])"
+        )
+        assert shown == [["Erin", "Ship it on Thursday."]]
+        assert await page.evaluate("document.getElementById('chat').elements.text.value") == ""
+    await eventually(lambda: any(m.type == "message" for m in feed.received), 10)
+    [message] = [m for m in feed.received if m.type == "message"]
+    assert (message.speaker, message.text) == ("Erin", "Ship it on Thursday.")
+    events = await server.server.rooms.kit.list_events(ROOM)
+    assert [e.text for e in events] == ["Ship it on Thursday."]
     await feed.close()

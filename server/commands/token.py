@@ -1,7 +1,10 @@
-"""`chorus token ROOM [--ttl 3600]`: print a room token signed with the server secret.
+"""`chorus token ROOM [--grant stream|feed|chat|admin …] [--participant ID] [--ttl 3600]`: print a
+room token (a JWT, HS256) signed with the server secret.
 
 The secret comes from the same place the server reads it (`CHORUS_SECRET`, or `secret` in the
 config file), so a token printed here is accepted by a server started with the same settings.
+Without `--grant` the token grants stream, feed and chat (not admin); `--grant` repeated lists
+exactly what it grants, e.g. `--grant feed` for a read-only page.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from server.auth import issue_token
+from server.auth import DEFAULT_GRANTS, Grant, issue_token
 from server.config import ConfigError, load_config
 
 
@@ -18,6 +21,18 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("token", help="print a room token for devices and feeds")
     parser.add_argument("room", help="the room the token grants")
     parser.add_argument("--ttl", type=int, default=3600, help="seconds the token is valid")
+    parser.add_argument(
+        "--grant",
+        action="append",
+        choices=[g.value for g in Grant],
+        default=None,
+        help="what the token allows (repeatable; default: "
+        + ", ".join(g.value for g in DEFAULT_GRANTS)
+        + ")",
+    )
+    parser.add_argument(
+        "--participant", default=None, help="the participant the token is for (`sub`)"
+    )
     parser.add_argument("--config", default=None, help="chorus.toml holding `secret`")
     parser.set_defaults(run=run)
 
@@ -36,7 +51,15 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        print(issue_token(config.secret, args.room, args.ttl))
+        print(
+            issue_token(
+                config.secret,
+                args.room,
+                args.ttl,
+                grants=args.grant,
+                participant=args.participant,
+            )
+        )
     except ValueError as exc:
         print(f"chorus token: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,207 @@
+"""What every chat ingress shares: conversations, their rooms, reply clients, webhook answers.
+
+A provider module (Teams, WhatsApp) only parses its wire format into `InboundItem`s and speaks
+its reply API; this module owns the rest once. Each provider conversation is one room and one
+`ConversationChannel` (so a reply goes back to the conversation it came from): a group chat is
+attached to its room as a *group binding* (every sender in it routes there), a one-to-one chat
+as a plain binding. Every person's message carries `metadata["sender_name"]` as the provider
+names them (B1), so the attribution engine labels it `Alice: "…"` like any other turn.
+
+Webhook handlers are plain async functions over (headers, raw body) returning a
+`WebhookAnswer`: bad signatures and malformed bodies are refused with a 4xx before anything in
+any room changes, so an HTTP framework only has to route to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from models import InboundMessage, RoomEvent, TextContent
+from rooms import Channel, RoomContext, RoomKit
+
+log = logging.getLogger(__name__)
+
+AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
+
+
+class IngressError(Exception):
+    """A request the ingress refuses: `status` (4xx) and a message saying why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class WebhookAnswer:
+    """What the HTTP layer answers a provider's webhook call with."""
+
+    status: int
+    body: dict[str, Any]
+    events: tuple[RoomEvent, ...] = ()
+    """The room events the call committed (none when it was refused)."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A provider conversation: where a message came from and where replies go."""
+
+    provider: str
+    conversation_id: str
+    group: bool
+    reply_to: dict[str, str] = field(default_factory=dict, compare=False)
+    """What the reply client needs besides the id (Teams: `service_url`; WhatsApp:
+    `phone_number_id`, `to`)."""
+
+    @property
+    def key(self) -> str:
+        """A short stable id for channel and room ids (the conversation id is long and may
+        hold characters room ids cannot)."""
+        digest = hashlib.sha256(f"{self.provider}\x00{self.conversation_id}".encode()).hexdigest()
+        return f"{self.provider}-{digest[:12]}"
+
+
+@dataclass(frozen=True)
+class InboundItem:
+    """One parsed provider message: who, in which conversation, what, and what else to keep."""
+
+    conversation: Conversation
+    sender_id: str
+    sender_name: str | None
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class ReplyClient(Protocol):
+    """Sends an agent's reply back into a provider conversation (tests use a local server)."""
+
+    async def send_text(self, conversation: Conversation, text: str) -> None: ...
+
+
+class ConversationChannel(Channel):
+    """One provider conversation in its room: turns come in through `Ingress`, agents' replies
+    go back out through the provider's `ReplyClient`, one at a time and in order."""
+
+    channel_type: ClassVar[str] = "chat"
+
+    def __init__(self, channel_id: str, conversation: Conversation, client: ReplyClient) -> None:
+        super().__init__(channel_id)
+        self.conversation = conversation
+        self.client = client
+        self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._sender: asyncio.Task[None] | None = None
+        self.failures = 0
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        if event.kind != "message" or event.source.channel_type not in AGENT_CHANNEL_TYPES:
+            return  # people's turns are already in the conversation; only agents reply
+        if not event.text.strip():
+            return
+        self._outbox.put_nowait(event.text)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_all(), name=f"reply-{self.channel_id}")
+
+    async def _send_all(self) -> None:
+        while True:
+            text = await self._outbox.get()
+            try:
+                await self.client.send_text(self.conversation, text)
+            except Exception:
+                self.failures += 1
+                log.exception("reply to %s failed", self.channel_id)
+            finally:
+                self._outbox.task_done()
+
+    async def wait_sent(self) -> None:
+        """Wait until every reply queued so far was handed to the provider (or failed)."""
+        await self._outbox.join()
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            try:
+                await self._sender
+            except (asyncio.CancelledError, Exception):
+                pass
+
+
+RoomOpener = Callable[[str], Awaitable[None]]
+"""Makes sure a room id exists with the application's channels attached (the server passes its
+live rooms' opener; the default creates a bare room)."""
+
+
+class Ingress:
+    """Conversations of one provider → rooms of a kit. `await ingress.accept(items)`."""
+
+    def __init__(
+        self,
+        kit: RoomKit,
+        provider: str,
+        client: ReplyClient,
+        *,
+        open_room: RoomOpener | None = None,
+        room_for: Callable[[Conversation], str] | None = None,
+    ) -> None:
+        self.kit = kit
+        self.provider = provider
+        self.client = client
+        self._open_room = open_room or self._create_room
+        self._room_for = room_for or (lambda conversation: conversation.key)
+        self.channels: dict[str, ConversationChannel] = {}
+        self._lock = asyncio.Lock()
+
+    async def _create_room(self, room_id: str) -> None:
+        if await self.kit.get_room(room_id) is None:
+            await self.kit.create_room(room_id=room_id)
+
+    async def channel_for(self, conversation: Conversation) -> tuple[ConversationChannel, str]:
+        """The conversation's channel and room, created (and bound) on first use."""
+        async with self._lock:
+            room_id = self._room_for(conversation)
+            channel = self.channels.get(conversation.key)
+            if channel is None:
+                channel = ConversationChannel(conversation.key, conversation, self.client)
+                self.kit.register_channel(channel)
+                self.channels[conversation.key] = channel
+            await self._open_room(room_id)
+            bound = {c.channel_id for c in await self.kit.channels_in(room_id)}
+            if channel.channel_id not in bound:
+                await self.kit.attach_channel(room_id, channel.channel_id, group=conversation.group)
+            return channel, room_id
+
+    async def accept(self, items: list[InboundItem]) -> list[RoomEvent]:
+        """Commit parsed messages to their rooms, in order; the committed events."""
+        committed: list[RoomEvent] = []
+        for item in items:
+            channel, room_id = await self.channel_for(item.conversation)
+            metadata = {**item.metadata, "ingress": self.provider}
+            if item.sender_name and item.sender_name.strip():
+                metadata["sender_name"] = item.sender_name.strip()
+            result = await self.kit.process_inbound(
+                InboundMessage(
+                    channel_id=channel.channel_id,
+                    sender_id=item.sender_id,
+                    content=TextContent(body=item.text),
+                    metadata=metadata,
+                    # a group chat routes through its group binding; a one-to-one chat names it
+                    room_id=None if item.conversation.group else room_id,
+                )
+            )
+            if result.event is not None:
+                committed.append(result.event)
+        return committed
+
+    async def wait_sent(self) -> None:
+        """Wait until every agent reply so far was handed to the provider."""
+        for channel in list(self.channels.values()):
+            await channel.wait_sent()
+
+    async def close(self) -> None:
+        for channel in list(self.channels.values()):
+            await channel.close()

@@ -1,0 +1,198 @@
+"""Chat in `chorus serve` (issue 12.5): people typing and people speaking are one labelled
+conversation, in commit order, for the realtime session and for the chat model alike.
+
+Real pieces: the server's sockets, the shared-mic voice channel with STT speaker labels from the
+local Deepgram-protocol server (the demo meeting's words), the recorder realtime session, and an
+`AIChannel` on the `openai` client against a local Chat Completions server. Typed messages come
+through the event feed (`type: "message"`) and through `POST /v1/rooms/{room}/messages` over
+real HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from test_openai_chat import ChatServer
+
+from attribution import NOTE
+from realtime import RealtimeChannel
+from server.auth import Grant, issue_token
+from server.client import DeviceStream, EventFeed
+from server.protocol import StartMessage, parse_feed_request
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    local_deepgram_stt,
+    running_server,
+)
+from voice.audio import float_to_pcm16, read_audio_16k
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
+ROOM = "standup"
+
+
+def excerpt(start: float, end: float) -> np.ndarray[Any, Any]:
+    audio = read_audio_16k(MEETING / "meeting.wav")
+    return audio[int(start * 16000) : int(end * 16000)]
+
+
+@pytest.fixture
+def chat_model() -> Iterator[ChatServer]:
+    with ChatServer(["Noted."] * 40) as server:
+        yield server
+
+
+@pytest.fixture
+async def server(chat_model: ChatServer) -> AsyncIterator[RunningServer]:
+    async with (
+        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
+        running_server(
+            {
+                "stt": local_deepgram_stt(deepgram.url, diarize=True),  # Speaker A, B, C (G2)
+                "diarizer": {"kind": "none"},
+                "realtime": {"provider": "recorder"},
+                "policy": {"answer_only": ["Dana"]},  # the realtime session stays quiet
+                "chat": {"provider": "openai", "base_url": chat_model.base_url, "api_key": "t"},
+            }
+        ) as running,
+    ):
+        yield running
+
+
+def realtime_lines(server: RunningServer) -> list[str]:
+    channel = server.server.rooms.pipeline.realtime  # type: ignore[attr-defined]
+    assert isinstance(channel, RealtimeChannel)
+    return channel.lines_for(ROOM)
+
+
+async def test_typed_and_spoken_turns_are_one_labelled_conversation(
+    server: RunningServer, chat_model: ChatServer
+) -> None:
+    token = issue_token(SECRET, ROOM)
+    feed = await EventFeed.open(server.base, ROOM, token)
+    device = await DeviceStream.open(
+        server.base,
+        ROOM,
+        token,
+        StartMessage(participant="room-4", name="Room 4", sample_rate=16000, shared_mic=True),
+    )
+
+    def said() -> list[Any]:
+        return [m for m in feed.received if m.type in ("turn", "message")]
+
+    # Alice and Bob speak into the room's microphone (up to the pause before Carol).
+    await device.send_audio(float_to_pcm16(excerpt(0.0, 9.25)), chunk_s=0.5, realtime=False)
+    await eventually(lambda: len(said()) >= 2, 60, "two spoken turns")
+    # Erin types in the meeting chat.
+    await feed.message("u-erin", "I can review the notes tonight.", name="Erin")
+    await eventually(lambda: len(said()) >= 3, 30, "the typed message on the feed")
+    # Carol and Alice speak.
+    await device.send_audio(float_to_pcm16(excerpt(9.25, 15.9)), chunk_s=0.5, realtime=False)
+    await eventually(lambda: len(said()) >= 5, 60, "two more spoken turns")
+    # Alice types through the HTTP endpoint.
+    async with httpx.AsyncClient(base_url=server.http_base, timeout=30) as http:
+        answer = await http.post(
+            f"/v1/rooms/{ROOM}/messages",
+            json={"participant": "u-alice", "name": "Alice", "text": "Thanks, Bob."},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert answer.status_code == 201
+    assert answer.json()["room"] == ROOM
+    await eventually(lambda: len(said()) >= 6, 30, "the second typed message")
+    await device.stop()
+    await feed.close()
+
+    people = [
+        "Good morning everyone. Let's start the weekly release meeting.",
+        'Speaker B: "Morning. The build is green and the installer is ready for testing."',
+        'Erin: "I can review the notes tonight."',
+        'Speaker C: "Great. I still need the release notes before I can sign off."',
+        'Speaker A: "Bob, can you write the release notes today?"',
+        'Alice: "Thanks, Bob."',
+    ]
+    # the feed shows the typed messages between the spoken turns, in commit order
+    assert [(m.type, m.speaker) for m in said()] == [
+        ("turn", "Speaker A"),
+        ("turn", "Speaker B"),
+        ("message", "Erin"),
+        ("turn", "Speaker C"),
+        ("turn", "Speaker A"),
+        ("message", "Alice"),
+    ]
+    # the realtime session: every turn from another channel, one line each, in commit order (G3);
+    # the chat model's replies (committed as it answers) are lines of `@chat-ai`
+    lines = realtime_lines(server)
+    assert [line.split("\n\n")[0] for line in lines if not line.startswith("@chat-ai")] == people
+    assert [i for i, line in enumerate(lines) if NOTE in line] == [1]  # labelled from the 2nd on
+    committed = [
+        e for e in await server.server.rooms.kit.list_events(ROOM) if e.source.channel_id != "realtime"
+    ]
+    assert len(lines) == len(committed)
+    assert all(json.dumps(e.text)[1:-1] in line for e, line in zip(committed, lines, strict=True))
+    # the chat model: the same conversation, the same labels, its own replies as assistant turns
+    last = chat_model.requests[-1]["messages"]
+    assert [m["content"] for m in last if m["role"] == "user"] == [
+        'Speaker A: "Good morning everyone. Let\'s start the weekly release meeting."',
+        *people[1:-1],
+        f'{people[-1]}\n\n{NOTE}',
+    ]
+    assert [m["content"] for m in last if m["role"] == "assistant"] == ["Noted."] * 5
+
+
+async def test_chat_post_refuses_bad_tokens_and_bodies_and_changes_nothing(
+    server: RunningServer, chat_model: ChatServer
+) -> None:
+    rooms = server.server.rooms
+    good = {"participant": "u-alice", "name": "Alice", "text": "Hi"}
+    token = issue_token(SECRET, ROOM)
+    cases: list[tuple[str | None, Any, int, str]] = [
+        (None, good, 401, "token_missing"),
+        ("not.a.jwt", good, 401, "token_malformed"),
+        (issue_token(SECRET, "other-room"), good, 403, "token_wrong_room"),
+        (issue_token(SECRET, ROOM, ttl_s=10, now=0), good, 401, "token_expired"),
+        (issue_token(SECRET, ROOM, grants=[Grant.FEED]), good, 403, "token_not_granted"),
+        (issue_token(SECRET, ROOM, participant="u-bob"), good, 403, "token_wrong_participant"),
+        (token, {"participant": "u-alice"}, 422, "bad_request"),
+        (token, {"participant": "has space", "text": "x"}, 422, "bad_request"),
+        (token, {"participant": "u-a", "text": ""}, 422, "bad_request"),
+        (token, {**good, "sender_name": "Bob"}, 422, "bad_request"),  # no stamping names
+    ]
+    async with httpx.AsyncClient(base_url=server.http_base, timeout=30) as http:
+        for bearer, body, status, problem in cases:
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            answer = await http.post(f"/v1/rooms/{ROOM}/messages", json=body, headers=headers)
+            assert (answer.status_code, answer.json()["problem"]) == (status, problem), body
+        not_json = await http.post(
+            f"/v1/rooms/{ROOM}/messages",
+            content=b"{not json",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        assert not_json.status_code == 422
+    assert ROOM not in rooms.rooms or await rooms.kit.list_events(ROOM) == []
+    assert chat_model.requests == []
+
+
+async def test_feed_message_needs_the_chat_grant(server: RunningServer) -> None:
+    token = issue_token(SECRET, ROOM, grants=[Grant.FEED])
+    feed = await EventFeed.open(server.base, ROOM, token)
+    await feed.message("u-erin", "Let me in.", name="Erin")
+    await eventually(lambda: any(m.type == "error" for m in feed.received), 10, "the refusal")
+    [error] = [m for m in feed.received if m.type == "error"]
+    assert "chat grant" in error.reason
+    assert await server.server.rooms.kit.list_events(ROOM) == []
+    await feed.close()
+
+
+def test_feed_message_request_and_rename_parse_apart() -> None:
+    message = parse_feed_request('{"type": "message", "participant": "u-a", "text": "hi"}')
+    assert message.type == "message"
+    rename = parse_feed_request('{"label": "Speaker A", "name": "Alice"}')  # type may be left out
+    assert rename.type == "rename"
