@@ -1,0 +1,222 @@
+"""`chorus agent`'s job: a LiveKit room as a Chorus room (issue 11, items 2 and the tests).
+
+No LiveKit server can be installed here, so the job runs against a never-connected `rtc.Room`
+that emits the real events with real participant/publication objects, inside livekit-agents' own
+`fake_job_context`. The audio is real LiveKit media: each participant's track is an
+`rtc.AudioSource` → `rtc.LocalAudioTrack`, which the job reads through `rtc.AudioStream.from_track`
+(played out in real time by LiveKit's native side), carrying clips of the generated meeting and
+of a shared fixture recording. The STT is the real Deepgram client against the local
+Deepgram-protocol server, whose words come from those recordings' scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from livekit import rtc
+from livekit.agents.testing import fake_job_context
+
+from attribution import NOTE
+from livekit_worker.config import LiveKitConfig
+from livekit_worker.room_agent import ChorusRoomAgent
+from livekit_worker.worker import run_job
+from models import RoomEvent
+from server.config import ServerConfig
+from tests.livekit_helpers import (
+    MEETING_DIR,
+    RATE,
+    FakeRoom,
+    RecordingLocalParticipant,
+    RecordingsWords,
+    TrackPlayer,
+    clip,
+    clip_words,
+    meeting_pcm,
+    remote_participant,
+    rttm_words,
+    until,
+)
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+ALICE = (0.0, 4.45)  # the meeting's first turn (Alice)
+BOB = (4.45, 9.05)  # its second (Bob)
+SHARED = (0.0, 15.0)  # falcon_test: spk1, spk2, the start of spk3
+
+
+def meeting_text(start: float, end: float) -> str:
+    words = MeetingWords.from_meeting(MEETING_DIR).words
+    return " ".join(w.punctuated_word or w.word for w in words if start <= (w.start + w.end) / 2 <= end)
+
+
+def config_for(url: str) -> ServerConfig:
+    return ServerConfig.model_validate({
+        "stt": {"provider": "deepgram", "deepgram_url": url, "deepgram_api_key": "k"},
+        "diarizer": {"kind": "embedded"},
+        "realtime": {"provider": "recorder"},
+    })
+
+
+@pytest.fixture
+async def falcon(shared_fixtures: Path) -> tuple[MeetingWords, np.ndarray]:
+    folder = shared_fixtures / "short-clips"
+    words = rttm_words(folder / "falcon_test.flac", folder / "falcon_test.rttm")
+    return words, words.reference
+
+
+async def voice_events(agent: ChorusRoomAgent) -> list[RoomEvent]:
+    return [e for e in await agent.kit.list_events(agent.room_name)
+            if e.metadata.get("source") == "voice"]
+
+
+async def heard(agent: ChorusRoomAgent, identity: str, seconds: float) -> None:
+    """Wait until the participant's session has taken `seconds` of voiced audio (a LiveKit audio
+    stream delivers silence before the source plays; the bound is a failure bound)."""
+    def done() -> bool:
+        for session in agent.sessions:
+            if session.participant_id == identity:
+                samples = session.audio.samples(0, session.audio.total)
+                voiced = np.flatnonzero(samples)
+                return len(voiced) > 0 and (session.audio.total - voiced[0]) / RATE >= seconds
+        return False
+    await until(done, limit=120)
+
+
+@pytest.fixture
+async def deepgram(falcon: tuple[MeetingWords, np.ndarray]) -> AsyncIterator[DeepgramTestServer]:
+    meeting = MeetingWords.from_meeting(MEETING_DIR)
+    source = RecordingsWords([
+        clip_words(meeting, *ALICE), clip_words(meeting, *BOB), clip_words(falcon[0], *SHARED),
+    ])
+    async with DeepgramTestServer(source) as server:
+        yield server
+
+
+async def test_two_people_and_a_shared_mic_in_one_room(
+    deepgram: DeepgramTestServer, falcon: tuple[MeetingWords, np.ndarray]
+) -> None:
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    livekit = LiveKitConfig()
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), livekit, local=local)
+    alice = remote_participant("alice-1", "Alice")
+    caller = remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
+                                attributes={"sip.phoneNumber": "+15550100"})
+    table = remote_participant("table-mic", "Conference room",
+                               attributes={"chorus.shared_mic": "true"})
+    players = {p.identity: TrackPlayer(p.identity) for p in (alice, caller, table)}
+    audio = meeting_pcm()
+    clips = {
+        "alice-1": clip(audio, *ALICE),
+        "sip_15550100": clip(audio, *BOB),
+        "table-mic": clip(falcon[1], *SHARED),
+    }
+    try:
+        for participant in (alice, caller, table):
+            room.join(participant)
+            room.subscribe(participant, players[participant.identity].track,
+                           f"TR_{participant.identity}")
+        await agent.wait_idle()
+        assert len(agent.sessions) == 3
+        await asyncio.gather(*(players[i].play(pcm) for i, pcm in clips.items()))
+        for identity, pcm in clips.items():
+            await heard(agent, identity, len(pcm) / RATE + 0.5)  # and some silence after
+        room.leave(alice)
+        room.unsubscribe(caller, "TR_sip_15550100")
+        room.leave(table)
+        await agent.wait_idle()
+        assert agent.sessions == []
+        assert agent.realtime is not None
+        await agent.realtime.wait_idle(agent.room_name)
+        events = await voice_events(agent)
+        labels = [await agent.kit.label_for("standup", e) for e in events]
+        by_label: dict[str, list[str]] = {}
+        for label, event in zip(labels, events, strict=True):
+            by_label.setdefault(label, []).append(event.text)
+
+        # the two one-person participants: named by LiveKit name / SIP number, one turn each
+        assert " ".join(by_label.pop("Alice")) == meeting_text(*ALICE)
+        assert " ".join(by_label.pop("+15550100")) == meeting_text(*BOB)
+        # the shared mic: its voices by the STT's labels, in the fixture's order
+        table_events = [e for e in events if e.source.participant_id == "table-mic"]
+        assert [e.metadata["sender_name"] for e in table_events] == [
+            "Speaker A", "Speaker B", "Speaker C"]
+        for event, speaker in zip(table_events, ("spk1", "spk2", "spk3"), strict=True):
+            assert set(event.text.split()) == {
+                w.word for w in clip_words(falcon[0], *SHARED).words if w.speaker == speaker}
+        assert sorted(by_label) == ["Speaker A", "Speaker B", "Speaker C"]
+
+        # the realtime recorder: every turn once, labelled once two speakers were heard, note once
+        lines = agent.realtime.lines_for("standup")
+        assert len(lines) == len(events)
+        assert sum(NOTE in line for line in lines) == 1
+        assert NOTE in lines[1]
+        for line, label in zip(lines[1:], labels[1:], strict=True):
+            assert line.startswith(f"{label}: ")
+
+        # the published transcriptions: each turn once, in commit order, with LiveKit's attributes
+        assert [s.topic for s in local.streams] == ["lk.transcription"] * len(events)
+        assert all(s.closed for s in local.streams)
+        assert [s.text for s in local.streams] == [e.text for e in events]
+        assert [s.attributes["lk.segment_id"] for s in local.streams] == [e.id for e in events]
+        assert [s.attributes["chorus.speaker"] for s in local.streams] == labels
+        assert [s.sender_identity for s in local.streams] == [
+            e.source.participant_id for e in events]
+        assert [s.attributes["lk.transcribed_track_id"] for s in local.streams] == [
+            f"TR_{e.source.participant_id}" for e in events]
+        assert {s.attributes["lk.transcription_final"] for s in local.streams} == {"true"}
+        # the reply track is the agent's own published audio track
+        assert [t for t, _ in local.tracks] == [agent.reply_track]
+    finally:
+        await agent.aclose()
+        for player in players.values():
+            await player.aclose()
+
+
+async def test_leaving_mid_turn_commits_the_turn_once_and_a_rejoin_keeps_the_name(
+    deepgram: DeepgramTestServer,
+) -> None:
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    audio = meeting_pcm()
+    first, second = TrackPlayer("a"), TrackPlayer("b")
+    try:
+        alice = remote_participant("alice-1", "Alice")
+        room.join(alice)
+        room.subscribe(alice, first.track, "TR_1")
+        await agent.wait_idle()
+        await first.play(clip(audio, *ALICE))
+        await heard(agent, "alice-1", 2.6)  # mid-sentence: her turn runs to 4.2 s
+        room.leave(alice)
+        await agent.wait_idle()
+        events = await voice_events(agent)
+        assert len(events) == 1
+        full = meeting_text(*ALICE)
+        assert events[0].text and full.startswith(events[0].text) and events[0].text != full
+        assert len(local.streams) == 1 and local.streams[0].text == events[0].text
+
+        again = remote_participant("alice-1", "Alice")
+        room.join(again)
+        room.subscribe(again, second.track, "TR_2")
+        await agent.wait_idle()
+        await second.play(clip(audio, *BOB))
+        await heard(agent, "alice-1", BOB[1] - BOB[0] + 0.5)
+        room.unsubscribe(again, "TR_2")
+        await agent.wait_idle()
+        events = await voice_events(agent)
+        assert len(events) == 2
+        assert events[1].text == meeting_text(*BOB)
+        assert [await agent.kit.label_for("standup", e) for e in events] == ["Alice", "Alice"]
+        people = await agent.kit.get_participants("standup")
+        assert [p.id for p in people if p.id == "alice-1"] == ["alice-1"]
+        assert len(local.streams) == 2 and local.streams[1].text == events[1].text
+    finally:
+        await agent.aclose()
+        await first.aclose()
+        await second.aclose()
