@@ -220,3 +220,43 @@ async def test_leaving_mid_turn_commits_the_turn_once_and_a_rejoin_keeps_the_nam
         await agent.aclose()
         await first.aclose()
         await second.aclose()
+
+
+async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_sessions(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """The realtime channel hands reply audio to every `AudioSink` in the room (R5); the voice
+    channel is the sink: its playback window gates the room's sessions (V9), and the audio comes
+    out of the agent's published track, read back through a real `rtc.AudioStream`."""
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    player = TrackPlayer("alice")
+    alice = remote_participant("alice-1", "Alice")
+    reader = rtc.AudioStream.from_track(track=agent.reply_track, sample_rate=24000,
+                                        num_channels=1)
+    t = np.arange(12000) / 24000
+    tone = (np.cos(2 * np.pi * 440 * t) * 8000).astype(np.int16)  # 0.5 s at 24 kHz, from 8000
+    try:
+        room.join(alice)
+        room.subscribe(alice, player.track, "TR_1")
+        await agent.wait_idle()
+        [session] = agent.sessions
+        await agent.voice.play("standup", tone.tobytes(), 24000)
+        assert agent.voice.is_playing("standup")
+        out: list[np.ndarray] = []
+        async for event in reader:
+            out.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
+            got = np.concatenate(out)
+            voiced = np.flatnonzero(got)
+            if len(voiced) and len(got) - voiced[0] >= len(tone):
+                break
+        got = np.concatenate(out)
+        start = int(np.flatnonzero(got)[0])
+        assert np.array_equal(got[start : start + len(tone)], tone)
+        await until(lambda: session.gated_seconds > 0)  # what the room heard meanwhile: silenced
+    finally:
+        await reader.aclose()
+        await agent.aclose()
+        await player.aclose()
