@@ -54,15 +54,16 @@ server = agents.AgentServer()
 async def entrypoint(ctx: agents.JobContext) -> None:
     from livekit.agents import inference
 
-    session = AgentSession(stt=diarizing_stt(), llm=inference.LLM("openai/gpt-4.1-mini"),
-                           turn_detection="stt")
+    session: AgentSession[None] = AgentSession(
+        stt=diarizing_stt(), llm=inference.LLM("openai/gpt-4.1-mini"), turn_detection="stt"
+    )
     await session.start(agent=AttributedAgent(instructions=INSTRUCTIONS), room=ctx.room)
 
 
 # ------------------------------------------------------------------ offline
 
 
-class PrintingLLM(llm.LLM):
+class PrintingLLM(llm.LLM[Any]):
     """Prints the chat context it is handed and answers "Noted." (a stand-in for a model)."""
 
     def chat(

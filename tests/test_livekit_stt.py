@@ -145,7 +145,7 @@ async def test_recognize_returns_the_buffer_s_speaker_runs(deepgram: DeepgramTes
 # ------------------------------------------------------------------ AgentSession
 
 
-class RecordingLLM(llm.LLM):
+class RecordingLLM(llm.LLM[Any]):
     """An `llm.LLM` that records every chat context it is given and answers one line."""
 
     def __init__(self, reply: str = "Noted.") -> None:
