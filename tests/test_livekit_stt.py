@@ -10,6 +10,7 @@ which its wheel does not ship).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from livekit import rtc
 from livekit.agents import AgentSession, llm, stt
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions
+from livekit.agents.voice.io import AudioInput
 
 from attribution import NOTE
 from livekit_worker.chat_context import AttributedAgent
@@ -152,6 +154,7 @@ class RecordingLLM(llm.LLM[Any]):
         super().__init__()
         self.reply = reply
         self.contexts: list[llm.ChatContext] = []
+        self.called = asyncio.Event()
 
     def chat(
         self,
@@ -162,6 +165,7 @@ class RecordingLLM(llm.LLM[Any]):
         **_: Any,
     ) -> llm.LLMStream:
         self.contexts.append(chat_ctx.copy())
+        self.called.set()
         return _RecordedStream(self, chat_ctx=chat_ctx, tools=tools or [],
                                conn_options=conn_options)
 
@@ -219,3 +223,52 @@ async def test_agent_session_llm_reads_bare_lines_for_one_speaker(
     recording, _ = await reply_to(runs)
     sent = messages(recording.contexts[0])
     assert sent == [("system", "You are Chorus, in a meeting."), ("user", script_text(0))]
+
+
+class FramesInput(AudioInput):
+    """The session's audio input: the given frames, then nothing more (a quiet microphone)."""
+
+    def __init__(self, frames: list[rtc.AudioFrame]) -> None:
+        super().__init__(label="meeting")
+        self.frames = list(frames)
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        if self.frames:
+            await asyncio.sleep(0)  # let the session's tasks run between frames
+            return self.frames.pop(0)
+        await asyncio.Event().wait()  # a live microphone never ends by itself
+        raise StopAsyncIteration
+
+
+async def test_agent_session_hearing_audio_hands_its_llm_labelled_lines(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """The whole LiveKit path: audio input → `AttributedAgent.stt_node` → `DiarizingSTT` speaker
+    runs → the agent's room → `llm_node` renders it. Each run ends a user turn (STT turn
+    detection), so the LLM is called once per turn; the last call sees all four, labelled."""
+    recording = RecordingLLM()
+    agent = AttributedAgent(instructions="You are Chorus, in a meeting.")
+    silence = np.zeros(RATE, np.int16)  # after the last word: the STT's end of speech
+    pcm = np.concatenate([clip(meeting_pcm(), *SPAN), silence])
+    session: AgentSession[None] = AgentSession(
+        stt=DiarizingSTT(DeepgramSTT("k", url=deepgram.url)), llm=recording, turn_detection="stt")
+    session.input.audio = FramesInput(frames(pcm))
+    labels = ["Speaker A", "Speaker B", "Speaker C", "Speaker A"]
+
+    def users(ctx: llm.ChatContext) -> list[str]:
+        return [text for role, text in messages(ctx) if role == "user"]
+
+    await session.start(agent)
+    try:
+        async with asyncio.timeout(120):  # a failure bound
+            while not (recording.contexts and len(users(recording.contexts[-1])) == 4):
+                recording.called.clear()
+                await recording.called.wait()
+    finally:
+        await session.aclose()
+    last = users(recording.contexts[-1])
+    for text, label, i in zip(last, labels, range(4), strict=True):
+        assert text.startswith(f'{label}: "{script_text(i)}')
+    assert NOTE in last[-1] and not any(NOTE in text for text in last[:-1])
+    heard = [e for e in await agent.kit.list_events(agent.room_id) if e.source.channel_id != "assistant"]
+    assert [e.text for e in heard] == [script_text(i) for i in range(4)]
