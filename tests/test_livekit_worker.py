@@ -12,6 +12,7 @@ Deepgram-protocol server, whose words come from those recordings' scripts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -260,3 +261,42 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         await reader.aclose()
         await agent.aclose()
         await player.aclose()
+
+
+async def test_a_shared_mic_is_split_by_the_diarization_stage_when_the_stt_does_not_label(
+) -> None:
+    """`stt.diarize = false`: the STT hears one voice, so the shared mic's track gets a voice
+    channel with its own embedded stage (pooled and reset for the next shared-mic track)."""
+    meeting = clip_words(MeetingWords.from_meeting(MEETING_DIR), 0.0, 15.7)
+    for i, word in enumerate(meeting.words):
+        meeting.words[i] = dataclasses.replace(word, speaker=0)
+    async with DeepgramTestServer(RecordingsWords([meeting])) as server:
+        config = config_for(server.url)
+        config.stt.diarize = False
+        local = RecordingLocalParticipant()
+        room = FakeRoom("standup", local)
+        with fake_job_context(room=room) as ctx:
+            agent = await run_job(ctx, config, LiveKitConfig(shared_mic_names=["conference*"]),
+                                  local=local)
+        player = TrackPlayer("table")
+        table = remote_participant("conference-room", "Conference room")
+        try:
+            room.join(table)
+            room.subscribe(table, player.track, "TR_table")
+            await agent.wait_idle()
+            [session] = agent.sessions
+            assert session.channel is not agent.voice and session.channel.pipeline_speakers
+            await player.play(clip(meeting_pcm(), 0.0, 15.7))
+            await heard(agent, "conference-room", 15.7 + 0.5)
+            room.leave(table)
+            await agent.wait_idle()
+            events = await voice_events(agent)
+            names = [e.metadata.get("sender_name") for e in events]
+            assert [e.text for e in events] == [meeting_text(s, e) for s, e in
+                                                 ((0, 4.45), (4.45, 9.05), (9.05, 12.9), (12.9, 15.7))]
+            assert names[0] == names[3] and len({names[0], names[1], names[2]}) == 3
+            assert [s.attributes["chorus.speaker"] for s in local.streams] == names
+            assert agent._pool == [session.channel]  # back in the room's pool for the next mic
+        finally:
+            await agent.aclose()
+            await player.aclose()
