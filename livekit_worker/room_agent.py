@@ -20,7 +20,9 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   `lk.segment_id`) plus the attribution label (`chorus.speaker`); the realtime channel (from
   config) gets the labelled lines exactly as in `chorus serve`, and its reply audio, which it
   hands to the room's voice channels (`rooms.AudioSink`, so the playback gate applies), is
-  published as the agent's own audio track.
+  published as the agent's own audio track. In audio mode (`realtime.audio = true`) each track's
+  audio as its session accepted it (after the gate) goes to the realtime channel under the
+  session's id, pushed as it is read, so a turn's audio is there before the turn.
 
 The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
 (`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
@@ -45,7 +47,7 @@ from livekit_worker.participants import Speaker, speaker_of
 from models import RoomEvent
 from realtime import RealtimeChannel
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
-from voice.audio import STT_SAMPLE_RATE, resample
+from voice.audio import STT_SAMPLE_RATE, float_to_pcm16, resample
 from voice.channel import TranscriptionEvent, VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider
@@ -328,12 +330,18 @@ class ChorusRoomAgent:
             if not pcm:
                 continue
             try:
-                feed.session.push(pcm)
+                accepted = feed.session.push(pcm)
             except Exception:
                 continue  # logged by the session (V10); the stream goes on
-            if realtime is not None:
-                await realtime.push_audio(self.room_name, pcm, STT_SAMPLE_RATE,
-                                          stream_id=feed.session.id)
+            if realtime is not None and accepted:
+                # what the session accepted (after the playback gate), on the session's clock
+                total = feed.session.audio.total
+                heard = float_to_pcm16(feed.session.audio.samples(total - accepted, total))
+                try:
+                    await realtime.push_audio(self.room_name, heard, STT_SAMPLE_RATE,
+                                              stream_id=feed.session.id)
+                except Exception:
+                    log.exception("room %s: realtime audio push failed", self.room_name)
 
     async def close_track(self, track_sid: str) -> None:
         """Stop reading the track and end its session: the turn in progress is committed once."""

@@ -12,6 +12,7 @@ Deepgram-protocol server, whose words come from those recordings' scripts.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -299,4 +300,50 @@ async def test_a_shared_mic_is_split_by_the_diarization_stage_when_the_stt_does_
             assert agent._pool == [session.channel]  # back in the room's pool for the next mic
         finally:
             await agent.aclose()
+            await player.aclose()
+
+
+async def test_audio_mode_commits_each_turn_s_own_audio_before_its_line(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """`realtime.audio = true`: each track's audio goes to the realtime channel under its session
+    id; every turn is committed to the model with the span of its own track's audio (R3)."""
+    config = config_for(deepgram.url)
+    config.realtime.audio = True
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    players = {"alice-1": TrackPlayer("a"), "bob-1": TrackPlayer("b")}
+    clips = {"alice-1": clip(meeting_pcm(), *ALICE), "bob-1": clip(meeting_pcm(), *BOB)}
+    try:
+        for identity, name in (("alice-1", "Alice"), ("bob-1", "Bob")):
+            participant = remote_participant(identity, name)
+            room.join(participant)
+            room.subscribe(participant, players[identity].track, f"TR_{identity}")
+        await agent.wait_idle()
+        await asyncio.gather(*(players[i].play(pcm) for i, pcm in clips.items()))
+        for identity, pcm in clips.items():
+            await heard(agent, identity, len(pcm) / RATE + 0.5)
+        for participant in list(room.remote_participants.values()):
+            room.leave(participant)
+        await agent.wait_idle()
+        assert agent.realtime is not None
+        await agent.realtime.wait_idle("standup")
+        events = await voice_events(agent)
+        assert sorted([await agent.kit.label_for("standup", e) for e in events]) == ["Alice", "Bob"]
+        recorded = agent.realtime.session_for("standup").events  # type: ignore[attr-defined]
+        kinds = [e["type"] for e in recorded]
+        commits = [i for i, kind in enumerate(kinds) if kind == "input_audio_buffer.commit"]
+        assert len(commits) == len(events) == 2
+        start = 0
+        for event, commit in zip(events, commits, strict=True):
+            appended = b"".join(base64.b64decode(e["audio"]) for e in recorded[start:commit]
+                                if e["type"] == "input_audio_buffer.append")
+            seconds = len(appended) / 2 / 24000
+            assert abs(seconds - (event.metadata["end"] - event.metadata["start"])) < 0.05
+            start = commit + 1
+    finally:
+        await agent.aclose()
+        for player in players.values():
             await player.aclose()
