@@ -263,3 +263,77 @@ async def until(predicate: Any, limit: float = 60.0, step: float = 0.05) -> None
         if loop.time() > deadline:
             raise TimeoutError("condition not reached")
         await asyncio.sleep(step)
+
+
+# ------------------------------------------------------------------ the worker protocol
+
+
+class FakeLiveKitServer:
+    """The agent-worker side of a LiveKit server (`/agent`), speaking LiveKit's own protobuf
+    messages (`livekit.protocol.agent`): it checks the worker's JWT, answers its registration,
+    and can offer it a job (an `AvailabilityRequest`, as an explicit dispatch does). No media:
+    no room can be joined through it."""
+
+    def __init__(self, api_key: str, api_secret: str) -> None:
+        self.api_key = api_key
+        self.api_secret = api_secret
+        self.registrations: asyncio.Queue[Any] = asyncio.Queue()
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+        self.status: list[Any] = []
+        self.tokens: list[dict[str, Any]] = []
+        self._ws: Any = None
+        self._server: Any = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> FakeLiveKitServer:
+        from websockets.asyncio.server import serve
+
+        self._server = await serve(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, ws: Any) -> None:
+        import jwt
+        from livekit.protocol import agent
+
+        if ws.request.path.split("?")[0] != "/agent":
+            await ws.close(1008, "not the agent endpoint")
+            return
+        bearer = ws.request.headers.get("Authorization", "").removeprefix("Bearer ")
+        claims = jwt.decode(bearer, self.api_secret, algorithms=["HS256"])
+        self.tokens.append(claims)
+        self._ws = ws
+        async for raw in ws:
+            message = agent.WorkerMessage()
+            message.ParseFromString(raw)
+            kind = message.WhichOneof("message")
+            if kind == "register":
+                reply = agent.ServerMessage()
+                reply.register.worker_id = "AW_test"
+                reply.register.server_info.version = "1.9.0"
+                await ws.send(reply.SerializeToString())
+                await self.registrations.put(message.register)
+            elif kind == "availability":
+                await self.answers.put(message.availability)
+            elif kind == "update_worker":
+                self.status.append(message.update_worker)
+
+    async def offer(self, room: str, agent_name: str, job_id: str = "AJ_1") -> Any:
+        """Offer the worker a job for `room` (explicit dispatch to `agent_name`); its answer."""
+        from livekit.protocol import agent, models
+
+        request = agent.ServerMessage()
+        request.availability.job.CopyFrom(agent.Job(
+            id=job_id, type=agent.JobType.JT_ROOM, room=models.Room(name=room, sid="RM_1"),
+            agent_name=agent_name,
+        ))
+        await self._ws.send(request.SerializeToString())
+        return await self.answers.get()

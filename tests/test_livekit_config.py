@@ -97,3 +97,4 @@ def test_chorus_agent_refuses_without_credentials_or_with_a_bad_config(
     bad.write_text("[livekit]\nshared_mic_names = 3\n")
     assert main(["agent", "--config", str(bad)]) == 2
     assert "livekit.shared_mic_names" in capsys.readouterr().err
+
