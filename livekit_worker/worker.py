@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from typing import Any
 
 from livekit import agents, rtc
+from livekit.agents.worker import ServerEnvOption
 
 from diarization import load_stage
 from livekit_worker.config import LiveKitConfig, load_agent_config
@@ -158,7 +160,10 @@ async def entrypoint(ctx: agents.JobContext) -> None:
 def build_server(livekit: LiveKitConfig, **options: Any) -> agents.AgentServer:
     """The `AgentServer` `chorus agent` runs: `agent_name` from config, its load threshold, and
     the LiveKit credentials from the environment (or `ws_url`/`api_key`/`api_secret` options)."""
-    server = agents.AgentServer(load_threshold=livekit.load_threshold, **options)
+    # development mode takes every job (as livekit-agents' own default does); production mode
+    # declines new rooms above the configured load
+    threshold = ServerEnvOption(dev_default=math.inf, prod_default=livekit.load_threshold)
+    server = agents.AgentServer(load_threshold=threshold, **options)
     server.rtc_session(entrypoint, agent_name=livekit.agent_name)
     return server
 

@@ -82,7 +82,8 @@ def test_the_worker_registers_for_explicit_dispatch_as_chorus() -> None:
     server = build_server(LiveKitConfig(), ws_url="ws://127.0.0.1:7880", api_key="k",
                           api_secret="s")
     assert server._agent_name == "chorus"
-    assert server._load_threshold == 0.7
+    threshold = server._load_threshold
+    assert threshold.prod_default == 0.7 and threshold.dev_default == float("inf")  # type: ignore[union-attr]
     assert missing_credentials({"LIVEKIT_URL": "ws://x"}) == ["LIVEKIT_API_KEY", "LIVEKIT_API_SECRET"]
 
 
