@@ -197,10 +197,11 @@ class ChorusRoomAgent:
                       name="livekit-one-person")
         self._pump = asyncio.create_task(self._publish_loop())
         self._reply_pump = asyncio.create_task(self._reply_loop())
-        await self.local.publish_track(
-            self.reply_track,
-            rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE),
-        )
+        if self.realtime is not None:  # nothing would ever play on it otherwise
+            await self.local.publish_track(
+                self.reply_track,
+                rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE),
+            )
         self.room.on("track_subscribed", self._on_track_subscribed)
         self.room.on("track_unsubscribed", self._on_track_unsubscribed)
         self.room.on("participant_disconnected", self._on_participant_disconnected)

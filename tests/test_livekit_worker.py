@@ -347,3 +347,18 @@ async def test_audio_mode_commits_each_turn_s_own_audio_before_its_line(
         await agent.aclose()
         for player in players.values():
             await player.aclose()
+
+
+async def test_without_a_realtime_model_no_reply_track_is_published(
+    deepgram: DeepgramTestServer,
+) -> None:
+    config = config_for(deepgram.url)
+    config.realtime.provider = "none"
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    try:
+        assert agent.realtime is None and local.tracks == []
+    finally:
+        await agent.aclose()
