@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -239,8 +239,16 @@ class ChorusRoomAgent:
         await self.kit.drain()
         await self._queue.join()
 
-    def _spawn(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        """Run a track operation from a (synchronous) room event handler; a failure is logged
+        and touches no other track."""
+        async def run() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("room %s: a track operation failed", self.room_name)
+
+        task = asyncio.get_running_loop().create_task(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
