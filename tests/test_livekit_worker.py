@@ -362,3 +362,26 @@ async def test_without_a_realtime_model_no_reply_track_is_published(
         assert agent.realtime is None and local.tracks == []
     finally:
         await agent.aclose()
+
+
+async def test_tracks_subscribed_before_the_job_started_are_taken(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """LiveKit may subscribe tracks while the job is still loading its models: the agent takes
+    the tracks already there when it starts, and a repeated event for one opens nothing twice."""
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    player = TrackPlayer("early")
+    early = remote_participant("early-1", "Erin")
+    room.join(early)
+    publication = room.subscribe(early, player.track, "TR_early")
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    try:
+        room.emit("track_subscribed", player.track, publication, early)
+        await agent.wait_idle()
+        assert [(s.participant_id, s.id.split("-")[0]) for s in agent.sessions] == [
+            ("early-1", "TR_early")]
+    finally:
+        await agent.aclose()
+        await player.aclose()
