@@ -1,0 +1,37 @@
+"""Chorus inside LiveKit (spec: issue 11, docs/livekit.md).
+
+Owns: the `chorus agent` worker (a livekit-agents 1.x `AgentServer` whose `rtc_session` job makes
+one Chorus room per LiveKit room: every subscribed remote audio track a voice session, shared
+microphones split into speakers, SIP callers and one-person participants named, each turn
+published back on `lk.transcription`, the realtime channel's reply audio published as the agent's
+track), and the pieces a LiveKit `AgentSession` can use directly: `DiarizingSTT` (a
+`livekit.agents.stt.STT` around any Chorus STT and diarization stage, one `SpeechEvent` per speaker
+run with `speaker_id` set) and `AttributedAgent` / `attributed_chat_context` (the LLM reads chat
+history rendered by the attribution engine).
+
+Sits on top like `server`: imports models, attribution, rooms, voice, diarization, realtime and
+`server.config` (to read the same config file as `chorus serve`); nothing imports it but the
+`chorus agent` command. Named `livekit_worker`, not `livekit`, which would shadow the library.
+"""
+
+from livekit_worker.chat_context import AttributedAgent, attributed_chat_context, to_chat_context
+from livekit_worker.config import LiveKitConfig, load_agent_config
+from livekit_worker.participants import Speaker, display_name, is_shared_mic, speaker_of
+from livekit_worker.room_agent import ChorusRoomAgent, PublishedTranscription
+from livekit_worker.stt_adapter import DiarizingStream, DiarizingSTT
+
+__all__ = [
+    "AttributedAgent",
+    "ChorusRoomAgent",
+    "DiarizingSTT",
+    "DiarizingStream",
+    "LiveKitConfig",
+    "PublishedTranscription",
+    "Speaker",
+    "attributed_chat_context",
+    "display_name",
+    "is_shared_mic",
+    "load_agent_config",
+    "speaker_of",
+    "to_chat_context",
+]

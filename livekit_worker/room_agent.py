@@ -1,0 +1,458 @@
+"""One LiveKit room as a Chorus room: remote audio tracks in, per-speaker turns and replies out.
+
+`ChorusRoomAgent` is what a `chorus agent` job runs (`livekit_worker.worker` builds it from the
+config and the job's `rtc.Room`). It owns, for one LiveKit room:
+
+- a Chorus `RoomKit` room named after the LiveKit room, with one shared `VoiceChannel` (one-person
+  participants, and shared microphones whose speakers come from the STT) and, when speakers come
+  from the diarization stage, one `VoiceChannel` with its own stage per shared-mic track (a live
+  stage follows one stream, as in `chorus serve`);
+- one voice session per subscribed remote audio track (`rtc.AudioStream.from_track`, 16 kHz mono
+  PCM16 frames straight into `VoiceSession.push`); a track unsubscribed or a participant leaving
+  stops reading and `finish()`es the session, which commits the turn in progress once;
+- naming (`livekit_worker.participants`): a one-person participant's turns carry no stamped name
+  (an `ON_TRANSCRIPTION` hook clears the STT label first, so the room's participant record, the
+  LiveKit name, names them, and a rejoining identity keeps it); a shared mic's turns keep their
+  speaker labels (STT or stage), which application hooks may rename;
+- output: every committed voice turn is published back to the LiveKit room, in commit order, as
+  a text stream on `lk.transcription` with the speaker's identity as sender and the attributes
+  LiveKit's client components read (`lk.transcribed_track_id`, `lk.transcription_final`,
+  `lk.segment_id`) plus the attribution label (`chorus.speaker`); the realtime channel (from
+  config) gets the labelled lines exactly as in `chorus serve`, and its reply audio, which it
+  hands to the room's voice channels (`rooms.AudioSink`, so the playback gate applies), is
+  published as the agent's own audio track. In audio mode (`realtime.audio = true`) each track's
+  audio as its session accepted it (after the gate) goes to the realtime channel under the
+  session's id, pushed as it is read, so a turn's audio is there before the turn.
+
+The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
+(`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
+tracks and a recording local participant (no LiveKit server is obtainable here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+from livekit import rtc
+
+from livekit_worker.config import LiveKitConfig
+from livekit_worker.participants import Speaker, speaker_of
+from models import RoomEvent
+from realtime import RealtimeChannel
+from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
+from voice.audio import STT_SAMPLE_RATE, float_to_pcm16, resample
+from voice.channel import TranscriptionEvent, VoiceChannel, VoiceSession
+from voice.diarization_stage import DiarizationStage
+from voice.stt.base import SttProvider
+
+log = logging.getLogger(__name__)
+
+TOPIC_TRANSCRIPTION = "lk.transcription"
+ATTRIBUTE_TRACK_ID = "lk.transcribed_track_id"
+ATTRIBUTE_FINAL = "lk.transcription_final"
+ATTRIBUTE_SEGMENT_ID = "lk.segment_id"
+"""The names livekit-agents (`livekit.agents.types`) and LiveKit's client components use."""
+
+
+class TextWriterLike(Protocol):
+    async def write(self, text: str) -> None: ...
+
+    async def aclose(self, *, reason: str = "", attributes: dict[str, str] | None = None) -> None: ...
+
+
+class LocalParticipantLike(Protocol):
+    """The two calls the agent makes on `rtc.LocalParticipant`."""
+
+    async def stream_text(
+        self,
+        *,
+        topic: str = "",
+        attributes: dict[str, str] | None = None,
+        sender_identity: str | None = None,
+    ) -> TextWriterLike: ...
+
+    async def publish_track(self, track: rtc.LocalTrack, options: rtc.TrackPublishOptions) -> Any: ...
+
+
+@dataclass
+class PublishedTranscription:
+    """One turn as published on `lk.transcription` (kept for inspection and tests)."""
+
+    text: str
+    sender_identity: str
+    attributes: dict[str, str]
+
+
+@dataclass
+class _Feed:
+    """One subscribed remote audio track and its voice session."""
+
+    track_sid: str
+    speaker: Speaker
+    session: VoiceSession
+    stream: rtc.AudioStream
+    release: Callable[[], None] | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class _TranscriptionOut(Channel):
+    """Attached to the Chorus room: hears committed turns in commit order and queues them for
+    publishing (deliver must return quickly; one pump keeps the order)."""
+
+    channel_type: ClassVar[str] = "livekit"
+
+    def __init__(self, agent: ChorusRoomAgent) -> None:
+        super().__init__("livekit")
+        self.agent = agent
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        if event.metadata.get("source") == "voice":
+            self.agent._queue.put_nowait(event)
+
+
+@dataclass
+class _SessionInfo:
+    speaker: Speaker
+    track_sid: str
+
+
+class ChorusRoomAgent:
+    """`ChorusRoomAgent(room, room_name, stt=…, livekit=LiveKitConfig(), realtime=…)`.
+
+    - `stage_factory`: builds a diarization stage for each shared-mic track when its speakers
+      come from the stage (None: shared mics take the STT's labels).
+    - `local`: where transcriptions and the reply track are published (default: the room's
+      local participant, once connected).
+    """
+
+    def __init__(
+        self,
+        room: rtc.Room,
+        room_name: str,
+        *,
+        stt: SttProvider,
+        livekit: LiveKitConfig | None = None,
+        realtime: RealtimeChannel | None = None,
+        stage_factory: Callable[[], DiarizationStage] | None = None,
+        local: LocalParticipantLike | None = None,
+        kit: RoomKit | None = None,
+    ) -> None:
+        self.room = room
+        self.room_name = room_name
+        self.config = livekit or LiveKitConfig()
+        self.stt = stt
+        self.kit = kit or RoomKit()
+        self.voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False, on_play=self._play)
+        self.realtime = realtime
+        self.stage_factory = stage_factory
+        self._local = local
+        self._out = _TranscriptionOut(self)
+        self._queue: asyncio.Queue[RoomEvent | None] = asyncio.Queue()
+        self.published: list[PublishedTranscription] = []
+        self._feeds: dict[str, _Feed] = {}
+        self._track_locks: dict[str, asyncio.Lock] = {}
+        self._sessions: dict[str, _SessionInfo] = {}
+        """voice_session_id → who and which track (for naming and publishing)."""
+        self._pool: list[VoiceChannel] = []
+        self._serial = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pump: asyncio.Task[None] | None = None
+        self._reply_pump: asyncio.Task[None] | None = None
+        self._reply_queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.reply_source = rtc.AudioSource(self.config.reply_sample_rate, 1, queue_size_ms=1000)
+        self.reply_track = rtc.LocalAudioTrack.create_audio_track(
+            self.config.reply_track_name, self.reply_source
+        )
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def local(self) -> LocalParticipantLike:
+        if self._local is None:
+            self._local = self.room.local_participant
+        assert self._local is not None
+        return self._local
+
+    async def start(self) -> None:
+        """Create the Chorus room, publish the reply track, follow the room's events and take
+        the audio tracks already subscribed."""
+        kit = self.kit
+        await kit.create_room(room_id=self.room_name)
+        kit.register_channel(self.voice)
+        kit.register_channel(self._out)
+        await kit.attach_channel(self.room_name, self.voice.channel_id)
+        if self.realtime is not None:
+            kit.register_channel(self.realtime)
+            await kit.attach_channel(self.room_name, self.realtime.channel_id)
+        await kit.attach_channel(self.room_name, self._out.channel_id)
+        kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_one_person, priority=-1000,
+                      name="livekit-one-person")
+        self._pump = asyncio.create_task(self._publish_loop())
+        self._reply_pump = asyncio.create_task(self._reply_loop())
+        if self.realtime is not None:  # nothing would ever play on it otherwise
+            await self.local.publish_track(
+                self.reply_track,
+                rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE),
+            )
+        self.room.on("track_subscribed", self._on_track_subscribed)
+        self.room.on("track_unsubscribed", self._on_track_unsubscribed)
+        self.room.on("participant_disconnected", self._on_participant_disconnected)
+        for participant in self.room.remote_participants.values():
+            for publication in participant.track_publications.values():
+                track = publication.track
+                if track is not None and track.kind == rtc.TrackKind.KIND_AUDIO:
+                    self._spawn(self.open_track(track, publication.sid, participant))
+
+    async def aclose(self) -> None:
+        """End every session (committing what was heard), publish the last turns, close."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.room.off("track_subscribed", self._on_track_subscribed)
+            self.room.off("track_unsubscribed", self._on_track_unsubscribed)
+            self.room.off("participant_disconnected", self._on_participant_disconnected)
+        await asyncio.gather(*(self.close_track(sid) for sid in list(self._feeds)))
+        await self.wait_idle()
+        self._queue.put_nowait(None)
+        self._reply_queue.put_nowait(None)
+        for task in (self._pump, self._reply_pump):
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await task
+        await self.kit.close()  # closes every registered channel (pooled ones included)
+        await self.reply_source.aclose()
+
+    async def wait_idle(self) -> None:
+        """Wait until every track operation started so far has finished and every committed
+        turn has been published."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.kit.drain()
+        await self._queue.join()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        """Run a track operation from a (synchronous) room event handler; a failure is logged
+        and touches no other track."""
+        async def run() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("room %s: a track operation failed", self.room_name)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ room events
+
+    def _on_track_subscribed(
+        self, track: rtc.Track, publication: rtc.RemoteTrackPublication,
+        participant: rtc.RemoteParticipant,
+    ) -> None:
+        if track.kind == rtc.TrackKind.KIND_AUDIO and not self.closed:
+            self._spawn(self.open_track(track, publication.sid, participant))
+
+    def _on_track_unsubscribed(
+        self, track: rtc.Track, publication: rtc.RemoteTrackPublication,
+        participant: rtc.RemoteParticipant,
+    ) -> None:
+        self._spawn(self.close_track(publication.sid))
+
+    def _on_participant_disconnected(self, participant: rtc.RemoteParticipant) -> None:
+        for sid, feed in list(self._feeds.items()):
+            if feed.speaker.identity == participant.identity:
+                self._spawn(self.close_track(sid))
+
+    def _lock(self, track_sid: str) -> asyncio.Lock:
+        return self._track_locks.setdefault(track_sid, asyncio.Lock())
+
+    # ------------------------------------------------------------------ tracks → sessions
+
+    @property
+    def diarizes_with_stage(self) -> bool:
+        return self.stage_factory is not None
+
+    async def _channel_for(self, speaker: Speaker) -> tuple[VoiceChannel, Callable[[], None] | None]:
+        if not (speaker.shared_mic and self.stage_factory is not None):
+            return self.voice, None
+        if self._pool:
+            channel = self._pool.pop()
+            assert channel.diarizer is not None
+            channel.diarizer.reset()
+        else:
+            stage = await asyncio.to_thread(self.stage_factory)
+            self._serial += 1
+            channel = VoiceChannel(f"voice-{self._serial}", stt=self.stt, pipeline_speakers=True,
+                                   diarizer=stage)
+            self.kit.register_channel(channel)
+            await self.kit.attach_channel(self.room_name, channel.channel_id)
+        return channel, lambda: self._pool.append(channel)
+
+    async def open_track(
+        self, track: rtc.Track, track_sid: str, participant: rtc.Participant
+    ) -> VoiceSession | None:
+        """Start a voice session for one audio track and read its frames until it ends."""
+        async with self._lock(track_sid):
+            if track_sid in self._feeds or self.closed:
+                return None
+            speaker = speaker_of(participant, self.config.shared_mic_names)
+            channel, release = await self._channel_for(speaker)
+            await self.kit.ensure_participant(
+                self.room_name, channel.channel_id, speaker.identity, display_name=speaker.name
+            )
+            self._serial += 1
+            session_id = f"{track_sid}-{self._serial}"
+            self._sessions[session_id] = _SessionInfo(speaker, track_sid)
+            try:
+                session = await channel.start_session(
+                    self.room_name, speaker.identity, sample_rate=STT_SAMPLE_RATE,
+                    encoding="pcm16", channels=1, session_id=session_id,
+                )
+            except BaseException:
+                if release is not None:
+                    release()
+                raise
+            stream = rtc.AudioStream.from_track(
+                track=track, sample_rate=STT_SAMPLE_RATE, num_channels=1
+            )
+            feed = _Feed(track_sid, speaker, session, stream, release)
+            feed.task = asyncio.create_task(self._read(feed))
+            self._feeds[track_sid] = feed
+            log.info("room %s: %s track %s → voice session %s (%s)", self.room_name,
+                     speaker.identity, track_sid, session.id,
+                     "shared mic" if speaker.shared_mic else f"one person: {speaker.name}")
+            return session
+
+    async def _read(self, feed: _Feed) -> None:
+        realtime = self.realtime if self.realtime is not None and self.realtime.audio_mode else None
+        async for event in feed.stream:
+            pcm = bytes(event.frame.data)
+            if not pcm:
+                continue
+            try:
+                accepted = feed.session.push(pcm)
+            except Exception:
+                continue  # logged by the session (V10); the stream goes on
+            if realtime is not None and accepted:
+                # what the session accepted (after the playback gate), on the session's clock
+                total = feed.session.audio.total
+                heard = float_to_pcm16(feed.session.audio.samples(total - accepted, total))
+                try:
+                    await realtime.push_audio(self.room_name, heard, STT_SAMPLE_RATE,
+                                              stream_id=feed.session.id)
+                except Exception:
+                    log.exception("room %s: realtime audio push failed", self.room_name)
+
+    async def close_track(self, track_sid: str) -> None:
+        """Stop reading the track and end its session: the turn in progress is committed once."""
+        async with self._lock(track_sid):
+            feed = self._feeds.pop(track_sid, None)
+            if feed is None:
+                return
+            await feed.stream.aclose()
+            if feed.task is not None:
+                feed.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await feed.task
+            try:
+                await feed.session.finish()
+            finally:
+                if self.realtime is not None and self.realtime.audio_mode:
+                    self.realtime.forget_stream(self.room_name, feed.session.id)
+                if feed.release is not None:
+                    feed.release()
+
+    @property
+    def sessions(self) -> list[VoiceSession]:
+        return [feed.session for feed in self._feeds.values()]
+
+    # ------------------------------------------------------------------ naming
+
+    def _name_one_person(self, value: object, ctx: HookContext) -> HookResult[Any] | None:
+        """One person per track: whatever label the STT put on the voice, the turn is the
+        participant's, named by its participant record (attribution B2)."""
+        if not isinstance(value, TranscriptionEvent):
+            return None
+        info = self._sessions.get(str(ctx.extra.get("voice_session_id")))
+        if info is None or info.speaker.shared_mic or value.sender_name is None:
+            return None
+        return HookResult.modify(dataclasses.replace(value, sender_name=None))
+
+    # ------------------------------------------------------------------ output
+
+    async def _publish_loop(self) -> None:
+        while True:
+            event = await self._queue.get()
+            try:
+                if event is None:
+                    return
+                await self._publish(event)
+            except Exception:
+                log.exception("room %s: publishing a transcription failed", self.room_name)
+            finally:
+                self._queue.task_done()
+
+    async def _publish(self, event: RoomEvent) -> None:
+        info = self._sessions.get(str(event.metadata.get("voice_session_id")))
+        label = await self.kit.label_for(self.room_name, event)
+        identity = info.speaker.identity if info else (event.source.participant_id or "")
+        attributes = {
+            ATTRIBUTE_FINAL: "true",
+            ATTRIBUTE_SEGMENT_ID: event.id,
+            self.config.transcription_attribute: label,
+        }
+        if info is not None:
+            attributes[ATTRIBUTE_TRACK_ID] = info.track_sid
+        writer = await self.local.stream_text(
+            topic=TOPIC_TRANSCRIPTION, attributes=attributes, sender_identity=identity
+        )
+        await writer.write(event.text)
+        await writer.aclose()
+        self.published.append(PublishedTranscription(event.text, identity, attributes))
+
+    async def _play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
+        """The realtime channel's reply audio (already gating the voice sessions): queued for
+        the reply track, so the channel's listener is not held for the audio's duration."""
+        if sample_rate != self.config.reply_sample_rate:
+            samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+            samples = resample(samples, sample_rate, self.config.reply_sample_rate)
+            pcm16 = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        self._reply_queue.put_nowait(pcm16)
+
+    async def _reply_loop(self) -> None:
+        rate = self.config.reply_sample_rate
+        step = rate // 50  # 20 ms frames
+        while True:
+            pcm = await self._reply_queue.get()
+            if pcm is None:
+                return
+            samples = np.frombuffer(pcm, dtype="<i2")
+            for start in range(0, len(samples), step):
+                chunk = samples[start : start + step]
+                frame = rtc.AudioFrame(chunk.tobytes(), rate, 1, len(chunk))
+                try:
+                    await self.reply_source.capture_frame(frame)
+                except Exception:
+                    log.exception("room %s: reply audio frame dropped", self.room_name)
+                    break
+
+
+__all__ = [
+    "ATTRIBUTE_FINAL",
+    "ATTRIBUTE_SEGMENT_ID",
+    "ATTRIBUTE_TRACK_ID",
+    "TOPIC_TRANSCRIPTION",
+    "ChorusRoomAgent",
+    "LocalParticipantLike",
+    "PublishedTranscription",
+    "TextWriterLike",
+]

@@ -1,0 +1,183 @@
+"""The `chorus agent` worker: a livekit-agents 1.x `AgentServer` running one Chorus room per job.
+
+Why shaped so: LiveKit dispatches one job per room to the least loaded registered worker, and
+runs each job in its own process (the default executor), so everything a job needs is built in
+the job from the same configuration `chorus serve` reads: its STT provider, diarization stage and
+realtime channel (`build_room_agent`). The configuration reaches job processes as the path in
+`CHORUS_AGENT_CONFIG` (job processes inherit the worker's environment); `LIVEKIT_URL`,
+`LIVEKIT_API_KEY` and `LIVEKIT_API_SECRET` are read by `AgentServer` itself. The worker
+registers with `agent_name="chorus"` (configurable) so rooms get it only by explicit dispatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from typing import Any
+
+from livekit import agents, rtc
+from livekit.agents.worker import ServerEnvOption
+
+from diarization import load_stage
+from livekit_worker.config import LiveKitConfig, load_agent_config
+from livekit_worker.room_agent import ChorusRoomAgent, LocalParticipantLike
+from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
+from server.config import ServerConfig
+from voice.diarization_stage import DiarizationStage
+from voice.stt.base import SttProvider
+
+log = logging.getLogger(__name__)
+
+CONFIG_ENV = "CHORUS_AGENT_CONFIG"
+"""Path of the config file, as `chorus agent --config` set it for the job processes."""
+
+
+def stt_provider(config: ServerConfig) -> SttProvider:
+    """The configured STT provider (`[stt]`), as `chorus serve` builds it."""
+    stt = config.stt
+    if stt.provider == "deepgram":
+        from voice.stt.deepgram import DeepgramSTT
+
+        return DeepgramSTT(
+            stt.deepgram_api_key,
+            url=stt.deepgram_url,
+            model=stt.model or "nova-3",
+            language=stt.language or "en",
+        )
+    from voice.stt.whisper import WhisperSTT
+
+    return WhisperSTT(stt.model, language=stt.language or "en")
+
+
+def speak_policy(config: ServerConfig) -> SpeakPolicy:
+    if config.policy.answer_only:
+        return AnswerOnly(people=tuple(config.policy.answer_only))
+    return default_policy()
+
+
+def realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
+    """The configured realtime channel (`[realtime]`, `[policy]`), or None for `none`."""
+    rt = config.realtime
+    if rt.provider == "none":
+        return None
+    options: dict[str, Any] = {}
+    if rt.provider != "recorder":
+        if rt.model:
+            options["model"] = rt.model
+        if rt.api_key:
+            options["api_key"] = rt.api_key
+        if rt.base_url:
+            options["base_url"] = rt.base_url
+    return RealtimeChannel(
+        "realtime",
+        rt.provider,
+        assistant_name=config.policy.assistant_name,
+        instructions=config.policy.system_prompt,
+        policy=speak_policy(config),
+        audio_mode=rt.audio,
+        voice=rt.voice,
+        response_timeout=rt.response_timeout,
+        **options,
+    )
+
+
+def stage_factory(config: ServerConfig, stt: SttProvider) -> Any:
+    """A builder of diarization stages for shared mics, or None when the STT's own labels are
+    used (a diarizing STT with `stt.diarize`) or `diarizer.kind = "none"`."""
+    cfg = config.diarizer
+    if cfg.kind == "none" or (stt.diarizes and config.stt.diarize):
+        return None
+
+    def build() -> DiarizationStage:
+        return load_stage(cfg.kind, num_speakers=cfg.num_speakers, max_speakers=cfg.max_speakers,
+                          pipeline=cfg.pipeline, hf_token=cfg.hf_token)
+
+    return build
+
+
+async def build_room_agent(
+    room: rtc.Room,
+    room_name: str,
+    config: ServerConfig,
+    livekit: LiveKitConfig,
+    *,
+    stt: SttProvider | None = None,
+    local: LocalParticipantLike | None = None,
+) -> ChorusRoomAgent:
+    """A started `ChorusRoomAgent` for one LiveKit room, built from the configuration."""
+    provider = stt or stt_provider(config)
+    if config.diarizer.kind == "embedded":
+        import diarization.embedded  # noqa: F401  (imported on the loop's thread, not a worker's)
+    load = getattr(provider, "load", None)
+    if load is not None:
+        await load()  # Whisper: the model, in a worker thread
+    agent = ChorusRoomAgent(
+        room,
+        room_name,
+        stt=provider,
+        livekit=livekit,
+        realtime=realtime_channel(config),
+        stage_factory=stage_factory(config, provider),
+        local=local,
+    )
+    await agent.start()
+    return agent
+
+
+async def run_job(
+    ctx: agents.JobContext,
+    config: ServerConfig,
+    livekit: LiveKitConfig,
+    *,
+    stt: SttProvider | None = None,
+    local: LocalParticipantLike | None = None,
+) -> ChorusRoomAgent:
+    """Connect (audio only), start the room's agent, and close it when the job shuts down."""
+    await ctx.connect(auto_subscribe=agents.AutoSubscribe.AUDIO_ONLY)
+    room_name = ctx.room.name or ctx.job.room.name
+    provider = stt or stt_provider(config)
+    agent = await build_room_agent(ctx.room, room_name, config, livekit, stt=provider, local=local)
+
+    async def shutdown(reason: str = "") -> None:
+        log.info("room %s: job ends (%s)", room_name, reason or "shutdown")
+        try:
+            await agent.aclose()
+        finally:
+            await provider.aclose()
+
+    ctx.add_shutdown_callback(shutdown)
+    return agent
+
+
+async def entrypoint(ctx: agents.JobContext) -> None:
+    """The `rtc_session` entrypoint: one Chorus room for the job's LiveKit room."""
+    config, livekit = load_agent_config(os.environ.get(CONFIG_ENV) or None)
+    await run_job(ctx, config, livekit)
+
+
+def build_server(livekit: LiveKitConfig, **options: Any) -> agents.AgentServer:
+    """The `AgentServer` `chorus agent` runs: `agent_name` from config, its load threshold, and
+    the LiveKit credentials from the environment (or `ws_url`/`api_key`/`api_secret` options)."""
+    # development mode takes every job (as livekit-agents' own default does); production mode
+    # declines new rooms above the configured load
+    threshold = ServerEnvOption(dev_default=math.inf, prod_default=livekit.load_threshold)
+    server = agents.AgentServer(load_threshold=threshold, **options)
+    server.rtc_session(entrypoint, agent_name=livekit.agent_name)
+    return server
+
+
+def missing_credentials(environ: dict[str, str] | None = None) -> list[str]:
+    env = dict(os.environ) if environ is None else environ
+    return [n for n in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET") if not env.get(n)]
+
+
+async def serve(livekit: LiveKitConfig, *, devmode: bool) -> None:
+    server = build_server(livekit)
+    try:
+        await server.run(devmode=devmode)
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await server.aclose()

@@ -1,0 +1,67 @@
+"""`chorus agent [--config chorus.toml] [--dev]`: run Chorus as a LiveKit Agents worker.
+
+The worker registers with the LiveKit server named by `LIVEKIT_URL` (credentials
+`LIVEKIT_API_KEY`, `LIVEKIT_API_SECRET`) under `agent_name = "chorus"` and takes one job per room
+it is dispatched to (`livekit_worker`, docs/livekit.md). It reads the same config file as
+`chorus serve` (STT, diarizer, realtime, policy) plus its `[livekit]` section. The import of
+`livekit_worker` waits until the command runs, so `chorus --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "agent", help="run as a LiveKit Agents worker (one Chorus room per LiveKit room)"
+    )
+    parser.add_argument("--config", default=None, help="chorus.toml (see docs/livekit.md)")
+    parser.add_argument(
+        "--dev", action="store_true",
+        help="development mode: no load threshold, verbose logs (livekit-agents devmode)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING …")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from server.config import ConfigError
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from livekit_worker.config import load_agent_config
+    from livekit_worker.worker import CONFIG_ENV, missing_credentials, serve
+
+    try:
+        _, livekit = load_agent_config(args.config)  # a bad file fails here, not in each job
+    except (ConfigError, ValueError) as exc:
+        print(f"chorus agent: {exc}", file=sys.stderr)
+        return 2
+    missing = missing_credentials()
+    if missing:
+        print(
+            f"chorus agent: set {', '.join(missing)} (the LiveKit server and its API key; "
+            "for a local server `livekit-server --dev` uses devkey / secret)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.config:
+        os.environ[CONFIG_ENV] = os.path.abspath(args.config)  # job processes inherit it
+    print(
+        f"chorus agent: registering with {os.environ['LIVEKIT_URL']} as "
+        f"agent_name={livekit.agent_name!r}",
+        file=sys.stderr, flush=True,
+    )
+    try:
+        asyncio.run(serve(livekit, devmode=args.dev))
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,387 @@
+"""`chorus agent`'s job: a LiveKit room as a Chorus room (issue 11, items 2 and the tests).
+
+No LiveKit server can be installed here, so the job runs against a never-connected `rtc.Room`
+that emits the real events with real participant/publication objects, inside livekit-agents' own
+`fake_job_context`. The audio is real LiveKit media: each participant's track is an
+`rtc.AudioSource` → `rtc.LocalAudioTrack`, which the job reads through `rtc.AudioStream.from_track`
+(played out in real time by LiveKit's native side), carrying clips of the generated meeting and
+of a shared fixture recording. The STT is the real Deepgram client against the local
+Deepgram-protocol server, whose words come from those recordings' scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from livekit import rtc
+from livekit.agents.testing import fake_job_context
+
+from attribution import NOTE
+from livekit_worker.config import LiveKitConfig
+from livekit_worker.room_agent import ChorusRoomAgent
+from livekit_worker.worker import run_job
+from models import RoomEvent
+from server.config import ServerConfig
+from tests.livekit_helpers import (
+    MEETING_DIR,
+    RATE,
+    FakeRoom,
+    RecordingLocalParticipant,
+    RecordingsWords,
+    TrackPlayer,
+    clip,
+    clip_words,
+    meeting_pcm,
+    remote_participant,
+    rttm_words,
+    until,
+)
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+
+ALICE = (0.0, 4.45)  # the meeting's first turn (Alice)
+BOB = (4.45, 9.05)  # its second (Bob)
+SHARED = (0.0, 15.0)  # falcon_test: spk1, spk2, the start of spk3
+
+
+def meeting_text(start: float, end: float) -> str:
+    words = MeetingWords.from_meeting(MEETING_DIR).words
+    return " ".join(w.punctuated_word or w.word for w in words if start <= (w.start + w.end) / 2 <= end)
+
+
+def config_for(url: str) -> ServerConfig:
+    return ServerConfig.model_validate({
+        "stt": {"provider": "deepgram", "deepgram_url": url, "deepgram_api_key": "k"},
+        "diarizer": {"kind": "embedded"},
+        "realtime": {"provider": "recorder"},
+    })
+
+
+@pytest.fixture
+async def falcon(shared_fixtures: Path) -> tuple[MeetingWords, np.ndarray]:
+    folder = shared_fixtures / "short-clips"
+    words = rttm_words(folder / "falcon_test.flac", folder / "falcon_test.rttm")
+    return words, words.reference
+
+
+async def voice_events(agent: ChorusRoomAgent) -> list[RoomEvent]:
+    return [e for e in await agent.kit.list_events(agent.room_name)
+            if e.metadata.get("source") == "voice"]
+
+
+async def heard(agent: ChorusRoomAgent, identity: str, seconds: float) -> None:
+    """Wait until the participant's session has taken `seconds` of voiced audio (a LiveKit audio
+    stream delivers silence before the source plays; the bound is a failure bound)."""
+    def done() -> bool:
+        for session in agent.sessions:
+            if session.participant_id == identity:
+                samples = session.audio.samples(0, session.audio.total)
+                voiced = np.flatnonzero(samples)
+                return len(voiced) > 0 and (session.audio.total - voiced[0]) / RATE >= seconds
+        return False
+    await until(done, limit=120)
+
+
+@pytest.fixture
+async def deepgram(falcon: tuple[MeetingWords, np.ndarray]) -> AsyncIterator[DeepgramTestServer]:
+    meeting = MeetingWords.from_meeting(MEETING_DIR)
+    source = RecordingsWords([
+        clip_words(meeting, *ALICE), clip_words(meeting, *BOB), clip_words(falcon[0], *SHARED),
+    ])
+    async with DeepgramTestServer(source) as server:
+        yield server
+
+
+async def test_two_people_and_a_shared_mic_in_one_room(
+    deepgram: DeepgramTestServer, falcon: tuple[MeetingWords, np.ndarray]
+) -> None:
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    livekit = LiveKitConfig()
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), livekit, local=local)
+    alice = remote_participant("alice-1", "Alice")
+    caller = remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
+                                attributes={"sip.phoneNumber": "+15550100"})
+    table = remote_participant("table-mic", "Conference room",
+                               attributes={"chorus.shared_mic": "true"})
+    players = {p.identity: TrackPlayer(p.identity) for p in (alice, caller, table)}
+    audio = meeting_pcm()
+    clips = {
+        "alice-1": clip(audio, *ALICE),
+        "sip_15550100": clip(audio, *BOB),
+        "table-mic": clip(falcon[1], *SHARED),
+    }
+    try:
+        for participant in (alice, caller, table):
+            room.join(participant)
+            room.subscribe(participant, players[participant.identity].track,
+                           f"TR_{participant.identity}")
+        await agent.wait_idle()
+        assert len(agent.sessions) == 3
+        await asyncio.gather(*(players[i].play(pcm) for i, pcm in clips.items()))
+        for identity, pcm in clips.items():
+            await heard(agent, identity, len(pcm) / RATE + 0.5)  # and some silence after
+        room.leave(alice)
+        room.unsubscribe(caller, "TR_sip_15550100")
+        room.leave(table)
+        await agent.wait_idle()
+        assert agent.sessions == []
+        assert agent.realtime is not None
+        await agent.realtime.wait_idle(agent.room_name)
+        events = await voice_events(agent)
+        labels = [await agent.kit.label_for("standup", e) for e in events]
+        by_label: dict[str, list[str]] = {}
+        for label, event in zip(labels, events, strict=True):
+            by_label.setdefault(label, []).append(event.text)
+
+        # the two one-person participants: named by LiveKit name / SIP number, one turn each
+        assert " ".join(by_label.pop("Alice")) == meeting_text(*ALICE)
+        assert " ".join(by_label.pop("+15550100")) == meeting_text(*BOB)
+        # the shared mic: its voices by the STT's labels, in the fixture's order
+        table_events = [e for e in events if e.source.participant_id == "table-mic"]
+        assert [e.metadata["sender_name"] for e in table_events] == [
+            "Speaker A", "Speaker B", "Speaker C"]
+        for event, speaker in zip(table_events, ("spk1", "spk2", "spk3"), strict=True):
+            assert set(event.text.split()) == {
+                w.word for w in clip_words(falcon[0], *SHARED).words if w.speaker == speaker}
+        assert sorted(by_label) == ["Speaker A", "Speaker B", "Speaker C"]
+
+        # the realtime recorder: every turn once, labelled once two speakers were heard, note once
+        lines = agent.realtime.lines_for("standup")
+        assert len(lines) == len(events)
+        assert sum(NOTE in line for line in lines) == 1
+        assert NOTE in lines[1]
+        for line, label in zip(lines[1:], labels[1:], strict=True):
+            assert line.startswith(f"{label}: ")
+
+        # the published transcriptions: each turn once, in commit order, with LiveKit's attributes
+        assert [s.topic for s in local.streams] == ["lk.transcription"] * len(events)
+        assert all(s.closed for s in local.streams)
+        assert [s.text for s in local.streams] == [e.text for e in events]
+        assert [s.attributes["lk.segment_id"] for s in local.streams] == [e.id for e in events]
+        assert [s.attributes["chorus.speaker"] for s in local.streams] == labels
+        assert [s.sender_identity for s in local.streams] == [
+            e.source.participant_id for e in events]
+        assert [s.attributes["lk.transcribed_track_id"] for s in local.streams] == [
+            f"TR_{e.source.participant_id}" for e in events]
+        assert {s.attributes["lk.transcription_final"] for s in local.streams} == {"true"}
+        # the reply track is the agent's own published audio track
+        assert [t for t, _ in local.tracks] == [agent.reply_track]
+    finally:
+        await agent.aclose()
+        for player in players.values():
+            await player.aclose()
+
+
+async def test_leaving_mid_turn_commits_the_turn_once_and_a_rejoin_keeps_the_name(
+    deepgram: DeepgramTestServer,
+) -> None:
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    audio = meeting_pcm()
+    first, second = TrackPlayer("a"), TrackPlayer("b")
+    try:
+        alice = remote_participant("alice-1", "Alice")
+        room.join(alice)
+        room.subscribe(alice, first.track, "TR_1")
+        await agent.wait_idle()
+        await first.play(clip(audio, *ALICE))
+        await heard(agent, "alice-1", 2.6)  # mid-sentence: her turn runs to 4.2 s
+        room.leave(alice)
+        await agent.wait_idle()
+        events = await voice_events(agent)
+        assert len(events) == 1
+        full = meeting_text(*ALICE)
+        assert events[0].text and full.startswith(events[0].text) and events[0].text != full
+        assert len(local.streams) == 1 and local.streams[0].text == events[0].text
+
+        again = remote_participant("alice-1", "Alice")
+        room.join(again)
+        room.subscribe(again, second.track, "TR_2")
+        await agent.wait_idle()
+        await second.play(clip(audio, *BOB))
+        await heard(agent, "alice-1", BOB[1] - BOB[0] + 0.5)
+        room.unsubscribe(again, "TR_2")
+        await agent.wait_idle()
+        events = await voice_events(agent)
+        assert len(events) == 2
+        assert events[1].text == meeting_text(*BOB)
+        assert [await agent.kit.label_for("standup", e) for e in events] == ["Alice", "Alice"]
+        people = await agent.kit.get_participants("standup")
+        assert [p.id for p in people if p.id == "alice-1"] == ["alice-1"]
+        assert len(local.streams) == 2 and local.streams[1].text == events[1].text
+    finally:
+        await agent.aclose()
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_sessions(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """The realtime channel hands reply audio to every `AudioSink` in the room (R5); the voice
+    channel is the sink: its playback window gates the room's sessions (V9), and the audio comes
+    out of the agent's published track, read back through a real `rtc.AudioStream`."""
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    player = TrackPlayer("alice")
+    alice = remote_participant("alice-1", "Alice")
+    reader = rtc.AudioStream.from_track(track=agent.reply_track, sample_rate=24000,
+                                        num_channels=1)
+    t = np.arange(12000) / 24000
+    tone = (np.cos(2 * np.pi * 440 * t) * 8000).astype(np.int16)  # 0.5 s at 24 kHz, from 8000
+    try:
+        room.join(alice)
+        room.subscribe(alice, player.track, "TR_1")
+        await agent.wait_idle()
+        [session] = agent.sessions
+        await agent.voice.play("standup", tone.tobytes(), 24000)
+        assert agent.voice.is_playing("standup")
+        out: list[np.ndarray] = []
+        async for event in reader:
+            out.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
+            got = np.concatenate(out)
+            voiced = np.flatnonzero(got)
+            if len(voiced) and len(got) - voiced[0] >= len(tone):
+                break
+        got = np.concatenate(out)
+        start = int(np.flatnonzero(got)[0])
+        assert np.array_equal(got[start : start + len(tone)], tone)
+        await until(lambda: session.gated_seconds > 0)  # what the room heard meanwhile: silenced
+    finally:
+        await reader.aclose()
+        await agent.aclose()
+        await player.aclose()
+
+
+async def test_a_shared_mic_is_split_by_the_diarization_stage_when_the_stt_does_not_label(
+) -> None:
+    """`stt.diarize = false`: the STT hears one voice, so the shared mic's track gets a voice
+    channel with its own embedded stage (pooled and reset for the next shared-mic track)."""
+    meeting = clip_words(MeetingWords.from_meeting(MEETING_DIR), 0.0, 15.7)
+    for i, word in enumerate(meeting.words):
+        meeting.words[i] = dataclasses.replace(word, speaker=0)
+    async with DeepgramTestServer(RecordingsWords([meeting])) as server:
+        config = config_for(server.url)
+        config.stt.diarize = False
+        local = RecordingLocalParticipant()
+        room = FakeRoom("standup", local)
+        with fake_job_context(room=room) as ctx:
+            agent = await run_job(ctx, config, LiveKitConfig(shared_mic_names=["conference*"]),
+                                  local=local)
+        player = TrackPlayer("table")
+        table = remote_participant("conference-room", "Conference room")
+        try:
+            room.join(table)
+            room.subscribe(table, player.track, "TR_table")
+            await agent.wait_idle()
+            [session] = agent.sessions
+            assert session.channel is not agent.voice and session.channel.pipeline_speakers
+            await player.play(clip(meeting_pcm(), 0.0, 15.7))
+            await heard(agent, "conference-room", 15.7 + 0.5)
+            room.leave(table)
+            await agent.wait_idle()
+            events = await voice_events(agent)
+            names = [e.metadata.get("sender_name") for e in events]
+            assert [e.text for e in events] == [meeting_text(s, e) for s, e in
+                                                 ((0, 4.45), (4.45, 9.05), (9.05, 12.9), (12.9, 15.7))]
+            assert names[0] == names[3] and len({names[0], names[1], names[2]}) == 3
+            assert [s.attributes["chorus.speaker"] for s in local.streams] == names
+            assert agent._pool == [session.channel]  # back in the room's pool for the next mic
+        finally:
+            await agent.aclose()
+            await player.aclose()
+
+
+async def test_audio_mode_commits_each_turn_s_own_audio_before_its_line(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """`realtime.audio = true`: each track's audio goes to the realtime channel under its session
+    id; every turn is committed to the model with the span of its own track's audio (R3)."""
+    config = config_for(deepgram.url)
+    config.realtime.audio = True
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    players = {"alice-1": TrackPlayer("a"), "bob-1": TrackPlayer("b")}
+    clips = {"alice-1": clip(meeting_pcm(), *ALICE), "bob-1": clip(meeting_pcm(), *BOB)}
+    try:
+        for identity, name in (("alice-1", "Alice"), ("bob-1", "Bob")):
+            participant = remote_participant(identity, name)
+            room.join(participant)
+            room.subscribe(participant, players[identity].track, f"TR_{identity}")
+        await agent.wait_idle()
+        await asyncio.gather(*(players[i].play(pcm) for i, pcm in clips.items()))
+        for identity, pcm in clips.items():
+            await heard(agent, identity, len(pcm) / RATE + 0.5)
+        for participant in list(room.remote_participants.values()):
+            room.leave(participant)
+        await agent.wait_idle()
+        assert agent.realtime is not None
+        await agent.realtime.wait_idle("standup")
+        events = await voice_events(agent)
+        assert sorted([await agent.kit.label_for("standup", e) for e in events]) == ["Alice", "Bob"]
+        recorded = agent.realtime.session_for("standup").events  # type: ignore[attr-defined]
+        kinds = [e["type"] for e in recorded]
+        commits = [i for i, kind in enumerate(kinds) if kind == "input_audio_buffer.commit"]
+        assert len(commits) == len(events) == 2
+        start = 0
+        for event, commit in zip(events, commits, strict=True):
+            appended = b"".join(base64.b64decode(e["audio"]) for e in recorded[start:commit]
+                                if e["type"] == "input_audio_buffer.append")
+            seconds = len(appended) / 2 / 24000
+            assert abs(seconds - (event.metadata["end"] - event.metadata["start"])) < 0.05
+            start = commit + 1
+    finally:
+        await agent.aclose()
+        for player in players.values():
+            await player.aclose()
+
+
+async def test_without_a_realtime_model_no_reply_track_is_published(
+    deepgram: DeepgramTestServer,
+) -> None:
+    config = config_for(deepgram.url)
+    config.realtime.provider = "none"
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    try:
+        assert agent.realtime is None and local.tracks == []
+    finally:
+        await agent.aclose()
+
+
+async def test_tracks_subscribed_before_the_job_started_are_taken(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """LiveKit may subscribe tracks while the job is still loading its models: the agent takes
+    the tracks already there when it starts, and a repeated event for one opens nothing twice."""
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    player = TrackPlayer("early")
+    early = remote_participant("early-1", "Erin")
+    room.join(early)
+    publication = room.subscribe(early, player.track, "TR_early")
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    try:
+        room.emit("track_subscribed", player.track, publication, early)
+        await agent.wait_idle()
+        assert [(s.participant_id, s.id.split("-")[0]) for s in agent.sessions] == [
+            ("early-1", "TR_early")]
+    finally:
+        await agent.aclose()
+        await player.aclose()
