@@ -186,8 +186,10 @@ class RoomKit:
                 identity_id=identity_id,
                 connected_via=[channel_id],
             )
-            await self.store.upsert_participant(room_id, participant)
+            # D7: a room without a register rebuilds it from the participants and turns it has
+            # now, before the newcomer joins, so no turn's rank moves to the newcomer.
             register = await self._load_register(room_id)
+            await self.store.upsert_participant(room_id, participant)
             register_participant(register, participant)
             await self.store.put_register(room_id, register.model_dump(mode="json"))
             return participant
@@ -198,8 +200,8 @@ class RoomKit:
             for existing in await self.store.get_participants(room_id):
                 if existing.id == participant_id:
                     updated = existing.model_copy(update={"display_name": display_name})
+                    register = await self._load_register(room_id)  # before the rename (D7)
                     await self.store.upsert_participant(room_id, updated)
-                    register = await self._load_register(room_id)
                     register_participant(register, updated)
                     await self.store.put_register(room_id, register.model_dump(mode="json"))
                     return updated
