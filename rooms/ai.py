@@ -73,7 +73,7 @@ class AIChannel(Channel):
 
     async def build_context(self, trigger: RoomEvent, ctx: RoomContext) -> AIContext:
         kit = ctx.kit
-        window = self.memory.window(await kit.list_events(ctx.room_id), self.channel_id)
+        window = await self.memory.retrieve(kit.store, ctx.room_id, self.channel_id)
         if self.attribution:
             participants = await kit.get_participants(ctx.room_id)
             register = await kit.get_register(ctx.room_id) or Register.new()

@@ -13,6 +13,8 @@ SHARED_FIXTURES = Path(
 )
 os.environ.setdefault("PYANNOTE_METRICS_ENABLED", "0")
 
+pytest_plugins = ["tests.store_fixtures"]  # new_store / new_kit: every store the rooms tests run on
+
 
 @pytest.fixture(scope="session")
 def shared_fixtures() -> Path:

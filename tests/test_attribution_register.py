@@ -19,7 +19,8 @@ from attribution import (
 )
 from attribution.confusables import confusable_sources
 from models import EventSource, Participant, RoomEvent, TextContent
-from rooms import ChannelBinding, InMemoryStore, Room, RoomKit, TextChannel
+from rooms import ChannelBinding, Room, RoomKit, TextChannel
+from tests.store_fixtures import KitFactory
 
 ALICE = Participant(id="u-alice-7", display_name="Alice", connected_via=["chat"])
 BOB = Participant(id="u-bob-7", display_name="Bob", connected_via=["chat"])
@@ -341,11 +342,11 @@ def test_D7_rebuild_skips_system_events() -> None:
     assert label_for(notice, [], register) == ""
 
 
-async def _room_from_before_the_register() -> RoomKit:
+async def _room_from_before_the_register(new_kit: KitFactory) -> RoomKit:
     """A room whose store holds turns by `Alice` and `ALICE` and no register (a room from before
     it, or one that lost it)."""
-    store = InMemoryStore()
-    kit = RoomKit(store=store)
+    kit = await new_kit()
+    store = kit.store
     for channel in ("sms1", "chat"):
         kit.register_channel(TextChannel(channel))
     await store.create_room(Room(id="r"))
@@ -367,15 +368,19 @@ async def _labels(kit: RoomKit) -> list[str]:
     return [await kit.label_for("r", e) for e in await kit.list_events("r")]
 
 
-async def test_D7_ensure_participant_rebuilds_the_register_before_adding_the_newcomer() -> None:
-    kit = await _room_from_before_the_register()
+async def test_D7_ensure_participant_rebuilds_the_register_before_adding_the_newcomer(
+    new_kit: KitFactory,
+) -> None:
+    kit = await _room_from_before_the_register(new_kit)
     await kit.ensure_participant("r", "chat", "u-alice", display_name="Alice")
     await kit.post_event("r", "chat", TextContent(body="new here"), participant_id="u-alice")
     assert await _labels(kit) == ["Alice", "ALICE (2)", "Alice (3)"]
 
 
-async def test_D7_update_participant_rebuilds_the_register_before_the_rename() -> None:
-    kit = await _room_from_before_the_register()
+async def test_D7_update_participant_rebuilds_the_register_before_the_rename(
+    new_kit: KitFactory,
+) -> None:
+    kit = await _room_from_before_the_register(new_kit)
     await kit.store.upsert_participant(
         "r", Participant(id="u-bob", display_name="Bob", connected_via=["chat"])
     )

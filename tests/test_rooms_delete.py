@@ -14,6 +14,7 @@ from rooms import RoomKit, TextChannel
 from rooms.locks import InProcessLocks
 from rooms.postgres import PostgresAdvisoryLocks, PostgresStore
 from tests.postgres_server import postgres_server
+from tests.store_fixtures import KitFactory
 
 
 async def _fill(kit: RoomKit, room_id: str) -> None:
@@ -64,8 +65,8 @@ async def _check_delete(kit: RoomKit) -> None:
     assert [e.text for e in await kit.list_events("gone")] == ["fresh start"]
 
 
-async def test_delete_room_in_memory() -> None:
-    kit = RoomKit()
+async def test_delete_room_on_every_store(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await _check_delete(kit)
 
@@ -99,9 +100,11 @@ async def test_delete_room_keeps_a_lock_someone_is_waiting_for() -> None:
     lock.release()
 
 
-async def test_a_stream_of_inbound_messages_after_delete_routes_to_a_new_room() -> None:
+async def test_a_stream_of_inbound_messages_after_delete_routes_to_a_new_room(
+    new_kit: KitFactory,
+) -> None:
     """A sender routed to a deleted room gets a room of their own again (its sender row is gone)."""
-    kit = RoomKit()
+    kit = await new_kit()
     kit.register_channel(TextChannel("sms"))
     first = await kit.process_inbound(
         InboundMessage(channel_id="sms", sender_id="+1", content=TextContent(body="hi"))
