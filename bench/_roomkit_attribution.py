@@ -16,6 +16,7 @@ AI, then `triggers` measured turns. Per measured turn: the CPU and wall time of
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import sys
 import time
@@ -29,26 +30,22 @@ def line(n: int) -> str:
 
 
 async def measure(answered: int, triggers: int) -> dict[str, Any]:
-    from roomkit import (
-        AIChannel,
-        ChannelCategory,
-        InboundMessage,
-        RoomKit,
-        TextContent,
-        WebSocketChannel,
-    )
-    from roomkit.providers.ai import MockAIProvider
+    # Imported by name: this script runs under roomkit's interpreter, never the project's.
+    rk: Any = importlib.import_module("roomkit")
+    mock: Any = importlib.import_module("roomkit.providers.ai")
 
     reached: list[tuple[float, float]] = []
+    provider = mock.MockAIProvider(responses=["Noted."])
+    generate = provider.generate
 
-    class TimingProvider(MockAIProvider):
-        async def generate(self, context: Any) -> Any:
-            reached.append((time.process_time(), time.perf_counter()))
-            return await super().generate(context)
+    async def timed_generate(context: Any, *args: Any, **kwargs: Any) -> Any:
+        reached.append((time.process_time(), time.perf_counter()))
+        return await generate(context, *args, **kwargs)
 
-    kit = RoomKit()
-    web = WebSocketChannel("web")
-    ai = AIChannel("ai", provider=TimingProvider(responses=["Noted."]))
+    provider.generate = timed_generate
+    kit = rk.RoomKit()
+    web = rk.WebSocketChannel("web")
+    ai = rk.AIChannel("ai", provider=provider)
     builds: list[tuple[float, float]] = []
     original = ai._build_context
 
@@ -58,12 +55,12 @@ async def measure(answered: int, triggers: int) -> dict[str, Any]:
         builds.append((time.process_time() - cpu, time.perf_counter() - wall))
         return result
 
-    ai._build_context = timed_build  # type: ignore[method-assign]
+    ai._build_context = timed_build
     kit.register_channel(web)
     kit.register_channel(ai)
     await kit.create_room(room_id="r")
     await kit.attach_channel("r", "web", group=True)
-    await kit.attach_channel("r", "ai", category=ChannelCategory.INTELLIGENCE)
+    await kit.attach_channel("r", "ai", category=rk.ChannelCategory.INTELLIGENCE)
     for pid, name in SPEAKERS:
         await kit.add_member("r", "web", pid, display_name=name)
 
@@ -71,7 +68,9 @@ async def measure(answered: int, triggers: int) -> dict[str, Any]:
         sender = SPEAKERS[n % 3][0]
         cpu, wall = time.process_time(), time.perf_counter()
         result = await kit.process_inbound(
-            InboundMessage(channel_id="web", sender_id=sender, content=TextContent(body=line(n)))
+            rk.InboundMessage(
+                channel_id="web", sender_id=sender, content=rk.TextContent(body=line(n))
+            )
         )
         assert not result.blocked and result.event is not None and result.event.room_id == "r"
         return cpu, wall
@@ -98,11 +97,10 @@ async def measure(answered: int, triggers: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    import roomkit
-
+    roomkit: Any = importlib.import_module("roomkit")
     answered = [int(a) for a in argv[0].split(",")]
     triggers = int(argv[1])
-    out = {"roomkit": roomkit.__version__, "python": sys.version.split()[0], "rooms": []}
+    out: dict[str, Any] = {"roomkit": roomkit.__version__, "python": sys.version.split()[0], "rooms": []}
     for count in answered:
         out["rooms"].append(asyncio.run(measure(count, triggers)))
     print(json.dumps(out))

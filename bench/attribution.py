@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from models import AIContext, InboundMessage, TextContent
-from rooms import AIChannel, AIResponse, MockAIProvider, RoomContext, RoomKit, RoomStore, TextChannel
+from rooms import (
+    AIChannel,
+    AIResponse,
+    MockAIProvider,
+    RoomContext,
+    RoomKit,
+    RoomStore,
+    TextChannel,
+)
 from rooms.sqlite import SQLiteStore
 
 ROOMKIT_HALF = Path(__file__).with_name("_roomkit_attribution.py")
