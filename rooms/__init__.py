@@ -11,7 +11,16 @@ from rooms.hooks import HookContext, HookResult, HookTrigger
 from rooms.kit import InboundResult, RoomKit, RoutingError
 from rooms.locks import InProcessLocks, RoomLockManager
 from rooms.memory import Memory, SlidingWindowMemory
-from rooms.store import ChannelBinding, InMemoryStore, Room, RoomStore
+from rooms.sqlite import SQLiteStore
+from rooms.store import (
+    ChannelBinding,
+    InMemoryStore,
+    OpenedStore,
+    Room,
+    RoomStore,
+    StoredEvent,
+    open_store,
+)
 
 __all__ = [
     "AIChannel",
@@ -28,12 +37,16 @@ __all__ = [
     "InboundResult",
     "Memory",
     "MockAIProvider",
+    "OpenedStore",
     "Room",
     "RoomContext",
     "RoomKit",
     "RoomLockManager",
     "RoomStore",
     "RoutingError",
+    "SQLiteStore",
     "SlidingWindowMemory",
+    "StoredEvent",
     "TextChannel",
+    "open_store",
 ]

@@ -117,6 +117,25 @@ class RoomKit:
                 log.exception("channel %s failed to let go of room %s", channel.channel_id, room_id)
         self.locks.discard(room_id)
 
+    async def release_room(self, room_id: str) -> None:
+        """Free what the kit and the channels hold for a room in memory, keeping everything the
+        store holds (an idle room evicted by a server). Every attached channel hears `on_detach`
+        (it drops its sessions and buffers for the room), the kit drops the room's delivery queue
+        and its lock entry unless someone holds or waits for it. The room's next event, or a
+        channel attached again, takes it up where it was: its turns, participants and register
+        are still in the store."""
+        async with self.locks.lock(room_id):
+            attached = await self.channels_in(room_id)
+            state = self._deliveries.get(room_id)
+            if state is not None and state.deliverer is None and not state.queue:
+                del self._deliveries[room_id]
+        for channel in attached:
+            try:
+                await channel.on_detach(room_id)
+            except Exception:
+                log.exception("channel %s failed to let go of room %s", channel.channel_id, room_id)
+        self.locks.discard(room_id)
+
     async def _require_room(self, room_id: str) -> Room:
         room = await self.store.get_room(room_id)
         if room is None:

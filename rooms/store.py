@@ -23,13 +23,15 @@ from __future__ import annotations
 import bisect
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from models import CompositeContent, Content, Participant, RoomEvent
+from rooms.locks import InProcessLocks, RoomLockManager
 
 
 def _immutable(*_: Any, **__: Any) -> NoReturn:
@@ -382,3 +384,58 @@ def window_of(events: Iterable[RoomEvent], channel_id: str, limit: int) -> list[
     """`list_window` over a list already read (oldest first): the newest `limit` in the window."""
     visible = [e for e in events if in_window(e, channel_id)]
     return visible[-limit:] if limit > 0 else []
+
+
+@dataclass
+class OpenedStore:
+    """A store opened from a URL, the room locks that go with it, and how to close both."""
+
+    url: str
+    store: RoomStore
+    locks: RoomLockManager
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in self.closers:
+            await close()
+
+
+def sqlite_path(url: str) -> str:
+    """The file of a SQLite URL: `sqlite:///var/lib/chorus/chorus.db` is the absolute path
+    `/var/lib/chorus/chorus.db` (extra leading slashes are one), `sqlite://data/chorus.db` a path
+    relative to the working directory, `sqlite://:memory:` an in-memory database."""
+    rest = url[len("sqlite://") :] if url.lower().startswith("sqlite://") else ""
+    if not rest or rest in (":memory:", "/:memory:"):
+        if not rest:
+            raise ValueError(f"a SQLite store URL names a file: sqlite:///path/to/chorus.db, not {url!r}")
+        return ":memory:"
+    if rest.startswith("/"):
+        return "/" + rest.lstrip("/")
+    return rest
+
+
+async def open_store(url: str) -> OpenedStore:
+    """The store a URL names, with its locks: `memory://` (one process, gone at exit),
+    `sqlite:///path/to/chorus.db` (one process, kept on disk), `postgresql://…` or
+    `postgres://…` (shared by several processes: Postgres advisory room locks, rule D6)."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "memory":
+        return OpenedStore(url, InMemoryStore(), InProcessLocks())
+    if scheme == "sqlite":
+        from rooms.sqlite import SQLiteStore
+
+        sqlite = await SQLiteStore.open(sqlite_path(url))
+        return OpenedStore(url, sqlite, InProcessLocks(), [sqlite.close])
+    if scheme in ("postgresql", "postgres"):
+        from rooms.postgres import PostgresAdvisoryLocks, PostgresStore
+
+        postgres = await PostgresStore.connect(url)
+        try:
+            locks = await PostgresAdvisoryLocks.connect(url)
+        except BaseException:
+            await postgres.close()
+            raise
+        return OpenedStore(url, postgres, locks, [locks.close, postgres.close])
+    raise ValueError(
+        f"unknown store URL {url!r}: use memory://, sqlite:///path/to/chorus.db or postgresql://…"
+    )

@@ -33,6 +33,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from rooms import RoomKit
 from server.auth import TokenError, TokenProblem, verify_token
 from server.config import ServerConfig
 from server.live import LiveRooms, LiveStream, Outgoing, StreamLimitError
@@ -94,11 +95,13 @@ def _page() -> bytes:
 class ChorusServer:
     """`async with ChorusServer(config, pipeline).run(host, port) as server: ...`"""
 
-    def __init__(self, config: ServerConfig, pipeline: Pipeline, secret: str) -> None:
+    def __init__(
+        self, config: ServerConfig, pipeline: Pipeline, secret: str, kit: RoomKit | None = None
+    ) -> None:
         self.config = config
         self.secret = secret
         self.metrics = ServerMetrics()
-        self.rooms = LiveRooms(config, self.metrics, pipeline)
+        self.rooms = LiveRooms(config, self.metrics, pipeline, kit)
         self._server: Server | None = None
         self._page = _page()
         self._closing = False

@@ -45,6 +45,12 @@ async def fresh_postgres_database(dsn: str) -> str:
     return dsn.replace("dbname=postgres", f"dbname={name}")
 
 
+def postgres_url(dsn: str) -> str:
+    """`host=… port=… user=… dbname=…` as the `postgresql://` URL `[store] url` takes."""
+    parts = dict(item.split("=", 1) for item in dsn.split())
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
 @pytest.fixture(params=STORES)
 async def new_store(
     request: pytest.FixtureRequest, tmp_path: Path
