@@ -62,7 +62,10 @@ class PostgresStore(RoomStore):
     @classmethod
     async def connect(cls, dsn: str) -> PostgresStore:
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        async with conn.cursor() as cur:
+        # Several processes starting at once would race on `CREATE TABLE IF NOT EXISTS` (it is not
+        # atomic in Postgres): the schema is created under a transaction-scoped advisory lock.
+        async with conn.transaction(), conn.cursor() as cur:
+            await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('chorus-schema', 0))")
             await cur.execute(SCHEMA)
         return cls(conn)
 

@@ -200,7 +200,9 @@ class LiveRooms:
             if live is not None:
                 return live
             if await self.kit.get_room(room_id) is None:
-                await self.kit.create_room(room_id=room_id)
+                # Another server process on the same store may create it at the same moment.
+                with contextlib.suppress(ValueError):
+                    await self.kit.create_room(room_id=room_id)
             # A stored room (from before a restart, or evicted while idle) is taken up where it
             # was: its channels attach again and hear `on_attach`, its renames come back.
             await self.kit.attach_channel(room_id, self.output.channel_id)
