@@ -89,6 +89,12 @@ def _digest(salt: str, parts: tuple[str, ...]) -> str:
     return hmac.new(bytes.fromhex(salt), message, hashlib.sha256).hexdigest()[:32]
 
 
+@lru_cache(maxsize=16384)
+def _shown(name: str) -> str | None:
+    """`shown_name`, remembered (a pure function; checked for every turn of every window)."""
+    return shown_name(name)
+
+
 def _source_digest(register: Register, source: tuple[str, ...]) -> str:
     return register.digest("source", *source)
 
@@ -213,7 +219,7 @@ def _trusted_record(event: RoomEvent, register: Register) -> tuple[str | None, i
         return None
     if name is None:
         return (None, 0)
-    if rank is None or shown_name(name) != name:
+    if rank is None or _shown(name) != name:
         return None
     entry = _find(register, source, _name_digest(register, name))
     if entry is None or entry.rank != rank:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -279,7 +280,7 @@ class InMemoryStore(RoomStore):
         self._senders: dict[tuple[str, str], str] = {}
         self._timelines: dict[str, _Timeline] = {}
         self._participants: dict[str, dict[str, Participant]] = {}
-        self._registers: dict[str, dict[str, Any]] = {}
+        self._registers: dict[str, str] = {}
         self._memory_state: dict[tuple[str, str], dict[str, Any]] = {}
 
     async def create_room(self, room: Room) -> None:
@@ -367,10 +368,10 @@ class InMemoryStore(RoomStore):
 
     async def get_register(self, room_id: str) -> dict[str, Any] | None:
         data = self._registers.get(room_id)
-        return copy.deepcopy(data) if data is not None else None
+        return dict(json.loads(data)) if data is not None else None
 
     async def put_register(self, room_id: str, register: dict[str, Any]) -> None:
-        self._registers[room_id] = copy.deepcopy(register)
+        self._registers[room_id] = json.dumps(register)  # kept as JSON: every read is a copy
 
     async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
         data = self._memory_state.get((room_id, key))
