@@ -3,14 +3,17 @@ and rooms that outlive the store object (a restart)."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import pickle
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from models import EventSource, Participant, RoomEvent, TextContent, Visibility
 from models.content import CompositeContent, ImageContent
-from rooms import ChannelBinding, Room, RoomStore
+from rooms import ChannelBinding, InMemoryStore, Room, RoomStore
 from rooms.sqlite import SQLiteStore
 from rooms.store import StoredEvent, window_of
 from tests.store_fixtures import StoreFactory
@@ -188,3 +191,47 @@ async def test_a_duplicate_event_or_room_is_a_clear_error(new_store: StoreFactor
     with pytest.raises(ValueError, match="already"):
         await store.add_event(events[0])
     assert len(await store.list_events("r")) == 2
+
+
+@st.composite
+def timelines(draw: st.DrawFn) -> list[tuple[str, Visibility]]:
+    channels = ["ai", "sms", "chat", "voice"]
+    visibility = st.one_of(
+        st.just("all"), st.just("none"), st.lists(st.sampled_from(channels), max_size=3)
+    )
+    return draw(st.lists(st.tuples(st.sampled_from(channels), visibility), max_size=60))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    timeline=timelines(),
+    channel=st.sampled_from(["ai", "sms", "chat", "voice", "other"]),
+    limit=st.integers(min_value=0, max_value=70),
+    cut=st.integers(min_value=0, max_value=60),
+    replaced=st.lists(st.tuples(st.integers(0, 59), st.sampled_from(["all", "none", "ai"])), max_size=5),
+)
+def test_the_in_memory_index_serves_the_same_windows_as_a_scan(
+    timeline: list[tuple[str, Visibility]],
+    channel: str,
+    limit: int,
+    cut: int,
+    replaced: list[tuple[int, str]],
+) -> None:
+    async def check() -> None:
+        store = InMemoryStore()
+        await store.create_room(Room(id="r"))
+        events = [event(n, source, vis) for n, (source, vis) in enumerate(timeline)]
+        for e in events:
+            await store.add_event(e)
+        for index, vis in replaced:  # a replaced event moves between windows
+            if index < len(events):
+                new_vis: Visibility = ["ai"] if vis == "ai" else vis  # type: ignore[assignment]
+                events[index] = events[index].model_copy(update={"visibility": new_vis})
+                await store.replace_event(events[index])
+        got = await store.list_window("r", channel, limit)
+        assert [e.id for e in got] == [e.id for e in window_of(events, channel, limit)]
+        if cut < len(events):
+            before = await store.list_window("r", channel, limit, before=events[cut].id)
+            assert [e.id for e in before] == [e.id for e in window_of(events[:cut], channel, limit)]
+
+    asyncio.run(check())
