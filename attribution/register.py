@@ -32,6 +32,7 @@ import hmac
 import json
 import secrets
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -76,8 +77,22 @@ class Register(BaseModel):
 
     def digest(self, *parts: str) -> str:
         """The salted digest of a tuple of strings (HMAC-SHA256, 128 bits, hex)."""
-        message = json.dumps(list(parts), ensure_ascii=False).encode("utf-8")
-        return hmac.new(bytes.fromhex(self.salt), message, hashlib.sha256).hexdigest()[:32]
+        return _digest(self.salt, parts)
+
+
+@lru_cache(maxsize=65536)
+def _digest(salt: str, parts: tuple[str, ...]) -> str:
+    """`Register.digest`, remembered: labelling a window verifies the seal of every turn in it on
+    every call, and the same turns stay in the window call after call (issue 14.1). A pure
+    function of the salt and the parts, so remembering it changes no answer."""
+    message = json.dumps(list(parts), ensure_ascii=False).encode("utf-8")
+    return hmac.new(bytes.fromhex(salt), message, hashlib.sha256).hexdigest()[:32]
+
+
+@lru_cache(maxsize=16384)
+def _shown(name: str) -> str | None:
+    """`shown_name`, remembered (a pure function; checked for every turn of every window)."""
+    return shown_name(name)
 
 
 def _source_digest(register: Register, source: tuple[str, ...]) -> str:
@@ -204,7 +219,7 @@ def _trusted_record(event: RoomEvent, register: Register) -> tuple[str | None, i
         return None
     if name is None:
         return (None, 0)
-    if rank is None or shown_name(name) != name:
+    if rank is None or _shown(name) != name:
         return None
     entry = _find(register, source, _name_digest(register, name))
     if entry is None or entry.rank != rank:

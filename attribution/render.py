@@ -18,7 +18,7 @@ import re
 import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
-from functools import cache
+from functools import cache, lru_cache
 
 from attribution.confusables import confusable_sources, skeleton
 from attribution.names import shown_name
@@ -211,6 +211,19 @@ def neutralize_marks(text: str, marks: Iterable[str] = RUNTIME_MARKS) -> str:
     return "".join(out)
 
 
+@lru_cache(maxsize=16384)
+def _neutralized(text: str) -> str:
+    """`neutralize_marks` with the default marks, remembered: stored events are immutable, so a
+    turn that stays in a window for 50 calls is scanned once (issue 14.1)."""
+    return neutralize_marks(text)
+
+
+@lru_cache(maxsize=16384)
+def _labelled_text(label: str, text: str) -> str:
+    """C1/C2/E3: a text turn's labelled lines, remembered per (label, text)."""
+    return labelled_lines(label, _neutralized(text))
+
+
 # --- A1: when labels are used -------------------------------------------------------------------
 
 
@@ -361,11 +374,11 @@ def _labelled_message(
     label = label_for(event, participants, register)
     parts = _parts(event)
     if parts is None:
-        return AIMessage(role="user", content=labelled_lines(label, neutralize_marks(event.text)))
+        return AIMessage(role="user", content=_labelled_text(label, event.text))
     lead: list[AIPart] = [AITextPart(text=f"{label}:")]  # C5: a lead part, parts not rewritten
     for part in parts:
         if isinstance(part, AITextPart):
-            lead.append(AITextPart(text=neutralize_marks(part.text)))
+            lead.append(AITextPart(text=_neutralized(part.text)))
         else:
             lead.append(part)
     return AIMessage(role="user", content=lead)
@@ -411,4 +424,4 @@ def render_line(event: RoomEvent, participants: Participants, register: Register
     if event.kind == "system":
         return event.text
     label = label_for(event, participants, register)
-    return labelled_lines(label, neutralize_marks(event.text))
+    return _labelled_text(label, event.text)

@@ -10,9 +10,9 @@ B3 nobody: the turn is labelled by its channel (`@channel_id`, C4).
 The source (what takes a rank in the register, D2) is decided alongside the name:
 
 - the turn resolves to a registered participant (B2) and either carries no `sender_name` or one
-  that shows exactly as that participant's name -> the participant (`("participant", id)`), the
-  same source `register_participant` registered, so a participant keeps their rank whichever
-  channel they speak on;
+  that shows exactly as that participant's name -> the participant (`("participant", identity_id
+  or id)`), the same source `register_participant` registered, so a participant keeps their rank
+  whichever channel they speak on, and records that share an identity are one source (B2);
 - the turn carries a `sender_name` that is not the matched participant's name -> a sender identity
   on the channel, `("sender", channel_id, participant_id or "", shown sender_name)`. The name is part
   of the identity because one stream can carry several voices: a voice channel stamps
@@ -63,24 +63,30 @@ def participant_list(participants: Participants) -> list[Participant]:
 
 
 def match_participant(event: RoomEvent, participants: Participants) -> Participant | None:
-    """B2: the participant the event's `participant_id` names on the event's channel."""
+    """B2: the participant the event's `participant_id` names on the event's channel.
+
+    Candidates are the records whose `id` is the sender on a channel they are reached through,
+    then those whose `identity_id` is the sender (on any channel). Several records of one person
+    (a nameless record by id, a named one by identity) may match: the first with a readable name
+    names the turn; only when none has one is the first candidate returned.
+    """
     pid = event.source.participant_id
     if not pid:
         return None
     channel = event.source.channel_id
     people = participant_list(participants)
-    for p in people:
-        if p.id == pid and channel in p.connected_via:
-            return p
-    for p in people:
-        if p.identity_id is not None and p.identity_id == pid:
-            return p
-    return None
+    candidates = [p for p in people if p.id == pid and channel in p.connected_via]
+    candidates += [p for p in people if p.identity_id is not None and p.identity_id == pid]
+    for candidate in candidates:
+        if shown_name(candidate.display_name) is not None:
+            return candidate
+    return candidates[0] if candidates else None
 
 
 def participant_source(participant: Participant) -> tuple[str, ...]:
-    """The source identity of a registered participant."""
-    return ("participant", participant.id)
+    """The source identity of a registered participant: its `identity_id` when it has one (records
+    that share an identity are one person, one source for ranks, B2/D2), else its own id."""
+    return ("participant", participant.identity_id or participant.id)
 
 
 def resolve_speaker(event: RoomEvent, participants: Participants) -> Speaker:

@@ -30,7 +30,16 @@ from rooms.policy import (
     SpeakPolicy,
     SpeakTurn,
 )
-from rooms.store import ChannelBinding, InMemoryStore, Room, RoomStore
+from rooms.sqlite import SQLiteStore
+from rooms.store import (
+    ChannelBinding,
+    InMemoryStore,
+    OpenedStore,
+    Room,
+    RoomStore,
+    StoredEvent,
+    open_store,
+)
 
 __all__ = [
     "AIChannel",
@@ -54,6 +63,7 @@ __all__ = [
     "InboundResult",
     "Memory",
     "MockAIProvider",
+    "OpenedStore",
     "Recall",
     "Room",
     "RoomContext",
@@ -61,12 +71,15 @@ __all__ = [
     "RoomLockManager",
     "RoomStore",
     "RoutingError",
+    "SQLiteStore",
     "SlidingWindowMemory",
     "SpeakPolicy",
     "SpeakTurn",
+    "StoredEvent",
     "Summarizer",
     "SummarizingMemory",
     "TaskWorker",
     "TextChannel",
     "delegate_task",
+    "open_store",
 ]

@@ -153,7 +153,7 @@ class AIChannel(Channel):
         if isinstance(self.memory, SummarizingMemory):
             return await self._build_summarized_context(self.memory, trigger, ctx)
         kit = ctx.kit
-        window = self.memory.window(await kit.list_events(ctx.room_id), self.channel_id)
+        window = await self.memory.retrieve(kit.store, ctx.room_id, self.channel_id)
         if self.attribution:
             participants = await kit.get_participants(ctx.room_id)
             register = await kit.get_register(ctx.room_id) or Register.new()

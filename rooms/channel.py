@@ -54,8 +54,9 @@ class Channel(ABC):  # noqa: B024 - every method has a working default
         """Called once when the channel is attached to a room."""
 
     async def on_detach(self, room_id: str) -> None:  # noqa: B027 - optional
-        """Called once the room is gone (`RoomKit.delete_room`): drop what the channel keeps for
-        it (sessions, buffers). A room id used again later is a new room."""
+        """Called once the room is gone (`RoomKit.delete_room`) or let go of while its stored
+        data stays (`RoomKit.release_room`, an idle room a server evicts): drop what the channel
+        keeps for it in memory (sessions, buffers). `on_attach` comes again if the room returns."""
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:  # noqa: B027 - optional
         """Called for each committed event from another channel this channel may see."""

@@ -117,6 +117,25 @@ class RoomKit:
                 log.exception("channel %s failed to let go of room %s", channel.channel_id, room_id)
         self.locks.discard(room_id)
 
+    async def release_room(self, room_id: str) -> None:
+        """Free what the kit and the channels hold for a room in memory, keeping everything the
+        store holds (an idle room evicted by a server). Every attached channel hears `on_detach`
+        (it drops its sessions and buffers for the room), the kit drops the room's delivery queue
+        and its lock entry unless someone holds or waits for it. The room's next event, or a
+        channel attached again, takes it up where it was: its turns, participants and register
+        are still in the store."""
+        async with self.locks.lock(room_id):
+            attached = await self.channels_in(room_id)
+            state = self._deliveries.get(room_id)
+            if state is not None and state.deliverer is None and not state.queue:
+                del self._deliveries[room_id]
+        for channel in attached:
+            try:
+                await channel.on_detach(room_id)
+            except Exception:
+                log.exception("channel %s failed to let go of room %s", channel.channel_id, room_id)
+        self.locks.discard(room_id)
+
     async def _require_room(self, room_id: str) -> Room:
         room = await self.store.get_room(room_id)
         if room is None:
@@ -186,8 +205,10 @@ class RoomKit:
                 identity_id=identity_id,
                 connected_via=[channel_id],
             )
-            await self.store.upsert_participant(room_id, participant)
+            # D7: a room without a register rebuilds it from the participants and turns it has
+            # now, before the newcomer joins, so no turn's rank moves to the newcomer.
             register = await self._load_register(room_id)
+            await self.store.upsert_participant(room_id, participant)
             register_participant(register, participant)
             await self.store.put_register(room_id, register.model_dump(mode="json"))
             return participant
@@ -198,8 +219,8 @@ class RoomKit:
             for existing in await self.store.get_participants(room_id):
                 if existing.id == participant_id:
                     updated = existing.model_copy(update={"display_name": display_name})
+                    register = await self._load_register(room_id)  # before the rename (D7)
                     await self.store.upsert_participant(room_id, updated)
-                    register = await self._load_register(room_id)
                     register_participant(register, updated)
                     await self.store.put_register(room_id, register.model_dump(mode="json"))
                     return updated

@@ -10,6 +10,15 @@ summarizer reads the fallen-out turns labelled by the attribution engine
 together (`render_summarized_context`), so a summary naming Alice is never followed by an
 unlabelled `Alice: …` someone else typed. Their `recall` is async (a summarizer call, the store);
 `AIChannel` and the realtime replay call it.
+
+A memory is asked in two ways. `retrieve(store, room_id, channel_id)` is what the AI channel calls
+on every trigger: it reads what it needs from the store, and `SlidingWindowMemory` reads only its
+window (`RoomStore.list_window`, served from an index), so building a context costs the same in a
+room of 400 events and in one of 40,000 (issue 14.1). `window(events, channel_id)` is the pure
+rule over a list already read. The default `retrieve` reads the whole timeline and applies
+`window`, so a memory that needs more than the last N events (a summarizing memory reads the
+events that fall out of its window) only has to implement `window`, or can override `retrieve` and
+page back with `list_window(..., before=event_id)`.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from attribution import (
 )
 from models import AIContext, AIMessage, Participant, RoomEvent
 from rooms.policy import addressed
+from rooms.store import RoomStore, in_window, window_of
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +49,15 @@ class Memory(ABC):
     def window(self, events: list[RoomEvent], channel_id: str) -> list[RoomEvent]:
         """The events (oldest first) a channel's model sees, from the room's committed events."""
 
+    async def retrieve(self, store: RoomStore, room_id: str, channel_id: str) -> list[RoomEvent]:
+        """The events (oldest first) a channel's model sees for one call, read from the store.
+
+        The default reads the room's whole timeline and applies `window`."""
+        return self.window(await store.list_events(room_id), channel_id)
+
 
 class SlidingWindowMemory(Memory):
-    """The last `max_events` message events the channel may see."""
+    """The last `max_events` events the channel may see (visible to it, or its own)."""
 
     def __init__(self, max_events: int = 50) -> None:
         if max_events < 1:
@@ -49,8 +65,10 @@ class SlidingWindowMemory(Memory):
         self.max_events = max_events
 
     def window(self, events: list[RoomEvent], channel_id: str) -> list[RoomEvent]:
-        visible = [e for e in events if e.visible_to(channel_id) or e.source.channel_id == channel_id]
-        return visible[-self.max_events :]
+        return window_of(events, channel_id, self.max_events)
+
+    async def retrieve(self, store: RoomStore, room_id: str, channel_id: str) -> list[RoomEvent]:
+        return await store.list_window(room_id, channel_id, self.max_events)
 
 
 # --- G4: running summaries ------------------------------------------------------------------------
@@ -101,7 +119,7 @@ class Recall:
 
 def visible_events(events: Sequence[RoomEvent], channel_id: str) -> list[RoomEvent]:
     """The events a channel may read: visible to it, or its own."""
-    return [e for e in events if e.visible_to(channel_id) or e.source.channel_id == channel_id]
+    return [e for e in events if in_window(e, channel_id)]
 
 
 def approx_tokens(text: str) -> int:

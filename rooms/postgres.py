@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from models import Participant, RoomEvent
 from rooms.locks import RoomLockManager, idle
-from rooms.store import ChannelBinding, Room, RoomStore
+from rooms.store import ChannelBinding, Room, RoomStore, freeze_event
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chorus_rooms (
@@ -40,9 +40,16 @@ CREATE TABLE IF NOT EXISTS chorus_events (
 CREATE TABLE IF NOT EXISTS chorus_participants (
     room_id text NOT NULL, id text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, id));
 CREATE TABLE IF NOT EXISTS chorus_registers (room_id text PRIMARY KEY, data jsonb NOT NULL);
-CREATE TABLE IF NOT EXISTS chorus_memory_states (
+CREATE TABLE IF NOT EXISTS chorus_memory_state (
     room_id text NOT NULL, key text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, key));
+CREATE INDEX IF NOT EXISTS chorus_events_room_seq ON chorus_events (room_id, seq);
 """
+
+_IN_WINDOW = (
+    "(data->'visibility' = '\"all\"'::jsonb OR data->'source'->>'channel_id' = %s "
+    "OR (jsonb_typeof(data->'visibility') = 'array' AND data->'visibility' ? %s))"
+)
+"""`rooms.store.in_window` in SQL: visible to the channel, or sent from it."""
 
 
 class PostgresStore(RoomStore):
@@ -55,7 +62,10 @@ class PostgresStore(RoomStore):
     @classmethod
     async def connect(cls, dsn: str) -> PostgresStore:
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        async with conn.cursor() as cur:
+        # Several processes starting at once would race on `CREATE TABLE IF NOT EXISTS` (it is not
+        # atomic in Postgres): the schema is created under a transaction-scoped advisory lock.
+        async with conn.transaction(), conn.cursor() as cur:
+            await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('chorus-schema', 0))")
             await cur.execute(SCHEMA)
         return cls(conn)
 
@@ -93,7 +103,7 @@ class PostgresStore(RoomStore):
                 "chorus_events",
                 "chorus_participants",
                 "chorus_registers",
-                "chorus_memory_states",
+                "chorus_memory_state",
             ):
                 await cur.execute(f"DELETE FROM {table} WHERE room_id = %s", (room_id,))
             await cur.execute("DELETE FROM chorus_rooms WHERE id = %s", (room_id,))
@@ -134,10 +144,13 @@ class PostgresStore(RoomStore):
         )
 
     async def add_event(self, event: RoomEvent) -> None:
-        await self._rows(
-            "INSERT INTO chorus_events (room_id, id, data) VALUES (%s, %s, %s)",
-            (event.room_id, event.id, Jsonb(json.loads(event.model_dump_json()))),
-        )
+        try:
+            await self._rows(
+                "INSERT INTO chorus_events (room_id, id, data) VALUES (%s, %s, %s)",
+                (event.room_id, event.id, Jsonb(json.loads(event.model_dump_json()))),
+            )
+        except psycopg.errors.UniqueViolation:
+            raise ValueError(f"event {event.id!r} is already in room {event.room_id!r}") from None
 
     async def replace_event(self, event: RoomEvent) -> None:
         rows = await self._rows(
@@ -151,7 +164,7 @@ class PostgresStore(RoomStore):
         rows = await self._rows(
             "SELECT data FROM chorus_events WHERE room_id = %s AND id = %s", (room_id, event_id)
         )
-        return RoomEvent.model_validate(rows[0][0]) if rows else None
+        return freeze_event(RoomEvent.model_validate(rows[0][0])) if rows else None
 
     async def list_events(self, room_id: str, limit: int | None = None) -> list[RoomEvent]:
         if limit is None:
@@ -164,7 +177,39 @@ class PostgresStore(RoomStore):
                 "ORDER BY seq DESC LIMIT %s) newest ORDER BY seq",
                 (room_id, max(limit, 0)),
             )
-        return [RoomEvent.model_validate(r[0]) for r in rows]
+        return [freeze_event(RoomEvent.model_validate(r[0])) for r in rows]
+
+    async def list_window(
+        self, room_id: str, channel_id: str, limit: int, *, before: str | None = None
+    ) -> list[RoomEvent]:
+        if limit <= 0:
+            return []
+        cutoff = "" if before is None else (
+            "AND seq < (SELECT seq FROM chorus_events WHERE room_id = %s AND id = %s) "
+        )
+        params: tuple[Any, ...] = (room_id,)
+        if before is not None:
+            params += (room_id, before)
+        rows = await self._rows(
+            "SELECT data FROM (SELECT seq, data FROM chorus_events WHERE room_id = %s "
+            f"{cutoff}AND {_IN_WINDOW} ORDER BY seq DESC LIMIT %s) newest ORDER BY seq",
+            (*params, channel_id, channel_id, limit),
+        )
+        return [freeze_event(RoomEvent.model_validate(r[0])) for r in rows]
+
+    async def list_around(
+        self, room_id: str, event_id: str, before: int, after: int
+    ) -> list[RoomEvent]:
+        rows = await self._rows(
+            "WITH turn AS (SELECT seq FROM chorus_events WHERE room_id = %s AND id = %s) "
+            "SELECT data FROM ("
+            "(SELECT seq, data FROM chorus_events WHERE room_id = %s AND seq < (SELECT seq FROM turn) "
+            "ORDER BY seq DESC LIMIT %s) UNION ALL "
+            "(SELECT seq, data FROM chorus_events WHERE room_id = %s AND seq >= (SELECT seq FROM turn) "
+            "ORDER BY seq LIMIT %s)) near ORDER BY seq",
+            (room_id, event_id, room_id, max(before, 0), room_id, max(after, 0) + 1),
+        )
+        return [freeze_event(RoomEvent.model_validate(r[0])) for r in rows]
 
     async def upsert_participant(self, room_id: str, participant: Participant) -> None:
         await self._rows(
@@ -192,13 +237,13 @@ class PostgresStore(RoomStore):
 
     async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
         rows = await self._rows(
-            "SELECT data FROM chorus_memory_states WHERE room_id = %s AND key = %s", (room_id, key)
+            "SELECT data FROM chorus_memory_state WHERE room_id = %s AND key = %s", (room_id, key)
         )
         return dict(rows[0][0]) if rows else None
 
     async def put_memory_state(self, room_id: str, key: str, value: dict[str, Any]) -> None:
         await self._rows(
-            "INSERT INTO chorus_memory_states (room_id, key, data) VALUES (%s, %s, %s) "
+            "INSERT INTO chorus_memory_state (room_id, key, data) VALUES (%s, %s, %s) "
             "ON CONFLICT (room_id, key) DO UPDATE SET data = EXCLUDED.data",
             (room_id, key, Jsonb(value)),
         )

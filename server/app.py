@@ -43,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from rooms import RoomKit
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.chat import ChatPost, ChatPosted
 from server.config import ServerConfig
@@ -319,11 +320,13 @@ class ChorusServer:
     """`server = ChorusServer(config, pipeline, secret); await server.start(host, 0); …;
     await server.stop()` — `server.port` is the port it listens on, `server.app` the ASGI app."""
 
-    def __init__(self, config: ServerConfig, pipeline: Pipeline, secret: str) -> None:
+    def __init__(
+        self, config: ServerConfig, pipeline: Pipeline, secret: str, kit: RoomKit | None = None
+    ) -> None:
         self.config = config
         self.secret = secret
         self.metrics = ServerMetrics()
-        self.rooms = LiveRooms(config, self.metrics, pipeline)
+        self.rooms = LiveRooms(config, self.metrics, pipeline, kit)
         self._page = _page()
         self._closing = False
         self._draining = asyncio.Event()

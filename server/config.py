@@ -1,7 +1,7 @@
 """Server configuration: one typed value built from a TOML file and environment variables.
 
 Owns every knob `chorus serve` has (STT, diarizer, realtime provider, speak policy, limits,
-secret). The embedded default needs no file and no variable: local Whisper, the embedded
+the store rooms are kept in, secret). The embedded default needs no file and no variable: local Whisper, the embedded
 diarizer, the recorder realtime session. Precedence is defaults < file < environment, and every
 field of every section can be set from the environment as `CHORUS_<SECTION>_<FIELD>` (for
 example `CHORUS_STT_PROVIDER=deepgram`, `CHORUS_LIMITS_MAX_STREAMS=32`), plus `CHORUS_SECRET`.
@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class _Section(BaseModel):
@@ -174,8 +181,39 @@ class LimitsConfig(_Section):
     max_unauthenticated_per_address: int = Field(default=8, ge=1)
     """The same, per client address."""
     idle_room_seconds: float = Field(default=300.0, ge=0)
-    """A room with no open stream and no feed consumer for this long is evicted (its realtime
-    state, pooled voice channels, live state and stored events); 0 keeps rooms forever."""
+    """A room with no open stream and no feed consumer for this long is evicted: its realtime
+    session, pooled voice channels and live state are freed; its stored turns, participants and
+    register stay in the store (a stream into it later continues it). 0: never evict."""
+
+
+def default_store_url() -> str:
+    """`sqlite:///<user data dir>/chorus.db` (`platformdirs.user_data_dir("chorus")`)."""
+    import platformdirs
+
+    return "sqlite:///" + str(Path(platformdirs.user_data_dir("chorus")) / "chorus.db").lstrip("/")
+
+
+class StoreConfig(_Section):
+    url: str | None = None
+    """Where rooms are kept: `sqlite:///var/lib/chorus/chorus.db` (the default is `chorus.db` in
+    the user's data directory), `postgresql://user@host/db` (several `chorus serve` processes
+    sharing rooms, with Postgres advisory room locks) or `memory://` (nothing survives a
+    restart). Unset: `default_store_url()`."""
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        scheme = url.split(":", 1)[0].lower()
+        if ":" not in url or scheme not in ("memory", "sqlite", "postgresql", "postgres"):
+            raise ValueError(
+                "use memory://, sqlite:///path/to/chorus.db or postgresql://user@host/db"
+            )
+        return url
+
+    def resolved_url(self) -> str:
+        return self.url or default_store_url()
 
 
 class ServerConfig(_Section):
@@ -189,6 +227,7 @@ class ServerConfig(_Section):
     teams: TeamsConfig = Field(default_factory=TeamsConfig)
     whatsapp: WhatsAppConfig = Field(default_factory=WhatsAppConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
 
 
 class ConfigError(ValueError):
@@ -205,6 +244,7 @@ _SECTIONS = (
     "teams",
     "whatsapp",
     "limits",
+    "store",
 )
 _LIST_FIELDS = {("policy", "answer_only"), ("agent", "command")}
 

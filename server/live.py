@@ -9,18 +9,27 @@ delivers every committed event to it in commit order, and as an `AudioSink` it r
 assistant's reply audio (R5). Nothing here awaits a client: messages go to bounded per-socket
 queues, so a slow device or page never stalls audio handling or another room.
 
+The kit's store is the server's `[store]` (SQLite by default, see `server.config.StoreConfig`),
+so rooms outlive the process: a room id the store knows is taken up where it was (its turns,
+participants, register and renames), whether the server restarted or the room was evicted.
+
 A room with no open stream and no feed consumer for `limits.idle_room_seconds` is evicted (a
-sweeper task): its live state, the pipeline's per-room state (`Pipeline.release_room`) and its
-room in the kit (`RoomKit.delete_room`) go, so memory follows the rooms in use, not every room
-ever seen. Idleness is checked again under the room's lock, and the room leaves `rooms` before
-anything is awaited, so a connection arriving meanwhile either keeps the room or gets a new one.
+sweeper task): its live state, the pipeline's per-room state (`Pipeline.release_room`) and what
+the kit and its channels hold in memory for it (`RoomKit.release_room`: realtime session, delivery
+queue, lock entry) go, so memory follows the rooms in use, not every room ever seen. Its stored
+turns stay: deleting a room is an explicit call (`RoomKit.delete_room`). Idleness is checked
+again under the room's lock, and the room leaves `rooms` before anything is awaited, so a
+connection arriving meanwhile either keeps the room or takes it up afresh.
 
 Typed messages (`post_message`, from `POST /v1/rooms/{room}/messages` or the feed) enter through
 the `ChatInput` channel attached to every room and are published to the feed as `message`s in
 commit order with the turns (server.chat).
 
 Renames from the page go through `ON_TRANSCRIPTION` (V6) exactly as an application hook's
-rename would: the server's own hook rewrites `sender_name` of the matching voice's turns.
+rename would: the server's own hook rewrites `sender_name` of the matching voice's turns. Renames
+that outlive a stream (a label in every stream, a one-person stream's participant) are kept in
+the store as the room's memory state `server.renames`; a rename of one voice of one shared-mic
+stream lives as long as that stream.
 """
 
 from __future__ import annotations
@@ -170,6 +179,8 @@ class LiveRoom:
     streams: dict[str, LiveStream] = field(default_factory=dict)
     renames: dict[tuple[str | None, str], str] = field(default_factory=dict)
     """(stream id or None for every stream, raw speaker label) → name."""
+    participant_names: dict[str, str] = field(default_factory=dict)
+    """A one-person stream's participant id → the name it was renamed to (kept in the store)."""
     last_active: float = field(default_factory=time.monotonic)
     """When a stream or a feed consumer last came or went (idle eviction counts from here)."""
 
@@ -200,11 +211,18 @@ class ServerOutput(Channel):
 
 
 class LiveRooms:
-    def __init__(self, config: ServerConfig, metrics: ServerMetrics, pipeline: Pipeline) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+        pipeline: Pipeline,
+        kit: RoomKit | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.pipeline = pipeline
-        self.kit = RoomKit()
+        self.kit = kit or RoomKit()
+        """The server's one kit; its store and locks come from `[store]` (`chorus serve`)."""
         self.rooms: dict[str, LiveRoom] = {}
         self.output = ServerOutput(self)
         self.kit.register_channel(self.output)
@@ -216,6 +234,8 @@ class LiveRooms:
         self._sweeper: asyncio.Task[None] | None = None
         self._stream_count = 0
         self._serial = itertools.count(1)
+        self._saves: set[asyncio.Task[None]] = set()
+        self._save_locks: dict[str, asyncio.Lock] = {}
         self.kit.hooks.add(
             HookTrigger.ON_TRANSCRIPTION, self._apply_rename, priority=1000, name="server-rename"
         )
@@ -234,10 +254,14 @@ class LiveRooms:
             if live is not None:
                 return live
             if await self.kit.get_room(room_id) is None:
-                await self.kit.create_room(room_id=room_id)
-                await self.kit.attach_channel(room_id, self.output.channel_id)
-                await self.kit.attach_channel(room_id, self.chat.channel_id)
-                await self.pipeline.attach_room(self.kit, room_id)
+                # Another server process on the same store may create it at the same moment.
+                with contextlib.suppress(ValueError):
+                    await self.kit.create_room(room_id=room_id)
+            # A stored room (from before a restart, or evicted while idle) is taken up where it
+            # was: its channels attach again and hear `on_attach`, its renames come back.
+            await self.kit.attach_channel(room_id, self.output.channel_id)
+            await self.kit.attach_channel(room_id, self.chat.channel_id)
+            await self.pipeline.attach_room(self.kit, room_id)
             live = LiveRoom(
                 room_id=room_id,
                 feed=RoomFeed(
@@ -246,6 +270,7 @@ class LiveRooms:
                     on_drop=self._feed_dropped,
                 ),
             )
+            await self._load_renames(live)
             self.rooms[room_id] = live
             return live
 
@@ -308,7 +333,7 @@ class LiveRooms:
             since = self._idle_since(live)
             if since is None or time.monotonic() - since < idle_s:
                 return False
-            await self._forget(room_id)
+            await self._forget(room_id, delete=False)
             self.metrics.rooms_evicted_total += 1
         log.info("room %s evicted after %.0f s idle", room_id, idle_s)
         return True
@@ -322,7 +347,7 @@ class LiveRooms:
             if live is not None:
                 if self._idle_since(live) is None:
                     return None
-                await self._forget(room_id)
+                await self._forget(room_id, delete=True)
             elif await self.kit.get_room(room_id) is not None:
                 await self.kit.delete_room(room_id)
             else:
@@ -330,13 +355,17 @@ class LiveRooms:
         log.info("room %s deleted", room_id)
         return True
 
-    async def _forget(self, room_id: str) -> None:
-        """Under the room's lock: the room leaves `rooms` first, then the pipeline and kit."""
+    async def _forget(self, room_id: str, *, delete: bool) -> None:
+        """Under the room's lock: the room leaves `rooms` first, then the pipeline's state, then
+        the kit's: live state only on eviction (stored turns stay), everything on a deletion."""
         del self.rooms[room_id]
         try:
             await self.pipeline.release_room(self.kit, room_id)
         finally:
-            await self.kit.delete_room(room_id)
+            if delete:
+                await self.kit.delete_room(room_id)
+            else:
+                await self.kit.release_room(room_id)
 
     def subscribe(self, live: LiveRoom) -> FeedConsumer:
         if len(live.feed.consumers) >= self.config.limits.max_feed_consumers_per_room:
@@ -620,8 +649,11 @@ class LiveRooms:
         stream = live.streams.get(stream_id) if stream_id is not None else None
         if stream is not None and not stream.info.shared_mic:
             live.renames[(stream.id, ONE_PERSON)] = name  # one voice, whatever its label
+            live.participant_names[stream.info.participant] = name
         else:
             live.renames[(stream_id, label)] = name
+        if stream_id is None or (stream is not None and not stream.info.shared_mic):
+            self._save_renames(live)
         live.feed.publish(
             dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
         )
@@ -643,12 +675,45 @@ class LiveRooms:
             # the turn is the participant's. Unless renamed, no stamped name: the participant
             # record names it (B2).
             name = live.renames.get((stream.id, ONE_PERSON))
+            if name is None:  # renamed in an earlier stream (or before a restart)
+                name = live.participant_names.get(stream.info.participant)
             if name == getattr(value, "sender_name", None):
                 return None
             return HookResult.modify(dataclasses.replace(value, sender_name=name))
         if name is None or name == getattr(value, "sender_name", None):
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=name))
+
+    RENAMES_KEY: ClassVar[str] = "server.renames"
+
+    async def _load_renames(self, live: LiveRoom) -> None:
+        saved = await self.kit.store.get_memory_state(live.room_id, self.RENAMES_KEY) or {}
+        labels = saved.get("labels", {})
+        people = saved.get("participants", {})
+        if isinstance(labels, dict):
+            for label, name in labels.items():
+                live.renames[(None, str(label))] = str(name)
+        if isinstance(people, dict):
+            live.participant_names.update({str(k): str(v) for k, v in people.items()})
+
+    def _save_renames(self, live: LiveRoom) -> None:
+        """Keep the room's lasting renames in the store (in order: the last rename wins)."""
+        lock = self._save_locks.setdefault(live.room_id, asyncio.Lock())
+
+        async def save() -> None:
+            async with lock:
+                value = {
+                    "labels": {label: n for (sid, label), n in live.renames.items() if sid is None},
+                    "participants": dict(live.participant_names),
+                }
+                try:
+                    await self.kit.store.put_memory_state(live.room_id, self.RENAMES_KEY, value)
+                except Exception:
+                    log.exception("keeping the renames of room %s failed", live.room_id)
+
+        task = asyncio.get_running_loop().create_task(save(), name=f"chorus-renames-{live.room_id}")
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -661,5 +726,7 @@ class LiveRooms:
         for live in list(self.rooms.values()):
             for stream in list(live.streams.values()):
                 await self.close_stream(stream)
+        if self._saves:
+            await asyncio.gather(*list(self._saves), return_exceptions=True)
         await self.kit.close()
         await self.pipeline.close()

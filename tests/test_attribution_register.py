@@ -19,6 +19,8 @@ from attribution import (
 )
 from attribution.confusables import confusable_sources
 from models import EventSource, Participant, RoomEvent, TextContent
+from rooms import ChannelBinding, Room, RoomKit, TextChannel
+from tests.store_fixtures import KitFactory
 
 ALICE = Participant(id="u-alice-7", display_name="Alice", connected_via=["chat"])
 BOB = Participant(id="u-bob-7", display_name="Bob", connected_via=["chat"])
@@ -338,6 +340,53 @@ def test_D7_rebuild_skips_system_events() -> None:
     register = rebuild_register([notice, said("Bob")], [])
     assert len(register.entries) == 1
     assert label_for(notice, [], register) == ""
+
+
+async def _room_from_before_the_register(new_kit: KitFactory) -> RoomKit:
+    """A room whose store holds turns by `Alice` and `ALICE` and no register (a room from before
+    it, or one that lost it)."""
+    kit = await new_kit()
+    store = kit.store
+    for channel in ("sms1", "chat"):
+        kit.register_channel(TextChannel(channel))
+    await store.create_room(Room(id="r"))
+    await store.add_binding(ChannelBinding(room_id="r", channel_id="sms1", group=True))
+    for sender, name in [("+1", "Alice"), ("+2", "ALICE")]:
+        await store.add_event(
+            RoomEvent(
+                room_id="r",
+                source=EventSource(channel_id="sms1", participant_id=sender, channel_type="text"),
+                content=TextContent(body=f"{name} here"),
+                metadata={"sender_name": name},
+            )
+        )
+    assert await store.get_register("r") is None
+    return kit
+
+
+async def _labels(kit: RoomKit) -> list[str]:
+    return [await kit.label_for("r", e) for e in await kit.list_events("r")]
+
+
+async def test_D7_ensure_participant_rebuilds_the_register_before_adding_the_newcomer(
+    new_kit: KitFactory,
+) -> None:
+    kit = await _room_from_before_the_register(new_kit)
+    await kit.ensure_participant("r", "chat", "u-alice", display_name="Alice")
+    await kit.post_event("r", "chat", TextContent(body="new here"), participant_id="u-alice")
+    assert await _labels(kit) == ["Alice", "ALICE (2)", "Alice (3)"]
+
+
+async def test_D7_update_participant_rebuilds_the_register_before_the_rename(
+    new_kit: KitFactory,
+) -> None:
+    kit = await _room_from_before_the_register(new_kit)
+    await kit.store.upsert_participant(
+        "r", Participant(id="u-bob", display_name="Bob", connected_via=["chat"])
+    )
+    await kit.update_participant("r", "u-bob", display_name="Alice")
+    await kit.post_event("r", "chat", TextContent(body="renamed"), participant_id="u-bob")
+    assert await _labels(kit) == ["Alice", "ALICE (2)", "Alice (3)"]
 
 
 @pytest.mark.parametrize("name", ["", "   ", ":::"])

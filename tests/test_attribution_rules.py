@@ -225,6 +225,41 @@ def test_B2_identity_names_on_any_channel() -> None:
     assert speaker.participant == dana
 
 
+def test_B2_a_named_record_by_identity_names_a_turn_a_nameless_record_matches_by_id() -> None:
+    # One person recorded twice: a nameless record reached by e-mail, and a named record whose
+    # identity is that address. The named record names the turn, not the channel.
+    by_email = Participant(id="alice@example.com", connected_via=["email1"])
+    named = Participant(
+        id="u-alice", display_name="Alice", identity_id="alice@example.com", connected_via=["chat"]
+    )
+    people = [by_email, named]
+    event = turn("Ship it.", by="alice@example.com", channel="email1")
+    speaker = resolve_speaker(event, people)
+    assert (speaker.name, speaker.participant) == ("Alice", named)
+    register = room(*people)
+    committed(register, [event], people)
+    assert label_for(event, people, register) == "Alice"
+
+
+def test_B2_records_that_share_an_identity_are_one_source_for_ranks() -> None:
+    on_chat = Participant(
+        id="u-alice-chat", display_name="Alice", identity_id="idn-alice", connected_via=["chat"]
+    )
+    on_sms = Participant(
+        id="u-alice-sms", display_name="Alice", identity_id="idn-alice", connected_via=["sms1"]
+    )
+    people = [on_chat, on_sms]
+    register = room(*people)
+    events = [turn("one", by="u-alice-chat"), turn("two", by="u-alice-sms", channel="sms1")]
+    committed(register, events, people)
+    assert [label_for(e, people, register) for e in events] == ["Alice", "Alice"]
+    assert not labelling_on(events, people, AI, register=register)
+    # A look-alike who is someone else still takes the next rank.
+    other = turn("three", by="+1", channel="sms2", sender_name="ALICE")
+    committed(register, [other], people)
+    assert label_for(other, people, register) == "ALICE (2)"
+
+
 def test_B3_nobody_reads_as_the_channel_never_the_participant_id() -> None:
     event = turn("hi", by="+15550100", channel="sms1")
     register = room(*PEOPLE)

@@ -14,19 +14,19 @@ from rooms import (
     HookResult,
     HookTrigger,
     MockAIProvider,
-    RoomKit,
     RoutingError,
     SlidingWindowMemory,
     TextChannel,
 )
+from tests.store_fixtures import KitFactory
 
 
 def text(channel: str, sender: str, body: str, **kw: object) -> InboundMessage:
     return InboundMessage(channel_id=channel, sender_id=sender, content=TextContent(body=body), **kw)  # type: ignore[arg-type]
 
 
-async def test_new_sender_gets_a_room_of_their_own() -> None:
-    kit = RoomKit()
+async def test_new_sender_gets_a_room_of_their_own(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("sms"))
     a = await kit.process_inbound(text("sms", "+1", "hi"))
     b = await kit.process_inbound(text("sms", "+2", "hello"))
@@ -36,8 +36,8 @@ async def test_new_sender_gets_a_room_of_their_own() -> None:
     assert [e.text for e in await kit.list_events(a.room_id)] == ["hi", "me again"]
 
 
-async def test_group_binding_takes_every_sender() -> None:
-    kit = RoomKit()
+async def test_group_binding_takes_every_sender(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("bridge"))
     await kit.create_room(room_id="r")
     await kit.attach_channel("r", "bridge", group=True)
@@ -46,8 +46,8 @@ async def test_group_binding_takes_every_sender() -> None:
     assert a.room_id == b.room_id == "r"
 
 
-async def test_two_group_rooms_need_an_explicit_room() -> None:
-    kit = RoomKit()
+async def test_two_group_rooms_need_an_explicit_room(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("bridge"))
     for room in ("r1", "r2"):
         await kit.create_room(room_id=room)
@@ -58,14 +58,14 @@ async def test_two_group_rooms_need_an_explicit_room() -> None:
     assert result.room_id == "r2"
 
 
-async def test_unknown_channel_is_refused() -> None:
-    kit = RoomKit()
+async def test_unknown_channel_is_refused(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     with pytest.raises(KeyError, match="no channel 'nope'"):
         await kit.process_inbound(text("nope", "a", "x"))
 
 
-async def test_ensure_participant_is_bookkeeping_only() -> None:
-    kit = RoomKit()
+async def test_ensure_participant_is_bookkeeping_only(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await kit.create_room(room_id="r")
     seen: list[RoomEvent] = []
@@ -81,8 +81,8 @@ async def test_ensure_participant_is_bookkeeping_only() -> None:
     assert seen == []
 
 
-async def test_before_broadcast_hook_modifies_and_blocks() -> None:
-    kit = RoomKit()
+async def test_before_broadcast_hook_modifies_and_blocks(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await kit.create_room(room_id="r")
 
@@ -99,8 +99,8 @@ async def test_before_broadcast_hook_modifies_and_blocks() -> None:
     assert [e.text for e in await kit.list_events("r")] == ["HELLO"]
 
 
-async def test_after_broadcast_observer_sees_committed_events() -> None:
-    kit = RoomKit()
+async def test_after_broadcast_observer_sees_committed_events(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await kit.create_room(room_id="r")
     seen: list[str] = []
@@ -114,8 +114,8 @@ async def test_after_broadcast_observer_sees_committed_events() -> None:
     assert seen == ["one"]
 
 
-async def test_failing_observer_does_not_break_the_room() -> None:
-    kit = RoomKit()
+async def test_failing_observer_does_not_break_the_room(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await kit.create_room(room_id="r")
 
@@ -128,8 +128,8 @@ async def test_failing_observer_does_not_break_the_room() -> None:
     assert result.event is not None
 
 
-async def test_ai_reply_is_stored_and_delivered_after_the_trigger() -> None:
-    kit = RoomKit()
+async def test_ai_reply_is_stored_and_delivered_after_the_trigger(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     web = TextChannel("web")
     kit.register_channel(web)
     kit.register_channel(AIChannel("ai", provider=MockAIProvider(["Hi there."])))
@@ -142,8 +142,8 @@ async def test_ai_reply_is_stored_and_delivered_after_the_trigger() -> None:
     assert [e.text for e in web.delivered] == ["Hi there."]
 
 
-async def test_concurrent_messages_are_delivered_in_commit_order() -> None:
-    kit = RoomKit()
+async def test_concurrent_messages_are_delivered_in_commit_order(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     sink = TextChannel("sink")
     kit.register_channel(sink)
@@ -156,8 +156,8 @@ async def test_concurrent_messages_are_delivered_in_commit_order() -> None:
     assert sorted(committed, key=int) == [str(i) for i in range(20)]
 
 
-async def test_visibility_limits_delivery() -> None:
-    kit = RoomKit()
+async def test_visibility_limits_delivery(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     a, b = TextChannel("a"), TextChannel("b")
     kit.register_channel(a)
@@ -172,8 +172,8 @@ async def test_visibility_limits_delivery() -> None:
     assert len(await kit.list_events("r")) == 2
 
 
-async def test_update_event_replaces_content_and_drops_the_author_record() -> None:
-    kit = RoomKit()
+async def test_update_event_replaces_content_and_drops_the_author_record(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await kit.create_room(room_id="r")
     result = await kit.process_inbound(text("web", "u", "draft", room_id="r", metadata={"sender_name": "Alice"}))
@@ -195,8 +195,8 @@ def test_sliding_window_keeps_the_newest_visible_events() -> None:
     assert [e.text for e in window] == ["6", "7", "9"]
 
 
-async def test_stored_register_holds_no_id_and_no_name_in_clear() -> None:
-    kit = RoomKit()
+async def test_stored_register_holds_no_id_and_no_name_in_clear(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await kit.create_room(room_id="room-1")
     await kit.ensure_participant("room-1", "web", "user-4711", display_name="Marguerite")
@@ -207,8 +207,8 @@ async def test_stored_register_holds_no_id_and_no_name_in_clear() -> None:
         assert secret not in stored
 
 
-async def test_D5_a_name_given_by_update_event_keeps_its_rank_from_later_senders() -> None:
-    kit = RoomKit()
+async def test_D5_a_name_given_by_update_event_keeps_its_rank_from_later_senders(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await kit.create_room(room_id="r")
     await kit.process_inbound(text("web", "a", "hi", room_id="r", metadata={"sender_name": "Alice"}))

@@ -14,6 +14,7 @@ from rooms import RoomKit, TextChannel
 from rooms.locks import InProcessLocks
 from rooms.postgres import PostgresAdvisoryLocks, PostgresStore
 from tests.postgres_server import postgres_server
+from tests.store_fixtures import KitFactory
 
 
 async def _fill(kit: RoomKit, room_id: str) -> None:
@@ -64,8 +65,8 @@ async def _check_delete(kit: RoomKit) -> None:
     assert [e.text for e in await kit.list_events("gone")] == ["fresh start"]
 
 
-async def test_delete_room_in_memory() -> None:
-    kit = RoomKit()
+async def test_delete_room_on_every_store(new_kit: KitFactory) -> None:
+    kit = await new_kit()
     kit.register_channel(TextChannel("web"))
     await _check_delete(kit)
 
@@ -99,9 +100,11 @@ async def test_delete_room_keeps_a_lock_someone_is_waiting_for() -> None:
     lock.release()
 
 
-async def test_a_stream_of_inbound_messages_after_delete_routes_to_a_new_room() -> None:
+async def test_a_stream_of_inbound_messages_after_delete_routes_to_a_new_room(
+    new_kit: KitFactory,
+) -> None:
     """A sender routed to a deleted room gets a room of their own again (its sender row is gone)."""
-    kit = RoomKit()
+    kit = await new_kit()
     kit.register_channel(TextChannel("sms"))
     first = await kit.process_inbound(
         InboundMessage(channel_id="sms", sender_id="+1", content=TextContent(body="hi"))
@@ -190,3 +193,50 @@ async def test_deleting_a_room_tells_its_channels_and_closes_a_realtime_session(
     await kit.attach_channel("r", "rt")
     assert rt.session_for("r") is not session
     await kit.close()
+
+
+class _Remembering(TextChannel):
+    """A channel that keeps per-room state, as the realtime channel keeps a session."""
+
+    def __init__(self, channel_id: str) -> None:
+        super().__init__(channel_id)
+        self.rooms: set[str] = set()
+
+    async def on_attach(self, room_id: str) -> None:
+        self.rooms.add(room_id)
+
+    async def on_detach(self, room_id: str) -> None:
+        self.rooms.discard(room_id)
+
+
+async def test_release_room_frees_live_state_and_keeps_every_stored_thing(new_kit: KitFactory) -> None:
+    kit = await new_kit()
+    kit.register_channel(TextChannel("web"))
+    keeper = _Remembering("keeper")
+    kit.register_channel(keeper)
+    await _fill(kit, "r")
+    await kit.attach_channel("r", "keeper")
+    before = (
+        await kit.list_events("r"),
+        await kit.get_participants("r"),
+        await kit.store.get_register("r"),
+        await kit.store.get_bindings("r"),
+    )
+    assert "r" in kit._deliveries and keeper.rooms == {"r"}
+    await kit.release_room("r")
+    assert "r" not in kit._deliveries and keeper.rooms == set()  # live state gone
+    after = (
+        await kit.list_events("r"),
+        await kit.get_participants("r"),
+        await kit.store.get_register("r"),
+        await kit.store.get_bindings("r"),
+    )
+    assert after == before  # nothing stored is lost
+    # The room continues: the channel is attached again, new turns come after the old ones.
+    await kit.attach_channel("r", "keeper")
+    web = kit.get_channel("web")
+    assert isinstance(web, TextChannel)
+    await web.send("r-alice", "back again", room_id="r")
+    events = await kit.list_events("r")
+    assert events[: len(before[0])] == before[0] and events[-1].text == "back again"
+    assert keeper.rooms == {"r"}

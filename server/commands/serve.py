@@ -1,7 +1,8 @@
 """`chorus serve [--host 127.0.0.1] [--port 8765] [--config chorus.toml]`: run the server.
 
-Loads the configuration (defaults < file < environment), settles the secret, loads the models
-once, and serves until interrupted. Without a secret the server starts only when every address
+Loads the configuration (defaults < file < environment), settles the secret, opens the store
+rooms are kept in (`[store] url`: SQLite in the user's data directory by default, so a restart
+continues every room), loads the models once, and serves until interrupted. Without a secret the server starts only when every address
 it listens on is loopback; it then makes a secret for this run and prints it so `chorus token`
 can be pointed at it.
 """
@@ -13,11 +14,13 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import re
 import signal
 import socket
 import sys
 from typing import Any
 
+from rooms import OpenedStore, RoomKit, open_store
 from server.auth import check_secret, generate_secret
 from server.config import ConfigError, ServerConfig, load_config
 
@@ -84,13 +87,40 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(config, secret, args.host, args.port))
 
 
+async def open_kit(config: ServerConfig) -> tuple[RoomKit, OpenedStore]:
+    """The server's kit on the configured store (`[store] url`, SQLite by default)."""
+    opened = await open_store(config.store.resolved_url())
+    return RoomKit(store=opened.store, locks=opened.locks), opened
+
+
+def _shown_url(url: str) -> str:
+    """A store URL without its password, for the log."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
 async def _serve(config: ServerConfig, secret: str, host: str, port: int) -> int:
+    try:
+        kit, opened = await open_kit(config)
+    except Exception as exc:  # a file that cannot be created, a database that is not there
+        print(f"chorus serve: cannot open the store {_shown_url(config.store.resolved_url())}: "
+              f"{exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return await _serve_with(config, secret, host, port, kit, opened)
+    finally:
+        await opened.close()
+
+
+async def _serve_with(
+    config: ServerConfig, secret: str, host: str, port: int, kit: RoomKit, opened: OpenedStore
+) -> int:
     from server.app import ChorusServer
     from server.pipeline import build_pipeline
 
     pipeline = await build_pipeline(config)
-    server = ChorusServer(config, pipeline, secret)
+    server = ChorusServer(config, pipeline, secret, kit=kit)
     await server.start(host, port)
+    print(f"chorus serve: rooms are kept in {_shown_url(opened.url)}", file=sys.stderr, flush=True)
     print(f"chorus serve: listening on http://{host}:{server.port}/", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

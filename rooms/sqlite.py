@@ -1,0 +1,350 @@
+"""The store `chorus serve` keeps by default: one SQLite file (issue 14.2).
+
+Holds rooms, bindings, the senders routed to rooms, participants, events, the attribution register
+(salted digests only, D6) and the memories' state, so a restarted server continues every room: its
+committed turns, renamed speakers, participants and ranks.
+
+Shaped for the event loop that every room's audio shares: the standard library's `sqlite3` runs on
+one worker thread of its own (one connection, calls queued in order), never on the loop. The file
+is in WAL mode, so a reader never waits for a writer; each call is one statement or one
+transaction, committed before it returns.
+
+Events are stored as JSON with the columns their windows are read by (the source channel and the
+visibility), and handed out frozen (`rooms.store.freeze_event`). The store remembers the frozen
+events it has read or written (a bounded cache by event id), so a context built on every trigger
+parses only the turns it has not seen yet. That cache is why one SQLite file belongs to one server
+process: several processes share a room through `rooms.postgres` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from models import Participant, RoomEvent
+from rooms.store import ChannelBinding, Room, RoomStore, StoredEvent, freeze_event, thaw_event
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rooms (
+    id TEXT PRIMARY KEY, metadata TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS bindings (
+    room_id TEXT NOT NULL, channel_id TEXT NOT NULL, is_group INTEGER NOT NULL,
+    PRIMARY KEY (room_id, channel_id));
+CREATE INDEX IF NOT EXISTS bindings_channel ON bindings (channel_id);
+CREATE TABLE IF NOT EXISTS senders (
+    channel_id TEXT NOT NULL, sender_id TEXT NOT NULL, room_id TEXT NOT NULL,
+    PRIMARY KEY (channel_id, sender_id));
+CREATE INDEX IF NOT EXISTS senders_room ON senders (room_id);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, room_id TEXT NOT NULL, id TEXT NOT NULL,
+    source_channel TEXT NOT NULL, visibility TEXT NOT NULL, data TEXT NOT NULL,
+    UNIQUE (room_id, id));
+CREATE INDEX IF NOT EXISTS events_room_seq ON events (room_id, seq);
+CREATE TABLE IF NOT EXISTS participants (
+    room_id TEXT NOT NULL, id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (room_id, id));
+CREATE TABLE IF NOT EXISTS registers (room_id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS memory_state (
+    room_id TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (room_id, key));
+"""
+
+_IN_WINDOW = (
+    "(visibility = '\"all\"' OR source_channel = ? "
+    "OR (visibility LIKE '[%' AND EXISTS (SELECT 1 FROM json_each(events.visibility) WHERE value = ?)))"
+)
+"""`rooms.store.in_window` in SQL: visible to the channel, or sent from it."""
+
+_ROOM_TABLES = ("bindings", "senders", "events", "participants", "registers", "memory_state")
+
+
+class SQLiteStore(RoomStore):
+    """`RoomStore` in one SQLite file, its queries on a worker thread of its own."""
+
+    def __init__(self, path: str | Path, *, cache_events: int = 20_000) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chorus-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self._cache: OrderedDict[tuple[str, str], StoredEvent] = OrderedDict()
+        self._cache_size = cache_events
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str | Path) -> SQLiteStore:
+        """Open (creating when missing) the database file and its tables."""
+        store = cls(path)
+        await store._call(store._connect)
+        return store
+
+    def _connect(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.executescript(SCHEMA)
+        self._conn = conn
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=True)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        if self._closed:
+            raise RuntimeError(f"the SQLite store {self.path} is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"the SQLite store {self.path} is not open (use SQLiteStore.open)")
+        return self._conn
+
+    async def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return await self._call(lambda: self._db().execute(sql, params).fetchall())
+
+    async def _transaction(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        def run() -> None:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    db.execute(sql, params)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+        await self._call(run)
+
+    # ----------------------------------------------------------------- frozen events
+
+    def _remember(self, event: StoredEvent) -> StoredEvent:
+        key = (event.room_id, event.id)
+        self._cache[key] = event
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return event
+
+    def _events(self, room_id: str, rows: list[tuple[Any, ...]]) -> list[RoomEvent]:
+        """Rows of (id, data) as frozen events, parsing only those not remembered."""
+        out: list[RoomEvent] = []
+        for event_id, data in rows:
+            cached = self._cache.get((room_id, event_id))
+            out.append(cached if cached is not None else self._remember(thaw_event(data)))
+        return out
+
+    # ----------------------------------------------------------------- rooms
+
+    async def create_room(self, room: Room) -> None:
+        try:
+            await self._rows(
+                "INSERT INTO rooms (id, metadata, created_at) VALUES (?, ?, ?)",
+                (room.id, json.dumps(room.metadata), room.created_at.isoformat()),
+            )
+        except sqlite3.IntegrityError:
+            raise ValueError(f"room {room.id!r} already exists") from None
+
+    @staticmethod
+    def _room(row: tuple[Any, ...]) -> Room:
+        return Room(id=row[0], metadata=json.loads(row[1]), created_at=datetime.fromisoformat(row[2]))
+
+    async def get_room(self, room_id: str) -> Room | None:
+        rows = await self._rows("SELECT id, metadata, created_at FROM rooms WHERE id = ?", (room_id,))
+        return self._room(rows[0]) if rows else None
+
+    async def list_rooms(self) -> list[Room]:
+        rows = await self._rows("SELECT id, metadata, created_at FROM rooms ORDER BY created_at")
+        return [self._room(r) for r in rows]
+
+    async def delete_room(self, room_id: str) -> None:
+        await self._transaction(
+            [(f"DELETE FROM {table} WHERE room_id = ?", (room_id,)) for table in _ROOM_TABLES]
+            + [("DELETE FROM rooms WHERE id = ?", (room_id,))]
+        )
+        for key in [k for k in self._cache if k[0] == room_id]:
+            del self._cache[key]
+
+    # ----------------------------------------------------------------- bindings and senders
+
+    async def add_binding(self, binding: ChannelBinding) -> None:
+        await self._rows(
+            "INSERT INTO bindings (room_id, channel_id, is_group) VALUES (?, ?, ?) "
+            "ON CONFLICT (room_id, channel_id) DO UPDATE SET is_group = excluded.is_group",
+            (binding.room_id, binding.channel_id, int(binding.group)),
+        )
+
+    async def get_bindings(self, room_id: str) -> list[ChannelBinding]:
+        rows = await self._rows(
+            "SELECT room_id, channel_id, is_group FROM bindings WHERE room_id = ? ORDER BY channel_id",
+            (room_id,),
+        )
+        return [ChannelBinding(room_id=r[0], channel_id=r[1], group=bool(r[2])) for r in rows]
+
+    async def bindings_for_channel(self, channel_id: str) -> list[ChannelBinding]:
+        rows = await self._rows(
+            "SELECT room_id, channel_id, is_group FROM bindings WHERE channel_id = ? ORDER BY room_id",
+            (channel_id,),
+        )
+        return [ChannelBinding(room_id=r[0], channel_id=r[1], group=bool(r[2])) for r in rows]
+
+    async def find_sender_room(self, channel_id: str, sender_id: str) -> str | None:
+        rows = await self._rows(
+            "SELECT room_id FROM senders WHERE channel_id = ? AND sender_id = ?",
+            (channel_id, sender_id),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def set_sender_room(self, channel_id: str, sender_id: str, room_id: str) -> None:
+        await self._rows(
+            "INSERT INTO senders (channel_id, sender_id, room_id) VALUES (?, ?, ?) "
+            "ON CONFLICT (channel_id, sender_id) DO UPDATE SET room_id = excluded.room_id",
+            (channel_id, sender_id, room_id),
+        )
+
+    # ----------------------------------------------------------------- events
+
+    async def add_event(self, event: RoomEvent) -> None:
+        frozen = freeze_event(event)
+        try:
+            await self._rows(
+                "INSERT INTO events (room_id, id, source_channel, visibility, data) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    event.room_id,
+                    event.id,
+                    event.source.channel_id,
+                    json.dumps(event.visibility),
+                    event.model_dump_json(),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise ValueError(f"event {event.id!r} is already in room {event.room_id!r}") from None
+        self._remember(frozen)
+
+    async def replace_event(self, event: RoomEvent) -> None:
+        frozen = freeze_event(event)
+        rows = await self._rows(
+            "UPDATE events SET source_channel = ?, visibility = ?, data = ? "
+            "WHERE room_id = ? AND id = ? RETURNING seq",
+            (
+                event.source.channel_id,
+                json.dumps(event.visibility),
+                event.model_dump_json(),
+                event.room_id,
+                event.id,
+            ),
+        )
+        if not rows:
+            raise KeyError(f"no event {event.id!r} in room {event.room_id!r}")
+        self._remember(frozen)
+
+    async def get_event(self, room_id: str, event_id: str) -> RoomEvent | None:
+        cached = self._cache.get((room_id, event_id))
+        if cached is not None:
+            return cached
+        rows = await self._rows(
+            "SELECT id, data FROM events WHERE room_id = ? AND id = ?", (room_id, event_id)
+        )
+        return self._events(room_id, rows)[0] if rows else None
+
+    async def list_events(self, room_id: str, limit: int | None = None) -> list[RoomEvent]:
+        if limit is None:
+            rows = await self._rows(
+                "SELECT id, data FROM events WHERE room_id = ? ORDER BY seq", (room_id,)
+            )
+        else:
+            rows = await self._rows(
+                "SELECT id, data FROM (SELECT seq, id, data FROM events WHERE room_id = ? "
+                "ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+                (room_id, max(limit, 0)),
+            )
+        return self._events(room_id, rows)
+
+    async def list_window(
+        self, room_id: str, channel_id: str, limit: int, *, before: str | None = None
+    ) -> list[RoomEvent]:
+        if limit <= 0:
+            return []
+        cutoff = ""
+        params: tuple[Any, ...] = (room_id,)
+        if before is not None:
+            cutoff = "AND seq < (SELECT seq FROM events WHERE room_id = ? AND id = ?) "
+            params += (room_id, before)
+        rows = await self._rows(
+            "SELECT id, data FROM (SELECT seq, id, data FROM events WHERE room_id = ? "
+            f"{cutoff}AND {_IN_WINDOW} ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+            (*params, channel_id, channel_id, limit),
+        )
+        return self._events(room_id, rows)
+
+    async def list_around(
+        self, room_id: str, event_id: str, before: int, after: int
+    ) -> list[RoomEvent]:
+        rows = await self._rows(
+            "SELECT id, data FROM ("
+            "SELECT * FROM (SELECT seq, id, data FROM events WHERE room_id = ? AND seq < "
+            "(SELECT seq FROM events WHERE room_id = ? AND id = ?) ORDER BY seq DESC LIMIT ?) "
+            "UNION ALL "
+            "SELECT * FROM (SELECT seq, id, data FROM events WHERE room_id = ? AND seq >= "
+            "(SELECT seq FROM events WHERE room_id = ? AND id = ?) ORDER BY seq LIMIT ?)"
+            ") ORDER BY seq",
+            (room_id, room_id, event_id, max(before, 0), room_id, room_id, event_id, max(after, 0) + 1),
+        )
+        return self._events(room_id, rows)
+
+    # ----------------------------------------------------------------- participants, register, memory
+
+    async def upsert_participant(self, room_id: str, participant: Participant) -> None:
+        await self._rows(
+            "INSERT INTO participants (room_id, id, data) VALUES (?, ?, ?) "
+            "ON CONFLICT (room_id, id) DO UPDATE SET data = excluded.data",
+            (room_id, participant.id, participant.model_dump_json()),
+        )
+
+    async def get_participants(self, room_id: str) -> list[Participant]:
+        rows = await self._rows(
+            "SELECT data FROM participants WHERE room_id = ? ORDER BY rowid", (room_id,)
+        )
+        return [Participant.model_validate_json(r[0]) for r in rows]
+
+    async def get_register(self, room_id: str) -> dict[str, Any] | None:
+        rows = await self._rows("SELECT data FROM registers WHERE room_id = ?", (room_id,))
+        return dict(json.loads(rows[0][0])) if rows else None
+
+    async def put_register(self, room_id: str, register: dict[str, Any]) -> None:
+        await self._rows(
+            "INSERT INTO registers (room_id, data) VALUES (?, ?) "
+            "ON CONFLICT (room_id) DO UPDATE SET data = excluded.data",
+            (room_id, json.dumps(register)),
+        )
+
+    async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
+        rows = await self._rows(
+            "SELECT data FROM memory_state WHERE room_id = ? AND key = ?", (room_id, key)
+        )
+        return dict(json.loads(rows[0][0])) if rows else None
+
+    async def put_memory_state(self, room_id: str, key: str, value: dict[str, Any]) -> None:
+        await self._rows(
+            "INSERT INTO memory_state (room_id, key, data) VALUES (?, ?, ?) "
+            "ON CONFLICT (room_id, key) DO UPDATE SET data = excluded.data",
+            (room_id, key, json.dumps(value)),
+        )
