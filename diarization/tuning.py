@@ -31,8 +31,10 @@ from voice.diarization_stage import SpeakerTimeline
 GRID: dict[str, Sequence[Any]] = {
     "threshold": (0.6, 0.7, 0.8, 0.9),
     "min_cluster_size": (1, 2, 3, 4),
+    "fold_below": (1.2, 1.3, 2.0),
     "train_overlapped": (False, True),
-    "min_clean_ratio": (0.1, 0.2),
+    "open_unmatched": (False, True),
+    "min_clean_ratio": (0.2,),
 }
 
 
