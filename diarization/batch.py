@@ -209,9 +209,26 @@ def cluster_embeddings(
     elif k > cap:
         target = cap
     if target is not None and target != k:
-        labels = fcluster(tree, target, criterion="maxclust").astype(np.int64) - 1
+        labels = _cut(tree, n, target)
         labels = _fold_small(train, labels, min_size, keep=target, fold_below=settings.fold_below)
     return _relabel(labels)
+
+
+def _cut(tree: npt.NDArray[np.float64], n: int, target: int) -> IntArray:
+    """Labels with exactly `target` clusters: the first n - target merges of the tree, in merge
+    order. (Centroid linkage is not monotonic, and scipy's fcluster/cut_tree then give fewer.)"""
+    parent = list(range(2 * n - 1))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for step, (a, b, _, _) in enumerate(tree[: n - target]):
+        parent[root(int(a))] = n + step
+        parent[root(int(b))] = n + step
+    return _relabel(np.array([root(i) for i in range(n)], np.int64))
 
 
 def _fold_small(
