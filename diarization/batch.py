@@ -313,6 +313,7 @@ def cluster_analysis(
     )
     k = int(labels.max()) + 1
     cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in range(k)]))
+    limit = num_speakers or min(max_speakers or settings.max_speakers, settings.max_speakers)
     active: npt.NDArray[np.bool_] = analysis.decisions.sum(axis=1) > 0  # (windows, 3)
     for w in range(windows):
         speakers = [s for s in range(MAX_LOCAL_SPEAKERS) if active[w, s] and valid[w, s]]
@@ -325,8 +326,9 @@ def cluster_analysis(
             assignment[w, speakers[r]] = c
         for r in sorted(set(range(len(speakers))) - set(rows.tolist())):
             # more voices in this window than clusters: the segmentation hears them as different
-            # people, so (with open_unmatched) the extra one is a speaker of its own
-            if settings.open_unmatched:
+            # people, so (with open_unmatched) the extra one is a speaker of its own, within the
+            # speaker count asked for
+            if settings.open_unmatched and len(cents) < limit:
                 cents = np.concatenate([cents, vectors[r : r + 1]])
                 assignment[w, speakers[r]] = len(cents) - 1
             else:

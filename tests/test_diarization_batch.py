@@ -85,6 +85,8 @@ def test_P1_overlap_in_one_window_gives_two_speakers_even_with_one_cluster() -> 
     assert {s.speaker for s in timeline if s.start <= both < s.end} == {"A", "B"}
     merged = batch.cluster_analysis(analysis, BatchSettings(open_unmatched=False))
     assert len(merged.centroids) == 1
+    capped = batch.cluster_analysis(analysis, BatchSettings(), max_speakers=1)
+    assert len(capped.centroids) == 1  # an asked-for count holds even against the segmentation
 
 
 @settings(max_examples=40, deadline=None)
