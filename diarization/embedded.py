@@ -27,8 +27,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from diarization import batch, recipe
+from diarization import batch
 from diarization.batch import BatchSettings
 from diarization.models import (
     EmbeddingModel,
@@ -36,14 +37,48 @@ from diarization.models import (
     default_embedding_model,
     default_segmentation_model,
 )
-from diarization.recipe import FloatArray, Settings
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
 from voice.embedding import HOP as MEL_HOP
 from voice.embedding import SpeakerEmbedder, default_embedder, mel_spectrogram
-from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, VadStream
+from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, VadStream, speech_regions
 
 SAMPLE_RATE = 16000
 EMBED_BATCH = 128  # windows per GE2E forward pass (bounds memory on long recordings)
+
+
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The voice-activity numbers of the live path and of enrollment (Silero, 32 ms frames; the
+    batch pipeline needs no VAD: the segmentation model finds the speech)."""
+
+    vad_threshold: float = 0.1
+    normalize: bool = False  # level normalisation before the VAD did not help on AMI (measured)
+    min_speech: float = 0.2  # speech regions shorter than this (s) are dropped
+    max_gap: float = 0.8  # pauses up to this long inside a turn are bridged
+    max_speakers: int = 8  # live: voices opened at most
+
+
+def speech_mask(probs: FloatArray, settings: Settings) -> npt.NDArray[np.bool_]:
+    """Per 32 ms frame: is it speech (regions with hysteresis, gaps bridged, blips dropped)."""
+    mask = np.zeros(len(probs), bool)
+    for r in speech_regions(
+        probs,
+        threshold=settings.vad_threshold,
+        min_speech=settings.min_speech,
+        max_gap=settings.max_gap,
+    ):
+        mask[round(r.start / FRAME_SECONDS) : round(r.end / FRAME_SECONDS)] = True
+    return mask
+
+
+def _l2(x: FloatArray) -> FloatArray:
+    out: FloatArray = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)).astype(
+        np.float32
+    )
+    return out
 
 
 def speaker_letter(index: int) -> str:
@@ -189,7 +224,7 @@ class EmbeddedStage:
         wav = _checked(audio)
         if len(wav) < SAMPLE_RATE // 2:
             raise ValueError("enrollment audio is shorter than 0.5 s; give a few seconds of speech")
-        mask = recipe.speech_mask(self.detector.probabilities(wav), self.settings)
+        mask = speech_mask(self.detector.probabilities(wav), self.settings)
         samples = np.repeat(mask, FRAME)[: len(wav)]
         speech = wav[: len(samples)][samples]
         if len(speech) < SAMPLE_RATE:
@@ -395,7 +430,7 @@ class EmbeddedStage:
                 and float(pending @ embedding) >= self.live.new_speaker_threshold
             ):
                 state.pending = None
-                return self._open_voice(state, recipe.l2(pending + embedding)).name
+                return self._open_voice(state, _l2(pending + embedding)).name
             nearest = max(float(v.centroid @ embedding) for v in state.voices)
             if full and nearest < self.live.open_below:  # clearly nobody known: open at once
                 state.pending = None
@@ -413,7 +448,7 @@ class EmbeddedStage:
             m = self.live.centroid_momentum
             if self.live.running_mean:
                 m = min(m, best.count / (best.count + 1))
-            best.centroid = recipe.l2(m * best.centroid + (1 - m) * embedding)
+            best.centroid = _l2(m * best.centroid + (1 - m) * embedding)
             best.count += 1
         return best.name
 
