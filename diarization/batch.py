@@ -66,6 +66,10 @@ class BatchSettings:
     fold_below: float = 1.2
     """… unless it is this far (Euclidean, between L2-normalised centroids) from every large
     cluster: a short recording holds a distinct voice in only one or two windows."""
+    merge_threshold: float = 0.9
+    """After the cut, clusters whose centroids are closer than this merge, closest first, unless
+    they were ever heard as two different voices in one window (then they are two people).
+    0: off."""
     min_clean_ratio: float = 0.2
     """An embedding trains the clustering when its speaker talks alone this fraction of the window."""
     train_overlapped: bool = False
@@ -184,6 +188,7 @@ def cluster_embeddings(
     train: FloatArray,
     settings: BatchSettings,
     *,
+    windows: IntArray | None = None,
     num_speakers: int | None = None,
     min_speakers: int | None = None,
     max_speakers: int | None = None,
@@ -200,6 +205,8 @@ def cluster_embeddings(
     labels = fcluster(tree, settings.threshold, criterion="distance") - 1
     min_size = settings.min_cluster_size
     labels = _fold_small(train, labels.astype(np.int64), min_size, fold_below=settings.fold_below)
+    if windows is not None and settings.merge_threshold > 0:
+        labels = _merge_apart(train, _relabel(labels), windows, settings.merge_threshold)
     k = int(labels.max()) + 1
     cap = min(max_speakers or settings.max_speakers, settings.max_speakers, n)
     target: int | None = None
@@ -213,6 +220,30 @@ def cluster_embeddings(
         labels = _cut(tree, n, target)
         labels = _fold_small(train, labels, min_size, keep=target, fold_below=settings.fold_below)
     return _relabel(labels)
+
+
+def _merge_apart(
+    train: FloatArray, labels: IntArray, windows: IntArray, threshold: float
+) -> IntArray:
+    """Merge clusters closer than `threshold` (centroid distance, closest pair first) unless the
+    two were ever distinct local speakers of one window."""
+    labels = labels.copy()
+    while True:
+        ids = np.unique(labels)
+        if len(ids) < 2:
+            return labels
+        cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in ids]))
+        heard = [set(windows[labels == c].tolist()) for c in ids]
+        best: tuple[float, int, int] | None = None
+        for i in range(len(ids)):
+            for j in range(i + 1, len(ids)):
+                distance = float(np.linalg.norm(cents[i] - cents[j]))
+                if distance < threshold and not heard[i] & heard[j]:
+                    if best is None or distance < best[0]:
+                        best = (distance, i, j)
+        if best is None:
+            return labels
+        labels[labels == ids[best[2]]] = ids[best[1]]
 
 
 def _cut(tree: npt.NDArray[np.float64], n: int, target: int) -> IntArray:
@@ -308,6 +339,7 @@ def cluster_analysis(
     labels = cluster_embeddings(
         train,
         settings,
+        windows=np.nonzero(trains)[0].astype(np.int64),
         num_speakers=num_speakers,
         min_speakers=min_speakers,
         max_speakers=max_speakers,

@@ -163,3 +163,16 @@ def test_P1_der_on_an_ami_meeting_excerpt_is_under_a_generous_bound(
     timeline = load_stage().diarize(read_audio_16k(ami / "trn06.wav"))
     result = score(reference, timeline, duration=30.0, collar=0.25)
     assert result.der < 0.25, result  # measured 11.0 % (docs/benchmarks.md)
+
+
+def test_P1_clusters_heard_together_in_a_window_never_merge() -> None:
+    """Two clusters heard as different local speakers of one window are two people, however
+    close their embeddings; the same closeness without that evidence merges."""
+    one_voice, _ = _voices(1, 12, noise=0.2)
+    halves = np.array([0] * 6 + [1] * 6, np.int64)
+    together = np.array(list(range(6)) * 2, np.int64)  # each window holds one of each half
+    kept = batch._merge_apart(one_voice, halves, together, threshold=1.0)
+    assert set(kept.tolist()) == {0, 1}
+    apart = np.arange(12, dtype=np.int64)
+    assert set(batch._merge_apart(one_voice, halves, apart, threshold=1.0).tolist()) == {0}
+    assert set(batch._merge_apart(one_voice, halves, apart, threshold=0.01).tolist()) == {0, 1}
