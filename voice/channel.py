@@ -20,6 +20,9 @@ Shape and why:
   arriving on that room's sessions is replaced by silence before STT and diarization. Session time
   keeps counting, so later turns keep true times; speech over the agent (barge-in) is not
   transcribed while it plays. This is a gate, not echo cancellation: cheap, and certain.
+- The stream's health (issue 10.1): the STT stream's status events (`SttDegraded`,
+  `SttRecovered`, `AudioLost`, `StreamError`) are kept on the session (`status`, bounded) and
+  handed to `VoiceChannel(on_status=…)`, the one place a server tells the device and counts them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -49,7 +53,18 @@ from voice.audio import (
 )
 from voice.diarization_stage import DiarizationStage, SpeakerTimeline
 from voice.speakers import SpeakerContinuity, VoiceEmbedder
-from voice.stt.base import StreamError, SttEvent, SttProvider, SttStream, Transcript, UtteranceEnd
+from voice.stt.base import (
+    AudioLost,
+    StreamError,
+    SttDegraded,
+    SttEvent,
+    SttProvider,
+    SttRecovered,
+    SttStatus,
+    SttStream,
+    Transcript,
+    UtteranceEnd,
+)
 from voice.turns import (
     MIN_WORD_EVIDENCE,
     SpeakerTurn,
@@ -165,6 +180,8 @@ class VoiceSession:
         self._diar_wake = asyncio.Event()
         self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
         self.error: str | None = None
+        self.status: deque[SttStatus] = deque(maxlen=STATUS_KEPT)
+        """The stream's latest status events (outages, recoveries, lost audio), oldest first."""
 
     # -- audio in --------------------------------------------------------------------------
 
@@ -252,9 +269,12 @@ class VoiceSession:
     # -- STT events → turns ----------------------------------------------------------------
 
     async def _on_stt_event(self, event: SttEvent) -> None:
-        if isinstance(event, StreamError):
-            self.error = event.message
-            log.error("voice session %s: %s", self.id, event.message)
+        if isinstance(event, StreamError | SttDegraded | SttRecovered | AudioLost):
+            if isinstance(event, StreamError):
+                self.error = event.message
+                log.error("voice session %s: %s", self.id, event.message)
+            self.status.append(event)
+            await self.channel._report_status(self, event)
             return
         async with self._lock:
             if isinstance(event, UtteranceEnd):
@@ -402,6 +422,10 @@ class VoiceSession:
 
 
 _NOBODY = object()
+STATUS_KEPT = 64
+"""Status events a session keeps (an endless flapping connection cannot grow memory)."""
+
+StatusCallback = Callable[["VoiceSession", SttStatus], Awaitable[None]]
 
 
 def _no_duration(word: Word) -> bool:
@@ -433,6 +457,7 @@ class VoiceChannel(Channel):
         diarize_step: float = 0.5,
         speaker_wait: float = 2.0,
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
+        on_status: StatusCallback | None = None,
     ) -> None:
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None:
@@ -457,11 +482,22 @@ class VoiceChannel(Channel):
         self.diarize_step = diarize_step
         self.speaker_wait = speaker_wait
         self.on_play = on_play
+        self.on_status = on_status
+        """Hears every session's stream status (degraded, recovered, audio lost, ended): the
+        server tells the device and counts it. A failure in it is logged, never raised."""
         self._sessions: dict[str, VoiceSession] = {}
         self._playing_until: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.played: list[tuple[str, int, int]] = []
         """(room id, bytes, sample rate) of every `play` call."""
+
+    async def _report_status(self, session: VoiceSession, status: SttStatus) -> None:
+        if self.on_status is None:
+            return
+        try:
+            await self.on_status(session, status)
+        except Exception:
+            log.exception("voice session %s: the status callback failed", session.id)
 
     def embedder_factory(self) -> VoiceEmbedder | Callable[[], VoiceEmbedder] | None:
         """The speaker embedder for V4 matching (lazy: loaded on the first reconnect that needs it)."""
@@ -555,6 +591,7 @@ def pcm16_frames(audio: FloatAudio, sample_rate: int, frame_seconds: float = 0.1
 __all__ = [
     "CommittedTurn",
     "SpeakerChangeEvent",
+    "StatusCallback",
     "TranscriptionEvent",
     "VoiceChannel",
     "VoiceSession",

@@ -185,4 +185,5 @@ def _raw_result(msg: DeepgramResults) -> RawResult:
         is_final=bool(msg.is_final),
         speech_final=bool(msg.speech_final),
         from_finalize=bool(msg.from_finalize),
+        audio_end=msg.start + msg.duration if msg.is_final else None,
     )

@@ -247,7 +247,9 @@ class WhisperConnection(SttConnection):
                     log.exception("whisper: transcription failed for %.1f s of audio at %.2f s",
                                   len(item.audio) / STT_SAMPLE_RATE, item.start)
             if words or item.finalize:
-                self.out.put_nowait(RawResult(words, is_final=True, speech_final=True))
+                self.out.put_nowait(RawResult(
+                    words, is_final=True, speech_final=True,
+                    audio_end=item.start + len(item.audio) / STT_SAMPLE_RATE))
             if item.finalize:
                 self.out.put_nowait(RawFinalized())
 

@@ -14,6 +14,10 @@ cannot drift from what the client reads. It behaves like the service where tests
   with code 1011, as Deepgram does (NET-0001);
 - `drop_after(seconds)` aborts the next connection once it has received that much audio (a forced
   disconnect mid-stream);
+- `outage(seconds)` aborts every open connection and refuses new ones (HTTP 503 at the
+  handshake, as a load balancer in front of an unavailable service answers) for that many
+  seconds of wall time; `outage_after(audio_seconds, seconds)` starts one when a connection has
+  received that much audio;
 - speaker ids restart at 0 on every connection, in order of first appearance, as Deepgram's do.
 
 Where words come from (a `WordSource`):
@@ -36,6 +40,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -44,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from voice.stt.deepgram_wire import (
     CLIENT_MESSAGE,
@@ -237,6 +243,12 @@ class DeepgramTestServer:
         self._open: dict[int, ServerConnection] = {}
         self._server: Server | None = None
         self._drop_after: float | None = None
+        self._outage_after: tuple[float, float] | None = None
+        self._refuse_until = 0.0
+        self.refused = 0
+        """Handshakes refused during outages."""
+        self.outage_ended = asyncio.Event()
+        """Set when the last outage's refusal window has passed."""
         self.port = 0
 
     @property
@@ -249,6 +261,28 @@ class DeepgramTestServer:
             self.connections[index].closed_reason = "dropped"
             ws.transport.abort()
 
+    def outage(self, seconds: float) -> None:
+        """Drop every open connection now and refuse handshakes for `seconds` (wall time)."""
+        loop = asyncio.get_running_loop()
+        self._refuse_until = max(self._refuse_until, loop.time() + seconds)
+        self.outage_ended.clear()
+        loop.call_at(self._refuse_until, self._outage_over)
+        self.drop_now()
+
+    def outage_after(self, audio_seconds: float, seconds: float) -> None:
+        """Start an `outage(seconds)` once a connection has received `audio_seconds` of audio."""
+        self._outage_after = (audio_seconds, seconds)
+
+    def _outage_over(self) -> None:
+        if asyncio.get_running_loop().time() >= self._refuse_until:
+            self.outage_ended.set()
+
+    def _refuse_during_outage(self, connection: ServerConnection, request: Request) -> Response | None:
+        if asyncio.get_running_loop().time() < self._refuse_until:
+            self.refused += 1
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "service unavailable\n")
+        return None
+
     async def send_raw(self, text: str) -> None:
         """Send a raw text frame to every open connection (malformed-message tests)."""
         for ws in list(self._open.values()):
@@ -259,7 +293,8 @@ class DeepgramTestServer:
         self._drop_after = seconds
 
     async def start(self) -> DeepgramTestServer:
-        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=2**24)
+        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=2**24,
+                                   process_request=self._refuse_during_outage)
         sock = next(iter(self._server.sockets))
         self.port = int(sock.getsockname()[1])
         return self
@@ -318,6 +353,11 @@ class DeepgramTestServer:
                         self._drop_after = None
                         state.closed_reason = "dropped"
                         ws.transport.abort()
+                        return
+                    if self._outage_after is not None and state.audio_seconds >= self._outage_after[0]:
+                        _, seconds = self._outage_after
+                        self._outage_after = None
+                        self.outage(seconds)
                         return
                     await self._progress(ws, state, request_id, finalize=False)
                     continue
