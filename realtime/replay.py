@@ -63,7 +63,9 @@ class ReplayResult:
                 connection = sent.connection
                 out.append(f"-- reconnected (connection {connection}); the session is replayed --")
             if sent.type == "input_audio_buffer.append":
-                appends.append(len(str(sent.event.get("audio", ""))) * 3 // 4)
+                size = sent.event.get("audio_bytes")
+                appends.append(int(size) if isinstance(size, int)
+                               else len(str(sent.event.get("audio", ""))) * 3 // 4)
                 continue
             flush()
             out.append(_render_event(sent.event))

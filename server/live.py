@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Literal
 from models import RoomEvent
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
 from server.config import ServerConfig
-from server.feed import FeedConsumer, RoomFeed
+from server.feed import FeedConsumer, RenameBook, RoomFeed
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline, StreamAudio, StreamInfo
 from server.protocol import (
@@ -117,7 +117,7 @@ class LiveRoom:
     room_id: str
     feed: RoomFeed
     streams: dict[str, LiveStream] = field(default_factory=dict)
-    renames: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    renames: RenameBook = field(default_factory=RenameBook)
     """(stream id or None for every stream, raw speaker label) → name."""
     last_active: float = field(default_factory=time.monotonic)
     """When a stream or a feed consumer last came or went (idle eviction counts from here)."""

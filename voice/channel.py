@@ -155,8 +155,11 @@ class VoiceSession:
         self.paused = False
         self.finished = False
         self.turns: list[CommittedTurn] = []
-        self.blocked: list[TranscriptionEvent] = []
-        self.skipped_frames: list[str] = []
+        self.blocked: deque[TranscriptionEvent] = deque(maxlen=KEPT_PER_SESSION)
+        """The latest turns a hook blocked (bounded: a blocking hook may block every turn)."""
+        self.skipped_frames: deque[str] = deque(maxlen=KEPT_PER_SESSION)
+        """Why the latest bad frames were skipped (bounded: a client may send only bad frames)."""
+        self.skipped_count = 0
         self.gated_seconds = 0.0
         self.names: dict[str, str] = {}
         """Sticky renames: raw label → the name a hook gave it (V6)."""
@@ -199,7 +202,10 @@ class VoiceSession:
             samples = self.decoder.decode(frame)
         except AudioError as exc:
             self.skipped_frames.append(str(exc))
-            log.warning("voice session %s: skipped a frame: %s", self.id, exc)
+            self.skipped_count += 1
+            if self.skipped_count == 1 or self.skipped_count % 1000 == 0:
+                log.warning("voice session %s: skipped a frame (%d so far): %s", self.id,
+                            self.skipped_count, exc)
             raise
         if len(samples) == 0:
             return 0
@@ -424,6 +430,8 @@ class VoiceSession:
 _NOBODY = object()
 STATUS_KEPT = 64
 """Status events a session keeps (an endless flapping connection cannot grow memory)."""
+KEPT_PER_SESSION = 100
+"""Skipped-frame reasons and blocked turns a session keeps (the newest)."""
 
 StatusCallback = Callable[["VoiceSession", SttStatus], Awaitable[None]]
 
