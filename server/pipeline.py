@@ -262,6 +262,7 @@ def _stt_provider(config: ServerConfig) -> SttProvider:
             url=stt.deepgram_url,
             model=stt.model or "nova-3",
             language=stt.language or "en",
+            diarize=stt.diarize,
         )
     from voice.stt.whisper import WhisperSTT
 

@@ -18,7 +18,8 @@ cannot drift from what the client reads. It behaves like the service where tests
   handshake, as a load balancer in front of an unavailable service answers) for that many
   seconds of wall time; `outage_after(audio_seconds, seconds)` starts one when a connection has
   received that much audio;
-- speaker ids restart at 0 on every connection, in order of first appearance, as Deepgram's do.
+- speaker ids restart at 0 on every connection, in order of first appearance, as Deepgram's do;
+  a connection that asked for `diarize=false` gets words without `speaker`, as from Deepgram.
 
 Where words come from (a `WordSource`):
 - `ScriptedWords`: a test gives the finals to send, each a list of words in connection time;
@@ -211,6 +212,11 @@ class ConnectionState:
     closed_reason: str | None = None
 
     @property
+    def diarize(self) -> bool:
+        """The client asked for speaker ids (`diarize=true` or a `diarize_model`)."""
+        return self.query.get("diarize") == "true" or "diarize_model" in self.query
+
+    @property
     def audio_seconds(self) -> float:
         return len(self.audio) // 2 / self.sample_rate
 
@@ -392,10 +398,12 @@ class DeepgramTestServer:
         await ws.send(json.dumps(data))
 
     def _results(self, request_id: str, words: Sequence[SpokenWord], *, is_final: bool,
-                 speech_final: bool, from_finalize: bool, start: float, duration: float) -> DeepgramResults:
+                 speech_final: bool, from_finalize: bool, start: float, duration: float,
+                 diarize: bool = True) -> DeepgramResults:
         wire = [
             DeepgramWord(word=w.word, start=round(w.start, 3), end=round(w.end, 3),
-                         confidence=w.confidence, speaker=int(w.speaker),  # type: ignore[call-overload]
+                         confidence=w.confidence,
+                         speaker=int(w.speaker) if diarize else None,  # type: ignore[call-overload]
                          punctuated_word=w.punctuated_word or w.word)
             for w in words
         ]
@@ -438,7 +446,7 @@ class DeepgramTestServer:
             await self._send(ws, state, self._results(
                 request_id, words, is_final=True, speech_final=ready,
                 from_finalize=from_finalize, start=start,
-                duration=max(w.end for w in words) - start))
+                duration=max(w.end for w in words) - start, diarize=state.diarize))
             state.last_word_end = max(w.end for w in words)
             state.utterance_end_sent = False
             if len(words) < len(group):
@@ -458,7 +466,7 @@ class DeepgramTestServer:
                 start = partial[0].start
                 await self._send(ws, state, self._results(
                     request_id, partial, is_final=False, speech_final=False, from_finalize=False,
-                    start=start, duration=heard - start))
+                    start=start, duration=heard - start, diarize=state.diarize))
         utterance_end = float(state.query.get("utterance_end_ms", "0") or 0) / 1000
         if (utterance_end and not state.utterance_end_sent and state.last_word_end is not None
                 and heard >= state.last_word_end + utterance_end):
