@@ -11,6 +11,14 @@ Shape and why:
   The last run of a final stays open until the speaker changes, the STT marks the end of speech
   (`speech_final`, `UtteranceEnd`), or the stream is flushed; so a sentence split over two finals
   is still one turn, and one final holding two voices is two turns.
+- Early commit (latency, issue 10): with a diarizing streaming STT a turn that ends where another
+  voice starts without a pause would wait for the final that closes the next voice's words
+  (seconds). Interim results carry speaker hints (`Transcript.hints`): when an interim shows the
+  voice changing, the runs it closes are committed at once from the interim words
+  (`provisional`), and the pending final run before them too. When the final covering them
+  arrives, its words replace nothing if they agree; if they disagree (other words, another
+  voice), the committed event is corrected in place (`kit.update_event`, metadata
+  `corrected: true`) and counted in `session.corrections`. `early_commit=False` turns it off.
 - Each turn passes the `ON_TRANSCRIPTION` sync chain as a frozen `TranscriptionEvent` (V6): a hook
   may rename (sticks for later turns of that voice unless `sticky_renames=False`), edit the text,
   match the voice to a participant, or block (no event, no rank). The turn is then committed with
@@ -33,7 +41,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -173,6 +181,10 @@ class VoiceSession:
         self._unassigned: list[Word] = []
         """Final words waiting for the diarization stage (pipeline mode)."""
         self._end_of_speech = False
+        self._provisional: list[_Provisional] = []
+        """Turns committed from interim words, waiting for the final that confirms them."""
+        self.corrections = 0
+        """Early-committed turns the final results corrected."""
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
         self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
@@ -291,11 +303,104 @@ class VoiceSession:
                 return
             if not event.is_final:
                 self.interim = event.words
+                if event.hints and self._diarizer is None and self.channel.early_commit:
+                    await self._commit_early(event.words, event.hints)
                 return
             self.interim = ()
-            self._unassigned.extend(event.words)
+            words = await self._settle_provisional(event.words) if self._provisional else event.words
+            self._unassigned.extend(words)
             self._end_of_speech = event.speech_final
             await self._advance(force=False)
+
+    # -- early commit from interim results (latency) -----------------------------------------
+
+    async def _commit_early(self, words: tuple[Word, ...], hints: tuple[str | None, ...]) -> None:
+        """An interim shows where voices change: commit what that change closes, now."""
+        done_until = max((p.end for p in self._provisional), default=self.stt.final_until)
+        done_until = max(done_until, self.stt.final_until)  # replayed after a reconnect: final
+        if self._pending:
+            done_until = max(done_until, self._pending[-1].end)
+        fresh = [replace(w, speaker=h) for w, h in zip(words, hints, strict=False)
+                 if w.end > done_until + _SAME_TIME]
+        if not fresh:
+            return
+        runs = speaker_runs(fresh)
+        first = runs[0].speaker
+        if self._pending:
+            last = self._pending[-1].speaker
+            if first is not None and first != last:
+                await self._emit_pending(force=True)  # the final run ended where this voice began
+        closed = runs[:-1]
+        if not closed or any(r.speaker is None for r in closed):
+            return  # no change yet, or a voice not bound yet: wait for the final
+        if self._pending:
+            # the pending final words continue the first closed run: one turn
+            await self._emit_pending(force=False)
+            lead = list(self._pending)
+            self._pending = []
+        else:
+            lead = []
+        for i, run in enumerate(closed):
+            turn = SpeakerTurn(run.speaker, tuple(lead + list(run.words)) if i == 0 else run.words)
+            committed = await self._commit_quietly(turn)
+            self._provisional.append(_Provisional(turn, committed))
+
+    async def _settle_provisional(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
+        """A final result arrived: its words over early-committed turns confirm or correct them;
+        the rest go on as usual."""
+        rest: list[Word] = []
+        for w in words:
+            mid = (w.start + w.end) / 2
+            owner = next((p for p in self._provisional
+                          if p.start - _SAME_TIME <= mid <= p.end + _SAME_TIME
+                          and (w.speaker is None or w.speaker == p.turn.speaker)), None)
+            if owner is None:
+                rest.append(w)  # not said in an early turn: a turn of its own, as usual
+            else:
+                owner.confirmed.append(w)
+        final_end = max((w.end for w in words), default=0.0)
+        settled = [p for p in self._provisional if p.end <= final_end + _SAME_TIME]
+        for early in settled:
+            await self._correct(early, tuple(early.confirmed))
+        self._provisional = [p for p in self._provisional if p not in settled]
+        return tuple(rest)
+
+    async def _correct(self, early: _Provisional, final: tuple[Word, ...]) -> None:
+        said = [(w.text, w.speaker) for w in early.turn.words]
+        if [(w.text, w.speaker) for w in final] == said or early.committed is None:
+            return
+        self.corrections += 1
+        kit = self.channel.require_kit()
+        event = early.committed.event
+        metadata = dict(event.metadata)
+        metadata["corrected"] = True
+        if not final:
+            # The final heard none of it (interim words it dropped): keep the text, say so.
+            metadata["unconfirmed"] = True
+            final = early.turn.words
+        metadata["start"] = round(final[0].start, 3)
+        metadata["end"] = round(final[-1].end, 3)
+        text = join_words(w.text for w in final)
+        log.info("voice session %s: the final result corrected an early turn: %r -> %r",
+                 self.id, early.turn.text, text)
+        try:
+            updated = await kit.update_event(self.room_id, event.id, content=TextContent(body=text),
+                                             metadata=metadata)
+        except KeyError:  # the room dropped it meanwhile
+            return
+        transcription = replace(early.committed.transcription, text=text, words=final,
+                                start=final[0].start, end=final[-1].end)
+        fixed = CommittedTurn(updated, transcription, early.committed.committed_at)
+        self.turns = [fixed if t is early.committed else t for t in self.turns]
+
+    async def _commit_quietly(self, run: SpeakerTurn) -> CommittedTurn | None:
+        before = len(self.turns)
+        try:
+            await self._commit(run)
+        except Exception:
+            log.exception("voice session %s: a turn was dropped because committing it failed",
+                          self.id)
+        return self.turns[-1] if len(self.turns) > before else None
 
     async def _advance(self, *, force: bool) -> None:
         """Move final words on: give them speakers (pipeline mode) and commit finished runs.
@@ -428,6 +533,26 @@ class VoiceSession:
 
 
 _NOBODY = object()
+_SAME_TIME = 0.05
+"""Seconds within which an interim word and a final word are the same word."""
+
+
+@dataclass
+class _Provisional:
+    """A turn committed from interim words (early commit), until a final confirms it."""
+
+    turn: SpeakerTurn
+    committed: CommittedTurn | None
+    confirmed: list[Word] = field(default_factory=list)
+    """The final words over its span so far."""
+
+    @property
+    def start(self) -> float:
+        return self.turn.start
+
+    @property
+    def end(self) -> float:
+        return self.turn.end
 STATUS_KEPT = 64
 """Status events a session keeps (an endless flapping connection cannot grow memory)."""
 KEPT_PER_SESSION = 100
@@ -466,6 +591,7 @@ class VoiceChannel(Channel):
         speaker_wait: float = 2.0,
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
         on_status: StatusCallback | None = None,
+        early_commit: bool = True,
     ) -> None:
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None:
@@ -491,6 +617,8 @@ class VoiceChannel(Channel):
         self.speaker_wait = speaker_wait
         self.on_play = on_play
         self.on_status = on_status
+        self.early_commit = early_commit
+        """Commit a turn as soon as an interim result shows the next voice (streaming STT)."""
         """Hears every session's stream status (degraded, recovered, audio lost, ended): the
         server tells the device and counts it. A failure in it is logged, never raised."""
         self._sessions: dict[str, VoiceSession] = {}

@@ -150,6 +150,11 @@ class Transcript:
     is_final: bool
     speech_final: bool = False
     generation: int = 0
+    hints: tuple[str | None, ...] = ()
+    """Interim results only: per word, the session label its provider speaker id is already bound
+    to on this connection, or None (a voice not bound yet, or no speaker). A hint, not a label
+    (V3: interim words carry no speaker); the channel uses it to see a speaker change before
+    the final that confirms it."""
 
 
 @dataclass(frozen=True)
@@ -522,7 +527,12 @@ class SttStream:
         raw = [(w, w.start + offset, w.end + offset) for w in result.words]
         if not result.is_final:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
-            await self._emit(Transcript(words, False, False, current.generation))
+            hints: tuple[str | None, ...] = ()
+            if self.provider.diarizes:
+                hints = tuple(None if w.speaker is None
+                              else self.speakers.letters.get((current.generation, w.speaker))
+                              for w, _, _ in raw)
+            await self._emit(Transcript(words, False, False, current.generation, hints))
             return
         kept = [(w, s, e) for w, s, e in raw
                 if not self._is_duplicate(w.text, s, current.generation)]
