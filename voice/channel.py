@@ -587,7 +587,7 @@ class VoiceChannel(Channel):
         embedder: VoiceEmbedder | Callable[[], VoiceEmbedder] | str | None = "default",
         sticky_renames: bool = True,
         echo_tail: float = 0.3,
-        diarize_step: float = 0.5,
+        diarize_step: float = 0.2,
         speaker_wait: float = 2.0,
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
         on_status: StatusCallback | None = None,
