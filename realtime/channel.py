@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attribution import NOTE, Register, label_for, render_line
-from models import Participant, RoomEvent, TextContent
+from models import Participant, RoomEvent, TextContent, VoiceTurn
 from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
 from realtime.providers import make_session
 from realtime.session import (
@@ -277,8 +277,9 @@ class RealtimeChannel(Channel):
         state.lines.append(text)
         item = ContextItem("user", text)
         pcm = None
-        if self.audio_mode and event.metadata.get("source") == "voice":
-            pcm = self._take_turn_audio(state, event)  # a typed message has no audio
+        voice = VoiceTurn.of(event) if self.audio_mode else None
+        if voice is not None:
+            pcm = self._take_turn_audio(state, voice)  # a typed message has no audio
         if pcm is not None:
             session.post_audio_turn(pcm, item, send_item=state.labelling)
         else:
@@ -341,19 +342,14 @@ class RealtimeChannel(Channel):
         if dropped:  # no turn came for that long (a hook blocked them?)
             log.warning("%s: dropped %.1f s of audio no turn claimed", self.channel_id, dropped)
 
-    def _take_turn_audio(self, state: _RoomState, event: RoomEvent) -> bytes | None:
+    def _take_turn_audio(self, state: _RoomState, turn: VoiceTurn) -> bytes | None:
         """The audio of one voice turn (its `start`…`end`), from its stream's held audio."""
-        stream = event.metadata.get("voice_session_id")
-        held = state.streams.get(stream) if isinstance(stream, str) else None
+        held = state.streams.get(turn.voice_session_id) if turn.voice_session_id else None
         if held is None:
             held = state.streams.get(None)
         if held is None:
             return None
-        start_s, end_s = event.metadata.get("start"), event.metadata.get("end")
-        return held.take(
-            float(start_s) if isinstance(start_s, int | float) else None,
-            float(end_s) if isinstance(end_s, int | float) else None,
-        )
+        return held.take(turn.start, turn.end)
 
     # ------------------------------------------------------------------ replies (R5)
 

@@ -159,6 +159,10 @@ async def replay_turns(
             if audio is not None and rate:
                 end_s = metadata.get("end")
                 upto = len(pcm) // 2 if end_s is None else min(len(pcm) // 2, round(end_s * rate))
+                # a turn without times holds the audio since the last one (a typed voice turn
+                # always has both)
+                metadata.setdefault("start", pushed / rate)
+                metadata.setdefault("end", max(upto, pushed) / rate)
                 if upto > pushed:
                     await channel.push_audio(room.id, pcm[pushed * 2 : upto * 2], rate)
                     pushed = upto

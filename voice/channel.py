@@ -42,12 +42,12 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from models import RoomEvent, TextContent
+from models import RoomEvent, TextContent, VoiceTurn
 from rooms import Channel, HookContext, HookTrigger, RoomContext
 from voice.audio import (
     STT_SAMPLE_RATE,
@@ -378,8 +378,8 @@ class VoiceSession:
             # The final heard none of it (interim words it dropped): keep the text, say so.
             metadata["unconfirmed"] = True
             final = early.turn.words
-        metadata["start"] = round(final[0].start, 3)
-        metadata["end"] = round(final[-1].end, 3)
+        metadata.update(VoiceTurn(early.turn.speaker, final[0].start, final[-1].end,
+                                  self.id).metadata())
         text = join_words(w.text for w in final)
         log.info("voice session %s: the final result corrected an early turn: %r -> %r",
                  self.id, early.turn.text, text)
@@ -472,13 +472,7 @@ class VoiceSession:
                 self.names[label] = final.sender_name
             if final.participant_id and final.participant_id != proposed.participant_id:
                 self.matches[label] = final.participant_id
-        metadata: dict[str, Any] = {
-            "speaker_label": label,
-            "start": round(final.start, 3),
-            "end": round(final.end, 3),
-            "voice_session_id": self.id,
-            "source": "voice",
-        }
+        metadata = VoiceTurn(label, final.start, final.end, self.id).metadata()
         # A hook that matched the voice to a participant without naming it lets the room's
         # participant record name the turn (attribution B2); otherwise the name is stamped (B1).
         name = final.sender_name
