@@ -38,6 +38,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from rooms.retry import Backoff
+
 log = logging.getLogger(__name__)
 
 
@@ -225,6 +227,7 @@ class RealtimeSession(ABC):
         reconnect_delay: float = 0.05,
         max_reconnect_delay: float = 2.0,
         reconnect_forever: bool = True,
+        backoff: Backoff | None = None,
         record_limit: int = RECORD_LIMIT,
         record_audio: bool = False,
     ) -> None:
@@ -235,8 +238,14 @@ class RealtimeSession(ABC):
         """After one successful connection, keep reconnecting (capped backoff) instead of giving
         up after `max_reconnect_attempts`: lines wait in order until the provider is back."""
         self.max_reconnect_attempts = max_reconnect_attempts
-        self.reconnect_delay = reconnect_delay
-        self.max_reconnect_delay = max_reconnect_delay
+        self.backoff = backoff or Backoff(
+            first=reconnect_delay,
+            factor=2.0,
+            longest=max(reconnect_delay, max_reconnect_delay),
+            attempts=None if reconnect_forever else max_reconnect_attempts,
+        )
+        """Reconnects of a session that worked (the policy the STT streams use too); the first
+        connection is bounded by `max_reconnect_attempts` whatever it says."""
         self.sent: deque[SentEvent] = deque(maxlen=record_limit)
         """The last `record_limit` client events, as sent (payloads only with `record_audio`)."""
         self.record_audio = record_audio
@@ -513,7 +522,6 @@ class RealtimeSession(ABC):
         if self._connected:
             return
         attempt = 0
-        delay = self.reconnect_delay
         while True:
             if self._closing:
                 raise SessionFailed(f"{self.provider} session was closed while reconnecting")
@@ -535,18 +543,19 @@ class RealtimeSession(ABC):
             except (SessionDropped, OSError) as exc:
                 # The first connection has a budget (a wrong key or URL is a clear error); a
                 # session that worked keeps trying, so nothing is lost while the provider is away.
-                budget = self.max_reconnect_attempts
-                if self._ever_connected and self.reconnect_forever:
-                    budget = None
-                if budget is not None and attempt >= budget:
+                if self._ever_connected:
+                    gave_up = self.backoff.exhausted(attempt)
+                else:
+                    budget = self.max_reconnect_attempts
+                    gave_up = budget is not None and attempt >= budget
+                if gave_up:
                     raise SessionFailed(
                         f"{self.provider}: could not open the session after {attempt} attempts: {exc}"
                     ) from exc
                 log.warning(
                     "%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_reconnect_delay)
+                await asyncio.sleep(self.backoff.delay(attempt))
                 continue
             self._connected = True
             self._ever_connected = True

@@ -1,7 +1,7 @@
 """The room runtime: the RoomKit hub, rooms, routing, hooks, channels, memory, stores and locks.
 
-Owns how events enter a room, in what order they are committed and delivered, and the AI channel
-that answers them. Imports `models` and `attribution` only; voice, diarization, realtime and the
+Owns how events enter a room, in what order they are committed and delivered, the AI channel
+that answers them, and the connect/retry policy (`Backoff`) of channels that hold a connection. Imports `models` and `attribution` only; voice, diarization, realtime and the
 server build on it.
 """
 
@@ -11,6 +11,7 @@ from rooms.hooks import HookContext, HookResult, HookTrigger
 from rooms.kit import InboundResult, RoomKit, RoutingError
 from rooms.locks import InProcessLocks, RoomLockManager
 from rooms.memory import Memory, SlidingWindowMemory
+from rooms.retry import Backoff
 from rooms.store import ChannelBinding, InMemoryStore, Room, RoomStore
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "AIProvider",
     "AIResponse",
     "AudioSink",
+    "Backoff",
     "Channel",
     "ChannelBinding",
     "HookContext",

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from rooms.retry import Backoff
 from voice.audio import STT_SAMPLE_RATE, AudioLog, float_to_pcm16
 from voice.speakers import SpeakerContinuity
 from voice.turns import Word
@@ -208,31 +209,6 @@ SttStatus = SttDegraded | SttRecovered | AudioLost | StreamError
 """Events about the stream itself (not its words): what a device and the metrics are told."""
 
 SttEvent = Transcript | UtteranceEnd | StreamError | SttDegraded | SttRecovered | AudioLost
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """When to retry a connection: `first` seconds, times `factor` per failed attempt, at most
-    `longest`. `attempts` bounds the attempts of one outage (None: retry as long as the stream
-    lives). The budget starts afresh with every outage."""
-
-    first: float = 0.1
-    factor: float = 2.0
-    longest: float = 2.0
-    attempts: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.first < 0 or self.factor < 1 or self.longest < self.first:
-            raise ValueError(f"invalid backoff {self}")
-        if self.attempts is not None and self.attempts < 1:
-            raise ValueError("Backoff.attempts must be at least 1 (or None: no limit)")
-
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait before retry number `attempt` (1-based)."""
-        return float(min(self.longest, self.first * self.factor ** max(0, attempt - 1)))
-
-    def exhausted(self, attempts: int) -> bool:
-        return self.attempts is not None and attempts >= self.attempts
 
 
 def _brief(exc: BaseException) -> str:
