@@ -23,8 +23,8 @@ from rooms import HookContext, HookTrigger, RoomKit
 from server.config import ServerConfig
 from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
-from voice.channel import VoiceChannel, VoiceSession
-from voice.stt.base import SttProvider
+from voice.channel import StatusCallback, VoiceChannel, VoiceSession
+from voice.stt.base import SttProvider, SttStatus
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,13 @@ class StreamAudio(Protocol):
 class Pipeline(Protocol):
     async def attach_room(self, kit: RoomKit, room_id: str) -> None: ...
 
+    async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
+        for listener in list(self.status_listeners):
+            try:
+                await listener(session, status)
+            except Exception:
+                log.exception("stream %s: a status listener failed", session.id)
+
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio: ...
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
@@ -91,7 +98,12 @@ class VoicePipeline:
     def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
         self.config = config
         self.stt = stt
-        self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False)
+        self.status_listeners: list[StatusCallback] = []
+        """Hear every stream's STT status (degraded, recovered, audio lost, ended: issue 10.1).
+        The server appends one that tells the stream's device and counts it in its metrics;
+        `VoiceSession.id` is the stream's `voice_session_id`."""
+        self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
+                                         on_status=self._stream_status)
         self.realtime = _realtime_channel(config)
         self._taps: dict[str, RealtimeAudioTap] = {}
         """Audio mode: the tap of each open stream, by `voice_session_id`."""
@@ -162,10 +174,18 @@ class VoicePipeline:
             stt=self.stt,
             pipeline_speakers=True,
             diarizer=stage,
+            on_status=self._stream_status,
         )
         kit.register_channel(channel)
         await kit.attach_channel(room_id, channel.channel_id)
         return channel
+
+    async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
+        for listener in list(self.status_listeners):
+            try:
+                await listener(session, status)
+            except Exception:
+                log.exception("stream %s: a status listener failed", session.id)
 
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
         pooled = info.shared_mic and self.diarizes_with_stage
