@@ -59,13 +59,6 @@ class StreamAudio(Protocol):
 class Pipeline(Protocol):
     async def attach_room(self, kit: RoomKit, room_id: str) -> None: ...
 
-    async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
-        for listener in list(self.status_listeners):
-            try:
-                await listener(session, status)
-            except Exception:
-                log.exception("stream %s: a status listener failed", session.id)
-
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio: ...
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
