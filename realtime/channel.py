@@ -42,6 +42,7 @@ from realtime.session import (
     SessionOptions,
 )
 from rooms import AudioSink, Channel, RoomContext
+from voice.audio import StreamResampler, float_to_pcm16, pcm16_to_float
 
 log = logging.getLogger(__name__)
 
@@ -57,34 +58,26 @@ class _HeldAudio:
     audio: bytearray = field(default_factory=bytearray)
     start: int = 0
     """Stream position (samples) of `audio[0]`; stream time 0 is the first sample pushed."""
-    resampler: Any = None
-    resampler_rate: int = 0
+    resampler: StreamResampler | None = None
 
     @property
     def end(self) -> int:
         return self.start + len(self.audio) // 2
 
     def push(self, samples: np.ndarray[Any, Any], sample_rate: int) -> None:
-        if sample_rate != self.rate:
-            import soxr
-
-            if self.resampler is None or self.resampler_rate != sample_rate:
-                self.flush()
-                self.resampler = soxr.ResampleStream(sample_rate, self.rate, 1, dtype="float32")
-                self.resampler_rate = sample_rate
-            samples = self.resampler.resample_chunk(samples)
-        self._hold(samples)
+        if self.resampler is None:
+            self.resampler = StreamResampler(self.rate)
+        self._hold(self.resampler.resample(samples, sample_rate))
 
     def flush(self) -> None:
         """Emit what the streaming resampler still holds back (its look-ahead, ~20-30 ms), so a
         turn ending at the edge of the pushed audio gets all of it; the next push starts anew."""
         if self.resampler is not None:
-            self._hold(self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
-            self.resampler = None
+            self._hold(self.resampler.flush())
 
     def _hold(self, samples: np.ndarray[Any, Any]) -> None:
-        out = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
-        self.audio.extend(out.tobytes())
+        if len(samples):
+            self.audio.extend(float_to_pcm16(samples))
 
     def drop_oldest(self, keep_seconds: float) -> float:
         excess = len(self.audio) // 2 - round(keep_seconds * self.rate)
@@ -334,7 +327,7 @@ class RealtimeChannel(Channel):
         held = state.streams.get(stream_id)
         if held is None:
             held = state.streams[stream_id] = _HeldAudio(state.session.input_sample_rate)
-        samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        samples = pcm16_to_float(pcm16)
         if channels > 1:
             samples = samples.reshape(-1, channels).mean(axis=1)
         held.push(samples, sample_rate)
