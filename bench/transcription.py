@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pace of the latency pass, as a multiple of real time (default 1)")
     parser.add_argument("--skip-latency", action="store_true", help="only the fast pass")
     parser.add_argument("--latency-only", action="store_true", help="only the real-time pass")
+    parser.add_argument("--speaker-wait", type=float, default=None,
+                        help="pipeline speakers: seconds a word waits for the stage to place it "
+                             "(default: the channel's, 2)")
     parser.add_argument("--no-early-commit", action="store_true",
                         help="streaming STT: wait for final results before committing a turn "
                              "(the behaviour before early commit from interim results)")
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
                                               pipeline_speakers=args.pipeline_speakers,
                                               diarizer=diarizer,
                                               refine_speakers=args.refine_speakers,
-                                              early_commit=not args.no_early_commit))
+                                              early_commit=not args.no_early_commit,
+                                              speaker_wait=args.speaker_wait))
         bar.close()
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),

@@ -108,3 +108,39 @@ async def test_early_commit_can_be_turned_off() -> None:
         await stream(session, AUDIO, 16000)
         await session.finish()
     assert final_until_at_commit["So"] == 2.7  # waited for the final holding both voices
+
+
+async def test_an_early_turn_continues_the_final_words_of_its_voice_without_a_correction() -> None:
+    """A final without `speech_final` leaves its last run open; the interim that shows the next
+    voice closes it: the final words and the interim words of that voice are one turn."""
+    two = ScriptedWords(script([SpokenWord("x", 9.0, 9.1, 0)]).finals[:2])
+    async with DeepgramTestServer(two, interim_every=1000.0) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        broadcasts = Broadcasts()
+        kit.hook(HookTrigger.AFTER_BROADCAST)(broadcasts)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, AUDIO[:16000 * 18 // 10], 16000)
+        await broadcasts.reach(2)
+        so = SpokenWord("so", 2.0, 2.3, 0, "So")
+        thursday = SpokenWord("thursday", 2.35, 2.8, 0, "Thursday?")
+        yes = SpokenWord("yes", 2.9, 3.2, 1, "Yes.")
+
+        def results(words: list[SpokenWord], *, final: bool, speech_final: bool) -> str:
+            start = words[0].start
+            msg = server._results("r", words, is_final=final, speech_final=speech_final,
+                                  from_finalize=False, start=start, duration=words[-1].end - start)
+            return msg.model_dump_json(exclude_none=True)
+
+        await server.send_raw(results([so], final=True, speech_final=False))
+        await server.send_raw(results([thursday, yes], final=False, speech_final=False))
+        await broadcasts.reach(3)  # "So Thursday?" went out from the interim
+        await server.send_raw(results([thursday, yes], final=True, speech_final=True))
+        await broadcasts.reach(4)
+        await session.finish()
+        events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [
+        ("Speaker A", "Hello."), ("Speaker B", "Hi."),
+        ("Speaker A", "So Thursday?"), ("Speaker B", "Yes."),
+    ]
+    assert session.corrections == 0 and not any(e.metadata.get("corrected") for e in events)

@@ -341,9 +341,10 @@ class VoiceSession:
         else:
             lead = []
         for i, run in enumerate(closed):
-            turn = SpeakerTurn(run.speaker, tuple(lead + list(run.words)) if i == 0 else run.words)
+            before = tuple(lead) if i == 0 else ()
+            turn = SpeakerTurn(run.speaker, before + run.words)
             committed = await self._commit_quietly(turn)
-            self._provisional.append(_Provisional(turn, committed))
+            self._provisional.append(_Provisional(turn, committed, len(before)))
 
     async def _settle_provisional(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
         """A final result arrived: its words over early-committed turns confirm or correct them;
@@ -365,16 +366,17 @@ class VoiceSession:
         self._provisional = [p for p in self._provisional if p not in settled]
         return tuple(rest)
 
-    async def _correct(self, early: _Provisional, final: tuple[Word, ...]) -> None:
-        said = [(w.text, w.speaker) for w in early.turn.words]
-        if [(w.text, w.speaker) for w in final] == said or early.committed is None:
+    async def _correct(self, early: _Provisional, confirmed: tuple[Word, ...]) -> None:
+        said = [(w.text, w.speaker) for w in early.interim_words]
+        if [(w.text, w.speaker) for w in confirmed] == said or early.committed is None:
             return
+        final = early.turn.words[: early.final_lead] + confirmed  # the lead was final already
         self.corrections += 1
         kit = self.channel.require_kit()
         event = early.committed.event
         metadata = dict(event.metadata)
         metadata["corrected"] = True
-        if not final:
+        if not confirmed:
             # The final heard none of it (interim words it dropped): keep the text, say so.
             metadata["unconfirmed"] = True
             final = early.turn.words
@@ -537,12 +539,18 @@ class _Provisional:
 
     turn: SpeakerTurn
     committed: CommittedTurn | None
+    final_lead: int = 0
+    """How many of the turn's first words were final already (the pending run it continued)."""
     confirmed: list[Word] = field(default_factory=list)
-    """The final words over its span so far."""
+    """The final words over its interim words' span so far."""
+
+    @property
+    def interim_words(self) -> tuple[Word, ...]:
+        return self.turn.words[self.final_lead :]
 
     @property
     def start(self) -> float:
-        return self.turn.start
+        return self.interim_words[0].start
 
     @property
     def end(self) -> float:

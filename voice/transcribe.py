@@ -89,6 +89,7 @@ async def transcribe_audio(
     progress: Callable[[float], None] | None = None,
     refine_speakers: bool = False,
     early_commit: bool = True,
+    speaker_wait: float | None = None,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -104,6 +105,8 @@ async def transcribe_audio(
     room = await kit.create_room(room_id="transcribe")
     channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer,
                            early_commit=early_commit)
+    if speaker_wait is not None:
+        channel.speaker_wait = speaker_wait
     kit.register_channel(channel)
     await kit.attach_channel(room.id, channel.channel_id)
     names = dict(renames or {})
