@@ -8,6 +8,10 @@ session fed PCM16 frames). Two passes over the recording:
 2. paced at real time (`--speed 1`): the latency from the end of each turn's speech (its last
    word's end, as streamed) to its room event; p50 and p95 over the turns.
 
+`--stt whisper` (default) measures the embedded default; `--stt deepgram --local-deepgram` the
+streaming path (early commit from interim results on; `--no-early-commit` for the old wait).
+`--latency-only` skips the fast pass, `--max-utterance` sets Whisper's utterance cap.
+
 Default input: the generated demo meeting (`examples/meeting/`). Prints a table; `--json` writes
 the figures.
 """
@@ -34,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scripted turns (JSON with a `turns` list of {speaker, text, start, end})")
     parser.add_argument("--stt", choices=("whisper", "deepgram"), default="whisper")
     parser.add_argument("--whisper-model", default=None)
+    parser.add_argument("--max-utterance", type=float, default=None,
+                        help="Whisper: cap on one VAD utterance in seconds (default: the provider's, 4)")
     parser.add_argument("--local-deepgram", action="store_true",
                         help="with --stt deepgram: start the local Deepgram-protocol server, which "
                              "replays the script's words from the audio it receives (measures the "
@@ -47,6 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", type=float, default=1.0,
                         help="pace of the latency pass, as a multiple of real time (default 1)")
     parser.add_argument("--skip-latency", action="store_true", help="only the fast pass")
+    parser.add_argument("--latency-only", action="store_true", help="only the real-time pass")
+    parser.add_argument("--speaker-wait", type=float, default=None,
+                        help="pipeline speakers: seconds a word waits for the stage to place it "
+                             "(default: the channel's, 2)")
+    parser.add_argument("--no-early-commit", action="store_true",
+                        help="streaming STT: wait for final results before committing a turn "
+                             "(the behaviour before early commit from interim results)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -111,7 +124,8 @@ def _stt(args: argparse.Namespace) -> Any:
         return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
-    stt = WhisperSTT(args.whisper_model)
+    stt = (WhisperSTT(args.whisper_model) if args.max_utterance is None
+           else WhisperSTT(args.whisper_model, max_utterance=args.max_utterance))
     stt.model()  # load before timing: the RTF measures transcription, not the model load
     return stt
 
@@ -127,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     reference = " ".join(t["text"] for t in script["turns"])
     duration = len(audio) / rate
     live = not (args.skip_latency or args.refine_speakers)
-    passes = [("fast", None)] + ([("real-time", args.speed)] if live else [])
+    passes = ([] if args.latency_only and live else [("fast", None)]) + (
+        [("real-time", args.speed)] if live else [])
     figures: dict[str, Any] = {"audio": str(args.audio), "duration_s": round(duration, 2),
                                "stt": args.stt}
     load_started = time.perf_counter()
@@ -150,11 +165,14 @@ def run(args: argparse.Namespace) -> int:
         result = asyncio.run(transcribe_audio(audio, rate, stt=stt, speed=speed, progress=progress,
                                               pipeline_speakers=args.pipeline_speakers,
                                               diarizer=diarizer,
-                                              refine_speakers=args.refine_speakers))
+                                              refine_speakers=args.refine_speakers,
+                                              early_commit=not args.no_early_commit,
+                                              speaker_wait=args.speaker_wait))
         bar.close()
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),
-                                 "real_time_factor": round(result.real_time_factor, 3)}
+                                 "real_time_factor": round(result.real_time_factor, 3),
+                                 "early_corrections": result.corrections}
         entry.update({k: round(v, 4) for k, v in word_error_rate(reference, hypothesis).items()})
         attributed = speaker_accuracy(result.turns, script["turns"])
         if attributed is not None:
@@ -166,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
             entry["latency_max_s"] = round(float(latencies.max()), 3)
             entry["speed"] = speed
         figures[name] = entry
-    print(f"Transcription bench: {args.audio.name} ({duration:.1f} s), STT {stt.describe()}")
+    print(f"Transcription bench: {args.audio.name} ({duration:.1f} s), STT {stt.describe()}"
+          + (", pipeline speakers" if args.pipeline_speakers else ""))
     print(f"{'pass':<10} {'turns':>5} {'WER':>7} {'RTF':>7} {'p50 lat':>8} {'p95 lat':>8} "
           f"{'spk acc':>8}")
     for name, _ in passes:

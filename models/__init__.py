@@ -1,7 +1,7 @@
 """Data models shared by every part of Chorus.
 
-Owns: room events, participants, inbound messages, content types and the provider-facing AI
-context. Imports nothing from the rest of Chorus (pydantic only): every other package depends on
+Owns: room events, participants, inbound messages, content types, the typed voice turn
+(`VoiceTurn`, the V2 metadata of a voice event) and the provider-facing AI context. Imports nothing from the rest of Chorus (pydantic only): every other package depends on
 these shapes, so they stay plain data with no behaviour beyond small helpers.
 """
 
@@ -10,8 +10,10 @@ from models.content import CompositeContent, Content, ImageContent, TextContent
 from models.events import EventKind, EventSource, RoomEvent, Visibility
 from models.messages import InboundMessage
 from models.participants import Participant
+from models.voice import VOICE_SOURCE, VoiceTurn
 
 __all__ = [
+    "VOICE_SOURCE",
     "AIContext",
     "AIImagePart",
     "AIMessage",
@@ -27,4 +29,5 @@ __all__ = [
     "RoomEvent",
     "TextContent",
     "Visibility",
+    "VoiceTurn",
 ]

@@ -31,7 +31,7 @@ import numpy as np
 
 from attribution import Register
 from attribution.session import SessionLabels
-from models import Participant, RoomEvent, TextContent
+from models import Participant, RoomEvent, TextContent, VoiceTurn
 from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
 from realtime.providers import make_session
 from realtime.session import (
@@ -43,6 +43,7 @@ from realtime.session import (
     SessionOptions,
 )
 from rooms import AudioSink, Channel, RoomContext
+from voice.audio import StreamResampler, float_to_pcm16, pcm16_to_float
 
 log = logging.getLogger(__name__)
 
@@ -58,34 +59,26 @@ class _HeldAudio:
     audio: bytearray = field(default_factory=bytearray)
     start: int = 0
     """Stream position (samples) of `audio[0]`; stream time 0 is the first sample pushed."""
-    resampler: Any = None
-    resampler_rate: int = 0
+    resampler: StreamResampler | None = None
 
     @property
     def end(self) -> int:
         return self.start + len(self.audio) // 2
 
     def push(self, samples: np.ndarray[Any, Any], sample_rate: int) -> None:
-        if sample_rate != self.rate:
-            import soxr
-
-            if self.resampler is None or self.resampler_rate != sample_rate:
-                self.flush()
-                self.resampler = soxr.ResampleStream(sample_rate, self.rate, 1, dtype="float32")
-                self.resampler_rate = sample_rate
-            samples = self.resampler.resample_chunk(samples)
-        self._hold(samples)
+        if self.resampler is None:
+            self.resampler = StreamResampler(self.rate)
+        self._hold(self.resampler.resample(samples, sample_rate))
 
     def flush(self) -> None:
         """Emit what the streaming resampler still holds back (its look-ahead, ~20-30 ms), so a
         turn ending at the edge of the pushed audio gets all of it; the next push starts anew."""
         if self.resampler is not None:
-            self._hold(self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
-            self.resampler = None
+            self._hold(self.resampler.flush())
 
     def _hold(self, samples: np.ndarray[Any, Any]) -> None:
-        out = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
-        self.audio.extend(out.tobytes())
+        if len(samples):
+            self.audio.extend(float_to_pcm16(samples))
 
     def drop_oldest(self, keep_seconds: float) -> float:
         excess = len(self.audio) // 2 - round(keep_seconds * self.rate)
@@ -268,8 +261,9 @@ class RealtimeChannel(Channel):
         state.lines.append(text)
         item = ContextItem("user", text)
         pcm = None
-        if self.audio_mode and event.metadata.get("source") == "voice":
-            pcm = self._take_turn_audio(state, event)  # a typed message has no audio
+        voice = VoiceTurn.of(event) if self.audio_mode else None
+        if voice is not None:
+            pcm = self._take_turn_audio(state, voice)  # a typed message has no audio
         if pcm is not None:
             session.post_audio_turn(pcm, item, send_item=line.labelled)
         else:
@@ -324,7 +318,7 @@ class RealtimeChannel(Channel):
         held = state.streams.get(stream_id)
         if held is None:
             held = state.streams[stream_id] = _HeldAudio(state.session.input_sample_rate)
-        samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        samples = pcm16_to_float(pcm16)
         if channels > 1:
             samples = samples.reshape(-1, channels).mean(axis=1)
         held.push(samples, sample_rate)
@@ -332,19 +326,14 @@ class RealtimeChannel(Channel):
         if dropped:  # no turn came for that long (a hook blocked them?)
             log.warning("%s: dropped %.1f s of audio no turn claimed", self.channel_id, dropped)
 
-    def _take_turn_audio(self, state: _RoomState, event: RoomEvent) -> bytes | None:
+    def _take_turn_audio(self, state: _RoomState, turn: VoiceTurn) -> bytes | None:
         """The audio of one voice turn (its `start`…`end`), from its stream's held audio."""
-        stream = event.metadata.get("voice_session_id")
-        held = state.streams.get(stream) if isinstance(stream, str) else None
+        held = state.streams.get(turn.voice_session_id) if turn.voice_session_id else None
         if held is None:
             held = state.streams.get(None)
         if held is None:
             return None
-        start_s, end_s = event.metadata.get("start"), event.metadata.get("end")
-        return held.take(
-            float(start_s) if isinstance(start_s, int | float) else None,
-            float(end_s) if isinstance(end_s, int | float) else None,
-        )
+        return held.take(turn.start, turn.end)
 
     # ------------------------------------------------------------------ replies (R5)
 

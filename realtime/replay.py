@@ -72,7 +72,9 @@ class ReplayResult:
                 connection = sent.connection
                 out.append(f"-- reconnected (connection {connection}); the session is replayed --")
             if sent.type == "input_audio_buffer.append":
-                appends.append(len(str(sent.event.get("audio", ""))) * 3 // 4)
+                size = sent.event.get("audio_bytes")
+                appends.append(int(size) if isinstance(size, int)
+                               else len(str(sent.event.get("audio", ""))) * 3 // 4)
                 continue
             flush()
             out.append(_render_event(sent.event))
@@ -229,6 +231,10 @@ async def replay_turns(
             if audio is not None and rate:
                 end_s = metadata.get("end")
                 upto = len(pcm) // 2 if end_s is None else min(len(pcm) // 2, round(end_s * rate))
+                # a turn without times holds the audio since the last one (a typed voice turn
+                # always has both)
+                metadata.setdefault("start", pushed / rate)
+                metadata.setdefault("end", max(upto, pushed) / rate)
                 if upto > pushed:
                     await channel.push_audio(room.id, pcm[pushed * 2 : upto * 2], rate)
                     pushed = upto

@@ -19,6 +19,10 @@ read replies. `RealtimeSession` owns everything that must be right for every pro
   free for the next request. Requests are numbered; whatever arrives later for an abandoned one
   (its `response.done`, audio, transcript) is dropped, so it is never delivered late, twice, or
   taken for the done of a newer response.
+- **a bounded record (issue 10.3)**: `sent` keeps the last `record_limit` client events as they
+  went on the wire (tests and the recorder demo read it). Audio payloads are never kept unless a
+  test opts in (`record_audio=True`): an append is recorded with its size (`audio_bytes`) instead
+  of its base64 (about 55 KB per audio second otherwise, for the life of the room).
 - **replies (R5)**: providers turn their wire events into `ReplyStarted`, `ReplyAudio`,
   `ReplyTranscript` and `ReplyDone` values handed to listeners (the `RealtimeChannel`).
 """
@@ -29,9 +33,12 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
+
+from rooms.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +174,26 @@ class SentEvent:
         return str(self.event.get("type"))
 
 
+RECORD_LIMIT = 1000
+"""Client events a session keeps in `sent` by default (the newest)."""
+
+_PAYLOAD_KEYS = ("audio", "data")
+
+
+def without_payloads(event: dict[str, Any]) -> dict[str, Any]:
+    """`event` with every base64 payload (`audio`, `data` strings, at any depth) replaced by its
+    size in bytes (`audio_bytes`, `data_bytes`): what a record keeps of an audio append."""
+    out: dict[str, Any] = {}
+    for key, value in event.items():
+        if key in _PAYLOAD_KEYS and isinstance(value, str):
+            out[f"{key}_bytes"] = len(value) * 3 // 4 - value[-2:].count("=")
+        elif isinstance(value, dict):
+            out[key] = without_payloads(value)
+        else:
+            out[key] = value
+    return out
+
+
 # --------------------------------------------------------------------------- operations
 
 
@@ -200,15 +227,28 @@ class RealtimeSession(ABC):
         reconnect_delay: float = 0.05,
         max_reconnect_delay: float = 2.0,
         reconnect_forever: bool = True,
+        backoff: Backoff | None = None,
+        record_limit: int = RECORD_LIMIT,
+        record_audio: bool = False,
     ) -> None:
+        if record_limit < 0:
+            raise ValueError("record_limit must be 0 (record nothing) or more")
         self.options = options or SessionOptions()
         self.reconnect_forever = reconnect_forever
         """After one successful connection, keep reconnecting (capped backoff) instead of giving
         up after `max_reconnect_attempts`: lines wait in order until the provider is back."""
         self.max_reconnect_attempts = max_reconnect_attempts
-        self.reconnect_delay = reconnect_delay
-        self.max_reconnect_delay = max_reconnect_delay
-        self.sent: list[SentEvent] = []
+        self.backoff = backoff or Backoff(
+            first=reconnect_delay,
+            factor=2.0,
+            longest=max(reconnect_delay, max_reconnect_delay),
+            attempts=None if reconnect_forever else max_reconnect_attempts,
+        )
+        """Reconnects of a session that worked (the policy the STT streams use too); the first
+        connection is bounded by `max_reconnect_attempts` whatever it says."""
+        self.sent: deque[SentEvent] = deque(maxlen=record_limit)
+        """The last `record_limit` client events, as sent (payloads only with `record_audio`)."""
+        self.record_audio = record_audio
         self.history: list[ContextItem] = []
         self.connection_index = -1
         self.failed: BaseException | None = None
@@ -280,7 +320,10 @@ class RealtimeSession(ABC):
     # ------------------------------------------------------------------ recording
 
     def _record(self, event: dict[str, Any]) -> None:
-        self.sent.append(SentEvent(self.connection_index, event))
+        if self.sent.maxlen == 0:
+            return
+        kept = event if self.record_audio else without_payloads(event)
+        self.sent.append(SentEvent(self.connection_index, kept))
 
     # ------------------------------------------------------------------ public API
 
@@ -479,7 +522,6 @@ class RealtimeSession(ABC):
         if self._connected:
             return
         attempt = 0
-        delay = self.reconnect_delay
         while True:
             if self._closing:
                 raise SessionFailed(f"{self.provider} session was closed while reconnecting")
@@ -501,18 +543,19 @@ class RealtimeSession(ABC):
             except (SessionDropped, OSError) as exc:
                 # The first connection has a budget (a wrong key or URL is a clear error); a
                 # session that worked keeps trying, so nothing is lost while the provider is away.
-                budget = self.max_reconnect_attempts
-                if self._ever_connected and self.reconnect_forever:
-                    budget = None
-                if budget is not None and attempt >= budget:
+                if self._ever_connected:
+                    gave_up = self.backoff.exhausted(attempt)
+                else:
+                    budget = self.max_reconnect_attempts
+                    gave_up = budget is not None and attempt >= budget
+                if gave_up:
                     raise SessionFailed(
                         f"{self.provider}: could not open the session after {attempt} attempts: {exc}"
                     ) from exc
                 log.warning(
                     "%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_reconnect_delay)
+                await asyncio.sleep(self.backoff.delay(attempt))
                 continue
             self._connected = True
             self._ever_connected = True

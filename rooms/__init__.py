@@ -3,8 +3,10 @@
 Owns how events enter a room, in what order they are committed and delivered, and the AI channel
 that answers them: its memories (a sliding window, or older turns folded into a running summary
 kept with the room, G4), the speak policies that decide whether an agent answers (G6, shared with
-the realtime channel), and delegation of a task from one agent channel to another (G5). Imports `models` and `attribution` only; voice, diarization, realtime and the
-server build on it.
+the realtime channel), delegation of a task from one agent channel to another (G5), the stores
+(in-memory, SQLite, Postgres) and the connect/retry policy (`Backoff`) of channels that hold a
+connection. Imports `models` and `attribution` only; voice, diarization, realtime and the server
+build on it.
 """
 
 from rooms.ai import AIChannel, AIProvider, AIResponse, MockAIProvider
@@ -30,6 +32,7 @@ from rooms.policy import (
     SpeakPolicy,
     SpeakTurn,
 )
+from rooms.retry import Backoff
 from rooms.sqlite import SQLiteStore
 from rooms.store import (
     ChannelBinding,
@@ -51,6 +54,7 @@ __all__ = [
     "AnswerWhenAddressed",
     "AnswerWhenAlone",
     "AudioSink",
+    "Backoff",
     "Channel",
     "ChannelBinding",
     "CompactingMemory",

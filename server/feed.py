@@ -5,15 +5,63 @@ Owns the fan-out and its backpressure rule: `publish` never awaits — it puts t
 consumer's bounded queue, and a consumer whose queue is full has fallen behind and is dropped
 (closed with `CloseCode.FEED_TOO_SLOW`). Audio handling and other rooms never wait on a slow
 reader. A short history lets a consumer that joins late see the turns so far.
+
+Also owns the room's rename book (`RenameBook`): renames arrive from any `/events` socket with a
+room token, so the map they fill is client input and is bounded (issue 10.3): at most
+`MAX_RENAMES_PER_ROOM` distinct (stream, label) keys; a new key beyond that evicts the least
+recently set one (a rename already made can be set again; the page never needs hundreds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
-from collections.abc import Callable
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+MAX_RENAMES_PER_ROOM = 256
+"""Distinct (stream, label) renames a room keeps."""
+
+RenameKey = tuple[str | None, str]
+"""(stream id, or None for every stream in the room; raw speaker label)."""
+
+
+class RenameBook(MutableMapping[RenameKey, str]):
+    """A room's renames, bounded: setting a new key when full evicts the least recently set."""
+
+    def __init__(self, limit: int = MAX_RENAMES_PER_ROOM) -> None:
+        if limit < 1:
+            raise ValueError("a rename book holds at least one rename")
+        self.limit = limit
+        self.evicted = 0
+        """Renames forgotten to stay within `limit` (a room flooded with renames)."""
+        self._names: OrderedDict[RenameKey, str] = OrderedDict()
+
+    def __getitem__(self, key: RenameKey) -> str:
+        return self._names[key]
+
+    def __setitem__(self, key: RenameKey, name: str) -> None:
+        self._names[key] = name
+        self._names.move_to_end(key)
+        while len(self._names) > self.limit:
+            forgotten, _ = self._names.popitem(last=False)
+            self.evicted += 1
+            if self.evicted == 1 or self.evicted % 1000 == 0:
+                log.warning("a room holds more than %d renames; forgot %r (%d forgotten)",
+                            self.limit, forgotten, self.evicted)
+
+    def __delitem__(self, key: RenameKey) -> None:
+        del self._names[key]
+
+    def __iter__(self) -> Iterator[RenameKey]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 @dataclass(eq=False)

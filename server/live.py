@@ -50,7 +50,7 @@ from models import InboundMessage, RoomEvent, TextContent
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
 from server.chat import ChatInput
 from server.config import ServerConfig
-from server.feed import FeedConsumer, RoomFeed
+from server.feed import FeedConsumer, RenameBook, RoomFeed
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline, StreamAudio, StreamInfo
 from server.protocol import (
@@ -177,7 +177,7 @@ class LiveRoom:
     room_id: str
     feed: RoomFeed
     streams: dict[str, LiveStream] = field(default_factory=dict)
-    renames: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    renames: RenameBook = field(default_factory=RenameBook)
     """(stream id or None for every stream, raw speaker label) → name."""
     participant_names: dict[str, str] = field(default_factory=dict)
     """A one-person stream's participant id → the name it was renamed to (kept in the store)."""

@@ -24,8 +24,8 @@ from rooms.acp import ACPAgentChannel
 from server.config import ServerConfig
 from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
-from voice.channel import VoiceChannel, VoiceSession
-from voice.stt.base import SttProvider
+from voice.channel import StatusCallback, VoiceChannel, VoiceSession
+from voice.stt.base import SttProvider, SttStatus
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,12 @@ class VoicePipeline:
     def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
         self.config = config
         self.stt = stt
-        self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False)
+        self.status_listeners: list[StatusCallback] = []
+        """Hear every stream's STT status (degraded, recovered, audio lost, ended: issue 10.1).
+        The server appends one that tells the stream's device and counts it in its metrics;
+        `VoiceSession.id` is the stream's `voice_session_id`."""
+        self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
+                                         on_status=self._stream_status)
         self.realtime = _realtime_channel(config)
         self.chat_ai = _chat_channel(config)
         self.agent = _agent_channel(config)
@@ -182,10 +187,18 @@ class VoicePipeline:
             stt=self.stt,
             pipeline_speakers=True,
             diarizer=stage,
+            on_status=self._stream_status,
         )
         kit.register_channel(channel)
         await kit.attach_channel(room_id, channel.channel_id)
         return channel
+
+    async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
+        for listener in list(self.status_listeners):
+            try:
+                await listener(session, status)
+            except Exception:
+                log.exception("stream %s: a status listener failed", session.id)
 
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
         pooled = info.shared_mic and self.diarizes_with_stage
@@ -282,6 +295,7 @@ def _stt_provider(config: ServerConfig) -> SttProvider:
             url=stt.deepgram_url,
             model=stt.model or "nova-3",
             language=stt.language or "en",
+            diarize=stt.diarize,
         )
     from voice.stt.whisper import WhisperSTT
 

@@ -213,7 +213,7 @@ class RenameRequest(_Wire):
     type: Literal["rename"] = "rename"
     label: str = Field(min_length=1, max_length=80)
     name: str = Field(min_length=1, max_length=80)
-    stream: str | None = None
+    stream: str | None = Field(default=None, min_length=1, max_length=64)
     """Limit the rename to one stream's session (default: every stream in the room)."""
 
 

@@ -3,6 +3,7 @@ and `chorus transcribe --realtime recorder`)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -190,3 +191,34 @@ async def test_R3_forget_stream_drops_a_finished_streams_held_audio() -> None:
     channel.forget_stream("nowhere", "mic-1")  # an unknown room is no error
     assert set(channel._rooms["r"].streams) == {"mic-2"}
     await kit.close()
+
+
+async def test_the_record_of_client_events_holds_no_audio_and_is_bounded() -> None:
+    """Issue 10.3: an hour of audio mode must not keep every base64 append (55 KB per second)."""
+    session = RecorderSession(record_limit=40)
+    seconds = 30
+    async with session:
+        for turn in range(seconds):
+            session.post_audio_turn(bytes(2 * session.input_sample_rate),
+                                    ContextItem("user", f"Alice: turn {turn}"))
+        await session.wait_idle()
+    assert len(session.sent) == 40  # the newest 40 of 1 + 3 × 30 events
+    appends = [e for e in session.events if e["type"] == "input_audio_buffer.append"]
+    assert appends and all("audio" not in e for e in appends)
+    assert all(e["audio_bytes"] == 2 * session.input_sample_rate for e in appends)
+    assert session.events[-1]["type"] == "conversation.item.create"
+
+
+async def test_tests_can_opt_in_to_recording_audio_payloads() -> None:
+    session = RecorderSession(record_audio=True)
+    async with session:
+        session.post_audio_turn(b"\x01\x00" * 100, None)
+        await session.wait_idle()
+    appends = [e for e in session.events if e["type"] == "input_audio_buffer.append"]
+    assert [e["audio"] for e in appends] == [base64.b64encode(b"\x01\x00" * 100).decode()]
+
+
+def test_record_limit_zero_records_nothing_and_a_negative_one_is_refused() -> None:
+    assert RecorderSession(record_limit=0).sent.maxlen == 0
+    with pytest.raises(ValueError, match="record_limit"):
+        RecorderSession(record_limit=-1)

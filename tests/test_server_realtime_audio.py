@@ -285,7 +285,7 @@ async def test_a_failing_realtime_side_costs_the_audio_path_nothing_and_keeps_th
     still cuts the right audio."""
     kit = RoomKit()
     await kit.create_room(room_id="r")
-    rt = RealtimeChannel("rt", "recorder", audio_mode=True)
+    rt = RealtimeChannel("rt", "recorder", audio_mode=True, record_audio=True)
     kit.register_channel(rt)
     session = Session("r", "device-1")
     tap = RealtimeAudioTap(rt, session, interval=0.0, retry_s=0.0)

@@ -214,3 +214,24 @@ def test_audio_log_keeps_the_recent_audio_addressed_by_session_time(sizes: list[
     assert log.first <= max(0, len(whole) - keep)  # at least `keep` samples are held
     np.testing.assert_array_equal(log.samples(log.first), whole[log.first :])
     np.testing.assert_array_equal(log.samples(0, 10), whole[log.first : 10])
+
+
+def test_the_stream_resampler_is_seamless_and_restarts_on_a_new_rate() -> None:
+    """One home for resampling (issue 10, seams): the frame decoder and the realtime channel."""
+    from voice.audio import StreamResampler, resample
+
+    t = np.arange(48000) / 48000
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    whole = resample(tone, 48000, 16000)
+    stream = StreamResampler(16000)
+    pieces = [stream.resample(tone[i : i + 4801], 48000) for i in range(0, len(tone), 4801)]
+    chunked = np.concatenate([*pieces, stream.flush()])
+    assert abs(len(chunked) - len(whole)) <= 1
+    n = min(len(chunked), len(whole)) - 200
+    assert np.max(np.abs(chunked[200:n] - whole[200:n])) < 1e-3  # no seams at chunk edges
+    same = StreamResampler(16000)
+    assert np.array_equal(same.resample(tone[:160], 16000), tone[:160])  # equal rates: as is
+    first = same.resample(tone[:4800], 48000)
+    switched = same.resample(tone[:800], 8000)  # the 48 kHz tail comes first, then 8 kHz
+    assert len(first) + len(switched) >= 1600  # the whole 48 kHz chunk is out by now
+    assert abs(len(first) + len(switched) + len(same.flush()) - 3200) <= 2

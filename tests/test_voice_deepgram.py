@@ -195,3 +195,26 @@ async def test_S2_drop_now_mid_stream_reconnects_without_losing_the_final() -> N
         events = await kit.list_events("room")
     assert [c.closed_reason for c in server.connections] == ["dropped", "close_stream"]
     assert [e.text for e in events] == ["So Thursday?", "Yes, Thursday."]
+
+
+async def test_diarize_false_reaches_deepgram_and_the_server_config_sends_it() -> None:
+    """Issue 10.9: `stt.diarize = false` was dropped and Deepgram was still asked to diarize."""
+    from server.config import ServerConfig, SttConfig
+    from server.pipeline import _stt_provider
+
+    async with DeepgramTestServer(two_voices_in_one_final()) as server:
+        config = ServerConfig(stt=SttConfig(provider="deepgram", deepgram_url=server.url,
+                                            deepgram_api_key="k", diarize=False))
+        stt = _stt_provider(config)
+        assert stt.diarizes is False
+        channel = VoiceChannel(stt=stt)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        turns = await turns_of(session, SILENCE, 16000)
+    assert server.connections[0].query["diarize"] == "false"
+    assert [(t.sender_name, t.text) for t in turns] == [(None, "So Thursday? Yes, Thursday.")]
+
+
+def test_diarize_model_without_diarize_is_refused() -> None:
+    with pytest.raises(ValueError, match="diarize_model needs diarize=True"):
+        DeepgramSTT("k", diarize=False, diarize_model="nova-3")

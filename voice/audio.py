@@ -12,6 +12,10 @@ error naming the problem (rule V10), so no stage ever sees a NaN, a half sample 
 - `FrameDecoder` is the live path: frames of any byte length (a sample split across two frames is
   carried over), PCM16 or µ-law, mono or interleaved channels, resampled with soxr's streaming
   resampler so frame boundaries leave no clicks.
+- `StreamResampler` is the one streaming resampler (soxr HQ, any input rate, flushable): the
+  frame decoder uses it, and the realtime channel resamples held turn audio with it. This module
+  is the one home of PCM16/µ-law codecs and resampling for every package (`realtime` and
+  `server` import it rather than keep copies).
 - µ-law is ITU-T G.711 (bias 0x84, 8 segments), done with numpy tables: no audioop (removed in
   Python 3.13).
 """
@@ -22,7 +26,7 @@ import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -138,6 +142,40 @@ def resample(audio: FloatAudio, from_rate: int, to_rate: int) -> FloatAudio:
     if from_rate == to_rate or len(audio) == 0:
         return np.asarray(audio, np.float32)
     return np.asarray(soxr.resample(audio, from_rate, to_rate, quality="HQ"), np.float32)
+
+
+class StreamResampler:
+    """Mono float32 chunks at any rate → `out_rate`, chunk by chunk (soxr's streaming resampler,
+    HQ), so a live stream resamples without seams. The input rate may change between chunks:
+    the old resampler's tail is emitted first and a new one starts. `flush()` emits the tail
+    (its look-ahead, a few ms) at the end of a stream or before a turn is cut."""
+
+    def __init__(self, out_rate: int) -> None:
+        _check_rate(out_rate, "target")
+        self.out_rate = out_rate
+        self._rate = 0
+        self._stream: Any = None
+
+    def resample(self, samples: FloatAudio, rate: int) -> FloatAudio:
+        if rate != self._rate:
+            _check_rate(rate, "source")
+            tail = self.flush()
+            self._rate = rate
+            if rate != self.out_rate:
+                self._stream = soxr.ResampleStream(rate, self.out_rate, 1, dtype="float32",
+                                                   quality="HQ")
+            out = np.asarray(samples, np.float32) if self._stream is None else np.asarray(
+                self._stream.resample_chunk(np.asarray(samples, np.float32)), np.float32)
+            return np.concatenate([tail, out]) if len(tail) else out
+        if self._stream is None:
+            return np.asarray(samples, np.float32)
+        return np.asarray(self._stream.resample_chunk(np.asarray(samples, np.float32)), np.float32)
+
+    def flush(self) -> FloatAudio:
+        stream, self._stream, self._rate = self._stream, None, 0
+        if stream is None:
+            return np.zeros(0, np.float32)
+        return np.asarray(stream.resample_chunk(np.zeros(0, np.float32), last=True), np.float32)
 
 
 def to_mono(audio: npt.NDArray[np.float32]) -> FloatAudio:
@@ -357,11 +395,7 @@ class FrameDecoder:
         self.format = fmt
         self.out_rate = out_rate
         self._carry = b""
-        self._resampler = (
-            soxr.ResampleStream(fmt.sample_rate, out_rate, 1, dtype="float32", quality="HQ")
-            if fmt.sample_rate != out_rate
-            else None
-        )
+        self._resampler = StreamResampler(out_rate)
         self.samples_in = 0
         """Input sample frames accepted so far (at the stream's own rate)."""
 
@@ -388,9 +422,7 @@ class FrameDecoder:
         if self.format.channels > 1:
             samples = samples.reshape(-1, self.format.channels).mean(axis=1).astype(np.float32)
         self.samples_in += len(samples)
-        if self._resampler is None:
-            return samples
-        return np.asarray(self._resampler.resample_chunk(samples), np.float32)
+        return self._resampler.resample(samples, self.format.sample_rate)
 
     def skip(self, frame: bytes) -> None:
         """Drop a frame (a paused stream) but keep the byte alignment of the ones after it."""
@@ -400,9 +432,7 @@ class FrameDecoder:
     def flush(self) -> FloatAudio:
         """The resampler's tail at end of stream."""
         self._carry = b""
-        if self._resampler is None:
-            return np.zeros(0, np.float32)
-        return np.asarray(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True), np.float32)
+        return self._resampler.flush()
 
 
 class AudioLog:

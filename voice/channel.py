@@ -11,6 +11,14 @@ Shape and why:
   The last run of a final stays open until the speaker changes, the STT marks the end of speech
   (`speech_final`, `UtteranceEnd`), or the stream is flushed; so a sentence split over two finals
   is still one turn, and one final holding two voices is two turns.
+- Early commit (latency, issue 10): with a diarizing streaming STT a turn that ends where another
+  voice starts without a pause would wait for the final that closes the next voice's words
+  (seconds). Interim results carry speaker hints (`Transcript.hints`): when an interim shows the
+  voice changing, the runs it closes are committed at once from the interim words
+  (`provisional`), and the pending final run before them too. When the final covering them
+  arrives, its words replace nothing if they agree; if they disagree (other words, another
+  voice), the committed event is corrected in place (`kit.update_event`, metadata
+  `corrected: true`) and counted in `session.corrections`. `early_commit=False` turns it off.
 - Each turn passes the `ON_TRANSCRIPTION` sync chain as a frozen `TranscriptionEvent` (V6): a hook
   may rename (sticks for later turns of that voice unless `sticky_renames=False`), edit the text,
   match the voice to a participant, or block (no event, no rank). The turn is then committed with
@@ -20,6 +28,9 @@ Shape and why:
   arriving on that room's sessions is replaced by silence before STT and diarization. Session time
   keeps counting, so later turns keep true times; speech over the agent (barge-in) is not
   transcribed while it plays. This is a gate, not echo cancellation: cheap, and certain.
+- The stream's health (issue 10.1): the STT stream's status events (`SttDegraded`,
+  `SttRecovered`, `AudioLost`, `StreamError`) are kept on the session (`status`, bounded) and
+  handed to `VoiceChannel(on_status=…)`, the one place a server tells the device and counts them.
 """
 
 from __future__ import annotations
@@ -28,14 +39,15 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from models import RoomEvent, TextContent
+from models import RoomEvent, TextContent, VoiceTurn
 from rooms import Channel, HookContext, HookTrigger, RoomContext
 from voice.audio import (
     STT_SAMPLE_RATE,
@@ -49,7 +61,18 @@ from voice.audio import (
 )
 from voice.diarization_stage import DiarizationStage, SpeakerTimeline
 from voice.speakers import SpeakerContinuity, VoiceEmbedder
-from voice.stt.base import StreamError, SttEvent, SttProvider, SttStream, Transcript, UtteranceEnd
+from voice.stt.base import (
+    AudioLost,
+    StreamError,
+    SttDegraded,
+    SttEvent,
+    SttProvider,
+    SttRecovered,
+    SttStatus,
+    SttStream,
+    Transcript,
+    UtteranceEnd,
+)
 from voice.turns import (
     MIN_WORD_EVIDENCE,
     SpeakerTurn,
@@ -140,8 +163,11 @@ class VoiceSession:
         self.paused = False
         self.finished = False
         self.turns: list[CommittedTurn] = []
-        self.blocked: list[TranscriptionEvent] = []
-        self.skipped_frames: list[str] = []
+        self.blocked: deque[TranscriptionEvent] = deque(maxlen=KEPT_PER_SESSION)
+        """The latest turns a hook blocked (bounded: a blocking hook may block every turn)."""
+        self.skipped_frames: deque[str] = deque(maxlen=KEPT_PER_SESSION)
+        """Why the latest bad frames were skipped (bounded: a client may send only bad frames)."""
+        self.skipped_count = 0
         self.gated_seconds = 0.0
         self.names: dict[str, str] = {}
         """Sticky renames: raw label → the name a hook gave it (V6)."""
@@ -155,6 +181,10 @@ class VoiceSession:
         self._unassigned: list[Word] = []
         """Final words waiting for the diarization stage (pipeline mode)."""
         self._end_of_speech = False
+        self._provisional: list[_Provisional] = []
+        """Turns committed from interim words, waiting for the final that confirms them."""
+        self.corrections = 0
+        """Early-committed turns the final results corrected."""
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
         self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
@@ -165,6 +195,8 @@ class VoiceSession:
         self._diar_wake = asyncio.Event()
         self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
         self.error: str | None = None
+        self.status: deque[SttStatus] = deque(maxlen=STATUS_KEPT)
+        """The stream's latest status events (outages, recoveries, lost audio), oldest first."""
 
     # -- audio in --------------------------------------------------------------------------
 
@@ -182,7 +214,10 @@ class VoiceSession:
             samples = self.decoder.decode(frame)
         except AudioError as exc:
             self.skipped_frames.append(str(exc))
-            log.warning("voice session %s: skipped a frame: %s", self.id, exc)
+            self.skipped_count += 1
+            if self.skipped_count == 1 or self.skipped_count % 1000 == 0:
+                log.warning("voice session %s: skipped a frame (%d so far): %s", self.id,
+                            self.skipped_count, exc)
             raise
         if len(samples) == 0:
             return 0
@@ -252,9 +287,12 @@ class VoiceSession:
     # -- STT events → turns ----------------------------------------------------------------
 
     async def _on_stt_event(self, event: SttEvent) -> None:
-        if isinstance(event, StreamError):
-            self.error = event.message
-            log.error("voice session %s: %s", self.id, event.message)
+        if isinstance(event, StreamError | SttDegraded | SttRecovered | AudioLost):
+            if isinstance(event, StreamError):
+                self.error = event.message
+                log.error("voice session %s: %s", self.id, event.message)
+            self.status.append(event)
+            await self.channel._report_status(self, event)
             return
         async with self._lock:
             if isinstance(event, UtteranceEnd):
@@ -265,11 +303,106 @@ class VoiceSession:
                 return
             if not event.is_final:
                 self.interim = event.words
+                if event.hints and self._diarizer is None and self.channel.early_commit:
+                    await self._commit_early(event.words, event.hints)
                 return
             self.interim = ()
-            self._unassigned.extend(event.words)
+            words = await self._settle_provisional(event.words) if self._provisional else event.words
+            self._unassigned.extend(words)
             self._end_of_speech = event.speech_final
             await self._advance(force=False)
+
+    # -- early commit from interim results (latency) -----------------------------------------
+
+    async def _commit_early(self, words: tuple[Word, ...], hints: tuple[str | None, ...]) -> None:
+        """An interim shows where voices change: commit what that change closes, now."""
+        done_until = max((p.end for p in self._provisional), default=self.stt.final_until)
+        done_until = max(done_until, self.stt.final_until)  # replayed after a reconnect: final
+        if self._pending:
+            done_until = max(done_until, self._pending[-1].end)
+        fresh = [replace(w, speaker=h) for w, h in zip(words, hints, strict=False)
+                 if w.end > done_until + _SAME_TIME]
+        if not fresh:
+            return
+        runs = speaker_runs(fresh)
+        first = runs[0].speaker
+        if self._pending:
+            last = self._pending[-1].speaker
+            if first is not None and first != last:
+                await self._emit_pending(force=True)  # the final run ended where this voice began
+        closed = runs[:-1]
+        if not closed or any(r.speaker is None for r in closed):
+            return  # no change yet, or a voice not bound yet: wait for the final
+        if self._pending:
+            # the pending final words continue the first closed run: one turn
+            await self._emit_pending(force=False)
+            lead = list(self._pending)
+            self._pending = []
+        else:
+            lead = []
+        for i, run in enumerate(closed):
+            before = tuple(lead) if i == 0 else ()
+            turn = SpeakerTurn(run.speaker, before + run.words)
+            committed = await self._commit_quietly(turn)
+            self._provisional.append(_Provisional(turn, committed, len(before)))
+
+    async def _settle_provisional(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
+        """A final result arrived: its words over early-committed turns confirm or correct them;
+        the rest go on as usual."""
+        rest: list[Word] = []
+        for w in words:
+            mid = (w.start + w.end) / 2
+            owner = next((p for p in self._provisional
+                          if p.start - _SAME_TIME <= mid <= p.end + _SAME_TIME
+                          and (w.speaker is None or w.speaker == p.turn.speaker)), None)
+            if owner is None:
+                rest.append(w)  # not said in an early turn: a turn of its own, as usual
+            else:
+                owner.confirmed.append(w)
+        final_end = max((w.end for w in words), default=0.0)
+        settled = [p for p in self._provisional if p.end <= final_end + _SAME_TIME]
+        for early in settled:
+            await self._correct(early, tuple(early.confirmed))
+        self._provisional = [p for p in self._provisional if p not in settled]
+        return tuple(rest)
+
+    async def _correct(self, early: _Provisional, confirmed: tuple[Word, ...]) -> None:
+        said = [(w.text, w.speaker) for w in early.interim_words]
+        if [(w.text, w.speaker) for w in confirmed] == said or early.committed is None:
+            return
+        final = early.turn.words[: early.final_lead] + confirmed  # the lead was final already
+        self.corrections += 1
+        kit = self.channel.require_kit()
+        event = early.committed.event
+        metadata = dict(event.metadata)
+        metadata["corrected"] = True
+        if not confirmed:
+            # The final heard none of it (interim words it dropped): keep the text, say so.
+            metadata["unconfirmed"] = True
+            final = early.turn.words
+        metadata.update(VoiceTurn(early.turn.speaker, final[0].start, final[-1].end,
+                                  self.id).metadata())
+        text = join_words(w.text for w in final)
+        log.info("voice session %s: the final result corrected an early turn: %r -> %r",
+                 self.id, early.turn.text, text)
+        try:
+            updated = await kit.update_event(self.room_id, event.id, content=TextContent(body=text),
+                                             metadata=metadata)
+        except KeyError:  # the room dropped it meanwhile
+            return
+        transcription = replace(early.committed.transcription, text=text, words=final,
+                                start=final[0].start, end=final[-1].end)
+        fixed = CommittedTurn(updated, transcription, early.committed.committed_at)
+        self.turns = [fixed if t is early.committed else t for t in self.turns]
+
+    async def _commit_quietly(self, run: SpeakerTurn) -> CommittedTurn | None:
+        before = len(self.turns)
+        try:
+            await self._commit(run)
+        except Exception:
+            log.exception("voice session %s: a turn was dropped because committing it failed",
+                          self.id)
+        return self.turns[-1] if len(self.turns) > before else None
 
     async def _advance(self, *, force: bool) -> None:
         """Move final words on: give them speakers (pipeline mode) and commit finished runs.
@@ -341,13 +474,7 @@ class VoiceSession:
                 self.names[label] = final.sender_name
             if final.participant_id and final.participant_id != proposed.participant_id:
                 self.matches[label] = final.participant_id
-        metadata: dict[str, Any] = {
-            "speaker_label": label,
-            "start": round(final.start, 3),
-            "end": round(final.end, 3),
-            "voice_session_id": self.id,
-            "source": "voice",
-        }
+        metadata = VoiceTurn(label, final.start, final.end, self.id).metadata()
         # A hook that matched the voice to a participant without naming it lets the room's
         # participant record name the turn (attribution B2); otherwise the name is stamped (B1).
         name = final.sender_name
@@ -402,6 +529,38 @@ class VoiceSession:
 
 
 _NOBODY = object()
+_SAME_TIME = 0.05
+"""Seconds within which an interim word and a final word are the same word."""
+
+
+@dataclass
+class _Provisional:
+    """A turn committed from interim words (early commit), until a final confirms it."""
+
+    turn: SpeakerTurn
+    committed: CommittedTurn | None
+    final_lead: int = 0
+    """How many of the turn's first words were final already (the pending run it continued)."""
+    confirmed: list[Word] = field(default_factory=list)
+    """The final words over its interim words' span so far."""
+
+    @property
+    def interim_words(self) -> tuple[Word, ...]:
+        return self.turn.words[self.final_lead :]
+
+    @property
+    def start(self) -> float:
+        return self.interim_words[0].start
+
+    @property
+    def end(self) -> float:
+        return self.turn.end
+STATUS_KEPT = 64
+"""Status events a session keeps (an endless flapping connection cannot grow memory)."""
+KEPT_PER_SESSION = 100
+"""Skipped-frame reasons and blocked turns a session keeps (the newest)."""
+
+StatusCallback = Callable[["VoiceSession", SttStatus], Awaitable[None]]
 
 
 def _no_duration(word: Word) -> bool:
@@ -430,9 +589,11 @@ class VoiceChannel(Channel):
         embedder: VoiceEmbedder | Callable[[], VoiceEmbedder] | str | None = "default",
         sticky_renames: bool = True,
         echo_tail: float = 0.3,
-        diarize_step: float = 0.5,
+        diarize_step: float = 0.2,
         speaker_wait: float = 2.0,
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
+        on_status: StatusCallback | None = None,
+        early_commit: bool = True,
     ) -> None:
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None:
@@ -457,11 +618,24 @@ class VoiceChannel(Channel):
         self.diarize_step = diarize_step
         self.speaker_wait = speaker_wait
         self.on_play = on_play
+        self.on_status = on_status
+        self.early_commit = early_commit
+        """Commit a turn as soon as an interim result shows the next voice (streaming STT)."""
+        """Hears every session's stream status (degraded, recovered, audio lost, ended): the
+        server tells the device and counts it. A failure in it is logged, never raised."""
         self._sessions: dict[str, VoiceSession] = {}
         self._playing_until: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.played: list[tuple[str, int, int]] = []
         """(room id, bytes, sample rate) of every `play` call."""
+
+    async def _report_status(self, session: VoiceSession, status: SttStatus) -> None:
+        if self.on_status is None:
+            return
+        try:
+            await self.on_status(session, status)
+        except Exception:
+            log.exception("voice session %s: the status callback failed", session.id)
 
     def embedder_factory(self) -> VoiceEmbedder | Callable[[], VoiceEmbedder] | None:
         """The speaker embedder for V4 matching (lazy: loaded on the first reconnect that needs it)."""
@@ -555,6 +729,7 @@ def pcm16_frames(audio: FloatAudio, sample_rate: int, frame_seconds: float = 0.1
 __all__ = [
     "CommittedTurn",
     "SpeakerChangeEvent",
+    "StatusCallback",
     "TranscriptionEvent",
     "VoiceChannel",
     "VoiceSession",

@@ -57,6 +57,8 @@ class Transcription:
     stt: str
     reconnects: int = 0
     errors: list[str] = field(default_factory=list)
+    corrections: int = 0
+    """Turns committed early (from interim results) that a final result corrected."""
 
     @property
     def real_time_factor(self) -> float:
@@ -86,6 +88,8 @@ async def transcribe_audio(
     frame_seconds: float = 0.1,
     progress: Callable[[float], None] | None = None,
     refine_speakers: bool = False,
+    early_commit: bool = True,
+    speaker_wait: float | None = None,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -99,7 +103,10 @@ async def transcribe_audio(
         diarizer = KnownTimelineStage(await asyncio.to_thread(diarizer.diarize, whole))
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
-    channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer)
+    channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer,
+                           early_commit=early_commit)
+    if speaker_wait is not None:
+        channel.speaker_wait = speaker_wait
     kit.register_channel(channel)
     await kit.attach_channel(room.id, channel.channel_id)
     names = dict(renames or {})
@@ -148,7 +155,7 @@ async def transcribe_audio(
     ]
     errors = [session.error] if session.error else []
     result = Transcription(turns, len(audio) / sample_rate, elapsed, stt.describe(),
-                           session.stt.reconnects, errors)
+                           session.stt.reconnects, errors, session.corrections)
     await channel.close()
     await kit.close()
     return result

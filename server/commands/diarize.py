@@ -53,9 +53,18 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from diarization import load_stage
+    from server.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from voice.audio import AudioError, read_audio_16k
     from voice.diarization_stage import SpeakerTimeline
 
+    try:
+        check_count(args.num_speakers, "--num-speakers")
+        check_count(args.max_speakers, "--max-speakers")
+        check_writable(args.rttm, "--rttm")
+        check_writable(args.plot, "--plot")
+    except UsageError as exc:
+        print(f"chorus diarize: error: {exc}", file=sys.stderr)
+        return 2
     enrollments: list[tuple[str, Path]] = []
     for item in args.enroll:
         name, sep, clip = item.partition("=")
@@ -102,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - started
-    args.rttm.parent.mkdir(parents=True, exist_ok=True)
+    prepare_parent(args.rttm)
     args.rttm.write_text(timeline.to_rttm(file_id))
     speakers = timeline.speakers
     print(
@@ -120,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from diarization.plot import plot_timelines
 
+        prepare_parent(args.plot)
         plot_timelines(
             timeline,
             args.plot,

@@ -67,9 +67,16 @@ def _stt(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from server.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from voice.audio import AudioError, read_audio
     from voice.transcribe import format_turns, parse_renames, transcribe_audio
 
+    try:
+        check_count(args.num_speakers, "--num-speakers")
+        check_writable(args.output, "--output")
+    except UsageError as exc:
+        print(f"chorus transcribe: error: {exc}", file=sys.stderr)
+        return 2
     try:
         renames = parse_renames(args.rename)
         audio, rate = read_audio(args.audio)
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"chorus transcribe: error: {error}", file=sys.stderr)
     text = format_turns(result.turns, args.format, file_id=args.audio.stem)
     if args.output is not None:
+        prepare_parent(args.output)
         args.output.write_text(text)
     else:
         sys.stdout.write(text)

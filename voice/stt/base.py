@@ -11,6 +11,13 @@ streaming STT goes wrong. `SttStream` owns them once:
   final's end (`REPLAY_MARGIN`): the unsent audio and the sent-but-unfinalized audio are carried
   over, so no word is lost. Words the new connection reports that were already final (same word,
   same time within `DUPLICATE_TOLERANCE`) are dropped, so none is duplicated.
+- **Outages (issue 10.1).** Reconnect attempts follow a `Backoff` whose budget is per outage, not
+  per stream life: by default the stream retries for as long as it lives, so neither a long outage
+  nor many short blips end its transcript. The audio carried over an outage is bounded
+  (`max_carry` seconds, also bounded by the log); audio that could not be carried is reported
+  as an `AudioLost(start, end)` event naming the exact span of session time. `SttDegraded` (the
+  connection dropped) and `SttRecovered` (a new one is up) tell the consumer, who tells the device
+  and counts it (`VoiceChannel(on_status=…)`).
 - **Time offsets.** Provider times are relative to their connection; the stream shifts them to
   session time.
 - **Labels (V3, V4).** Raw per-connection speaker ids become `Speaker A`, `Speaker B` … through
@@ -36,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from rooms.retry import Backoff
 from voice.audio import STT_SAMPLE_RATE, AudioLog, float_to_pcm16
 from voice.speakers import SpeakerContinuity
 from voice.turns import Word
@@ -70,6 +78,8 @@ class RawResult:
     is_final: bool
     speech_final: bool = False
     from_finalize: bool = False
+    audio_end: float | None = None
+    """Connection time up to which a final result covers the audio (words or not)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,11 @@ class Transcript:
     is_final: bool
     speech_final: bool = False
     generation: int = 0
+    hints: tuple[str | None, ...] = ()
+    """Interim results only: per word, the session label its provider speaker id is already bound
+    to on this connection, or None (a voice not bound yet, or no speaker). A hint, not a label
+    (V3: interim words carry no speaker); the channel uses it to see a speaker change before
+    the final that confirms it."""
 
 
 @dataclass(frozen=True)
@@ -150,10 +165,60 @@ class UtteranceEnd:
 
 @dataclass(frozen=True)
 class StreamError:
+    """The stream ended for good: the first connection could not be made, or an outage outlasted
+    a finite `Backoff.attempts`."""
+
     message: str
 
 
-SttEvent = Transcript | UtteranceEnd | StreamError
+@dataclass(frozen=True)
+class SttDegraded:
+    """The connection dropped; audio is being buffered while the stream reconnects."""
+
+    reason: str
+    at: float
+    """Session time (seconds of audio received) when the drop was noticed."""
+
+
+@dataclass(frozen=True)
+class SttRecovered:
+    """A new connection is up after an outage; the carried audio is being resent."""
+
+    outage_seconds: float
+    """Wall time the stream was without a connection."""
+    attempts: int
+    """Connection attempts this outage took (1: the first retry worked)."""
+    resumed_from: float
+    """Session time the new connection's audio starts at."""
+
+
+@dataclass(frozen=True)
+class AudioLost:
+    """Audio of session time [start, end) was never transcribed: an outage outlasted the bounded
+    carry-over buffer. Turns on either side are unaffected."""
+
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+SttStatus = SttDegraded | SttRecovered | AudioLost | StreamError
+"""Events about the stream itself (not its words): what a device and the metrics are told."""
+
+SttEvent = Transcript | UtteranceEnd | StreamError | SttDegraded | SttRecovered | AudioLost
+
+
+def _brief(exc: BaseException) -> str:
+    """A one-line reason for a failed connect (the SDK's messages carry every request header)."""
+    text = str(exc) or type(exc).__name__
+    status = re.search(r"status_code: (\d+)", text)
+    if status:
+        return f"HTTP {status.group(1)} from the provider"
+    line = text.splitlines()[0] if text.splitlines() else text
+    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def _norm(text: str) -> str:
@@ -179,19 +244,38 @@ class SttStream:
     on_event: Callable[[SttEvent], Awaitable[None]]
     audio: AudioLog = field(default_factory=AudioLog)
     speakers: SpeakerContinuity = field(default_factory=SpeakerContinuity)
-    max_reconnects: int = 5
-    reconnect_delay: float = 0.2
+    start_attempts: int = 5
+    """Attempts at the very first connection: a provider that cannot be reached at all is an
+    error the caller sees at `start()`, not an outage."""
+    backoff: Backoff = field(default_factory=Backoff)
+    """Reconnects after a drop (per outage; by default for as long as the stream lives)."""
+    max_carry: float = 60.0
+    """Seconds of audio, at most, carried over an outage and resent; older audio is reported lost."""
+    stable_after: float = 1.0
+    """A connection that lives less than this counts as a failed attempt of the same outage (a
+    provider that accepts and at once drops does not reset the backoff)."""
 
     generation: int = field(default=-1, init=False)
     reconnects: int = field(default=0, init=False)
+    outages: int = field(default=0, init=False)
+    """Drops seen (each one an outage, however short)."""
+    lost_seconds: float = field(default=0.0, init=False)
+    """Audio never transcribed because an outage outlasted the carry-over buffer."""
     final_until: float = field(default=0.0, init=False)
     """Session time of the end of the last final word."""
+    covered_until: float = field(default=0.0, init=False)
+    """Session time up to which the provider has answered with final results (words or not)."""
 
     def __post_init__(self) -> None:
+        if self.start_attempts < 1:
+            raise ValueError("start_attempts must be at least 1")
+        if self.max_carry <= 0:
+            raise ValueError("max_carry must be positive")
         self._current: _Connection | None = None
         self._audio_ready = asyncio.Event()
         self._finalized = asyncio.Event()
         self._closing = False
+        self._closing_event = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
         self._recent_finals: list[tuple[int, Word]] = []
         """Final words of the last 30 s with the connection that reported them (for dedup)."""
@@ -209,6 +293,12 @@ class SttStream:
         if self.error is not None:
             raise ConnectionError(self.error)
 
+    @property
+    def connected(self) -> bool:
+        """A live connection is up (False during an outage)."""
+        current = self._current
+        return current is not None and not current.dropped
+
     def push(self, samples: npt.NDArray[np.float32]) -> None:
         """Queue 16 kHz mono float32 audio (it is logged in `audio` and sent in order)."""
         self.audio.append(samples)
@@ -216,11 +306,12 @@ class SttStream:
 
     async def flush(self, wait_seconds: float = 30.0) -> None:
         """Send what is queued, ask for everything to be final, and wait for the answer. A
-        connection that drops meanwhile is replaced and the flush repeated on the new one."""
-        for _ in range(self.max_reconnects + 2):
-            if self.error is not None:
-                return
-            await self._wait_sent(wait_seconds)
+        connection that drops meanwhile is replaced and the flush repeated on the new one, for
+        at most `wait_seconds` in all."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_seconds
+        while self.error is None and loop.time() < deadline:
+            await self._wait_sent(deadline - loop.time())
             current = self._current
             if current is None or current.dropped:
                 return
@@ -228,7 +319,7 @@ class SttStream:
             with contextlib.suppress(Exception):
                 await current.conn.finalize()
             try:
-                await asyncio.wait_for(self._finalized.wait(), wait_seconds)
+                await asyncio.wait_for(self._finalized.wait(), max(0.0, deadline - loop.time()))
             except TimeoutError:
                 log.warning("%s: no answer to Finalize within %.0f s", self.provider.name, wait_seconds)
                 return
@@ -242,6 +333,7 @@ class SttStream:
         with contextlib.suppress(Exception):
             await self.flush()
         self._closing = True
+        self._closing_event.set()
         self._audio_ready.set()
         current = self._current
         if current is not None:
@@ -268,46 +360,77 @@ class SttStream:
                 return
             await asyncio.sleep(0.01)
 
-    async def _connect(self) -> _Connection:
-        attempt = 0
-        while True:
-            try:
-                conn = await self.provider.connect()
-                break
-            except Exception as exc:
-                attempt += 1
-                if attempt > self.max_reconnects:
-                    raise
-                log.warning("%s: connect failed (%s), retry %d", self.provider.name, exc, attempt)
-                await asyncio.sleep(self.reconnect_delay * attempt)
+    async def _pause(self, seconds: float) -> None:
+        """Wait before a retry; `aclose` cuts the wait short."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing_event.wait(), seconds)
+
+    async def _open(self, conn: SttConnection) -> _Connection:
+        """Bind a fresh connection to the session clock; after a drop, choose the audio to resend
+        (bounded by `max_carry`) and report what could not be carried."""
         self.generation += 1
-        resume = max(0.0, self.final_until - REPLAY_MARGIN) if self.generation else 0.0
-        start = max(int(resume * STT_SAMPLE_RATE), self.audio.first)
+        start = self.audio.first
+        if self.generation:
+            wanted = int(max(0.0, self.final_until - REPLAY_MARGIN) * STT_SAMPLE_RATE)
+            carry_from = max(self.audio.first,
+                             self.audio.total - int(self.max_carry * STT_SAMPLE_RATE))
+            covered = round(self.covered_until * STT_SAMPLE_RATE)
+            if covered < carry_from:
+                await self._lose(covered, carry_from)
+            start = max(wanted, carry_from)
         loop = asyncio.get_running_loop()
         return _Connection(conn, self.generation, start, start, loop.time())
 
+    async def _lose(self, start: int, end: int) -> None:
+        lost = AudioLost(start / STT_SAMPLE_RATE, end / STT_SAMPLE_RATE)
+        self.lost_seconds += lost.seconds
+        self.covered_until = max(self.covered_until, lost.end)
+        log.warning("%s: audio from %.2f s to %.2f s was lost (an outage outlasted the %.0f s "
+                    "carry-over buffer)", self.provider.name, lost.start, lost.end, self.max_carry)
+        await self._emit(lost)
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        name = self.provider.name
+        attempts = 0
+        outage_began: float | None = None
         while not self._closing:
             try:
-                current = await self._connect()
+                conn = await self.provider.connect()
             except Exception as exc:
-                self.error = f"{self.provider.name}: cannot connect ({exc})"
-                self._connected.set()
-                await self._emit(StreamError(self.error))
-                return
+                attempts += 1
+                if self.generation < 0 and attempts >= self.start_attempts:
+                    self.error = f"{name}: cannot connect ({_brief(exc)})"
+                    self._connected.set()
+                    await self._emit(StreamError(self.error))
+                    return
+                if self.generation >= 0 and self.backoff.exhausted(attempts):
+                    began = outage_began if outage_began is not None else loop.time()
+                    self.error = (f"{name}: gave up after {attempts} attempts in an outage of "
+                                  f"{loop.time() - began:.1f} s ({_brief(exc)})")
+                    await self._emit(StreamError(self.error))
+                    return
+                log.warning("%s: connect failed (%s), retry %d", name, _brief(exc), attempts)
+                await self._pause(self.backoff.delay(attempts))
+                continue
+            current = await self._open(conn)
             self._current = current
             self._connected.set()
-            if current.generation:
-                log.info("%s: reconnected (connection %d), replaying from %.2f s",
-                         self.provider.name, current.generation,
-                         current.offset_samples / STT_SAMPLE_RATE)
+            if outage_began is not None:
+                resumed = current.offset_samples / STT_SAMPLE_RATE
+                log.info("%s: reconnected (connection %d) after %.2f s, replaying from %.2f s",
+                         name, current.generation, loop.time() - outage_began, resumed)
+                await self._emit(SttRecovered(loop.time() - outage_began, attempts + 1, resumed))
+                outage_began = None
+            began_at = loop.time()
+            reason = "the provider closed the connection"
             sender = asyncio.create_task(self._send_loop(current))
             keeper = asyncio.create_task(self._keepalive_loop(current))
             try:
                 await self._receive_loop(current)
             except Exception as exc:
-                log.warning("%s: connection %d dropped: %s", self.provider.name,
-                            current.generation, exc)
+                reason = str(exc) or type(exc).__name__
+                log.warning("%s: connection %d dropped: %s", name, current.generation, exc)
             finally:
                 sender.cancel()
                 keeper.cancel()
@@ -321,11 +444,16 @@ class SttStream:
             self._finalized.set()  # wake a flush waiting on the dead connection; it retries
             with contextlib.suppress(Exception):
                 await current.conn.abort()
-            if self.reconnects > self.max_reconnects:
-                self.error = f"{self.provider.name}: gave up after {self.max_reconnects} reconnects"
+            lived = loop.time() - began_at
+            attempts = attempts + 1 if lived < self.stable_after else 0
+            outage_began = loop.time()
+            self.outages += 1
+            await self._emit(SttDegraded(reason, self.audio.seconds))
+            if self.backoff.exhausted(attempts):
+                self.error = f"{name}: gave up after {attempts} short-lived connections"
                 await self._emit(StreamError(self.error))
                 break
-            await asyncio.sleep(self.reconnect_delay)
+            await self._pause(self.backoff.delay(max(1, attempts)))
 
     async def _send_loop(self, current: _Connection) -> None:
         chunk = int(SEND_CHUNK * STT_SAMPLE_RATE)
@@ -337,10 +465,11 @@ class SttStream:
                     await self._audio_ready.wait()
                 continue
             end = min(current.sent + chunk, self.audio.total)
-            samples = self.audio.samples(current.sent, end)
-            if len(samples) == 0:  # fell out of the log (a very long outage): skip ahead
-                current.sent = end
+            if current.sent < self.audio.first:  # fell out of the log: say what was lost
+                await self._lose(current.sent, self.audio.first)
+                current.sent = self.audio.first
                 continue
+            samples = self.audio.samples(current.sent, end)
             await current.conn.send_audio(float_to_pcm16(samples))
             current.sent = end
             current.last_send = loop.time()
@@ -374,7 +503,12 @@ class SttStream:
         raw = [(w, w.start + offset, w.end + offset) for w in result.words]
         if not result.is_final:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
-            await self._emit(Transcript(words, False, False, current.generation))
+            hints: tuple[str | None, ...] = ()
+            if self.provider.diarizes:
+                hints = tuple(None if w.speaker is None
+                              else self.speakers.letters.get((current.generation, w.speaker))
+                              for w, _, _ in raw)
+            await self._emit(Transcript(words, False, False, current.generation, hints))
             return
         kept = [(w, s, e) for w, s, e in raw
                 if not self._is_duplicate(w.text, s, current.generation)]
@@ -395,8 +529,11 @@ class SttStream:
                  labels.get(w.speaker) if w.speaker is not None else None)
             for w, s, e in kept
         )
+        if result.audio_end is not None:
+            self.covered_until = max(self.covered_until, result.audio_end + offset)
         if words:
             self.final_until = max(self.final_until, max(w.end for w in words))
+            self.covered_until = max(self.covered_until, self.final_until)
             self._recent_finals.extend((current.generation, w) for w in words)
             horizon = self.final_until - 30.0
             self._recent_finals = [(g, w) for g, w in self._recent_finals if w.end >= horizon]

@@ -69,6 +69,7 @@ class DeepgramSTT(SttProvider):
         url: str | None = None,
         model: str = "nova-3",
         language: str = "en",
+        diarize: bool = True,
         diarize_model: str | None = None,
         utterance_end_ms: int = 1000,
         endpointing_ms: int = 300,
@@ -82,6 +83,11 @@ class DeepgramSTT(SttProvider):
         self.environment = environment_for(self.url)
         self.model = model
         self.language = language
+        self.diarizes = diarize
+        """Ask Deepgram for per-word speaker ids (`diarize=true`, or `diarize_model`); with
+        False the request says `diarize=false` and speakers must come from a diarization stage."""
+        if diarize_model and not diarize:
+            raise ValueError("diarize_model needs diarize=True")
         self.diarize_model = diarize_model
         self.utterance_end_ms = utterance_end_ms
         self.endpointing_ms = endpointing_ms
@@ -100,7 +106,9 @@ class DeepgramSTT(SttProvider):
             "utterance_end_ms": str(self.utterance_end_ms),
             "endpointing": str(self.endpointing_ms),
         }
-        if self.diarize_model:
+        if not self.diarizes:
+            opts["diarize"] = "false"
+        elif self.diarize_model:
             opts["diarize_model"] = self.diarize_model
         else:
             opts["diarize"] = "true"
@@ -185,4 +193,5 @@ def _raw_result(msg: DeepgramResults) -> RawResult:
         is_final=bool(msg.is_final),
         speech_final=bool(msg.speech_final),
         from_finalize=bool(msg.from_finalize),
+        audio_end=msg.start + msg.duration if msg.is_final else None,
     )

@@ -3,7 +3,12 @@
 Only the engine lives here. Whisper is not a streaming recogniser, so the "connection" cuts live
 audio into utterances with Silero VAD (`voice.vad`) and transcribes each closed utterance in a
 worker thread, with word timestamps; every utterance comes back as one final result
-(`speech_final`). `finalize()` closes the utterance in progress. Whisper labels no speakers:
+(`speech_final`). `finalize()` closes the utterance in progress.
+
+Latency (issue 10): a turn's words come back only when its utterance closes, so an utterance is
+capped at `max_utterance` (4 s; it was 8 s: a turn ending inside a long utterance waited for the
+rest of it). A capped utterance is cut at the quietest VAD frame of its last second (most often
+a gap between words), not at the cap itself, so the cap costs few split words. Whisper labels no speakers:
 speakers come from a diarization stage (`pipeline_speakers=True`, rule V5).
 
 The model loads once per process and path (`load_whisper`), int8 on CPU with one thread
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +47,9 @@ FloatAudio = npt.NDArray[np.float32]
 _MODELS: dict[tuple[str, str, int], Any] = {}
 _MODELS_LOCK = threading.Lock()
 _TRANSCRIBE_LOCKS: dict[int, threading.Lock] = {}
+CUT_SEARCH_FRAMES = 31
+"""VAD frames (32 ms each: about the last second) searched for the quietest point when an
+utterance reaches `max_utterance`."""
 
 
 def default_model_path() -> str:
@@ -89,7 +98,7 @@ class WhisperSTT(SttProvider):
         cpu_threads: int = 1,
         vad_threshold: float = 0.35,
         min_silence: float = 0.3,
-        max_utterance: float = 8.0,
+        max_utterance: float = 4.0,
         pad: float = 0.2,
     ) -> None:
         self.model_name = model
@@ -164,6 +173,8 @@ class WhisperConnection(SttConnection):
         self.speech_start: int | None = None
         self.last_speech: int = 0
         self.frames_scored = 0
+        self.recent: deque[tuple[int, float]] = deque(maxlen=CUT_SEARCH_FRAMES)
+        """(sample index, speech probability) of the latest frames of the utterance in progress."""
         self.queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
         self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
         self.worker = asyncio.create_task(self._work())
@@ -188,17 +199,30 @@ class WhisperConnection(SttConnection):
                 if prob >= p.vad_threshold:
                     self.speech_start = at
                     self.last_speech = at + self.frame
+                    self.recent.clear()
             else:
+                self.recent.append((at, float(prob)))
                 if prob >= low:
                     self.last_speech = at + self.frame
                 if at + self.frame - self.last_speech >= silence:
                     self._cut(self.speech_start, self.last_speech)
                 elif at + self.frame - self.speech_start >= longest:
-                    self._cut(self.speech_start, at + self.frame)
-                    self.speech_start = at + self.frame
+                    cut = self._quietest_cut(at + self.frame)
+                    self._cut(self.speech_start, cut)
+                    self.speech_start = cut
                     self.last_speech = at + self.frame
+                    self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
+                                        maxlen=CUT_SEARCH_FRAMES)
         if self.speech_start is None:
             self._trim(self.total - int(p.pad * STT_SAMPLE_RATE))
+
+    def _quietest_cut(self, cap: int) -> int:
+        """Where to cut an utterance that reached the cap: the middle of its quietest recent
+        frame (ties: the latest), or the cap when no frame was scored."""
+        if not self.recent:
+            return cap
+        at, _ = min(reversed(self.recent), key=lambda item: item[1])
+        return at + self.frame // 2
 
     def _cut(self, start: int, end: int, *, finalize: bool = False) -> None:
         pad = int(self.provider.pad * STT_SAMPLE_RATE)
@@ -247,7 +271,9 @@ class WhisperConnection(SttConnection):
                     log.exception("whisper: transcription failed for %.1f s of audio at %.2f s",
                                   len(item.audio) / STT_SAMPLE_RATE, item.start)
             if words or item.finalize:
-                self.out.put_nowait(RawResult(words, is_final=True, speech_final=True))
+                self.out.put_nowait(RawResult(
+                    words, is_final=True, speech_final=True,
+                    audio_end=item.start + len(item.audio) / STT_SAMPLE_RATE))
             if item.finalize:
                 self.out.put_nowait(RawFinalized())
 

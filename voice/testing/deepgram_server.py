@@ -14,7 +14,12 @@ cannot drift from what the client reads. It behaves like the service where tests
   with code 1011, as Deepgram does (NET-0001);
 - `drop_after(seconds)` aborts the next connection once it has received that much audio (a forced
   disconnect mid-stream);
-- speaker ids restart at 0 on every connection, in order of first appearance, as Deepgram's do.
+- `outage(seconds)` aborts every open connection and refuses new ones (HTTP 503 at the
+  handshake, as a load balancer in front of an unavailable service answers) for that many
+  seconds of wall time; `outage_after(audio_seconds, seconds)` starts one when a connection has
+  received that much audio;
+- speaker ids restart at 0 on every connection, in order of first appearance, as Deepgram's do;
+  a connection that asked for `diarize=false` gets words without `speaker`, as from Deepgram.
 
 Where words come from (a `WordSource`):
 - `ScriptedWords`: a test gives the finals to send, each a list of words in connection time;
@@ -36,6 +41,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -44,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from voice.stt.deepgram_wire import (
     CLIENT_MESSAGE,
@@ -205,6 +212,11 @@ class ConnectionState:
     closed_reason: str | None = None
 
     @property
+    def diarize(self) -> bool:
+        """The client asked for speaker ids (`diarize=true` or a `diarize_model`)."""
+        return self.query.get("diarize") == "true" or "diarize_model" in self.query
+
+    @property
     def audio_seconds(self) -> float:
         return len(self.audio) // 2 / self.sample_rate
 
@@ -237,6 +249,12 @@ class DeepgramTestServer:
         self._open: dict[int, ServerConnection] = {}
         self._server: Server | None = None
         self._drop_after: float | None = None
+        self._outage_after: tuple[float, float] | None = None
+        self._refuse_until = 0.0
+        self.refused = 0
+        """Handshakes refused during outages."""
+        self.outage_ended = asyncio.Event()
+        """Set when the last outage's refusal window has passed."""
         self.port = 0
 
     @property
@@ -249,6 +267,28 @@ class DeepgramTestServer:
             self.connections[index].closed_reason = "dropped"
             ws.transport.abort()
 
+    def outage(self, seconds: float) -> None:
+        """Drop every open connection now and refuse handshakes for `seconds` (wall time)."""
+        loop = asyncio.get_running_loop()
+        self._refuse_until = max(self._refuse_until, loop.time() + seconds)
+        self.outage_ended.clear()
+        loop.call_at(self._refuse_until, self._outage_over)
+        self.drop_now()
+
+    def outage_after(self, audio_seconds: float, seconds: float) -> None:
+        """Start an `outage(seconds)` once a connection has received `audio_seconds` of audio."""
+        self._outage_after = (audio_seconds, seconds)
+
+    def _outage_over(self) -> None:
+        if asyncio.get_running_loop().time() >= self._refuse_until:
+            self.outage_ended.set()
+
+    def _refuse_during_outage(self, connection: ServerConnection, request: Request) -> Response | None:
+        if asyncio.get_running_loop().time() < self._refuse_until:
+            self.refused += 1
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "service unavailable\n")
+        return None
+
     async def send_raw(self, text: str) -> None:
         """Send a raw text frame to every open connection (malformed-message tests)."""
         for ws in list(self._open.values()):
@@ -259,7 +299,8 @@ class DeepgramTestServer:
         self._drop_after = seconds
 
     async def start(self) -> DeepgramTestServer:
-        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=2**24)
+        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=2**24,
+                                   process_request=self._refuse_during_outage)
         sock = next(iter(self._server.sockets))
         self.port = int(sock.getsockname()[1])
         return self
@@ -319,6 +360,11 @@ class DeepgramTestServer:
                         state.closed_reason = "dropped"
                         ws.transport.abort()
                         return
+                    if self._outage_after is not None and state.audio_seconds >= self._outage_after[0]:
+                        _, seconds = self._outage_after
+                        self._outage_after = None
+                        self.outage(seconds)
+                        return
                     await self._progress(ws, state, request_id, finalize=False)
                     continue
                 try:
@@ -352,10 +398,12 @@ class DeepgramTestServer:
         await ws.send(json.dumps(data))
 
     def _results(self, request_id: str, words: Sequence[SpokenWord], *, is_final: bool,
-                 speech_final: bool, from_finalize: bool, start: float, duration: float) -> DeepgramResults:
+                 speech_final: bool, from_finalize: bool, start: float, duration: float,
+                 diarize: bool = True) -> DeepgramResults:
         wire = [
             DeepgramWord(word=w.word, start=round(w.start, 3), end=round(w.end, 3),
-                         confidence=w.confidence, speaker=int(w.speaker),  # type: ignore[call-overload]
+                         confidence=w.confidence,
+                         speaker=int(w.speaker) if diarize else None,  # type: ignore[call-overload]
                          punctuated_word=w.punctuated_word or w.word)
             for w in words
         ]
@@ -398,7 +446,7 @@ class DeepgramTestServer:
             await self._send(ws, state, self._results(
                 request_id, words, is_final=True, speech_final=ready,
                 from_finalize=from_finalize, start=start,
-                duration=max(w.end for w in words) - start))
+                duration=max(w.end for w in words) - start, diarize=state.diarize))
             state.last_word_end = max(w.end for w in words)
             state.utterance_end_sent = False
             if len(words) < len(group):
@@ -418,7 +466,7 @@ class DeepgramTestServer:
                 start = partial[0].start
                 await self._send(ws, state, self._results(
                     request_id, partial, is_final=False, speech_final=False, from_finalize=False,
-                    start=start, duration=heard - start))
+                    start=start, duration=heard - start, diarize=state.diarize))
         utterance_end = float(state.query.get("utterance_end_ms", "0") or 0) / 1000
         if (utterance_end and not state.utterance_end_sent and state.last_word_end is not None
                 and heard >= state.last_word_end + utterance_end):

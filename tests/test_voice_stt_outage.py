@@ -1,0 +1,137 @@
+"""STT outages (issue 10.1): the stream reconnects for as long as it lives, carries the audio of an
+outage over (bounded), says exactly which span it could not carry, and tells the channel.
+
+Real parts: the deepgram-sdk client against the local Deepgram-protocol server, which refuses
+handshakes (HTTP 503) during an outage and finds the demo meeting's words in the audio it really
+received, so a lost or duplicated word shows."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.voice_helpers import meeting, stream, voice_room
+from voice.channel import VoiceChannel, VoiceSession, pcm16_frames
+from voice.stt.base import AudioLost, Backoff, StreamError, SttDegraded, SttRecovered, SttStatus
+from voice.stt.deepgram import DeepgramSTT
+from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, SpokenWord
+
+
+class StatusLog:
+    """Collects `on_status` events and lets a test wait for the n-th of a kind."""
+
+    def __init__(self) -> None:
+        self.events: list[SttStatus] = []
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, session: VoiceSession, status: SttStatus) -> None:
+        async with self._changed:
+            self.events.append(status)
+            self._changed.notify_all()
+
+    def of(self, kind: type) -> list[SttStatus]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    async def wait_for(self, kind: type, count: int, within: float = 60.0) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.of(kind)) >= count),
+                                   within)
+
+
+def words_heard(seconds: float) -> list[SpokenWord]:
+    return [w for w in MeetingWords.from_meeting("examples/meeting").words
+            if w.end <= seconds]
+
+
+async def test_an_8_second_outage_loses_no_word_and_the_channel_hears_degraded_then_recovered() -> None:
+    demo = meeting(seconds=40.0)
+    status = StatusLog()
+    async with DeepgramTestServer(MeetingWords.from_meeting("examples/meeting")) as server:
+        server.outage_after(8.0, 8.0)  # 8 s of wall time without the service
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), on_status=status)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, demo.audio, demo.sample_rate, speed=4.0)
+        await status.wait_for(SttRecovered, 1)
+        turns = await session.finish()
+    assert server.refused >= 1  # the client really met a refusing service, more than once
+    assert [type(e) for e in status.events] == [SttDegraded, SttRecovered]
+    recovered = status.of(SttRecovered)[0]
+    assert isinstance(recovered, SttRecovered) and recovered.outage_seconds >= 7.0
+    assert session.error is None and session.stt.lost_seconds == 0
+    got = [w.text for t in turns for w in t.transcription.words]
+    assert Counter(got) == Counter(w.punctuated_word for w in words_heard(40.0))
+
+
+async def test_six_short_blips_lose_no_word() -> None:
+    demo = meeting(seconds=40.0)
+    status = StatusLog()
+    async with DeepgramTestServer(MeetingWords.from_meeting("examples/meeting")) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), on_status=status)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        frames = pcm16_frames(demo.audio, demo.sample_rate, 0.05)
+        blips_at = {int(s / 0.05) for s in (4.0, 9.0, 14.0, 19.0, 24.0, 29.0)}
+        for i, frame in enumerate(frames):
+            if i in blips_at:
+                await status.wait_for(SttRecovered, len(status.of(SttDegraded)))
+                server.outage(0.3)
+            session.push(frame)
+            await asyncio.sleep(0.05 / 8)
+        await status.wait_for(SttRecovered, 6)
+        turns = await session.finish()
+    assert len(status.of(SttDegraded)) == 6 and len(status.of(SttRecovered)) == 6
+    assert not status.of(AudioLost) and session.error is None
+    got = [w.text for t in turns for w in t.transcription.words]
+    assert Counter(got) == Counter(w.punctuated_word for w in words_heard(40.0))
+
+
+async def test_audio_beyond_the_carry_buffer_is_reported_lost_with_its_exact_span() -> None:
+    demo = meeting(seconds=30.0)
+    status = StatusLog()
+    async with DeepgramTestServer(MeetingWords.from_meeting("examples/meeting")) as server:
+        server.outage_after(6.0, 2.0)
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), on_status=status)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        session.stt.max_carry = 2.0
+        await stream(session, demo.audio, demo.sample_rate, speed=8.0)
+        await status.wait_for(SttRecovered, 1)
+        turns = await session.finish()
+    assert [type(e) for e in status.events] == [SttDegraded, AudioLost, SttRecovered]
+    lost, recovered = status.events[1], status.events[2]
+    assert isinstance(lost, AudioLost) and isinstance(recovered, SttRecovered)
+    assert lost.end == pytest.approx(recovered.resumed_from)  # resent from exactly where loss ends
+    assert lost.start <= 6.0 < lost.end and lost.seconds > 2.0
+    assert session.stt.lost_seconds == pytest.approx(lost.seconds)
+    got = Counter(w.text for t in turns for w in t.transcription.words)
+    kept = [w for w in words_heard(30.0) if not lost.start <= (w.start + w.end) / 2 < lost.end]
+    assert got == Counter(w.punctuated_word for w in kept)  # every word outside the span arrived
+
+
+async def test_a_finite_outage_budget_ends_the_stream_with_a_clear_status() -> None:
+    status = StatusLog()
+    async with DeepgramTestServer(MeetingWords.from_meeting("examples/meeting")) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), on_status=status)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        session.stt.backoff = Backoff(first=0.01, longest=0.02, attempts=3)
+        session.stt.stable_after = 0.0  # the first connection counts as having been up
+        server.outage(60.0)
+        await status.wait_for(StreamError, 1)
+    assert [type(e) for e in status.events] == [SttDegraded, StreamError]
+    assert session.error is not None and "gave up after 3 attempts" in session.error
+    assert "HTTP 503" in session.error and "Authorization" not in session.error
+    assert server.refused == 3
+
+
+@given(first=st.floats(0.0, 1.0), factor=st.floats(1.0, 4.0), extra=st.floats(0.0, 5.0))
+def test_backoff_grows_and_never_exceeds_its_ceiling(first: float, factor: float, extra: float) -> None:
+    policy = Backoff(first=first, factor=factor, longest=first + extra)
+    delays = [policy.delay(n) for n in range(1, 30)]
+    assert delays == sorted(delays) and all(0 <= d <= policy.longest for d in delays)
+    assert not policy.exhausted(10**6)  # no limit by default: retry as long as the stream lives
