@@ -450,8 +450,32 @@ async def _flooder(base: str, token: str, audio: bytes, stop: asyncio.Event) -> 
     return sent / 32000, closed
 
 
+def flood_main(base: str, token: str, audio_path: str) -> None:
+    """The flooding device as a process: floods until its stdin closes (or the server closes
+    it), then prints `{"sent_s": …, "closed": …}`."""
+    import threading
+
+    from voice.audio import float_to_pcm16, read_audio_16k
+
+    audio = float_to_pcm16(read_audio_16k(audio_path))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def wait_for_eof() -> None:
+            sys.stdin.read()
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=wait_for_eof, daemon=True).start()
+        sent_s, closed = await _flooder(base, token, audio, stop)
+        print(json.dumps({"sent_s": sent_s, "closed": closed}), flush=True)
+
+    asyncio.run(main())
+
+
 async def _flood_case(
-    base: str, audio: bytes, n: int, seconds: float, tokens: TokenMinter
+    base: str, audio: bytes, audio_path: Path, n: int, seconds: float, tokens: TokenMinter
 ) -> FloodResult:
     async def rooms(tag: str) -> list[StreamResult]:
         names = [f"{tag}-{i}" for i in range(n)]
@@ -461,12 +485,23 @@ async def _flood_case(
         )
 
     alone = await rooms("calm")
-    stop = asyncio.Event()
-    flooding = asyncio.create_task(_flooder(base, await tokens.mint("flood-room"), audio, stop))
+    # the flooder runs in its own process: its sending must not slow the measuring clients' loop
+    flooder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c",
+        f"import bench.load as b; b.flood_main({base!r}, {await tokens.mint('flood-room')!r}, "
+        f"{str(audio_path)!r})",
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
     flooded = await rooms("busy")
-    stop.set()
-    async with asyncio.timeout(60):
-        sent_s, closed = await flooding
+    assert flooder.stdin is not None
+    flooder.stdin.close()  # stop flooding
+    async with asyncio.timeout(120):
+        out, _ = await flooder.communicate()
+    try:
+        report = json.loads(out.decode().strip().splitlines()[-1])
+        sent_s, closed = float(report["sent_s"]), str(report["closed"])
+    except (ValueError, KeyError, IndexError):
+        sent_s, closed = float("nan"), f"flooder failed ({flooder.returncode})"
 
     def lat(results: list[StreamResult]) -> list[float]:
         return [x for r in results for x in r.latencies]
@@ -624,7 +659,9 @@ async def _one_server(
                 break
         held = [s.streams for s in steps if s.holds]
         if args.flood:
-            flood = await _flood_case(base, audio, args.flood_streams, seconds, tokens)
+            flood = await _flood_case(
+                base, audio, _resolve(args.audio), args.flood_streams, seconds, tokens
+            )
         if args.soak > 0:
             n_soak = args.soak_streams or (max(held) if held else 1)
             await tokens.mint(*(f"soak-{i}" for i in range(n_soak)))

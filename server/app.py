@@ -41,6 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from rooms import RoomKit
@@ -192,12 +193,28 @@ class Socket:
     def abort(self) -> None:
         """Drop the TCP connection now (a peer that stopped reading cannot take a close frame).
 
-        ASGI has no message for this; uvicorn's protocol object (the `send` callable's owner)
-        holds the transport, so it is reached there when present."""
-        owner = getattr(getattr(self.ws, "_send", None), "__self__", None)
+        ASGI has no message for this; uvicorn's protocol object (the owner of the server's own
+        `send` callable, kept in the scope by `_KeepServerSend`) holds the transport."""
+        owner = getattr(self.ws.scope.get(SERVER_SEND_KEY), "__self__", None)
         transport = getattr(owner, "transport", None)
-        if isinstance(transport, asyncio.Transport):
+        if isinstance(transport, asyncio.BaseTransport) and hasattr(transport, "abort"):
             transport.abort()
+
+
+SERVER_SEND_KEY = "chorus.server_send"
+
+
+class _KeepServerSend:
+    """Outermost ASGI layer: keeps the server's own `send` in the scope (the framework wraps
+    the one handlers see), so a socket whose peer stopped reading can be cut off (`abort`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            scope[SERVER_SEND_KEY] = send
+        await self.app(scope, receive, send)
 
 
 # ---------------------------------------------------------------------- HTTP models
@@ -212,7 +229,7 @@ class Problem(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
+    status: Literal["ok", "closing"]
     """`ok`, or `closing` while the server drains (then the status code is 503)."""
     rooms: int
     streams: int
@@ -351,7 +368,7 @@ class ChorusServer:
 
     async def start(self, host: str, port: int) -> None:
         config = uvicorn.Config(
-            self.app,
+            _KeepServerSend(self.app),
             host=host,
             port=port,
             ws="websockets",
