@@ -59,9 +59,12 @@ from server.protocol import (
     ReplyMessage,
     SpeakerChangeMessage,
     StreamEventMessage,
+    SttStatusMessage,
     TurnMessage,
     dump,
 )
+from voice.channel import VoiceSession
+from voice.stt.base import AudioLost, SttDegraded, SttRecovered, SttStatus
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +245,9 @@ class LiveRooms:
         self.kit.hooks.add(
             HookTrigger.ON_SPEAKER_CHANGE, self._speaker_changed, name="server-speaker-change"
         )
+        listeners = getattr(pipeline, "status_listeners", None)
+        if listeners is not None:
+            listeners.append(self._stt_status)
 
     # ------------------------------------------------------------------ rooms
 
@@ -612,6 +618,30 @@ class LiveRooms:
         if session is None:
             session = ctx.extra.get("voice_session_id")
         return self._sessions.get(str(session)) if session is not None else None
+
+    async def _stt_status(self, session: VoiceSession, status: SttStatus) -> None:
+        """A stream's STT connection changed state (issue 10.1): count it, and tell the stream's
+        device (a phone leg has no message for it; its count still shows in `/metrics`)."""
+        if isinstance(status, SttDegraded):
+            self.metrics.stt_outages_total += 1
+            message = SttStatusMessage(stream="", status="degraded", reason=status.reason)
+        elif isinstance(status, SttRecovered):
+            self.metrics.stt_recoveries_total += 1
+            message = SttStatusMessage(stream="", status="recovered")
+        elif isinstance(status, AudioLost):
+            self.metrics.stt_audio_lost_seconds_total += status.seconds
+            message = SttStatusMessage(
+                stream="", status="audio_lost", start=status.start, end=status.end
+            )
+        else:
+            self.metrics.stt_stream_errors_total += 1
+            message = SttStatusMessage(stream="", status="ended", reason=status.message)
+        stream = self._sessions.get(session.id)
+        if stream is None:
+            return
+        log.warning("stream %s: STT %s %s", stream.id, message.status, message.reason or "")
+        if stream.kind == "device":
+            self._send(stream, dump(message.model_copy(update={"stream": stream.id})))
 
     def _speaker_changed(self, value: Any, ctx: HookContext) -> None:
         live = self.rooms.get(ctx.room_id)

@@ -62,6 +62,10 @@ class ServerMetrics(Collector):
         self.rooms_evicted_total = 0
         self.feed_dropped_total = 0
         self.stream_messages_dropped_total = 0
+        self.stt_outages_total = 0
+        self.stt_recoveries_total = 0
+        self.stt_audio_lost_seconds_total = 0.0
+        self.stt_stream_errors_total = 0
         self.rooms = 0
         self.turn_latency = LatencyHistogram(self.registry)
         self.registry.register(self)
@@ -113,6 +117,26 @@ class ServerMetrics(Collector):
             "chorus_stream_messages_dropped",
             "Messages to a device or phone leg dropped because it stopped reading.",
             self.stream_messages_dropped_total,
+        )
+        yield _counter(
+            "chorus_stt_outages",
+            "Times a stream's STT connection dropped (the stream reconnects and resends).",
+            self.stt_outages_total,
+        )
+        yield _counter(
+            "chorus_stt_recoveries",
+            "Times a stream's STT connection came back after an outage.",
+            self.stt_recoveries_total,
+        )
+        yield _counter(
+            "chorus_stt_audio_lost_seconds",
+            "Seconds of stream audio never transcribed (an outage outlasted the carry-over buffer).",
+            self.stt_audio_lost_seconds_total,
+        )
+        yield _counter(
+            "chorus_stt_stream_errors",
+            "Streams whose STT ended for good (could not connect, or gave up).",
+            self.stt_stream_errors_total,
         )
 
     def render(self, rooms: int) -> str:

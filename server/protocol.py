@@ -162,6 +162,21 @@ class StreamEventMessage(_Wire):
     kind: Literal["device", "twilio"] = "device"
 
 
+class SttStatusMessage(_Wire):
+    """The stream's speech-to-text connection changed state (issue 10.1), sent to that stream's
+    device: `degraded` (the STT service dropped; audio is held and resent), `recovered` (a new
+    connection took the held audio), `audio_lost` (an outage outlasted what could be held: the
+    audio from `start` to `end`, seconds of this stream, was never transcribed), `ended` (the
+    stream cannot transcribe any more; `reason` says why)."""
+
+    type: Literal["stt_status"] = "stt_status"
+    stream: str
+    status: Literal["degraded", "recovered", "audio_lost", "ended"]
+    reason: str | None = None
+    start: float | None = None
+    end: float | None = None
+
+
 class ChatMessage(_Wire):
     """A message typed into the room's chat (`POST /v1/rooms/{room}/messages` or the feed's
     `message` request, or a chat ingress), in commit order with the turns (feed only).
@@ -192,6 +207,7 @@ FeedMessage = (
     | StreamEventMessage
     | ChatMessage
     | StartedMessage
+    | SttStatusMessage
     | ErrorMessage
 )
 _feed_adapter: TypeAdapter[FeedMessage] = TypeAdapter(

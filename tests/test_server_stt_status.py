@@ -1,0 +1,63 @@
+"""Issue 10.1 over real sockets: when a stream's STT service drops, the device is told
+(`stt_status` degraded, then recovered), `/metrics` counts it, and no turn is lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.auth import issue_token
+from server.client import DeviceStream
+from server.protocol import FeedMessage, StartMessage, SttStatusMessage
+from server.testing.harness import SECRET, local_deepgram_stt, running_server, tone
+from voice.testing.deepgram_server import DeepgramTestServer
+
+
+def metric(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def test_an_stt_outage_is_told_to_the_device_and_counted() -> None:
+    statuses: list[SttStatusMessage] = []
+    recovered = asyncio.Event()
+
+    def seen(message: FeedMessage) -> None:
+        if isinstance(message, SttStatusMessage):
+            statuses.append(message)
+            if message.status == "recovered":
+                recovered.set()
+
+    async with (
+        DeepgramTestServer() as deepgram,
+        running_server(
+            {
+                "stt": local_deepgram_stt(deepgram.url, diarize=False),
+                "diarizer": {"kind": "none"},
+                "realtime": {"provider": "none"},
+            }
+        ) as server,
+    ):
+        deepgram.outage_after(1.0, 0.5)  # the STT service drops once it heard 1 s of audio
+        device = await DeviceStream.open(
+            server.base,
+            "r1",
+            issue_token(SECRET, "r1"),
+            StartMessage(participant="room-1", sample_rate=16000),
+            on_message=seen,
+        )
+        await device.send_audio(tone(2.0), realtime=False)
+        async with asyncio.timeout(60):
+            await recovered.wait()
+            await device.stop()
+        status, body = await server.http_get("/metrics")
+    assert status == 200
+    assert [m.status for m in statuses] == ["degraded", "recovered"]
+    assert {m.stream for m in statuses} == {statuses[0].stream} and statuses[0].stream
+    assert metric(body, "chorus_stt_outages_total") == 1.0
+    assert metric(body, "chorus_stt_recoveries_total") == 1.0
+    assert metric(body, "chorus_stt_audio_lost_seconds_total") == 0.0
