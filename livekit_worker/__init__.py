@@ -10,7 +10,8 @@ run with `speaker_id` set) and `AttributedAgent` / `attributed_chat_context` (th
 history rendered by the attribution engine).
 
 Sits on top like `server`: imports models, attribution, rooms, voice, diarization, realtime and
-`server.config` (to read the same config file as `chorus serve`); nothing imports it but the
+`server.config` and `server.pipeline` (the same config file and the same STT and realtime builders
+as `chorus serve`); nothing imports it but the
 `chorus agent` command. Named `livekit_worker`, not `livekit`, which would shadow the library.
 """
 

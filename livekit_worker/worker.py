@@ -23,8 +23,8 @@ from livekit.agents.worker import ServerEnvOption
 from diarization import load_stage
 from livekit_worker.config import LiveKitConfig, load_agent_config
 from livekit_worker.room_agent import ChorusRoomAgent, LocalParticipantLike
-from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from server.config import ServerConfig
+from server.pipeline import realtime_channel, stt_provider
 from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider
 
@@ -32,55 +32,6 @@ log = logging.getLogger(__name__)
 
 CONFIG_ENV = "CHORUS_AGENT_CONFIG"
 """Path of the config file, as `chorus agent --config` set it for the job processes."""
-
-
-def stt_provider(config: ServerConfig) -> SttProvider:
-    """The configured STT provider (`[stt]`), as `chorus serve` builds it."""
-    stt = config.stt
-    if stt.provider == "deepgram":
-        from voice.stt.deepgram import DeepgramSTT
-
-        return DeepgramSTT(
-            stt.deepgram_api_key,
-            url=stt.deepgram_url,
-            model=stt.model or "nova-3",
-            language=stt.language or "en",
-        )
-    from voice.stt.whisper import WhisperSTT
-
-    return WhisperSTT(stt.model, language=stt.language or "en")
-
-
-def speak_policy(config: ServerConfig) -> SpeakPolicy:
-    if config.policy.answer_only:
-        return AnswerOnly(people=tuple(config.policy.answer_only))
-    return default_policy()
-
-
-def realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
-    """The configured realtime channel (`[realtime]`, `[policy]`), or None for `none`."""
-    rt = config.realtime
-    if rt.provider == "none":
-        return None
-    options: dict[str, Any] = {}
-    if rt.provider != "recorder":
-        if rt.model:
-            options["model"] = rt.model
-        if rt.api_key:
-            options["api_key"] = rt.api_key
-        if rt.base_url:
-            options["base_url"] = rt.base_url
-    return RealtimeChannel(
-        "realtime",
-        rt.provider,
-        assistant_name=config.policy.assistant_name,
-        instructions=config.policy.system_prompt,
-        policy=speak_policy(config),
-        audio_mode=rt.audio,
-        voice=rt.voice,
-        response_timeout=rt.response_timeout,
-        **options,
-    )
 
 
 def stage_factory(config: ServerConfig, stt: SttProvider) -> Any:

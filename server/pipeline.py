@@ -102,7 +102,7 @@ class VoicePipeline:
         `VoiceSession.id` is the stream's `voice_session_id`."""
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
                                          on_status=self._stream_status)
-        self.realtime = _realtime_channel(config)
+        self.realtime = realtime_channel(config)
         self.chat_ai = _chat_channel(config)
         self.agent = _agent_channel(config)
         """The external ACP agent (`[agent]`), one session per room; or None."""
@@ -285,7 +285,8 @@ class VoiceStreamAudio:
                 self._release = None
 
 
-def _stt_provider(config: ServerConfig) -> SttProvider:
+def stt_provider(config: ServerConfig) -> SttProvider:
+    """The configured STT provider (`[stt]`); `chorus serve` and `chorus agent` both build it here."""
     stt = config.stt
     if stt.provider == "deepgram":
         from voice.stt.deepgram import DeepgramSTT
@@ -309,7 +310,9 @@ def speak_policy(config: ServerConfig) -> SpeakPolicy:
     return default_policy()
 
 
-def _realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
+def realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
+    """The configured realtime channel (`[realtime]`, `[policy]`), or None for `none`; `chorus
+    serve` and `chorus agent` both build it here."""
     rt = config.realtime
     if rt.provider == "none":
         return None
@@ -367,7 +370,7 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
     Modules are imported here on the loop's thread, never inside worker threads: importing in
     two threads at once trips a CPython 3.11 bug in the ast module (seen under pytest).
     """
-    stt = _stt_provider(config)
+    stt = stt_provider(config)
     if config.diarizer.kind == "embedded":
         import torch.onnx  # noqa: F401  (the first start exports CAM++ to ONNX)
 

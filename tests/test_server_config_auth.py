@@ -152,13 +152,13 @@ def test_token_command_prints_a_token_the_server_accepts(
 
 
 def test_realtime_response_timeout_is_configurable_and_reaches_the_channel(tmp_path: Path) -> None:
-    from server.pipeline import _realtime_channel
+    from server.pipeline import realtime_channel
 
     path = tmp_path / "chorus.toml"
     path.write_text("[realtime]\nresponse_timeout = 12.5\n")
     config = load_config(path, environ={})
     assert config.realtime.response_timeout == 12.5
-    channel = _realtime_channel(config)
+    channel = realtime_channel(config)
     assert channel is not None and channel.options.response_timeout == 12.5
     path.write_text("[realtime]\nresponse_timeout = 0\n")
     with pytest.raises(ConfigError, match="response_timeout"):

@@ -34,7 +34,7 @@ from rooms import RoomKit
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.config import ConfigError, load_config
-from server.pipeline import VoiceStreamAudio, _realtime_channel
+from server.pipeline import VoiceStreamAudio, realtime_channel
 from server.protocol import StartMessage
 from server.realtime_audio import RealtimeAudioTap
 from server.testing.harness import (
@@ -331,7 +331,7 @@ def test_realtime_audio_is_off_by_default_and_set_from_file_or_environment(
     assert load_config(None, environ={"CHORUS_REALTIME_AUDIO": "true"}).realtime.audio is True
     with pytest.raises(ConfigError, match=r"realtime\.audio"):
         load_config(None, environ={"CHORUS_REALTIME_AUDIO": "loud"})
-    on = _realtime_channel(load_config(None, environ={"CHORUS_REALTIME_AUDIO": "1"}))
-    off = _realtime_channel(load_config(None, environ={}))
+    on = realtime_channel(load_config(None, environ={"CHORUS_REALTIME_AUDIO": "1"}))
+    off = realtime_channel(load_config(None, environ={}))
     assert on is not None and on.audio_mode and on.options.audio_input
     assert off is not None and not off.audio_mode

@@ -7,7 +7,7 @@ import asyncio
 
 from rooms import RoomKit
 from server.config import DiarizerConfig, RealtimeConfig, ServerConfig, SttConfig
-from server.pipeline import StreamInfo, VoicePipeline, _stt_provider
+from server.pipeline import StreamInfo, VoicePipeline, stt_provider
 from server.testing.harness import local_deepgram_stt
 from voice.channel import VoiceSession
 from voice.stt.base import SttDegraded, SttRecovered, SttStatus
@@ -30,7 +30,7 @@ async def test_the_pipeline_hands_each_streams_status_to_its_listeners() -> None
         config = ServerConfig(stt=SttConfig(**local_deepgram_stt(server.url)),
                               diarizer=DiarizerConfig(kind="none"),
                               realtime=RealtimeConfig(provider="none"))
-        pipeline = VoicePipeline(config, _stt_provider(config))
+        pipeline = VoicePipeline(config, stt_provider(config))
         pipeline.status_listeners.extend([broken, listener])
         kit = RoomKit()
         await kit.create_room(room_id="r")

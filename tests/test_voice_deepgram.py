@@ -200,12 +200,12 @@ async def test_S2_drop_now_mid_stream_reconnects_without_losing_the_final() -> N
 async def test_diarize_false_reaches_deepgram_and_the_server_config_sends_it() -> None:
     """Issue 10.9: `stt.diarize = false` was dropped and Deepgram was still asked to diarize."""
     from server.config import ServerConfig, SttConfig
-    from server.pipeline import _stt_provider
+    from server.pipeline import stt_provider
 
     async with DeepgramTestServer(two_voices_in_one_final()) as server:
         config = ServerConfig(stt=SttConfig(provider="deepgram", deepgram_url=server.url,
                                             deepgram_api_key="k", diarize=False))
-        stt = _stt_provider(config)
+        stt = stt_provider(config)
         assert stt.diarizes is False
         channel = VoiceChannel(stt=stt)
         await voice_room(channel)
