@@ -24,6 +24,7 @@ from server.config import ServerConfig
 from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
+from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,9 @@ class VoicePipeline:
         self._pools: dict[str, list[VoiceChannel]] = {}
         self._serial = 0
         self._registered = False
+        self._stage_lock = asyncio.Lock()
+        self._pyannote_pipeline: Any = None
+        """The pyannote pipeline every pooled pyannote stage shares (loaded by the first)."""
 
     @property
     def audio_mode(self) -> bool:
@@ -147,15 +151,7 @@ class VoicePipeline:
             assert channel.diarizer is not None
             channel.diarizer.reset()
             return channel
-        cfg = self.config.diarizer
-        stage = await asyncio.to_thread(
-            load_stage,
-            cfg.kind,
-            num_speakers=cfg.num_speakers,
-            max_speakers=cfg.max_speakers,
-            pipeline=cfg.pipeline,
-            hf_token=cfg.hf_token,
-        )
+        stage = await self._new_stage()
         self._serial += 1
         channel = VoiceChannel(
             f"voice-{room_id}-{self._serial}",
@@ -166,6 +162,28 @@ class VoicePipeline:
         kit.register_channel(channel)
         await kit.attach_channel(room_id, channel.channel_id)
         return channel
+
+    async def _new_stage(self) -> DiarizationStage:
+        """A fresh live stage for one more pooled stream. The loaded models are shared: the
+        pyannote stage loads its pipeline once per server (every later stage wraps the same
+        pipeline object; calls into it are serialised), never once per stream."""
+        cfg = self.config.diarizer
+        async with self._stage_lock:
+            pipeline: Any = cfg.pipeline
+            hf_token = cfg.hf_token
+            if cfg.kind == "pyannote" and self._pyannote_pipeline is not None:
+                pipeline, hf_token = self._pyannote_pipeline, None
+            stage = await asyncio.to_thread(
+                load_stage,
+                cfg.kind,
+                num_speakers=cfg.num_speakers,
+                max_speakers=cfg.max_speakers,
+                pipeline=pipeline,
+                hf_token=hf_token,
+            )
+            if cfg.kind == "pyannote" and self._pyannote_pipeline is None:
+                self._pyannote_pipeline = getattr(stage, "pipeline", None)
+            return stage
 
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
         pooled = info.shared_mic and self.diarizes_with_stage
