@@ -1,14 +1,16 @@
 """Diarization: DER (collar 0 and 0.25 s, overlap scored), speakers found and real-time factor (P4).
 
-`chorus bench diarization DIR [DIR …] --reference REF.rttm [--reference …] [--uem UEM]` scores
-every WAV in each DIR against the references (file id = WAV name without extension): DER with
-pyannote.metrics and its parts (missed, false alarm, confusion), speakers found against the
-reference, and real-time factor with torch and onnxruntime on one thread. `--live` also scores
-the live path: the audio fed in 20 ms frames as a stream would (paced by the stream clock, not
-the wall clock), with the decision latency, how long after a moment of speech was heard a
-speaker was decided for it. `--cross-validate` reports the leave-one-file-out figure of the
-settings search (diarization.tuning). Prints a table (with a progress bar while it runs) and
-writes JSON.
+`chorus bench diarization DIR [DIR …]` scores every WAV/FLAC in each DIR against its reference
+(`--reference REF.rttm`, repeatable, or a `<name>.rttm` next to the audio; scored regions from
+`--uem` or a `<name>.uem` next to it): DER with pyannote.metrics and its parts (missed, false
+alarm, confusion), speakers found against the reference, and the batch real-time factor as CPU
+seconds per audio second with every model on one thread. Files are grouped into sets (a set is
+its folder, or the name `--set-name DIR=NAME` gives it; a `_close`/`_far` suffix on a file name
+splits its set) and every figure is reported per set. `--cross-validate` adds the
+leave-one-file-out figure of the batch settings search (diarization.tuning) over the sets not
+skipped with `--cv-skip-set`. `--live` also scores the live path: the audio fed in 20 ms frames as
+a stream would (paced by the stream clock), with the decision latency. Prints a table (with a
+progress bar while it runs) and writes JSON.
 """
 
 from __future__ import annotations
@@ -31,14 +33,30 @@ LATENCY_GRID = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="folders of WAV files")
+    parser.add_argument(
+        "dirs", nargs="+", type=Path, metavar="DIR", help="folders of WAV or FLAC files"
+    )
     parser.add_argument(
         "--reference",
         action="append",
         type=Path,
-        required=True,
+        default=[],
         metavar="REF.rttm",
-        help="reference RTTM (repeat for several)",
+        help="reference RTTM (repeat for several); default: NAME.rttm next to each file",
+    )
+    parser.add_argument(
+        "--set-name",
+        action="append",
+        default=[],
+        metavar="DIR=NAME",
+        help="report the files of DIR under set NAME (default: the folder name)",
+    )
+    parser.add_argument(
+        "--cv-skip-set",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave this set out of the cross-validation (repeatable)",
     )
     parser.add_argument(
         "--uem",
@@ -66,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="embedded stage: override one recipe setting (diarization.recipe.Settings), repeatable",
+        help="embedded stage: override one batch setting (diarization.batch.BatchSettings), repeatable",
     )
     parser.add_argument(
         "--live", action="store_true", help="also score the live path (20 ms frames)"
@@ -76,7 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the leave-one-file-out settings search (embedded only)",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch and onnxruntime threads (default 1)"
+    )
     parser.add_argument(
         "--json",
         type=Path,
@@ -89,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 @dataclass
 class FileResult:
     file_id: str
+    set_name: str
     duration: float
     speakers_ref: int
     speakers_found: int
@@ -98,6 +119,19 @@ class FileResult:
     live_seconds: float = 0.0
     live_latencies: list[float] = field(default_factory=list)
     live_speakers: int = 0
+
+
+AUDIO_SUFFIXES = (".wav", ".flac")
+
+
+def set_of(path: Path, names: dict[Path, str]) -> str:
+    """A file's set: its folder's name (or the one `--set-name` gave it), split by a `_close` or
+    `_far` suffix of the file name (the LibriSpeech conversations come in both renders)."""
+    base = names.get(path.parent.resolve(), path.parent.name)
+    for suffix in ("close", "far"):
+        if path.stem.endswith(f"_{suffix}"):
+            return f"{base}-{suffix}"
+    return base
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,7 +145,28 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     references: dict[str, SpeakerTimeline] = {}
-    for ref_path in args.reference:
+    ref_paths = list(args.reference)
+    uem_paths = list(args.uem)
+    audio_files: list[Path] = []
+    set_names: dict[Path, str] = {}
+    for item in args.set_name:
+        folder, sep, name = item.partition("=")
+        if not sep or not name:
+            print(f"--set-name wants DIR=NAME, got {item!r}", file=sys.stderr)
+            return 2
+        set_names[Path(folder).resolve()] = name
+    for folder in args.dirs:
+        if not folder.is_dir():
+            print(f"not a folder: {folder}", file=sys.stderr)
+            return 2
+        folder_files = sorted(p for p in folder.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
+        audio_files += folder_files
+        for audio_file in folder_files:
+            if not args.reference and audio_file.with_suffix(".rttm").is_file():
+                ref_paths.append(audio_file.with_suffix(".rttm"))
+            if not args.uem and audio_file.with_suffix(".uem").is_file():
+                uem_paths.append(audio_file.with_suffix(".uem"))
+    for ref_path in ref_paths:
         if not ref_path.is_file():
             print(f"reference not found: {ref_path}", file=sys.stderr)
             return 2
@@ -119,20 +174,14 @@ def run(args: argparse.Namespace) -> int:
         for fid in {line.split()[1] for line in text.splitlines() if line.startswith("SPEAKER ")}:
             references[fid] = SpeakerTimeline.from_rttm(text, fid)
     uems: dict[str, list[tuple[float, float]]] = {}
-    for uem_path in args.uem:
+    for uem_path in uem_paths:
         uems.update(read_uem(uem_path))
-    wavs: list[Path] = []
-    for folder in args.dirs:
-        if not folder.is_dir():
-            print(f"not a folder: {folder}", file=sys.stderr)
-            return 2
-        wavs += sorted(folder.glob("*.wav"))
-    scored = [w for w in wavs if w.stem in references]
-    for w in wavs:
+    scored = [w for w in audio_files if w.stem in references]
+    for w in audio_files:
         if w.stem not in references:
             print(f"skipping {w} (no reference for file id {w.stem!r})", file=sys.stderr)
     if not scored:
-        print("no WAV file with a reference to score", file=sys.stderr)
+        print("no audio file with a reference to score", file=sys.stderr)
         return 2
 
     settings = None
@@ -147,12 +196,15 @@ def run(args: argparse.Namespace) -> int:
             return 2
     if args.diarizer == "pyannote":
         stage: Any = load_stage(args.diarizer, pipeline=args.pipeline)
-    elif settings is not None:
-        from diarization.embedded import EmbeddedStage
-
-        stage = EmbeddedStage(settings=settings)
     else:
-        stage = load_stage()
+        from diarization.embedded import EmbeddedStage
+        from diarization.models import EmbeddingModel, SegmentationModel
+
+        stage = EmbeddedStage(
+            batch_settings=settings,
+            segmentation=SegmentationModel(threads=args.threads),
+            embedding=EmbeddingModel(threads=args.threads),
+        )
     # warm-up (first-call allocations), not timed
     stage.diarize(read_audio_16k(scored[0])[: 2 * stage.sample_rate])
 
@@ -162,12 +214,13 @@ def run(args: argparse.Namespace) -> int:
         duration = len(mono) / stage.sample_rate
         ref = references[wav.stem]
         num = len(ref.speakers) if args.oracle_speakers else args.num_speakers
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         hyp = stage.diarize(mono, num_speakers=num)
-        elapsed = time.perf_counter() - t0
+        elapsed = time.process_time() - t0
         uem = uems.get(wav.stem)
         result = FileResult(
             wav.stem,
+            set_of(wav, set_names),
             duration,
             len(ref.speakers),
             len(hyp.speakers),
@@ -186,29 +239,31 @@ def run(args: argparse.Namespace) -> int:
         "diarizer": args.diarizer,
         "settings": args.set,
         "threads": args.threads,
+        "rtf_measure": "CPU seconds (time.process_time) per audio second",
         "files": [],
+        "sets": {},
         "command": " ".join(["chorus", "bench", "diarization", *sys.argv[3:]])
         if len(sys.argv) > 3
         else None,
         "load_average": list(os.getloadavg()),
     }
-    total_audio = sum(r.duration for r in results)
-    total_time = sum(r.seconds for r in results)
-    lines = [
-        f"{'file':<12} {'dur':>5} {'DER@0':>6} {'DER@.25':>7} {'miss':>5} {'FA':>5} {'conf':>5}"
-        f" {'spk':>5} {'RTF':>6}"
+    header = (
+        f"{'file':<24} {'set':<28} {'dur':>5} {'DER@0':>6} {'DER@.25':>7} {'miss':>5} {'FA':>5}"
+        f" {'conf':>5} {'spk':>5} {'RTF':>6}"
         + (f" {'live@.25':>8} {'lat50':>5} {'lat90':>5}" if args.live else "")
-    ]
+    )
+    lines = [header]
     for r in results:
         b0, b25 = r.batch[0.0], r.batch[0.25]
         line = (
-            f"{r.file_id:<12} {r.duration:5.1f} {b0.der * 100:6.1f} {b25.der * 100:7.1f}"
-            f" {b25.missed / max(b25.total, 1e-9) * 100:5.1f} {b25.false_alarm / max(b25.total, 1e-9) * 100:5.1f}"
-            f" {b25.confusion / max(b25.total, 1e-9) * 100:5.1f} {r.speakers_found:>2}/{r.speakers_ref:<2}"
+            f"{r.file_id:<24} {r.set_name:<28} {r.duration:5.1f} {b0.der * 100:6.1f}"
+            f" {b25.der * 100:7.1f} {_pct(b25.missed, b25)} {_pct(b25.false_alarm, b25)}"
+            f" {_pct(b25.confusion, b25)} {r.speakers_found:>2}/{r.speakers_ref:<2}"
             f" {r.seconds / r.duration:6.3f}"
         )
         entry: dict[str, Any] = {
             "file": r.file_id,
+            "set": r.set_name,
             "duration": r.duration,
             "speakers_ref": r.speakers_ref,
             "speakers_found": r.speakers_found,
@@ -229,15 +284,36 @@ def run(args: argparse.Namespace) -> int:
             entry["live_latency_p90"] = float(np.nanpercentile(lat, 90))
         lines.append(line)
         summary["files"].append(entry)
-    overall = {c: DerScore.sum(r.batch[c] for r in results) for c in COLLARS}
-    o0, o25 = overall[0.0], overall[0.25]
-    lines.append(
-        f"{'overall':<12} {total_audio:5.0f} {o0.der * 100:6.1f} {o25.der * 100:7.1f}"
-        f" {o25.missed / o25.total * 100:5.1f} {o25.false_alarm / o25.total * 100:5.1f}"
-        f" {o25.confusion / o25.total * 100:5.1f} {'':>5} {total_time / total_audio:6.3f}"
-    )
-    summary["overall"] = {str(c): s.as_dict() for c, s in overall.items()}
-    summary["rtf"] = total_time / total_audio
+    groups: dict[str, list[FileResult]] = {}
+    for r in results:
+        groups.setdefault(r.set_name, []).append(r)
+    groups_with_all = {**groups, "overall": results} if len(groups) > 1 else {"overall": results}
+    for name, members in groups_with_all.items():
+        overall = {c: DerScore.sum(r.batch[c] for r in members) for c in COLLARS}
+        o0, o25 = overall[0.0], overall[0.25]
+        audio = sum(r.duration for r in members)
+        cpu = sum(r.seconds for r in members)
+        found = sum(r.speakers_found for r in members)
+        expected = sum(r.speakers_ref for r in members)
+        lines.append(
+            f"{'= ' + name:<53} {audio:5.0f} {o0.der * 100:6.1f} {o25.der * 100:7.1f}"
+            f" {_pct(o25.missed, o25)} {_pct(o25.false_alarm, o25)} {_pct(o25.confusion, o25)}"
+            f" {found:>2}/{expected:<2} {cpu / audio:6.3f}"
+        )
+        block: dict[str, Any] = {
+            "files": len(members),
+            "audio_seconds": audio,
+            "cpu_seconds": cpu,
+            "rtf": cpu / audio,
+            "speakers_found": found,
+            "speakers_ref": expected,
+            "batch": {str(c): s.as_dict() for c, s in overall.items()},
+        }
+        if name == "overall":
+            summary["overall"] = block["batch"]
+            summary["rtf"] = block["rtf"]
+        else:
+            summary["sets"][name] = block
     if args.live:
         live_overall = {c: DerScore.sum(r.live[c] for r in results) for c in COLLARS}
         all_lat = (
@@ -245,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
             if any(r.live_latencies for r in results)
             else np.array([np.nan])
         )
+        total_audio = sum(r.duration for r in results)
         summary["live_overall"] = {str(c): s.as_dict() for c, s in live_overall.items()}
         summary["live_rtf"] = sum(r.live_seconds for r in results) / total_audio
         summary["live_latency_median"] = float(np.nanmedian(all_lat))
@@ -260,12 +337,9 @@ def run(args: argparse.Namespace) -> int:
         if args.diarizer != "embedded":
             print("--cross-validate applies to the embedded stage only", file=sys.stderr)
         else:
-            from diarization.tuning import TuningFile, cross_validate
-
-            files = [TuningFile.load(w, references[w.stem], uems.get(w.stem)) for w in scored]
-            cv = cross_validate(files, progress=True)
-            summary["cross_validation"] = cv.as_dict()
-            lines.append(cv.describe())
+            lines += cross_validation_lines(
+                args, stage, scored, references, uems, set_names, summary
+            )
     print("\n".join(lines))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=2))
@@ -273,13 +347,57 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pct(part: float, score: Any) -> str:
+    return f"{part / max(score.total, 1e-9) * 100:5.1f}"
+
+
+def cross_validation_lines(
+    args: argparse.Namespace,
+    stage: Any,
+    scored: list[Path],
+    references: dict[str, Any],
+    uems: dict[str, list[tuple[float, float]]],
+    set_names: dict[Path, str],
+    summary: dict[str, Any],
+) -> list[str]:
+    """Leave-one-file-out over the sets not skipped: the figure, and the held-out DER per set."""
+    from diarization.scoring import DerScore
+    from diarization.tuning import TuningFile, cross_validate, grid_settings
+
+    skip = set(args.cv_skip_set)
+    members = [w for w in scored if set_of(w, set_names) not in skip]
+    if len(members) < 2:
+        return ["cross-validation: fewer than two files to hold out"]
+    files = [TuningFile.load(w, references[w.stem], uems.get(w.stem)) for w in members]
+    base = stage.batch
+    cv = cross_validate(
+        files,
+        stage.segmentation,
+        stage.embedding,
+        grid_settings(base=base),
+        progress=True,
+    )
+    summary["cross_validation"] = cv.as_dict()
+    lines = [cv.describe()]
+    by_set: dict[str, list[DerScore]] = {}
+    for w in members:
+        by_set.setdefault(set_of(w, set_names), []).append(cv.held_out_scores[w.stem])
+    per_set = {name: DerScore.sum(scores) for name, scores in by_set.items()}
+    summary["cross_validation"]["held_out_by_set"] = {k: v.as_dict() for k, v in per_set.items()}
+    lines.append(
+        "  held out by set: "
+        + ", ".join(f"{name} {s.der * 100:.1f} %" for name, s in per_set.items())
+    )
+    return lines
+
+
 def parse_settings(items: list[str]) -> Any:
-    """`KEY=VALUE` overrides → a `diarization.recipe.Settings` (values typed by its fields)."""
+    """`KEY=VALUE` overrides → a `diarization.batch.BatchSettings` (values typed by its fields)."""
     from dataclasses import fields
 
-    from diarization.recipe import Settings
+    from diarization.batch import BatchSettings
 
-    types = {f.name: f.type for f in fields(Settings)}
+    types = {f.name: f.type for f in fields(BatchSettings)}
     changes: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -302,7 +420,7 @@ def parse_settings(items: list[str]) -> Any:
                 changes[key] = value
         except ValueError:
             raise ValueError(f"--set {key}: {value!r} is not a {kind}") from None
-    return Settings().but(**changes)
+    return BatchSettings().but(**changes)
 
 
 def live_run(stage: Any, audio: np.ndarray) -> tuple[Any, float, list[float]]:

@@ -1,6 +1,7 @@
 """Diarization: who spoke when (rules P1–P4, V7, V8).
 
-Owns the diarization stages (the embedded Silero + GE2E stage, and the lazily imported pyannote
+Owns the diarization models (segmentation-3.0 and CAM++ on onnxruntime), the batch pipeline, the
+diarization stages (the embedded stage, and the lazily imported pyannote
 stage), enrollment of voices, and scoring (DER, RTTM, UEM). May import models, rooms and voice;
 nothing below it imports diarization.
 """
@@ -21,6 +22,7 @@ def load_stage(
     *,
     num_speakers: int | None = None,
     max_speakers: int | None = None,
+    min_speakers: int | None = None,
     pipeline: Any = None,
     hf_token: str | None = None,
 ) -> DiarizationStage:
@@ -34,8 +36,12 @@ def load_stage(
             )
         from diarization.embedded import EmbeddedStage
 
-        return EmbeddedStage(num_speakers=num_speakers, max_speakers=max_speakers)
+        return EmbeddedStage(
+            num_speakers=num_speakers, min_speakers=min_speakers, max_speakers=max_speakers
+        )
     if kind == "pyannote":
+        if min_speakers is not None:
+            raise ValueError("min_speakers is an option of the embedded stage only")
         try:
             from diarization.pyannote_stage import PyannoteStage  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:

@@ -1,25 +1,22 @@
-"""The embedded diarization stage (rule P1): Silero VAD + GE2E voiceprints, offline on one CPU
-core, with enrollment (V8) and online clustering of unknown voices (V7).
+"""The embedded diarization stage (rule P1): offline on one CPU core, with enrollment (V8) and
+clustering of unknown voices (V7).
 
-Two paths share the recipe in `diarization.recipe`:
-- `diarize(audio)` (batch, whole files): VAD over the file, windows over the speech embedded in one
-  batched pass, clustering with the number of speakers found (or given), centroid refinement,
-  frame-level Viterbi smoothing, overlap where two centroids score alike.
-- `feed(audio)` (live): frames of any size; every `LiveSettings.hop` seconds of new speech the last
-  `window` seconds of speech are embedded and matched against the speaker centroids (enrolled
-  voices first); two agreeing windows that match nobody open a new speaker. Decisions are never
-  revised, so a word's speaker does not change after it was handed out. Because they cannot be
-  revised, the live path avoids deciding across a speaker change: a window never reaches back
-  over a pause (`cut_pause`: a speaker change almost always follows one), the tail of an
-  utterance is embedded on its own rather than handed to the last speaker, and the frames of a
-  window that matches nobody stay undecided until the next window confirms a new voice (or
-  matches a known one). Latency pays for it: a new stretch of speech waits for `min_window`.
+- `diarize(audio)` (batch, whole files): the pipeline in `diarization.batch` (pyannote's
+  segmentation-3.0 and 3D-Speaker's CAM++ on onnxruntime: sliding 10 s windows, one embedding per
+  window and local speaker, centroid-linkage clustering, frame-level reconstruction with overlap).
+- `feed(audio)` (live): frames of any size; Silero VAD, and every `LiveSettings.hop` seconds of
+  new speech the last `window` seconds of speech are embedded (GE2E) and matched against the
+  speaker centroids (enrolled voices first); two agreeing windows that match nobody open a new
+  speaker. Decisions are never revised, so a word's speaker does not change after it was handed
+  out: a window never reaches back over a pause (`cut_pause`), the tail of an utterance is
+  embedded on its own, and the frames of a window that matches nobody stay undecided until the
+  next window confirms a new voice (or matches a known one). (The live path moves to the batch
+  pipeline's models in the live-diarization work of issue 9.)
 
 Speaker names: an enrolled name when a cluster's centroid is close enough to that voiceprint
 (each name used once per recording), otherwise `Speaker A`, `Speaker B` … in order of first
 appearance. Voiceprints are embeddings only; no audio is kept after `enroll` returns.
-Model work is synchronous and CPU-bound: GE2E runs torch on one thread (the embedder's
-`threads`), the VAD onnxruntime on one thread.
+Model work is synchronous and CPU-bound: every model runs with one thread.
 """
 
 from __future__ import annotations
@@ -31,7 +28,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diarization import recipe
+from diarization import batch, recipe
+from diarization.batch import BatchSettings
+from diarization.models import (
+    EmbeddingModel,
+    SegmentationModel,
+    default_embedding_model,
+    default_segmentation_model,
+)
 from diarization.recipe import FloatArray, Settings
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
 from voice.embedding import HOP as MEL_HOP
@@ -112,16 +116,27 @@ class EmbeddedStage:
         settings: Settings | None = None,
         live: LiveSettings | None = None,
         num_speakers: int | None = None,
+        min_speakers: int | None = None,
         max_speakers: int | None = None,
         embedder: SpeakerEmbedder | None = None,
         enroll_threshold: float = 0.8,
+        batch_settings: BatchSettings | None = None,
+        segmentation: SegmentationModel | None = None,
+        embedding: EmbeddingModel | None = None,
+        batch_enroll_threshold: float = 0.5,
     ) -> None:
         self.settings = settings or Settings()
         self.live = live or LiveSettings()
+        self.batch = batch_settings or BatchSettings()
         self.num_speakers = num_speakers
+        self.min_speakers = min_speakers
         self.max_speakers = max_speakers
         self.enroll_threshold = enroll_threshold
+        self.batch_enroll_threshold = batch_enroll_threshold
         self.embedder = embedder or default_embedder()
+        self.segmentation = segmentation or default_segmentation_model()
+        self.embedding = embedding or default_embedding_model()
+        self._campplus_prints: dict[str, FloatArray] = {}
         self.detector = SpeechDetector(
             threshold=self.settings.vad_threshold,
             normalize=self.settings.normalize,
@@ -144,8 +159,10 @@ class EmbeddedStage:
         if not name:
             raise ValueError("an enrolled voice needs a name")
         voiceprint = self.voiceprint(audio)
+        campplus = self.embedding.voiceprint(self._speech_of(audio))
         with self._lock:
             self._voiceprints[name] = voiceprint
+            self._campplus_prints[name] = campplus
             for voice in self._live.voices:
                 if voice.enrolled and voice.name == name:
                     voice.centroid = voiceprint
@@ -158,12 +175,17 @@ class EmbeddedStage:
             if name not in self._voiceprints:
                 raise KeyError(f"no enrolled voice named {name!r}")
             del self._voiceprints[name]
+            self._campplus_prints.pop(name, None)
             self._live.voices = [
                 v for v in self._live.voices if not (v.enrolled and v.name == name)
             ]
 
     def voiceprint(self, audio: Audio) -> FloatArray:
-        """The voiceprint of a clip: the mean GE2E embedding of its speech (1.6 s partials)."""
+        """The live voiceprint of a clip: the mean GE2E embedding of its speech (1.6 s partials)."""
+        return self.embedder.embed(self._speech_of(audio))
+
+    def _speech_of(self, audio: Audio) -> FloatArray:
+        """The speech of an enrollment clip (VAD), joined; at least 1 s of it."""
         wav = _checked(audio)
         if len(wav) < SAMPLE_RATE // 2:
             raise ValueError("enrollment audio is shorter than 0.5 s; give a few seconds of speech")
@@ -174,7 +196,7 @@ class EmbeddedStage:
             raise ValueError(
                 f"enrollment audio holds {len(speech) / SAMPLE_RATE:.1f} s of speech; at least 1 s is needed"
             )
-        return self.embedder.embed(speech)
+        return speech
 
     # -- batch -------------------------------------------------------------------------------
 
@@ -184,49 +206,39 @@ class EmbeddedStage:
         *,
         num_speakers: int | None = None,
         max_speakers: int | None = None,
+        min_speakers: int | None = None,
     ) -> SpeakerTimeline:
+        """The whole recording (batch pipeline, `diarization.batch`): overlapped speech gets two
+        speakers. `num_speakers` fixes the count; `min_speakers`/`max_speakers` bound it."""
         wav = _checked(audio)
         num = num_speakers if num_speakers is not None else self.num_speakers
+        low = min_speakers if min_speakers is not None else self.min_speakers
         cap = max_speakers if max_speakers is not None else self.max_speakers
-        if num is not None and num < 1:
-            raise ValueError("num_speakers must be at least 1")
-        if cap is not None and cap < 1:
-            raise ValueError("max_speakers must be at least 1")
-        probs = self.detector.probabilities(wav)
-        mask = recipe.speech_mask(probs, self.settings)
-        mel = mel_spectrogram(wav)
-        windows = recipe.plan_windows(mask, len(mel), self.settings)
-        if len(windows.mel_index) == 0:
-            return SpeakerTimeline()
-        embeddings = np.concatenate(
-            [
-                self.embedder.embed_mels(mel[windows.mel_index[i : i + EMBED_BATCH]])
-                for i in range(0, len(windows.mel_index), EMBED_BATCH)
-            ]
+        for label, value in (("num_speakers", num), ("min_speakers", low), ("max_speakers", cap)):
+            if value is not None and value < 1:
+                raise ValueError(f"{label} must be at least 1")
+        if low is not None and cap is not None and low > cap:
+            raise ValueError(f"min_speakers ({low}) is more than max_speakers ({cap})")
+        analysis = batch.analyse(wav, self.segmentation, self.embedding, self.batch)
+        clustering = batch.cluster_analysis(
+            analysis, self.batch, num_speakers=num, min_speakers=low, max_speakers=cap
         )
-        labels = recipe.cluster(embeddings, self.settings, num_speakers=num, max_speakers=cap)
-        cents = recipe.centroids(embeddings, labels)
-        scores = recipe.frame_scores(windows, embeddings, cents)
-        main, second = recipe.decode(mask, scores, self.settings)
-        names = self._names_for(cents, main)
-        segments = recipe.to_segments(main, second, names)
-        duration = len(wav) / SAMPLE_RATE
+        ids = [str(k) for k in range(len(clustering.centroids))]
+        segments = sorted(batch.reconstruct(analysis, clustering, ids), key=lambda g: g.start)
+        order = [int(k) for k in dict.fromkeys(g.speaker for g in segments)]
+        names = self._names_for(clustering.centroids, order)
         return SpeakerTimeline(
-            [
-                SpeakerSegment(s.start, min(s.end, duration), s.speaker)
-                for s in segments
-                if s.start < duration
-            ]
+            [SpeakerSegment(g.start, g.end, names[int(g.speaker)]) for g in segments]
         )
 
-    def _names_for(self, cents: FloatArray, main: recipe.IntArray) -> list[str]:
+    def _names_for(self, cents: FloatArray, order: list[int]) -> list[str]:
         """Enrolled names for clusters whose centroid is close enough to a voiceprint (closest
         pairs first, each name once per recording, so a voice that was not enrolled never takes
         an enrolled name just because it is the nearest); `Speaker A`, `B` … for the others in
         order of first appearance (V7)."""
         names: list[str | None] = [None] * len(cents)
         with self._lock:
-            prints = list(self._voiceprints.items())
+            prints = list(self._campplus_prints.items())
         if prints and len(cents):
             sims = cents @ np.stack([p for _, p in prints]).T
             pairs = sorted(
@@ -236,15 +248,14 @@ class EmbeddedStage:
             used_clusters: set[int] = set()
             used_prints: set[int] = set()
             for sim, i, j in pairs:
-                if sim < self.enroll_threshold:
+                if sim < self.batch_enroll_threshold:
                     break
                 if i in used_clusters or j in used_prints:
                     continue
                 names[i] = prints[j][0]
                 used_clusters.add(i)
                 used_prints.add(j)
-        order = [int(k) for k in dict.fromkeys(main[main >= 0].tolist())]
-        order += [k for k in range(len(cents)) if k not in order]
+        order = order + [k for k in range(len(cents)) if k not in order]
         letter = 0
         for k in order:
             if names[k] is None:

