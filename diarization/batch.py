@@ -43,8 +43,9 @@ from voice.diarization_stage import SpeakerSegment
 from voice.embedding import CAMPPLUS_DIM, FBANK_LENGTH, FBANK_SHIFT
 
 SAMPLE_RATE = 16000
-BLOCK = 16
-"""Windows per block: one segmentation call and one fbank pass each."""
+BLOCK = 4
+"""Windows per block: one segmentation call and one fbank pass each (onnxruntime holds about
+25 MB per window of a batch, and larger batches cost no less CPU per window)."""
 SILENCE_PEAK = 1e-5
 """A window whose samples all stay under this is digital silence: no model runs on it."""
 
@@ -61,13 +62,23 @@ class BatchSettings:
     threshold: float = 0.7
     """Centroid-linkage merge distance (Euclidean between L2-normalised embeddings)."""
     min_cluster_size: int = 2
-    """Clusters with fewer training embeddings are folded into the nearest large one."""
+    """Clusters with fewer training embeddings are folded into the nearest large one …"""
+    fold_below: float = 1.2
+    """… unless it is this far (Euclidean, between L2-normalised centroids) from every large
+    cluster: a short recording holds a distinct voice in only one or two windows."""
+    merge_threshold: float = 0.9
+    """After the cut, clusters whose centroids are closer than this merge, closest first, unless
+    they were ever heard as two different voices in one window (then they are two people).
+    0: off."""
     min_clean_ratio: float = 0.2
     """An embedding trains the clustering when its speaker talks alone this fraction of the window."""
-    train_overlapped: bool = True
+    train_overlapped: bool = False
     """A local speaker heard only in overlap (too little alone for an embedding of its own) trains
     the clustering too when it is active that fraction of the window: a voice that only ever
     talks over others would otherwise never become a speaker."""
+    open_unmatched: bool = True
+    """A window with more voices than there are clusters opens a cluster for the extra voice
+    (otherwise it joins its nearest cluster, and overlapped speech there gets one speaker)."""
     min_embed_seconds: float = 0.2
     """A local speaker heard less than this (alone, else at all) gets no embedding."""
     max_speakers: int = 20
@@ -177,6 +188,7 @@ def cluster_embeddings(
     train: FloatArray,
     settings: BatchSettings,
     *,
+    windows: IntArray | None = None,
     num_speakers: int | None = None,
     min_speakers: int | None = None,
     max_speakers: int | None = None,
@@ -191,7 +203,10 @@ def cluster_embeddings(
         return np.zeros(1, np.int64)
     tree = linkage(train.astype(np.float64), method="centroid", metric="euclidean")
     labels = fcluster(tree, settings.threshold, criterion="distance") - 1
-    labels = _fold_small(train, labels.astype(np.int64), settings.min_cluster_size)
+    min_size = settings.min_cluster_size
+    labels = _fold_small(train, labels.astype(np.int64), min_size, fold_below=settings.fold_below)
+    if windows is not None and settings.merge_threshold > 0:
+        labels = _merge_apart(train, _relabel(labels), windows, settings.merge_threshold)
     k = int(labels.max()) + 1
     cap = min(max_speakers or settings.max_speakers, settings.max_speakers, n)
     target: int | None = None
@@ -202,22 +217,78 @@ def cluster_embeddings(
     elif k > cap:
         target = cap
     if target is not None and target != k:
-        labels = fcluster(tree, target, criterion="maxclust").astype(np.int64) - 1
-        labels = _fold_small(train, labels, settings.min_cluster_size, keep=target)
+        labels = _cut(tree, n, target)
+        labels = _fold_small(train, labels, min_size, keep=target, fold_below=settings.fold_below)
     return _relabel(labels)
 
 
-def _fold_small(
-    train: FloatArray, labels: IntArray, min_size: int, *, keep: int | None = None
+def _merge_apart(
+    train: FloatArray, labels: IntArray, windows: IntArray, threshold: float
 ) -> IntArray:
-    """Clusters smaller than `min_size` join the nearest large cluster (by centroid); when `keep`
-    is given, the `keep` largest clusters always count as large. With no large cluster at all,
-    everything is one speaker."""
+    """Merge clusters closer than `threshold` (centroid distance, closest pair first) unless the
+    two were ever distinct local speakers of one window."""
+    labels = labels.copy()
+    while True:
+        ids = np.unique(labels)
+        if len(ids) < 2:
+            return labels
+        cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in ids]))
+        heard = [set(windows[labels == c].tolist()) for c in ids]
+        best: tuple[float, int, int] | None = None
+        for i in range(len(ids)):
+            for j in range(i + 1, len(ids)):
+                distance = float(np.linalg.norm(cents[i] - cents[j]))
+                if distance < threshold and not heard[i] & heard[j]:
+                    if best is None or distance < best[0]:
+                        best = (distance, i, j)
+        if best is None:
+            return labels
+        labels[labels == ids[best[2]]] = ids[best[1]]
+
+
+def _cut(tree: npt.NDArray[np.float64], n: int, target: int) -> IntArray:
+    """Labels with exactly `target` clusters: the first n - target merges of the tree, in merge
+    order. (Centroid linkage is not monotonic, and scipy's fcluster/cut_tree then give fewer.)"""
+    parent = list(range(2 * n - 1))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for step, (a, b, _, _) in enumerate(tree[: n - target]):
+        parent[root(int(a))] = n + step
+        parent[root(int(b))] = n + step
+    return _relabel(np.array([root(i) for i in range(n)], np.int64))
+
+
+def _fold_small(
+    train: FloatArray,
+    labels: IntArray,
+    min_size: int,
+    *,
+    keep: int | None = None,
+    fold_below: float = 2.0,
+) -> IntArray:
+    """Clusters smaller than `min_size` join the nearest large cluster (by centroid) unless their
+    centroid is at least `fold_below` from every large one; when `keep` is given, the `keep`
+    largest clusters always count as large. With no large cluster at all, everything is one
+    speaker."""
     ids, sizes = np.unique(labels, return_counts=True)
     order = ids[np.argsort(-sizes, kind="stable")]
     large = [int(c) for c, s in zip(ids, sizes, strict=True) if s >= min_size]
     if keep is not None:
         large = sorted(set(large) | {int(c) for c in order[:keep]})
+    if large and fold_below < 2.0:
+        big = _l2(np.stack([train[labels == c].mean(axis=0) for c in large]))
+        for c in ids:
+            if int(c) in large:
+                continue
+            centroid = _l2(train[labels == c].mean(axis=0))
+            if float(np.min(np.linalg.norm(big - centroid, axis=1))) >= fold_below:
+                large.append(int(c))
+        large.sort()
     if not large:
         return np.zeros(len(labels), np.int64)
     if len(large) == len(ids):
@@ -268,23 +339,33 @@ def cluster_analysis(
     labels = cluster_embeddings(
         train,
         settings,
+        windows=np.nonzero(trains)[0].astype(np.int64),
         num_speakers=num_speakers,
         min_speakers=min_speakers,
         max_speakers=max_speakers,
     )
     k = int(labels.max()) + 1
     cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in range(k)]))
+    limit = num_speakers or min(max_speakers or settings.max_speakers, settings.max_speakers)
     active: npt.NDArray[np.bool_] = analysis.decisions.sum(axis=1) > 0  # (windows, 3)
     for w in range(windows):
         speakers = [s for s in range(MAX_LOCAL_SPEAKERS) if active[w, s] and valid[w, s]]
         if not speakers:
             continue
-        scores = _l2(analysis.embeddings[w, speakers]) @ cents.T  # (speakers, k)
+        vectors = _l2(analysis.embeddings[w, speakers])
+        scores = vectors @ cents.T  # (speakers, k)
         rows, cols = linear_sum_assignment(-scores)
         for r, c in zip(rows, cols, strict=True):
             assignment[w, speakers[r]] = c
-        for r in set(range(len(speakers))) - set(rows.tolist()):  # more speakers than clusters
-            assignment[w, speakers[r]] = int(np.argmax(scores[r]))
+        for r in sorted(set(range(len(speakers))) - set(rows.tolist())):
+            # more voices in this window than clusters: the segmentation hears them as different
+            # people, so (with open_unmatched) the extra one is a speaker of its own, within the
+            # speaker count asked for
+            if settings.open_unmatched and len(cents) < limit:
+                cents = np.concatenate([cents, vectors[r : r + 1]])
+                assignment[w, speakers[r]] = len(cents) - 1
+            else:
+                assignment[w, speakers[r]] = int(np.argmax(scores[r]))
     return Clustering(cents, assignment)
 
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import string
 import threading
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
-from diarization import batch, recipe
+from diarization import batch
 from diarization.batch import BatchSettings
 from diarization.live import LiveDiarizer, LiveSettings, ModelService
 from diarization.models import (
@@ -32,12 +34,38 @@ from diarization.models import (
     default_embedding_model,
     default_segmentation_model,
 )
-from diarization.recipe import FloatArray, Settings
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
-from voice.vad import FRAME, SpeechDetector
+from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, speech_regions
 
 SAMPLE_RATE = 16000
-EMBED_BATCH = 128  # windows per GE2E forward pass (bounds memory on long recordings)
+
+
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The voice-activity numbers of enrollment (Silero, 32 ms frames: an enrollment clip's
+    speech is found before it is embedded; the batch and live pipelines need no VAD, the
+    segmentation model finds the speech)."""
+
+    vad_threshold: float = 0.1
+    normalize: bool = False  # level normalisation before the VAD did not help on AMI (measured)
+    min_speech: float = 0.2  # speech regions shorter than this (s) are dropped
+    max_gap: float = 0.8  # pauses up to this long inside a turn are bridged
+
+
+def speech_mask(probs: FloatArray, settings: Settings) -> npt.NDArray[np.bool_]:
+    """Per 32 ms frame: is it speech (regions with hysteresis, gaps bridged, blips dropped)."""
+    mask = np.zeros(len(probs), bool)
+    for r in speech_regions(
+        probs,
+        threshold=settings.vad_threshold,
+        min_speech=settings.min_speech,
+        max_gap=settings.max_gap,
+    ):
+        mask[round(r.start / FRAME_SECONDS) : round(r.end / FRAME_SECONDS)] = True
+    return mask
 
 
 def speaker_letter(index: int) -> str:
@@ -126,7 +154,7 @@ class EmbeddedStage:
         wav = _checked(audio)
         if len(wav) < SAMPLE_RATE // 2:
             raise ValueError("enrollment audio is shorter than 0.5 s; give a few seconds of speech")
-        mask = recipe.speech_mask(self.detector.probabilities(wav), self.settings)
+        mask = speech_mask(self.detector.probabilities(wav), self.settings)
         samples = np.repeat(mask, FRAME)[: len(wav)]
         speech = wav[: len(samples)][samples]
         if len(speech) < SAMPLE_RATE:

@@ -21,8 +21,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import kaldi_native_fbank  # type: ignore[import-untyped]  # noqa: F401  (imported here, on the
+import numpy as np  # importing thread, not first inside a worker: see server/pipeline.py)
 import numpy.typing as npt
+import onnxruntime  # type: ignore[import-untyped]  # noqa: F401
 
 from voice.embedding import (
     CAMPPLUS_DIM,

@@ -29,10 +29,11 @@ from voice.diarization_stage import SpeakerTimeline
 
 # The search space (small on purpose: every extra knob is a chance to fit these files).
 GRID: dict[str, Sequence[Any]] = {
-    "threshold": (0.6, 0.7, 0.8, 0.9),
-    "min_cluster_size": (1, 2, 3, 4),
-    "train_overlapped": (False, True),
-    "min_clean_ratio": (0.1, 0.2),
+    "threshold": (0.6, 0.7, 0.8),
+    "merge_threshold": (0.0, 0.8, 0.9, 1.0),
+    "min_cluster_size": (1, 2, 3),
+    "fold_below": (1.2, 1.3, 2.0),
+    "open_unmatched": (False, True),
 }
 
 

@@ -327,10 +327,16 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
     """
     stt = _stt_provider(config)
     if config.diarizer.kind == "embedded":
+        import torch.onnx  # noqa: F401  (the first start exports CAM++ to ONNX)
+
         import diarization.embedded  # noqa: F401  (see above)
+        import voice.campplus  # noqa: F401
+        from diarization.models import default_embedding_model, default_segmentation_model
         from voice.embedding import default_embedder
 
         await asyncio.to_thread(default_embedder)
+        await asyncio.to_thread(default_segmentation_model)
+        await asyncio.to_thread(default_embedding_model)
     load = getattr(stt, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread

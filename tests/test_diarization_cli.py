@@ -68,3 +68,20 @@ def test_diarize_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["diarize", str(tmp_path / "missing.wav"), "--rttm", str(tmp_path / "x.rttm")]) == 2
     assert main(["diarize", str(not_audio), "--rttm", "x.rttm", "--enroll", "nobody"]) == 2
     assert not (tmp_path / "x.rttm").exists()
+
+
+@pytest.mark.slow
+def test_diarize_speaker_count_options(
+    shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sample = shared_fixtures / "pyannote-sample" / "sample.wav"
+    rttm = tmp_path / "out.rttm"
+    assert main(["diarize", str(sample), "--rttm", str(rttm), "--min-speakers", "3"]) == 0
+    assert len(SpeakerTimeline.read_rttm(rttm, "sample").speakers) == 3
+    assert main(["diarize", str(sample), "--rttm", str(rttm), "--max-speakers", "1"]) == 0
+    assert len(SpeakerTimeline.read_rttm(rttm, "sample").speakers) == 1
+    capsys.readouterr()
+    bad = ["--min-speakers", "3", "--max-speakers", "2"]
+    assert main(["diarize", str(sample), "--rttm", str(tmp_path / "bad.rttm"), *bad]) == 2
+    assert "min_speakers (3) is more than max_speakers (2)" in capsys.readouterr().err
+    assert not (tmp_path / "bad.rttm").exists()

@@ -1,11 +1,11 @@
-"""Speaker labels across STT reconnects (rule V4), with real GE2E embeddings of the demo voices."""
+"""Speaker labels across STT reconnects (rule V4), with real CAM++ embeddings of the demo voices."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from tests.voice_helpers import meeting
-from voice.embedding import default_embedder
+from voice.embedding import default_embedding_model
 from voice.speakers import Span, SpeakerContinuity
 from voice.turns import letter_label
 
@@ -22,7 +22,7 @@ def turn(name: str, nth: int = 0) -> list[Span]:
 
 
 def test_V4_known_voices_keep_their_letters_and_only_a_new_voice_takes_a_new_one() -> None:
-    speakers = SpeakerContinuity(embedder=default_embedder())
+    speakers = SpeakerContinuity(embedder=default_embedding_model())
     first = speakers.resolve(0, {0: turn("Alice"), 1: turn("Bob")}, audio)
     assert first == {0: "Speaker A", 1: "Speaker B"}
     assert speakers.embedded == 0  # nothing is embedded until a reconnect needs it

@@ -481,9 +481,9 @@ class VoiceChannel(Channel):
         """The speaker embedder for V4 matching (lazy: loaded on the first reconnect that needs it)."""
         if self._embedder == "default":
             def load() -> VoiceEmbedder:
-                from voice.embedding import default_embedder
+                from voice.embedding import default_embedding_model
 
-                return default_embedder()
+                return default_embedding_model()
 
             return load if self.stt.diarizes else None
         return self._embedder  # type: ignore[return-value]

@@ -3,7 +3,7 @@
 Why: a diarizing STT numbers speakers per connection. When a stream drops and reconnects, the new
 connection starts again at speaker 0, so without help `Speaker A` of the first connection could
 come back as `Speaker B`, or two people could swap names. The labels a new connection introduces
-are matched, by GE2E voiceprints, to the session's speakers: the one-to-one assignment with the
+are matched, by CAM++ voiceprints (`voice.embedding.EmbeddingModel`), to the session's speakers: the one-to-one assignment with the
 highest total similarity among speakers no other label of that connection holds; only a voice
 that matches nobody becomes a new letter.
 
@@ -32,13 +32,15 @@ FloatAudio = npt.NDArray[np.float32]
 
 
 class VoiceEmbedder(Protocol):
-    """What speaker matching needs from `voice.embedding.SpeakerEmbedder`."""
+    """What speaker matching needs from `voice.embedding.EmbeddingModel`: one voiceprint for a
+    clip of 16 kHz mono audio."""
 
-    def embed(self, audio: FloatAudio) -> FloatAudio: ...
+    def voiceprint(self, audio: FloatAudio) -> FloatAudio: ...
 
 
 MIN_EMBED_SECONDS = 0.6
-"""Runs shorter than this are padded with their own audio repeated; GE2E wants about 1.6 s."""
+"""Runs shorter than this are padded with their own audio repeated (an embedding of a fraction of
+a second is noise)."""
 
 
 Span = tuple[float, float]
@@ -69,7 +71,7 @@ class SpeakerContinuity:
         found = self.embedder
         if found is None:
             return None
-        if not hasattr(found, "embed"):  # a loader: build the embedder on first use
+        if not hasattr(found, "voiceprint"):  # a loader: build the embedder on first use
             found = found()
             self.embedder = found
         return cast(VoiceEmbedder, found)
@@ -82,7 +84,7 @@ class SpeakerContinuity:
             reps = int(np.ceil(MIN_EMBED_SECONDS * 16000 / len(audio)))
             audio = np.tile(audio, reps)
         self.embedded += 1
-        vec = np.asarray(embedder.embed(audio), np.float32)
+        vec = np.asarray(embedder.voiceprint(audio), np.float32)
         norm = float(np.linalg.norm(vec))
         return vec / norm if norm > 0 else None
 

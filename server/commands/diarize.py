@@ -22,8 +22,13 @@ def register(subparsers: Any) -> None:
         "--rttm", type=Path, required=True, metavar="OUT.rttm", help="RTTM to write"
     )
     parser.add_argument("--diarizer", choices=["embedded", "pyannote"], default="embedded")
-    parser.add_argument("--num-speakers", type=int, default=None, metavar="N")
-    parser.add_argument("--max-speakers", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--num-speakers", type=int, default=None, metavar="N", help="exactly N speakers"
+    )
+    parser.add_argument(
+        "--min-speakers", type=int, default=None, metavar="N", help="at least N (embedded)"
+    )
+    parser.add_argument("--max-speakers", type=int, default=None, metavar="N", help="at most N")
     parser.add_argument(
         "--enroll",
         action="append",
@@ -79,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         stage = load_stage(
             args.diarizer,
             num_speakers=args.num_speakers,
+            min_speakers=args.min_speakers,
             max_speakers=args.max_speakers,
             pipeline=args.pipeline,
             hf_token=args.hf_token,
@@ -90,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     duration = len(audio) / 16000
     started = time.perf_counter()
-    timeline = stage.diarize(audio)
+    try:
+        timeline = stage.diarize(audio)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     elapsed = time.perf_counter() - started
     args.rttm.parent.mkdir(parents=True, exist_ok=True)
     args.rttm.write_text(timeline.to_rttm(file_id))

@@ -41,6 +41,10 @@ def register(subparsers: Any) -> None:
                              "(online, never revised) instead of diarizing the whole file first")
     parser.add_argument("--num-speakers", type=int, default=None,
                         help="number of speakers, when known (diarization stage)")
+    parser.add_argument("--min-speakers", type=int, default=None,
+                        help="at least this many speakers (embedded diarization stage)")
+    parser.add_argument("--max-speakers", type=int, default=None,
+                        help="at most this many speakers (diarization stage)")
     parser.add_argument("--whisper-model", default=None,
                         help="faster-whisper model path or name (default: the shipped tiny.en)")
     parser.add_argument("--realtime", choices=("openai", "gemini", "recorder"), default=None,
@@ -74,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
         if args.pipeline_speakers:
             from diarization import load_stage  # type: ignore[attr-defined,unused-ignore]
 
-            diarizer = load_stage(args.diarizer, num_speakers=args.num_speakers)
+            diarizer = load_stage(
+                args.diarizer,
+                num_speakers=args.num_speakers,
+                min_speakers=args.min_speakers,
+                max_speakers=args.max_speakers,
+            )
     except (AudioError, FileNotFoundError, ImportError, ValueError, RuntimeError) as exc:
         print(f"chorus transcribe: error: {exc}", file=sys.stderr)
         return 2
