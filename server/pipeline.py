@@ -15,9 +15,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from diarization import load_stage
+from diarization import enroll_voices, load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from rooms import HookContext, HookTrigger, RoomKit
 from server.config import ServerConfig
@@ -102,6 +103,8 @@ class VoicePipeline:
         self._serial = 0
         self._registered = False
         self._stage_lock = asyncio.Lock()
+        self.enrollments: dict[str, Any] = {}
+        """Enrolled voices (`[diarizer] enroll`): name → 16 kHz audio, read once at start."""
         self._pyannote_pipeline: Any = None
         """The pyannote pipeline every pooled pyannote stage shares (loaded by the first)."""
 
@@ -183,6 +186,8 @@ class VoicePipeline:
             )
             if cfg.kind == "pyannote" and self._pyannote_pipeline is None:
                 self._pyannote_pipeline = getattr(stage, "pipeline", None)
+            if self.enrollments:
+                await asyncio.to_thread(enroll_voices, stage, self.enrollments)
             return stage
 
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
@@ -340,4 +345,22 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
     load = getattr(stt, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread
-    return VoicePipeline(config, stt)
+    pipeline = VoicePipeline(config, stt)
+    if config.diarizer.enroll:
+        pipeline.enrollments = await asyncio.to_thread(_read_enrollments, config)
+    return pipeline
+
+
+def _read_enrollments(config: ServerConfig) -> dict[str, Any]:
+    """The `[diarizer] enroll` clips as 16 kHz audio; a missing or unreadable clip is a
+    ConfigError naming the key."""
+    from server.config import ConfigError
+    from voice.audio import AudioError, read_audio_16k
+
+    clips: dict[str, Any] = {}
+    for name, path in config.diarizer.enroll.items():
+        try:
+            clips[name] = read_audio_16k(Path(path).expanduser())
+        except (AudioError, OSError, RuntimeError) as exc:
+            raise ConfigError(f"diarizer.enroll.{name}: cannot read {path}: {exc}") from exc
+    return clips

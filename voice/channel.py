@@ -520,6 +520,14 @@ class VoiceChannel(Channel):
             raise
         return session
 
+    def enroll(self, name: str, audio: FloatAudio) -> None:
+        """Name a voice (V8) on this channel's diarization stage (mono float32 at the stage's
+        rate): its turns carry `name` from the first one. Model work: call off the event loop
+        (`asyncio.to_thread`) in a running server."""
+        if self.diarizer is None:
+            raise RuntimeError("enrollment needs a diarization stage: pass diarizer= (rule V8)")
+        self.diarizer.enroll(name, audio)
+
     def _diarizer_in_use(self) -> bool:
         return self.pipeline_speakers and any(not s.finished for s in self._sessions.values())
 
