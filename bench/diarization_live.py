@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one LiveSettings field (repeatable)")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                         help="search these LiveSettings values by leave-one-file-out (repeatable)")
+    parser.add_argument("--sets", default="",
+                        help="score only these sets, comma-separated (e.g. ami,pyannote-sample,"
+                        "librispeech-conversations-far); default: all")
     parser.add_argument("--streams", default="1,8,24",
                         help="concurrent stream counts for the CPU-per-stream figure ('' to skip)")
     parser.add_argument("--stream-seconds", type=float, default=30.0,
@@ -203,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
             key, _, values = item.partition("=")
             grid_axes.append((key, [parse_value(base, key, v) for v in values.split(",")]))
         recordings = load_recordings(dirs)
+        if args.sets:
+            wanted = {x.strip() for x in args.sets.split(",") if x.strip()}
+            recordings = [r for r in recordings if r.set_name in wanted]
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

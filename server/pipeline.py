@@ -342,6 +342,11 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
         await asyncio.to_thread(default_embedder)
         await asyncio.to_thread(default_segmentation_model)
         await asyncio.to_thread(default_embedding_model)
+        # live streams: the CAM++ trunk (exported once) and the model service they all share,
+        # which batches every stream's windows into one segmentation and one embedding call
+        from diarization.live_models import default_live_models
+
+        await asyncio.to_thread(default_live_models)
     load = getattr(stt, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread
