@@ -14,9 +14,9 @@ What it reports, per set of files (a folder; LibriSpeech conversations split int
   of the window that decided it, plus the wall time of the `feed` call that decided it (the model
   time), median and p90;
 - CPU per stream at `--streams 1,8,24` concurrent live streams sharing one `ModelService`: each
-  stream a thread feeding 0.5 s pieces of a fixture file as fast as it can (the service batches
-  whatever arrives together); process CPU seconds / (streams x audio seconds), with the number of
-  model calls.
+  stream a thread feeding 0.5 s pieces as fast as it can (the service batches whatever arrives
+  together), stream k playing the longest recording from k s on; process CPU seconds / (streams
+  x audio seconds), with the number of model calls.
 
 Fed 0.5 s at a time (one window per call: the windows sit at fixed sample positions, so the
 frame size does not change the result; tests/test_diarization_live.py checks that).
@@ -112,6 +112,7 @@ def live_run(recording: Recording, settings: Any, service: Any) -> LiveRun:
     from diarization.live import LiveDiarizer
 
     stage = LiveDiarizer(service, settings)
+    stage.record_delays = True
     piece = round(settings.step_s * 16000)
     latencies: list[float] = []
     cpu0 = time.process_time()
@@ -147,12 +148,17 @@ def streams_cpu(recordings: list[Recording], settings: Any, counts: list[int],
 
     models = default_live_models()
     piece = round(settings.step_s * 16000)
-    clips = [r.audio[: round(seconds * 16000)] for r in recordings if r.duration >= seconds]
+    # every stream hears the same kind of audio: stream k plays the longest recording from k s
+    # on (wrapping), so the figures for 1, 8 and 24 streams are comparable
+    source = max(recordings, key=lambda r: r.duration).audio
+    length = round(seconds * 16000)
+    clips = [np.take(source, np.arange(k * 16000, k * 16000 + length), mode="wrap")
+             for k in range(max(counts))]
     out = []
     for n in counts:
         service = ModelService(models)
         stages = [LiveDiarizer(service, settings) for _ in range(n)]
-        audio = [clips[k % len(clips)] for k in range(n)]
+        audio = clips[:n]
         errors: list[BaseException] = []
 
         def stream(stage: Any, clip: Any, errors: list[BaseException] = errors) -> None:

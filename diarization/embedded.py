@@ -110,7 +110,7 @@ class EmbeddedStage:
         self.segmentation = segmentation or default_segmentation_model()
         self.embedding = embedding or default_embedding_model()
         self._campplus_prints: dict[str, FloatArray] = {}
-        self._stream = LiveDiarizer(service, self.live, max_speakers=max_speakers)
+        self._stream = LiveDiarizer(service, self.live, max_speakers=num_speakers or max_speakers)
         self.detector = SpeechDetector(
             threshold=self.settings.vad_threshold,
             normalize=self.settings.normalize,

@@ -125,7 +125,12 @@ class LiveModels:
 
     def frame_features(self, windows: FloatArray) -> FloatArray:
         """CAM++'s frame features (B, C, T) of equal-length windows (B, samples), before pooling."""
-        feats = np.stack([fbank(w) for w in windows]).astype(np.float32)
+        return self.trunk(np.stack([fbank(w) for w in windows]))
+
+    def trunk(self, features: FloatArray) -> FloatArray:
+        """CAM++'s frame features (B, C, T) of fbank frames (B, frames, 80), each window's mean
+        removed here (3D-Speaker's per-utterance normalisation)."""
+        feats = np.array(features, dtype=np.float32)
         feats -= feats.mean(axis=1, keepdims=True)
         out: FloatArray = self._trunk.run(None, {"feats": feats})[0]
         return out
