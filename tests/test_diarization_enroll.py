@@ -63,7 +63,7 @@ def test_enroll_arguments_are_checked(tmp_path: Path, sample: np.ndarray) -> Non
     clip = tmp_path / "alice.wav"
     sf.write(clip, sample[: 3 * RATE], RATE)
     assert parse_enrollments([f"Alice={clip}"]) == {"Alice": clip}
-    with pytest.raises(ValueError, match="NAME=clip.wav"):
+    with pytest.raises(ValueError, match=r"NAME=clip\.wav"):
         parse_enrollments(["Alice"])
     with pytest.raises(ValueError, match="no such file"):
         parse_enrollments([f"Bob={tmp_path / 'missing.wav'}"])
@@ -96,5 +96,5 @@ async def test_serve_enrolls_the_configured_voices_on_every_stream(
     missing = ServerConfig.model_validate(
         {**base, "diarizer": {"enroll": {"Bob": str(tmp_path / "nope.wav")}}}
     )
-    with pytest.raises(ConfigError, match="diarizer.enroll.Bob"):
+    with pytest.raises(ConfigError, match=r"diarizer\.enroll\.Bob"):
         await build_pipeline(missing)
