@@ -461,7 +461,12 @@ class LiveDiarizer:
             if name not in self._enrolled:
                 raise KeyError(f"no enrolled voice named {name!r}")
             del self._enrolled[name]
-            self._speakers = [s for s in self._speakers if not (s.enrolled and s.name == name)]
+            # the stream's speaker stays (its index names decided segments and pending frames),
+            # but it has no voiceprint any more: it matches nobody from now on
+            for speaker in self._speakers:
+                if speaker.enrolled and speaker.name == name:
+                    speaker.enrolled = False
+                    speaker.total = None
 
     # -- live ------------------------------------------------------------------------------
 
