@@ -1,8 +1,8 @@
 """Diarization: DER (collar 0 and 0.25 s, overlap scored), speakers found and real-time factor (P4).
 
 `chorus bench diarization DIR [DIR …]` scores every WAV/FLAC in each DIR against its reference
-(`--reference REF.rttm`, repeatable, or a `<name>.rttm` next to the audio; scored regions from
-`--uem` or a `<name>.uem` next to it): DER with pyannote.metrics and its parts (missed, false
+(`--reference REF.rttm`, repeatable, and any `<name>.rttm` next to the audio; scored regions from
+`--uem` and any `<name>.uem` next to it): DER with pyannote.metrics and its parts (missed, false
 alarm, confusion), speakers found against the reference, and the batch real-time factor as CPU
 seconds per audio second with every model on one thread. Files are grouped into sets (a set is
 its folder, or the name `--set-name DIR=NAME` gives it; a `_close`/`_far` suffix on a file name
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=[],
         metavar="REF.rttm",
-        help="reference RTTM (repeat for several); default: NAME.rttm next to each file",
+        help="reference RTTM (repeat for several); a NAME.rttm next to a file is read too",
     )
     parser.add_argument(
         "--set-name",
@@ -162,9 +162,9 @@ def run(args: argparse.Namespace) -> int:
         folder_files = sorted(p for p in folder.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
         audio_files += folder_files
         for audio_file in folder_files:
-            if not args.reference and audio_file.with_suffix(".rttm").is_file():
+            if audio_file.with_suffix(".rttm").is_file():
                 ref_paths.append(audio_file.with_suffix(".rttm"))
-            if not args.uem and audio_file.with_suffix(".uem").is_file():
+            if audio_file.with_suffix(".uem").is_file():
                 uem_paths.append(audio_file.with_suffix(".uem"))
     for ref_path in ref_paths:
         if not ref_path.is_file():
@@ -287,8 +287,7 @@ def run(args: argparse.Namespace) -> int:
     groups: dict[str, list[FileResult]] = {}
     for r in results:
         groups.setdefault(r.set_name, []).append(r)
-    groups_with_all = {**groups, "overall": results} if len(groups) > 1 else {"overall": results}
-    for name, members in groups_with_all.items():
+    for name, members in [*groups.items(), ("overall", results)]:
         overall = {c: DerScore.sum(r.batch[c] for r in members) for c in COLLARS}
         o0, o25 = overall[0.0], overall[0.25]
         audio = sum(r.duration for r in members)

@@ -4,15 +4,16 @@ and CAM++.
 whole recording → sliding 10 s windows (every `step` s) → segmentation (hard powerset decisions:
 up to 3 local speakers per window, 2 at once) → one CAM++ embedding per (window, local speaker)
 on the frames where that speaker talks alone → centroid-linkage agglomerative clustering of the
-embeddings with enough clean speech (small clusters folded into the nearest large one; the
-speaker count fixed or bounded when asked) → every local speaker assigned to a cluster (a
-one-to-one assignment inside each window) → reconstruction: per frame, the number of speakers
+embeddings with enough clean speech (small clusters folded into the nearest large one unless far
+from all; then close clusters merged unless they were ever two voices of one window; the speaker
+count fixed or bounded when asked) → every local speaker assigned to a cluster (one to one inside
+each window; a window with more voices than clusters opens one) → reconstruction: per frame, the number of speakers
 the windows agree on (their mean count, rounded), and that many clusters with the most activation,
 so overlapped speech gets two speakers.
 
 Shaped in two halves so settings can be tuned without recomputing the models: `analyse` runs the
 models once (it depends only on `step`) and keeps small arrays (decisions as uint8, one embedding
-per window and local speaker); `cluster_and_reconstruct` does the rest. Memory is bounded by those
+per window and local speaker); `cluster_analysis` and `reconstruct` do the rest. Memory is bounded by those
 arrays, not by the audio: windows are processed in blocks of `BLOCK` (features computed once per
 block), and a window that is digital silence skips the models (an hour of silence costs no model
 calls). All numbers live in `BatchSettings`, chosen by leave-one-file-out cross-validation
@@ -74,8 +75,8 @@ class BatchSettings:
     """An embedding trains the clustering when its speaker talks alone this fraction of the window."""
     train_overlapped: bool = False
     """A local speaker heard only in overlap (too little alone for an embedding of its own) trains
-    the clustering too when it is active that fraction of the window: a voice that only ever
-    talks over others would otherwise never become a speaker."""
+    the clustering too when it is active that fraction of the window (tried; off: LOO chose off,
+    and `open_unmatched` covers the voice that only ever talks over others)."""
     open_unmatched: bool = True
     """A window with more voices than there are clusters opens a cluster for the extra voice
     (otherwise it joins its nearest cluster, and overlapped speech there gets one speaker)."""

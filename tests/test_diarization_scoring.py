@@ -133,3 +133,20 @@ def test_P4_bench_set_overrides_batch_settings_with_typed_values() -> None:
         parse_settings(["nope=1"])
     with pytest.raises(ValueError, match="not a float"):
         parse_settings(["threshold=high"])
+
+
+@pytest.mark.slow
+def test_P4_bench_reads_references_next_to_the_audio_and_reports_per_set(
+    shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    clips = shared_fixtures / "short-clips"
+    code = main(
+        ["bench", "diarization", str(clips), "--set-name", f"{clips}=clips", "--json", str(out)]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert {f["file"] for f in result["files"]} == {"falcon_test", "fw_stereo_mix"}
+    assert set(result["sets"]) == {"clips"}
+    assert result["sets"]["clips"]["speakers_ref"] == 5
+    assert "= clips" in capsys.readouterr().out
