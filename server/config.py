@@ -52,6 +52,9 @@ class DiarizerConfig(_Section):
     pipeline: str | None = None
     """pyannote pipeline id or local directory."""
     hf_token: str | None = None
+    enroll: dict[str, str] = Field(default_factory=dict)
+    """Known voices: {name: clip path} (`enroll = {Alice = "alice.wav"}`); every stream's stage
+    names them from their first turn (V8). Read once when the server starts."""
 
 
 class RealtimeConfig(_Section):

@@ -15,9 +15,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from diarization import load_stage
+from diarization import enroll_voices, load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from rooms import AIChannel, HookContext, HookTrigger, RoomKit, SlidingWindowMemory
 from rooms.acp import ACPAgentChannel
@@ -25,6 +26,7 @@ from server.config import ServerConfig
 from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
 from voice.channel import StatusCallback, VoiceChannel, VoiceSession
+from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider, SttStatus
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,11 @@ class VoicePipeline:
         self._pools: dict[str, list[VoiceChannel]] = {}
         self._serial = 0
         self._registered = False
+        self._stage_lock = asyncio.Lock()
+        self.enrollments: dict[str, Any] = {}
+        """Enrolled voices (`[diarizer] enroll`): name → 16 kHz audio, read once at start."""
+        self._pyannote_pipeline: Any = None
+        """The pyannote pipeline every pooled pyannote stage shares (loaded by the first)."""
 
     @property
     def audio_mode(self) -> bool:
@@ -172,15 +179,7 @@ class VoicePipeline:
             assert channel.diarizer is not None
             channel.diarizer.reset()
             return channel
-        cfg = self.config.diarizer
-        stage = await asyncio.to_thread(
-            load_stage,
-            cfg.kind,
-            num_speakers=cfg.num_speakers,
-            max_speakers=cfg.max_speakers,
-            pipeline=cfg.pipeline,
-            hf_token=cfg.hf_token,
-        )
+        stage = await self._new_stage()
         self._serial += 1
         channel = VoiceChannel(
             f"voice-{room_id}-{self._serial}",
@@ -199,6 +198,30 @@ class VoicePipeline:
                 await listener(session, status)
             except Exception:
                 log.exception("stream %s: a status listener failed", session.id)
+
+    async def _new_stage(self) -> DiarizationStage:
+        """A fresh live stage for one more pooled stream. The loaded models are shared: the
+        pyannote stage loads its pipeline once per server (every later stage wraps the same
+        pipeline object; calls into it are serialised), never once per stream."""
+        cfg = self.config.diarizer
+        async with self._stage_lock:
+            pipeline: Any = cfg.pipeline
+            hf_token = cfg.hf_token
+            if cfg.kind == "pyannote" and self._pyannote_pipeline is not None:
+                pipeline, hf_token = self._pyannote_pipeline, None
+            stage = await asyncio.to_thread(
+                load_stage,
+                cfg.kind,
+                num_speakers=cfg.num_speakers,
+                max_speakers=cfg.max_speakers,
+                pipeline=pipeline,
+                hf_token=hf_token,
+            )
+            if cfg.kind == "pyannote" and self._pyannote_pipeline is None:
+                self._pyannote_pipeline = getattr(stage, "pipeline", None)
+            if self.enrollments:
+                await asyncio.to_thread(enroll_voices, stage, self.enrollments)
+            return stage
 
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
         pooled = info.shared_mic and self.diarizes_with_stage
@@ -377,12 +400,32 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
         import diarization.embedded  # noqa: F401  (see above)
         import voice.campplus  # noqa: F401
         from diarization.models import default_embedding_model, default_segmentation_model
-        from voice.embedding import default_embedder
-
-        await asyncio.to_thread(default_embedder)
         await asyncio.to_thread(default_segmentation_model)
         await asyncio.to_thread(default_embedding_model)
+        # live streams: the CAM++ trunk (exported once) and the model service they all share,
+        # which batches every stream's windows into one segmentation and one embedding call
+        from diarization.live_models import default_live_models
+
+        await asyncio.to_thread(default_live_models)
     load = getattr(stt, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread
-    return VoicePipeline(config, stt)
+    pipeline = VoicePipeline(config, stt)
+    if config.diarizer.enroll:
+        pipeline.enrollments = await asyncio.to_thread(_read_enrollments, config)
+    return pipeline
+
+
+def _read_enrollments(config: ServerConfig) -> dict[str, Any]:
+    """The `[diarizer] enroll` clips as 16 kHz audio; a missing or unreadable clip is a
+    ConfigError naming the key."""
+    from server.config import ConfigError
+    from voice.audio import AudioError, read_audio_16k
+
+    clips: dict[str, Any] = {}
+    for name, path in config.diarizer.enroll.items():
+        try:
+            clips[name] = read_audio_16k(Path(path).expanduser())
+        except (AudioError, OSError, RuntimeError) as exc:
+            raise ConfigError(f"diarizer.enroll.{name}: cannot read {path}: {exc}") from exc
+    return clips

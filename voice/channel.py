@@ -275,6 +275,8 @@ class VoiceSession:
         await self.flush()
         self.finished = True
         await self.stt.aclose()
+        if self._diarizer is not None:
+            await self._flush_stage(self._diarizer)
         async with self._lock:
             await self._advance(force=True)
         if self._diar_task is not None:
@@ -514,6 +516,18 @@ class VoiceSession:
                     async with self._lock:
                         await self._advance(force=False)
 
+    async def _flush_stage(self, stage: DiarizationStage) -> None:
+        """End of stream: the stage hears the rest, and a stage that decides with a delay (a
+        `flush()` method, like the embedded live stage) decides what it still holds back."""
+        try:
+            await self._feed_stage(stage, self.audio.total)
+            flush = getattr(stage, "flush", None)
+            if callable(flush):
+                async with self._feed_lock:
+                    self._timeline = await asyncio.to_thread(flush)
+        except Exception:
+            log.exception("voice session %s: the diarization stage failed", self.id)
+
     async def _feed_stage(self, stage: DiarizationStage, upto: int) -> None:
         async with self._feed_lock:
             if upto <= self._fed:
@@ -679,6 +693,14 @@ class VoiceChannel(Channel):
             self._sessions.pop(session.id, None)
             raise
         return session
+
+    def enroll(self, name: str, audio: FloatAudio) -> None:
+        """Name a voice (V8) on this channel's diarization stage (mono float32 at the stage's
+        rate): its turns carry `name` from the first one. Model work: call off the event loop
+        (`asyncio.to_thread`) in a running server."""
+        if self.diarizer is None:
+            raise RuntimeError("enrollment needs a diarization stage: pass diarizer= (rule V8)")
+        self.diarizer.enroll(name, audio)
 
     def _diarizer_in_use(self) -> bool:
         return self.pipeline_speakers and any(not s.finished for s in self._sessions.values())

