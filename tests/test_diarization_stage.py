@@ -249,12 +249,11 @@ def test_V5_live_speaker_changes_on_the_demo_meeting(
     meeting: tuple[np.ndarray, SpeakerTimeline],
 ) -> None:
     """The live path (segmentation-3.0 + CAM++ on rolling windows) on the generated demo meeting:
-    three espeak-ng voices, which segmentation-3.0 often gives one local speaker (the batch
-    pipeline finds two of them, docs/diarization.md). Measured: DER 45 % at collar 0.25, three
-    speakers found, 11 of 19 turn openings right (the GE2E live recipe this replaced scored
-    4.6 % / 16 of 19 here, and 29.4 % on the AMI excerpts and sample, where this path scores
-    29.2 %: see
-    docs/benchmarks.md). The bounds pin what the path does now; decisions handed out are never
+    three espeak-ng voices, each coloured after synthesis (examples/meeting/generate.py) so that a
+    model trained on real speech tells them apart. Measured: DER 5.8 % at collar 0.25, three
+    speakers found, 17 of 19 turn openings right (before the colouring: 45 %, three speakers
+    found with Alice and Bob mostly merged, 11 of 19; docs/benchmarks.md). The bounds leave room
+    for small numeric drift, not for a voice merged or split; decisions handed out are never
     revised."""
     audio, ref = meeting
     stage = EmbeddedStage()
@@ -265,9 +264,9 @@ def test_V5_live_speaker_changes_on_the_demo_meeting(
         timeline = stage.feed(audio[i : i + step])
         if n % 25 == 0:
             snapshots.append(SpeakerTimeline(list(timeline.segments)))
-    assert score(ref, timeline, duration=len(audio) / RATE, collar=0.25).der < 0.5
+    assert score(ref, timeline, duration=len(audio) / RATE, collar=0.25).der < 0.12
     assert len(timeline.speakers) == 3
-    assert turn_openings_right(timeline, ref) >= 9
+    assert turn_openings_right(timeline, ref) >= 15
     for earlier in snapshots:
         for seg in earlier.segments:
             assert any(
