@@ -195,6 +195,36 @@ async def test_V5_pipeline_speakers_split_one_utterance_into_two_turns() -> None
     assert stage.fed > 0
 
 
+class HoldingStage(ScriptedStage):
+    """A stage that decides nothing while fed and everything at `flush()` (the embedded live
+    stage holds its last second back until the stream ends)."""
+
+    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
+        self.fed += len(audio)
+        return SpeakerTimeline([])
+
+    def flush(self) -> SpeakerTimeline:
+        return self.timeline
+
+
+async def test_V5_the_end_of_a_stream_waits_for_what_the_stage_still_holds() -> None:
+    """At the end of a stream the stage decides what it held back before the last words are
+    given a speaker: they never fall back to the stream's owner."""
+    one_utterance = ScriptedWords([[
+        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
+        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
+    ]])
+    stage = HoldingStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
+                                          SpeakerSegment(0.85, 1.7, "Bob")]))
+    async with DeepgramTestServer(one_utterance) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=stage, speaker_wait=30.0)
+        kit = await voice_room(channel)
+        events = await run(kit, channel)
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
+                                                                   ("Bob", "No, wait.")]
+
+
 async def test_V5_words_wait_for_a_stage_that_decides_late() -> None:
     one_utterance = ScriptedWords([[
         SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),

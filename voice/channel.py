@@ -272,11 +272,14 @@ class VoiceSession:
         tail = self.decoder.flush()  # the resampler's last samples (ends the decoder)
         if len(tail) and not self.paused:
             self._accept(tail)
+        if self._diarizer is not None:
+            # before the STT's flush force-assigns the last words: what the stage still holds
+            # back (the embedded live stage decides up to a second late) must be decided first,
+            # or the stream's last words fall back to the stream owner
+            await self._flush_stage(self._diarizer)
         await self.flush()
         self.finished = True
         await self.stt.aclose()
-        if self._diarizer is not None:
-            await self._flush_stage(self._diarizer)
         async with self._lock:
             await self._advance(force=True)
         if self._diar_task is not None:
