@@ -18,7 +18,6 @@ Model work is synchronous and CPU-bound: every model runs with one thread.
 
 from __future__ import annotations
 
-import string
 import threading
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ from diarization.models import (
     default_segmentation_model,
 )
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
+from voice.turns import letter_label
 from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, speech_regions
 
 SAMPLE_RATE = 16000
@@ -66,17 +66,6 @@ def speech_mask(probs: FloatArray, settings: Settings) -> npt.NDArray[np.bool_]:
     ):
         mask[round(r.start / FRAME_SECONDS) : round(r.end / FRAME_SECONDS)] = True
     return mask
-
-
-def speaker_letter(index: int) -> str:
-    """0 → `Speaker A`, 25 → `Speaker Z`, 26 → `Speaker AA` …"""
-    letters = string.ascii_uppercase
-    name = ""
-    index += 1
-    while index > 0:
-        index, rem = divmod(index - 1, 26)
-        name = letters[rem] + name
-    return f"Speaker {name}"
 
 
 class EmbeddedStage:
@@ -224,7 +213,7 @@ class EmbeddedStage:
         letter = 0
         for k in order:
             if names[k] is None:
-                names[k] = speaker_letter(letter)
+                names[k] = letter_label(letter)
                 letter += 1
         return [n if n is not None else "" for n in names]
 

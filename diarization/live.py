@@ -46,6 +46,7 @@ from diarization.live_models import LiveModels, default_live_models
 from diarization.models import FRAME_DURATION
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
 from voice.embedding import fbank
+from voice.turns import letter_label
 
 FloatArray = npt.NDArray[np.float32]
 Activity = npt.NDArray[np.uint8]
@@ -389,16 +390,6 @@ def _unit(vector: FloatArray) -> FloatArray | None:
     return None if norm < 1e-8 else (vector / norm).astype(np.float32)
 
 
-def speaker_letter(index: int) -> str:
-    """0 → `Speaker A`, 25 → `Speaker Z`, 26 → `Speaker AA` …"""
-    name = ""
-    index += 1
-    while index > 0:
-        index, rem = divmod(index - 1, 26)
-        name = chr(ord("A") + rem) + name
-    return f"Speaker {name}"
-
-
 class LiveDiarizer:
     """One stream's live diarization on a shared `ModelService` (module docstring).
 
@@ -632,7 +623,7 @@ class LiveDiarizer:
                     continue
                 room = len(self._speakers) < self.max_speakers
                 if room and (alone[j] >= new_min or not any(s.total is not None for s in self._speakers)):
-                    self._speakers.append(_Speaker(speaker_letter(self._letters), None))
+                    self._speakers.append(_Speaker(letter_label(self._letters), None))
                     self._letters += 1
                     mapping[j] = len(self._speakers) - 1
                 else:  # no room: the nearest speaker not already in this window

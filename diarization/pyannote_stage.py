@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
+from voice.turns import letter_label
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +92,6 @@ def _import_pyannote() -> tuple[Any, Any]:
             f"(see docs/pyannote.md). Import failed: {exc}"
         ) from exc
     return torch, Pipeline
-
-
-def speaker_name(index: int) -> str:
-    """`Speaker A` … `Speaker Z`, `Speaker AA`, `Speaker AB` … for index 0, 1, …"""
-    if index < 0:
-        raise ValueError(f"speaker index must be >= 0, got {index}")
-    letters = ""
-    n = index + 1
-    while n:
-        n, rem = divmod(n - 1, 26)
-        letters = chr(ord("A") + rem) + letters
-    return f"Speaker {letters}"
 
 
 @dataclass(frozen=True)
@@ -426,7 +415,7 @@ class PyannoteStage:
         letters = 0
         for label in labels:
             if label not in names:
-                names[label] = speaker_name(letters)
+                names[label] = letter_label(letters)
                 letters += 1
         return names
 
@@ -578,7 +567,7 @@ class PyannoteStage:
 
         for label in labels:
             if label not in names:
-                names[label] = speaker_name(self._letters)
+                names[label] = letter_label(self._letters)
                 self._letters += 1
             name = names[label]
             voice = self._voices.setdefault(name, _Voice(name, enrolled=name in self._enrolled))

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from diarization import load_stage
-from diarization.embedded import EmbeddedStage, speaker_letter
+from diarization.embedded import EmbeddedStage
 from diarization.scoring import score
 from voice.audio import read_audio_16k
 from voice.diarization_stage import DiarizationStage, SpeakerTimeline
+from voice.turns import letter_label
 
 RATE = 16000
 
@@ -60,7 +61,7 @@ def test_P3_load_stage_refuses_unknown_kinds_and_stray_options() -> None:
 
 
 def test_V7_speaker_letters() -> None:
-    assert [speaker_letter(i) for i in (0, 1, 25, 26)] == [
+    assert [letter_label(i) for i in (0, 1, 25, 26)] == [
         "Speaker A",
         "Speaker B",
         "Speaker Z",

@@ -107,7 +107,10 @@ def assign_speakers(words: Sequence[Word], timeline: SpeakerTimeline) -> list[Wo
 
 
 def letter_label(index: int) -> str:
-    """0 → `Speaker A`, 25 → `Speaker Z`, 26 → `Speaker AA` …"""
+    """0 → `Speaker A`, 25 → `Speaker Z`, 26 → `Speaker AA` … (the one speaker-letter namer:
+    STT labels, the embedded, live and pyannote stages all name speakers here)."""
+    if index < 0:
+        raise ValueError(f"speaker index must be >= 0, got {index}")
     letters = string.ascii_uppercase
     name = ""
     index += 1

@@ -16,8 +16,8 @@ from diarization.pyannote_stage import (
     PipelineSource,
     PyannoteStage,
     resolve_source,
-    speaker_name,
 )
+from voice.turns import letter_label
 
 
 def test_P2_local_directory_is_local(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_P2_missing_or_incomplete_directory_is_a_clear_error(tmp_path: Path) -> 
 
 
 def test_P2_speaker_names_in_order() -> None:
-    assert [speaker_name(i) for i in (0, 1, 25, 26, 27, 701, 702)] == [
+    assert [letter_label(i) for i in (0, 1, 25, 26, 27, 701, 702)] == [
         "Speaker A",
         "Speaker B",
         "Speaker Z",
@@ -59,7 +59,7 @@ def test_P2_speaker_names_in_order() -> None:
         "Speaker AAA",
     ]
     with pytest.raises(ValueError):
-        speaker_name(-1)
+        letter_label(-1)
 
 
 @pytest.mark.skipif(

@@ -29,14 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from diarization.pyannote_stage import PyannoteStage, speaker_name
+from diarization.pyannote_stage import PyannoteStage
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
+from voice.turns import letter_label
 
 RATE = 16_000
 
 
 def _letters(timeline: SpeakerTimeline) -> list[str]:
-    return [speaker_name(i) for i in range(len(timeline.speakers))]
+    return [letter_label(i) for i in range(len(timeline.speakers))]
 
 
 def _assert_exclusive(timeline: SpeakerTimeline, duration: float) -> None:
