@@ -10,14 +10,13 @@ environment (`CHORUS_<SECTION>_<FIELD>`; here also `CHORUS_LIVEKIT_<FIELD>`).
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from server.config import ConfigError, ServerConfig, environment_overrides
+from server.config import ConfigError, ServerConfig, environment_overrides, read_config_file
 
 SHARED_MIC_ATTRIBUTE = "chorus.shared_mic"
 """Participant attribute that marks a shared microphone (`"true"`)."""
@@ -81,15 +80,7 @@ def load_agent_config(
 
     Raises `ConfigError` naming the bad key, exactly as `server.config.load_config` does."""
     env = os.environ if environ is None else environ
-    data: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        try:
-            data = tomllib.loads(file.read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file not found: {file}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
+    data = read_config_file(path)
     section = data.pop("livekit", {})
     if not isinstance(section, dict):
         raise ConfigError("bad configuration: livekit: must be a table ([livekit])")

@@ -283,20 +283,25 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def read_config_file(path: str | Path | None) -> dict[str, Any]:
+    """The TOML file's tables ({} for no file); `ConfigError` for a missing or malformed file."""
+    if path is None:
+        return {}
+    file = Path(path)
+    try:
+        return tomllib.loads(file.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {file}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
+
+
 def load_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> ServerConfig:
     """Defaults < TOML file (if given) < environment. Raises `ConfigError` naming the bad key."""
     env = os.environ if environ is None else environ
-    data: dict[str, Any] = {}
-    if path is not None:
-        file = Path(path)
-        try:
-            data = tomllib.loads(file.read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file not found: {file}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from exc
+    data = read_config_file(path)
     data = _merge(data, environment_overrides(env))
     try:
         config = ServerConfig.model_validate(data)
