@@ -634,7 +634,7 @@ async def _one_server(
         '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"
     )
-    serve = [py, "-m", "server.cli", "serve", "--port", str(port), "--config", str(config),
+    serve = [py, "-m", "cli.main", "serve", "--port", str(port), "--config", str(config),
              "--log-level", "WARNING"]  # fmt: skip
     tokens = TokenMinter(repo, py, env)
     with _process(serve, env, workdir / "server.log", cwd=repo) as srv:
