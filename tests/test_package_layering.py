@@ -73,3 +73,12 @@ def test_cli_is_a_package_above_server_and_bench() -> None:
     assert {"server", "bench"} <= set().union(
         *(imported_packages(p) for p in (REPO / "cli").rglob("*.py"))
     )
+
+
+def test_load_bench_serves_this_checkout_and_an_older_one(tmp_path: Path) -> None:
+    from bench.load import serve_module
+
+    assert serve_module(REPO) == "cli.main"
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "cli.py").write_text("")
+    assert serve_module(tmp_path) == "server.cli"
