@@ -610,6 +610,12 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve_module(repo: Path) -> str:
+    """The module that runs `chorus serve` in `repo`: `cli.main` since the CLI moved out of
+    `server` (issue 10), `server.cli` in an older checkout given to `--server-repo`."""
+    return "cli.main" if (repo / "cli" / "main.py").is_file() else "server.cli"
+
+
 async def _one_server(
     args: argparse.Namespace,
     repo: Path,
@@ -634,7 +640,7 @@ async def _one_server(
         '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"
     )
-    serve = [py, "-m", "server.cli", "serve", "--port", str(port), "--config", str(config),
+    serve = [py, "-m", serve_module(repo), "serve", "--port", str(port), "--config", str(config),
              "--log-level", "WARNING"]  # fmt: skip
     tokens = TokenMinter(repo, py, env)
     with _process(serve, env, workdir / "server.log", cwd=repo) as srv:

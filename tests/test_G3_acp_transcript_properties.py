@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attribution import NOTE_MARK
-from realtime.testing.rooms import VoiceLikeChannel
 from rooms import RoomKit, TextChannel
 from rooms.acp import ACPAgentChannel
+from tests.realtime_rooms import VoiceLikeChannel
 
 NAMES = ["Alice", "ALICE", "Аlice", "Bob", "Speaker A", "Al:ice", None]  # None: a nameless SMS
 TEXTS = st.one_of(

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.cli import main
-from server.commands.checks import UsageError, check_writable
+from cli.commands.checks import UsageError, check_writable
+from cli.main import main
 from voice.audio import write_wav
 
 

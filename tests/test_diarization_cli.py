@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from cli.main import main
 from voice.audio import read_audio_16k, write_wav
 from voice.diarization_stage import SpeakerTimeline
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from diarization.scoring import DerScore, read_uem, score, score_collars
-from server.cli import main
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from livekit import rtc
 
+from cli.main import main
 from livekit_worker.config import LiveKitConfig, load_agent_config
 from livekit_worker.participants import display_name, is_shared_mic, speaker_of
 from livekit_worker.worker import build_server, missing_credentials
-from server.cli import main
 from server.config import ConfigError
 from tests.livekit_helpers import remote_participant
 

@@ -12,8 +12,8 @@ import pytest
 from attribution import NOTE
 from realtime import AnswerWhenAddressed, GeminiLiveSessionFactory, RealtimeChannel
 from realtime.testing.gemini_server import GeminiLiveServer
-from realtime.testing.rooms import RecordingAudioSink, VoiceLikeChannel, expected_lines
 from rooms import RoomKit
+from tests.realtime_rooms import RecordingAudioSink, VoiceLikeChannel, expected_lines
 
 
 @pytest.fixture

@@ -19,13 +19,13 @@ from models import TextContent
 from realtime import AnswerAlways, AnswerOnly, AnswerWhenAddressed, RealtimeChannel, SpeakPolicy
 from realtime.session import SessionRefused
 from realtime.testing import OpenAIRealtimeServer, lines_sent, types_sent
-from realtime.testing.rooms import (
+from rooms import RoomKit, TextChannel
+from tests.realtime_rooms import (
     RecordingAudioSink,
     VoiceLikeChannel,
     expected_lines,
     meeting_turns,
 )
-from rooms import RoomKit, TextChannel
 
 REPO = Path(__file__).resolve().parents[1]
 

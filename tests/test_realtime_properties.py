@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from attribution import NOTE_MARK
 from realtime import AnswerOnly, RealtimeChannel
-from realtime.testing.rooms import VoiceLikeChannel, expected_lines
 from rooms import RoomKit
+from tests.realtime_rooms import VoiceLikeChannel, expected_lines
 
 NAMES = ["Alice", "ALICE", "Аlice", "Bob", "Speaker A", "Speaker B", "Al:ice"]
 TEXTS = st.one_of(

@@ -19,7 +19,7 @@ from realtime import (
     replay_turns,
 )
 from realtime.testing import OpenAIRealtimeServer, lines_sent
-from realtime.testing.rooms import meeting_turns
+from tests.realtime_rooms import meeting_turns
 
 REPO = Path(__file__).resolve().parents[1]
 

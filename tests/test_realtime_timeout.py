@@ -23,8 +23,8 @@ from realtime.openai_wire import ACTIVE_RESPONSE_CODE
 from realtime.session import ReplyDone, SessionEvent
 from realtime.testing import OpenAIRealtimeServer, events_sent, types_sent
 from realtime.testing.gemini_server import GeminiLiveServer
-from realtime.testing.rooms import VoiceLikeChannel, expected_lines
 from rooms import RoomKit
+from tests.realtime_rooms import VoiceLikeChannel, expected_lines
 
 
 async def open_room(

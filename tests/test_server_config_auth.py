@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cli.commands.serve import is_loopback_only, settle_secret
 from server.auth import TokenError, TokenProblem, issue_token, verify_token
-from server.commands.serve import is_loopback_only, settle_secret
 from server.config import ConfigError, ServerConfig, load_config
 
 SECRET = "s" * 32
@@ -140,7 +140,7 @@ def test_public_server_refuses_to_start_without_secret(host: str) -> None:
 def test_token_command_prints_a_token_the_server_accepts(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from server.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("CHORUS_SECRET", SECRET)
     assert main(["token", "room-9", "--ttl", "120"]) == 0

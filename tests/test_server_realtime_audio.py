@@ -29,7 +29,6 @@ import pytest
 from models import RoomEvent
 from realtime import RealtimeChannel
 from realtime.testing.openai_server import OpenAIRealtimeServer, events_sent, types_sent
-from realtime.testing.rooms import VoiceLikeChannel, expected_lines
 from rooms import RoomKit
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg
@@ -44,6 +43,7 @@ from server.testing.harness import (
     local_deepgram_stt,
     running_server,
 )
+from tests.realtime_rooms import VoiceLikeChannel, expected_lines
 from voice.audio import AudioLog, float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 

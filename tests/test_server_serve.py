@@ -40,7 +40,7 @@ async def test_loopback_server_without_secret_makes_one_serves_and_stops(tmp_pat
     )
     env = {k: v for k, v in os.environ.items() if k != "CHORUS_SECRET"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.cli", "serve", "--port", "0", "--config", str(config),
+        sys.executable, "-m", "cli.main", "serve", "--port", "0", "--config", str(config),
         cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stderr is not None
@@ -79,7 +79,7 @@ async def test_loopback_server_without_secret_makes_one_serves_and_stops(tmp_pat
 async def test_public_server_without_secret_refuses_to_start() -> None:
     env = {k: v for k, v in os.environ.items() if k != "CHORUS_SECRET"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.cli", "serve", "--host", "0.0.0.0", "--port", "0",
+        sys.executable, "-m", "cli.main", "serve", "--host", "0.0.0.0", "--port", "0",
         cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     async with asyncio.timeout(60):

@@ -203,7 +203,7 @@ def test_an_unsigned_token_is_refused() -> None:
 def test_token_command_grants_and_participant(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from server.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("CHORUS_SECRET", SECRET)
     assert main(["token", "room-9", "--grant", "feed", "--participant", "ann"]) == 0

@@ -103,7 +103,7 @@ class ServeProcess:
         env = {**os.environ, "CHORUS_SECRET": SECRET, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
         env.pop("CHORUS_STORE_URL", None)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "server.cli", "serve", "--port", "0", "--config", str(config),
+            sys.executable, "-m", "cli.main", "serve", "--port", "0", "--config", str(config),
             cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stderr is not None

@@ -7,10 +7,10 @@ from pathlib import Path
 import platformdirs
 import pytest
 
+from cli.commands.serve import _shown_url
 from rooms import InMemoryStore, InProcessLocks, SQLiteStore, open_store
 from rooms.postgres import PostgresAdvisoryLocks, PostgresStore
 from rooms.store import sqlite_path
-from server.commands.serve import _shown_url
 from server.config import ConfigError, default_store_url, load_config
 from tests.store_fixtures import fresh_postgres_database, postgres_url
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-from server.cli import main
+from cli.main import main
 from tests.voice_helpers import MEETING_DIR, meeting
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, ThreadedServer
 from voice.transcribe import Turn, clock, format_turns, parse_renames

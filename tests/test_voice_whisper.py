@@ -77,7 +77,7 @@ def test_S1_cli_pipeline_speakers_with_the_embedded_stage(
 
     import soundfile as sf
 
-    from server.cli import main
+    from cli.main import main
 
     demo = meeting(seconds=13.0)
     wav = tmp_path / "start.wav"

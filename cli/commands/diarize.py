@@ -52,8 +52,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from diarization import load_stage
-    from server.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from voice.audio import AudioError, read_audio_16k
     from voice.diarization_stage import SpeakerTimeline
 

@@ -1,6 +1,6 @@
 """The `chorus` command line.
 
-Each subcommand lives in its own module under `server/commands/` and exposes
+Each subcommand lives in its own module under `cli/commands/` and exposes
 `register(subparsers)`; this module only discovers them, so adding a command touches one file.
 """
 
@@ -13,7 +13,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-import server.commands
+import cli.commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Voice-first realtime agent server: per-speaker turns for LLM sessions.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(server.commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"server.commands.{info.name}")
+    for info in sorted(pkgutil.iter_modules(cli.commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"cli.commands.{info.name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(subparsers)

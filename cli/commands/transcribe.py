@@ -70,7 +70,7 @@ def _stt(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from server.commands.checks import UsageError, check_count, check_writable, prepare_parent
+    from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from voice.audio import AudioError, read_audio
     from voice.transcribe import format_turns, parse_renames, transcribe_audio
 
