@@ -14,10 +14,6 @@ receives); no diarizer, no realtime session.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,6 +25,7 @@ from server.auth import issue_token
 from server.client import DeviceStream, EventFeed
 from server.protocol import StartMessage
 from server.testing.harness import SECRET, eventually
+from tests.serve_process import ServeProcess
 from tests.store_fixtures import fresh_postgres_database, postgres_url
 from voice.audio import float_to_pcm16, read_audio_16k
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
@@ -43,40 +40,6 @@ ROOM = "standup"
 def speech(start: float, end: float) -> bytes:
     audio = read_audio_16k(MEETING / "meeting.wav")
     return float_to_pcm16(audio[int(start * 16000) : int(end * 16000)])
-
-
-class ServeProcess:
-    """`chorus serve --port 0` as a user runs it, with a config file naming the store."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, port: int) -> None:
-        self.proc = proc
-        self.port = port
-        self.base = f"ws://127.0.0.1:{port}"
-
-    @classmethod
-    async def start(cls, config: Path) -> ServeProcess:
-        env = {**os.environ, "CHORUS_SECRET": SECRET}
-        env.pop("CHORUS_STORE_URL", None)  # the config file names the store
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cli.main", "serve", "--port", "0", "--config", str(config),
-            cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stderr is not None
-        lines: list[str] = []
-        async with asyncio.timeout(90):
-            while True:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "chorus serve exited:\n" + "".join(lines)
-                lines.append(line)
-                if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line):
-                    return cls(proc, int(m.group(1)))
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            async with asyncio.timeout(60):
-                code = await self.proc.wait()
-            assert code == 0
 
 
 @pytest.fixture

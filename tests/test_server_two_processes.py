@@ -18,10 +18,6 @@ realtime session.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -36,6 +32,7 @@ from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.protocol import StartMessage
 from server.testing.harness import SECRET, eventually
+from tests.serve_process import ServeProcess
 from tests.store_fixtures import fresh_postgres_database, postgres_url
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
@@ -91,36 +88,6 @@ def excerpt(start: float, end: float) -> np.ndarray:
 def phone_audio(start: float, end: float) -> bytes:
     narrow = np.concatenate([resample(excerpt(start, end), 16000, 8000), np.zeros(2800, np.float32)])
     return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
-
-
-class ServeProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, port: int) -> None:
-        self.proc = proc
-        self.base = f"ws://127.0.0.1:{port}"
-
-    @classmethod
-    async def start(cls, config: Path, site: Path) -> ServeProcess:
-        env = {**os.environ, "CHORUS_SECRET": SECRET, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
-        env.pop("CHORUS_STORE_URL", None)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cli.main", "serve", "--port", "0", "--config", str(config),
-            cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stderr is not None
-        lines: list[str] = []
-        async with asyncio.timeout(90):
-            while True:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "chorus serve exited:\n" + "".join(lines)
-                lines.append(line)
-                if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line):
-                    return cls(proc, int(m.group(1)))
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            async with asyncio.timeout(60):
-                assert await self.proc.wait() == 0
 
 
 @pytest.fixture

@@ -1,0 +1,53 @@
+"""`chorus serve` as a real process, for tests that restart it or run two on one store.
+
+Started on a free port with `--config`, the server secret from the harness, and the store the
+config file names (the test environment's `CHORUS_STORE_URL` is dropped); `stop()` sends SIGTERM
+and expects the drain to end with exit code 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+from server.testing.harness import SECRET
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class ServeProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, port: int) -> None:
+        self.proc = proc
+        self.port = port
+        self.base = f"ws://127.0.0.1:{port}"
+
+    @classmethod
+    async def start(cls, config: Path, site: Path | None = None) -> ServeProcess:
+        """`site`: a directory put first on the process's PYTHONPATH (a `sitecustomize.py`)."""
+        env = {**os.environ, "CHORUS_SECRET": SECRET}
+        if site is not None:
+            env["PYTHONPATH"] = f"{site}{os.pathsep}{REPO}"
+        env.pop("CHORUS_STORE_URL", None)  # the config file names the store
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cli.main", "serve", "--port", "0", "--config", str(config),
+            cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        lines: list[str] = []
+        async with asyncio.timeout(90):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "chorus serve exited:\n" + "".join(lines)
+                lines.append(line)
+                if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line):
+                    return cls(proc, int(m.group(1)))
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(60):
+                assert await self.proc.wait() == 0
