@@ -19,7 +19,9 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from models import InboundMessage, RoomEvent, TextContent
 from rooms import Channel, RoomContext, RoomKit
@@ -36,6 +38,22 @@ class IngressError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: type[M], body: bytes | str, what: str) -> M:
+    """`body` as the provider's JSON shape `model`; `IngressError(400)` naming the first field
+    that does not fit (or that the body is not JSON)."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if errors and errors[0].get("type") == "json_invalid":
+            raise IngressError(400, "body is not JSON") from exc
+        where = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else "body"
+        raise IngressError(400, f"not {what}: {where}: {errors[0]['msg']}") from exc
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,16 @@ from urllib.parse import quote
 
 import httpx
 import jwt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from server.ingress.base import Conversation, InboundItem, Ingress, IngressError, WebhookAnswer
+from server.ingress.base import (
+    Conversation,
+    InboundItem,
+    Ingress,
+    IngressError,
+    WebhookAnswer,
+    parse_body,
+)
 
 PROVIDER = "teams"
 BOT_FRAMEWORK_ISSUER = "https://api.botframework.com"
@@ -110,14 +117,7 @@ _SPACES = re.compile(r"[ \t]+")
 
 def parse_activity(body: bytes | str) -> Activity:
     """The activity in a webhook body; `IngressError(400)` when it is not one."""
-    try:
-        return Activity.model_validate_json(body)
-    except ValidationError as exc:
-        errors = exc.errors()
-        if errors and errors[0].get("type") == "json_invalid":
-            raise IngressError(400, "body is not JSON") from exc
-        where = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else "body"
-        raise IngressError(400, f"not a Bot Framework activity: {where}: {errors[0]['msg']}") from exc
+    return parse_body(Activity, body, "a Bot Framework activity")
 
 
 def _strip_mentions(activity: Activity) -> str:

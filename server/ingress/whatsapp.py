@@ -24,9 +24,16 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from server.ingress.base import Conversation, InboundItem, Ingress, IngressError, WebhookAnswer
+from server.ingress.base import (
+    Conversation,
+    InboundItem,
+    Ingress,
+    IngressError,
+    WebhookAnswer,
+    parse_body,
+)
 
 PROVIDER = "whatsapp"
 SIGNATURE_HEADER = "X-Hub-Signature-256"
@@ -150,14 +157,7 @@ def verify_subscription(query: Mapping[str, str], verify_token: str) -> str:
 
 def parse_webhook(body: bytes | str) -> Webhook:
     """The webhook in a body; `IngressError(400)` when it is not one."""
-    try:
-        return Webhook.model_validate_json(body)
-    except ValidationError as exc:
-        errors = exc.errors()
-        if errors and errors[0].get("type") == "json_invalid":
-            raise IngressError(400, "body is not JSON") from exc
-        where = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else "body"
-        raise IngressError(400, f"not a WhatsApp webhook: {where}: {errors[0]['msg']}") from exc
+    return parse_body(Webhook, body, "a WhatsApp webhook")
 
 
 def _text_of(message: Message) -> str | None:
