@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from voice.audio import (
@@ -201,6 +201,7 @@ def test_V10_errors_are_audio_errors() -> None:
 
 @settings(max_examples=25)
 @given(st.lists(st.integers(0, 5000), min_size=1, max_size=40), st.integers(1000, 20000))
+@example(sizes=[1, 1000], keep=1001)  # 1.001 s * 1000 truncated to 1000 samples once dropped one
 def test_audio_log_keeps_the_recent_audio_addressed_by_session_time(sizes: list[int], keep: int) -> None:
     from voice.audio import AudioLog
 

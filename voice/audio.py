@@ -446,7 +446,7 @@ class AudioLog:
 
     def __init__(self, sample_rate: int = STT_SAMPLE_RATE, keep_seconds: float = 180.0) -> None:
         self.sample_rate = sample_rate
-        self.keep = int(keep_seconds * sample_rate)
+        self.keep = round(keep_seconds * sample_rate)  # int() would drop a sample: 1.001 s * 1000 < 1001
         self._data = np.zeros(min(self.keep, 10 * sample_rate), np.float32)
         self._used = 0  # samples of _data in use
         self.first = 0
