@@ -31,6 +31,7 @@ from attribution.render import (
     NOTE,
     SUMMARY_MARK,
     _attach_notes,
+    _counts,
     _labelled_message,
     _turns,
     json_line,
@@ -46,10 +47,6 @@ USER_TAG = "[user]"
 SYSTEM_TAG = "[system]"
 OPEN_QUOTE = "\u201c"
 CLOSE_QUOTE = "\u201d"
-
-
-def _counts(event: RoomEvent, ai_channel_id: str) -> bool:
-    return event.kind != "system" and event.source.channel_id != ai_channel_id
 
 
 def summary_speakers(
