@@ -3,16 +3,19 @@ One model load for the whole test session; a few seconds of the demo meeting eac
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
+import time
 from pathlib import Path
+from typing import Any
 
 import jiwer
 import pytest
 
-from tests.voice_helpers import meeting, turns_of, voice_room
+from tests.voice_helpers import meeting, stream, turns_of, voice_room
 from voice.channel import VoiceChannel
-from voice.stt.whisper import WhisperSTT, default_model_path, load_whisper
+from voice.stt.whisper import WhisperSTT, default_model_path, encoder_frames, load_whisper
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +91,56 @@ def test_S1_cli_pipeline_speakers_with_the_embedded_stage(
     assert code == 0
     assert turns[0]["speaker"] == "Alice"  # the first voice heard, renamed
     assert len({t["speaker"] for t in turns}) >= 2  # the stage tells voices apart
+
+
+async def test_S1_the_encoder_hears_the_utterance_in_a_10_s_window_not_30_s(
+    whisper: WhisperSTT, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10 (latency): faster-whisper pads every utterance to 30 s of encoder input; the
+    windowed model cuts it to `encoder_window` (a quarter of the decode cost, same WER)."""
+    model = whisper.model()
+    heard: list[int] = []
+    original = type(model).encode
+
+    def spy(self: object, features: object) -> object:
+        result = original(self, features)
+        heard.append(int(result.shape[1]))  # encoder positions: half the mel frames
+        return result
+
+    monkeypatch.setattr(type(model), "encode", spy)
+    demo = meeting(seconds=4.5)
+    from voice.audio import resample
+
+    audio = resample(demo.audio, demo.sample_rate, 16000)
+    words = await asyncio.to_thread(whisper.transcribe, audio, 0.0)
+    assert words, "the utterance was transcribed"
+    assert heard and all(n == 500 for n in heard)  # 10 s of mel frames, halved by the encoder
+    assert model.encode_frames is None  # the window is set for one call only
+    assert encoder_frames(16000 * 12, 10.0) == 1202  # a longer utterance is heard whole
+    assert encoder_frames(16000 * 40, 10.0) == 3000
+    assert encoder_frames(16000 * 4, None) is None
+
+
+class SlowWhisper(WhisperSTT):
+    """The real model on a slow machine: every decode takes half a second longer."""
+
+    def transcribe(self, audio: Any, offset: float) -> Any:
+        time.sleep(0.5)
+        return super().transcribe(audio, offset)
+
+
+async def test_S1_a_flush_waits_for_a_backlog_that_is_still_being_decoded() -> None:
+    """Issue 10 (no silent loss): a long file pushed faster than Whisper decodes leaves a backlog
+    longer than the flush's wait. The wait bounds a provider that went quiet, not one that keeps
+    answering: before, the flush gave up after `wait_seconds` in all and the tail was lost."""
+    slow = SlowWhisper()
+    slow.model()
+    demo = meeting(seconds=40.0)
+    channel = VoiceChannel(stt=slow)
+    await voice_room(channel)
+    session = await channel.start_session("room", "mic-1", sample_rate=demo.sample_rate)
+    await stream(session, demo.audio, demo.sample_rate)  # as fast as it goes: a backlog builds
+    await session.stt.flush(wait_seconds=3.0)  # well under the backlog (>= 10 utterances x 0.5 s)
+    # everything pushed was answered by the time the flush returned
+    assert session.stt.covered_until >= 40.0 - 0.5
+    await session.finish()

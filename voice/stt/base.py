@@ -274,6 +274,8 @@ class SttStream:
         self._current: _Connection | None = None
         self._audio_ready = asyncio.Event()
         self._finalized = asyncio.Event()
+        self.heard_at = 0.0
+        """Loop time of the provider's last event (or of the Finalize a flush last sent)."""
         self._closing = False
         self._closing_event = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
@@ -306,8 +308,12 @@ class SttStream:
 
     async def flush(self, wait_seconds: float = 30.0) -> None:
         """Send what is queued, ask for everything to be final, and wait for the answer. A
-        connection that drops meanwhile is replaced and the flush repeated on the new one, for
-        at most `wait_seconds` in all."""
+        connection that drops meanwhile is replaced and the flush repeated on the new one.
+
+        `wait_seconds` bounds the wait for a provider that has gone quiet, not the flush: while
+        results keep coming (a local engine working through a backlog: a long file pushed faster
+        than it decodes) the flush waits on, so no queued audio is dropped at the end of a stream.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_seconds
         while self.error is None and loop.time() < deadline:
@@ -318,13 +324,28 @@ class SttStream:
             self._finalized.clear()
             with contextlib.suppress(Exception):
                 await current.conn.finalize()
-            try:
-                await asyncio.wait_for(self._finalized.wait(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                log.warning("%s: no answer to Finalize within %.0f s", self.provider.name, wait_seconds)
+            self.heard_at = max(self.heard_at, loop.time())
+            if not await self._wait_finalized(wait_seconds):
+                log.warning("%s: no answer to Finalize, and no result for %.0f s",
+                            self.provider.name, wait_seconds)
                 return
             if not current.dropped:
                 return
+            deadline = loop.time() + wait_seconds
+
+    async def _wait_finalized(self, quiet_seconds: float) -> bool:
+        """Wait for the Finalize answer while the provider keeps answering; False once it has
+        been silent for `quiet_seconds`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            left = self.heard_at + quiet_seconds - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._finalized.wait(), left)
+                return True
+            except TimeoutError:
+                continue  # the provider answered meanwhile: wait again from its last answer
 
     async def aclose(self) -> None:
         """Flush, close the connection cleanly, stop the tasks."""
@@ -488,6 +509,7 @@ class SttStream:
     async def _receive_loop(self, current: _Connection) -> None:
         offset = current.offset_samples / STT_SAMPLE_RATE
         async for event in current.conn.events():
+            self.heard_at = asyncio.get_running_loop().time()
             if isinstance(event, RawFinalized):
                 self._finalized.set()
             elif isinstance(event, RawUtteranceEnd):

