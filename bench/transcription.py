@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-early-commit", action="store_true",
                         help="streaming STT: wait for final results before committing a turn "
                              "(the behaviour before early commit from interim results)")
+    parser.add_argument("--no-provisional-speakers", action="store_true",
+                        help="pipeline speakers: every word waits for the stage's decided speaker "
+                             "(the behaviour before provisional speakers)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -167,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
                                               diarizer=diarizer,
                                               refine_speakers=args.refine_speakers,
                                               early_commit=not args.no_early_commit,
-                                              speaker_wait=args.speaker_wait))
+                                              speaker_wait=args.speaker_wait,
+                                              provisional_speakers=not args.no_provisional_speakers))
         bar.close()
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),

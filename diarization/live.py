@@ -509,6 +509,33 @@ class LiveDiarizer:
             self._decide(self._acc_base + self._acc.shape[0], None)
             return SpeakerTimeline(list(self._segments))
 
+    def provisional(self) -> SpeakerTimeline:
+        """Who the windows heard so far say speaks on the frames not decided yet (from the last
+        decided frame to the newest window's end). Unlike `feed`'s timeline these may still
+        change: fewer windows have voted on them. The voice channel reads them so a turn's last
+        words need not wait for the decision when they continue the voice before them."""
+        with self._lock:
+            if self._acc.size == 0:
+                return SpeakerTimeline([])
+            count = self._count
+            heard = count > 0
+            active = (self._acc / np.maximum(count, 1.0)[:, None] >= 0.5) & heard[:, None]
+            step = FRAME_SAMPLES / SAMPLE_RATE
+            segments: list[SpeakerSegment] = []
+            for spk in range(active.shape[1]):
+                cells = np.flatnonzero(active[:, spk])
+                if cells.size == 0:
+                    continue
+                breaks = np.flatnonzero(np.diff(cells) > 1)
+                firsts = np.concatenate([[cells[0]], cells[breaks + 1]])
+                lasts = np.concatenate([cells[breaks], [cells[-1]]])
+                name = self._speakers[spk].name
+                for a, b in zip(firsts, lasts, strict=True):
+                    t0 = FRAME_OFFSET_S + (self._acc_base + int(a)) * step
+                    t1 = FRAME_OFFSET_S + (self._acc_base + int(b) + 1) * step
+                    segments.append(SpeakerSegment(max(t0, 0.0), t1, name))
+            return SpeakerTimeline(segments)
+
     @property
     def speakers(self) -> list[str]:
         return [s.name for s in self._speakers]

@@ -61,6 +61,47 @@ def test_labels_are_stable_and_decisions_never_change(sample: np.ndarray, models
             ), f"decision {seg} changed"
 
 
+def test_provisional_speakers_cover_the_undecided_frames_and_mostly_agree_with_the_decision(
+    sample: np.ndarray, models: LiveModels
+) -> None:
+    """Issue 10 (latency): between decisions the stage says who it thinks speaks on the frames it
+    heard but has not decided (fewer windows have voted): they start where the decided timeline
+    ends, reach the newest window, and the decision that follows mostly keeps them."""
+    service = ModelService(models)
+    stage = LiveDiarizer(service)
+    agree = total = 0.0
+    try:
+        step = int(0.5 * RATE)
+        for i in range(0, len(sample), step):
+            decided = stage.feed(sample[i : i + step])
+            early = stage.provisional()
+            if not early.segments:
+                continue
+            decided_end = max((seg.end for seg in decided.segments), default=0.0)
+            assert min(seg.start for seg in early.segments) >= decided_end - 1e-6
+            assert max(seg.end for seg in early.segments) <= (i + step) / RATE + 1e-6
+            for seg in early.segments:
+                total += seg.end - seg.start
+                agree += sum(max(0.0, min(seg.end, d.end) - max(seg.start, d.start))
+                             for d in _final(stage, sample).segments if d.speaker == seg.speaker)
+    finally:
+        service.close()
+    assert total > 5.0  # the sample's speech passed through the provisional view
+    assert agree / total > 0.8
+
+
+_FINALS: dict[int, SpeakerTimeline] = {}
+
+
+def _final(stage: LiveDiarizer, audio: np.ndarray) -> SpeakerTimeline:
+    """The decided timeline of the whole recording, on a second stage with the same service."""
+    key = id(stage)
+    if key not in _FINALS:
+        other = LiveDiarizer(stage.service)
+        _FINALS[key] = run_live(other, audio, frame=0.5)[-1]
+    return _FINALS[key]
+
+
 def test_frame_size_does_not_matter(sample: np.ndarray, models: LiveModels) -> None:
     service = ModelService(models)
     try:

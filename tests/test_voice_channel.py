@@ -3,6 +3,7 @@ voice (V9) and bad live input (V10). STT is the real Deepgram client against the
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import numpy as np
@@ -263,6 +264,64 @@ async def test_V5_a_word_without_duration_waits_for_the_word_it_touches() -> Non
         events = await kit.list_events("room")
     assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "meeting."),
                                                                    ("Bob", "Good morning.")]
+
+
+class ProvisionalStage(ScriptedStage):
+    """Decides each frame `lag` seconds after hearing it, and says meanwhile who it thinks speaks
+    on the frames it heard but has not decided (the embedded live stage's `provisional()`)."""
+
+    def _clipped(self, lo: float, hi: float) -> SpeakerTimeline:
+        return SpeakerTimeline([SpeakerSegment(max(s.start, lo), min(s.end, hi), s.speaker)
+                                for s in self.timeline.segments if s.start < hi and s.end > lo])
+
+    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
+        self.fed += len(audio)
+        return self._clipped(0.0, self.fed / 16000 - self.lag)
+
+    def provisional(self) -> SpeakerTimeline:
+        heard = self.fed / 16000
+        return self._clipped(max(0.0, heard - self.lag), heard)
+
+
+@pytest.mark.parametrize("provisional", [True, False])
+async def test_V5_a_turn_s_last_words_take_the_continuing_voice_before_the_stage_decides(
+    provisional: bool,
+) -> None:
+    """Issue 10 (latency): a turn's last words need not wait for the stage's decision when its
+    provisional frames continue the voice before them; a change of voice still waits for it."""
+    words = ScriptedWords([[
+        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
+        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
+    ]])
+    stage = ProvisionalStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
+                                              SpeakerSegment(0.85, 2.0, "Bob")]), lag=1.0)
+    async with DeepgramTestServer(words) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=stage, speaker_wait=30.0, provisional_speakers=provisional)
+        kit = await voice_room(channel)
+        both = asyncio.Event()
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def count(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            if event.sender_name == "Bob":
+                both.set()
+            return HookResult.allow()
+
+        session = await channel.start_session("room", "mic-1")
+        # 2.2 s of audio: the final (1.6 s + 0.3 s endpointing) comes, and the stage has decided
+        # Bob's first word (0.95 + 1.0 s) but not his last (1.6 + 1.0 s)
+        await stream(session, AUDIO[: int(2.2 * 16000)], 16000, speed=8.0)
+        committed = asyncio.create_task(both.wait())
+        done, _ = await asyncio.wait([committed], timeout=30.0 if provisional else 3.0)
+        committed.cancel()
+        await session.finish()  # the stream ends: what the stage decides now commits the rest
+        events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
+                                                                   ("Bob", "No, wait.")]
+    # with provisional speakers both turns were out before the stream ended; without, Bob's
+    # waited for the stage to decide his last word
+    assert bool(done) is provisional
+    assert stage.fed == int(2.2 * 16000)
 
 
 def test_V5_pipeline_speakers_without_a_stage_is_refused() -> None:

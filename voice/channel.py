@@ -190,6 +190,9 @@ class VoiceSession:
         self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
         self._diarizer = channel.diarizer if channel.pipeline_speakers else None
         self._timeline = SpeakerTimeline()
+        self._undecided = SpeakerTimeline()
+        """The stage's provisional speakers of the frames it has heard but not decided (a stage
+        with a `provisional()` method, like the embedded live stage); empty otherwise."""
         self._fed = 0
         self._diar_task: asyncio.Task[None] | None = None
         self._diar_wake = asyncio.Event()
@@ -425,10 +428,14 @@ class VoiceSession:
                 log.exception("voice session %s: the diarization stage failed", self.id)
             heard = self._fed / STT_SAMPLE_RATE
             ready = 0
+            timeline = self._timeline
             for w in self._unassigned:
                 placed = _overlapped(self._timeline, w)
                 if not placed and not force and heard < w.end + self.channel.speaker_wait:
-                    break
+                    early = self._continuing_voice(w, ready)
+                    if early is None:
+                        break
+                    timeline = early
                 ready += 1
             if ready < len(self._unassigned) and not force:
                 # a word with no duration takes the speaker of the word after it (V5): it waits
@@ -436,12 +443,33 @@ class VoiceSession:
                 while ready and _no_duration(self._unassigned[ready - 1]):
                     ready -= 1
             if ready:
-                self._pending.extend(assign_speakers(self._unassigned[:ready], self._timeline))
+                self._pending.extend(assign_speakers(self._unassigned[:ready], timeline))
                 self._unassigned = self._unassigned[ready:]
         done = not self._unassigned and (self._end_of_speech or force)
         await self._emit_pending(force=done)
         if done:
             self._end_of_speech = False
+
+    def _continuing_voice(self, word: Word, ready: int) -> SpeakerTimeline | None:
+        """A word the stage has not decided yet may go on at once when the stage's provisional
+        frames give it the voice of the word before it (the common case: a turn's last words,
+        which would otherwise wait about a second for the stage's decision). The timeline to
+        assign it with (decided + provisional), or None: wait for the decision (a voice change,
+        or nothing heard over the word yet). Only with `VoiceChannel(provisional_speakers=True)`."""
+        if not self.channel.provisional_speakers or not self._undecided.segments:
+            return None
+        both = SpeakerTimeline(self._timeline.segments + self._undecided.segments)
+        if not _overlapped(both, word) or _no_duration(word):
+            return None
+        if ready:
+            previous = both.speaker_over(self._unassigned[ready - 1].start,
+                                         self._unassigned[ready - 1].end)
+        elif self._pending:
+            previous = self._pending[-1].speaker
+        else:
+            previous = None if self.last_speaker is _NOBODY else self.last_speaker  # type: ignore[assignment]
+        voice = both.speaker_over(word.start, word.end)
+        return both if previous is not None and voice == previous else None
 
     async def _emit_pending(self, *, force: bool) -> None:
         runs = speaker_runs(self._pending)
@@ -541,8 +569,15 @@ class VoiceSession:
                 return
             if stage.sample_rate != STT_SAMPLE_RATE:
                 chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
-            self._timeline = await asyncio.to_thread(stage.feed, chunk)
+            self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk)
 
+
+
+def _feed(stage: DiarizationStage, chunk: FloatAudio) -> tuple[SpeakerTimeline, SpeakerTimeline]:
+    """Feed the stage (in a worker thread) and read its provisional speakers with it."""
+    timeline = stage.feed(chunk)
+    provisional = getattr(stage, "provisional", None)
+    return timeline, (provisional() if callable(provisional) else SpeakerTimeline())
 
 
 _NOBODY = object()
@@ -611,6 +646,7 @@ class VoiceChannel(Channel):
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
         on_status: StatusCallback | None = None,
         early_commit: bool = True,
+        provisional_speakers: bool = True,
     ) -> None:
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None:
@@ -636,10 +672,13 @@ class VoiceChannel(Channel):
         self.speaker_wait = speaker_wait
         self.on_play = on_play
         self.on_status = on_status
-        self.early_commit = early_commit
-        """Commit a turn as soon as an interim result shows the next voice (streaming STT)."""
         """Hears every session's stream status (degraded, recovered, audio lost, ended): the
         server tells the device and counts it. A failure in it is logged, never raised."""
+        self.early_commit = early_commit
+        """Commit a turn as soon as an interim result shows the next voice (streaming STT)."""
+        self.provisional_speakers = provisional_speakers
+        """Pipeline speakers: a word the stage has not decided yet takes the stage's provisional
+        speaker at once when that continues the voice before it (latency)."""
         self._sessions: dict[str, VoiceSession] = {}
         self._playing_until: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()

@@ -90,6 +90,7 @@ async def transcribe_audio(
     refine_speakers: bool = False,
     early_commit: bool = True,
     speaker_wait: float | None = None,
+    provisional_speakers: bool = True,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -104,7 +105,7 @@ async def transcribe_audio(
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
     channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer,
-                           early_commit=early_commit)
+                           early_commit=early_commit, provisional_speakers=provisional_speakers)
     if speaker_wait is not None:
         channel.speaker_wait = speaker_wait
     kit.register_channel(channel)
