@@ -237,8 +237,8 @@ class RealtimeChannel(Channel):
         except KeyError:
             source = None
         if not isinstance(source, TurnAudioSource):
-            log.info("%s: turn %s comes from %s, which holds no audio: sent as text",
-                     self.channel_id, event.id, event.source.channel_id)
+            log.warning("%s: turn %s comes from %s, which holds no audio: sent as text",
+                        self.channel_id, event.id, event.source.channel_id)
             return None
         try:
             pcm = source.turn_audio(turn, state.session.input_sample_rate)
@@ -246,10 +246,11 @@ class RealtimeChannel(Channel):
             log.exception("%s: reading the audio of turn %s failed: sent as text",
                           self.channel_id, event.id)
             return None
-        if pcm is None:
-            log.info("%s: the audio of turn %s (stream %s) is no longer held: sent as text",
-                     self.channel_id, event.id, turn.voice_session_id)
-        return pcm or None
+        if not pcm:
+            log.warning("%s: the audio of turn %s (stream %s) is no longer held: sent as text",
+                        self.channel_id, event.id, turn.voice_session_id)
+            return None
+        return pcm
 
     # ------------------------------------------------------------------ replies (R5)
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import voice.channel
 from models import TextContent, VoiceTurn
@@ -165,7 +167,7 @@ async def test_R3_a_turn_delivered_after_its_session_finished_goes_as_its_text_l
         await session.finish()
         late = VoiceTurn("Speaker A", 0.0, 0.5, "mic-1")
         assert room.voice.turn_audio(late, RATE) is None
-        with caplog.at_level(logging.INFO, "realtime.channel"):
+        with caplog.at_level(logging.WARNING, "realtime.channel"):
             await room.kit.post_event("r", "voice", TextContent(body="Too late for audio."),
                                       metadata=late.metadata())
             await room.rt.wait_idle("r")
@@ -173,6 +175,39 @@ async def test_R3_a_turn_delivered_after_its_session_finished_goes_as_its_text_l
     assert not [t for t in types if t.startswith("input_audio_buffer")]
     assert room.items() == ["Too late for audio."]
     assert "no longer held: sent as text" in caplog.text
+    await room.kit.close()
+
+
+async def test_R3_any_span_reads_exactly_the_sessions_samples_there() -> None:
+    """Property, over one live session: a span inside what the session holds gives exactly its
+    samples (at the log's rate, untouched; at another rate, the span's length there); a span
+    outside it, or empty, gives None; another stream's id gives None."""
+    audio = noise(3.0)
+    async with DeepgramTestServer(ScriptedWords([])) as server:
+        room = await open_room(server.url)
+        session = await room.voice.start_session("r", "mic-1", session_id="mic-1")
+        session.push_audio(audio)
+        held = float_to_pcm16(audio)
+
+        @settings(max_examples=60, deadline=None)
+        @given(start=st.floats(0.0, 3.0), length=st.floats(0.0, 3.0),
+               rate=st.sampled_from([8_000, 16_000, 24_000, 48_000]))
+        def check(start: float, length: float, rate: int) -> None:
+            end = start + length
+            got = room.voice.turn_audio(VoiceTurn("Speaker A", start, end, "mic-1"), rate)
+            begin, stop = round(start * RATE), min(round(end * RATE), len(audio))
+            if stop <= begin:
+                assert got is None
+            elif rate == RATE:
+                assert got == held[begin * 2 : stop * 2]
+            else:
+                assert got is not None
+                assert abs(len(got) // 2 - (stop - begin) * rate / RATE) <= 1
+
+        check()
+        assert room.voice.turn_audio(VoiceTurn("Speaker A", 3.5, 4.0, "mic-1"), RATE) is None
+        assert room.voice.turn_audio(VoiceTurn("Speaker A", 0.0, 1.0, "mic-2"), RATE) is None
+        await session.finish()
     await room.kit.close()
 
 
@@ -196,7 +231,7 @@ async def test_R3_a_voice_turn_from_a_channel_without_audio_or_a_failing_one_goe
         kit.register_channel(channel)
         await kit.attach_channel("r", channel.channel_id)
     turn = VoiceTurn("Speaker A", 0.0, 1.0, "mic-1")
-    with caplog.at_level(logging.INFO, "realtime.channel"):
+    with caplog.at_level(logging.WARNING, "realtime.channel"):
         await kit.post_event("r", "plain", TextContent(body="No audio here."),
                              metadata=turn.metadata())
         await kit.post_event("r", "failing", TextContent(body="Nor here."),
