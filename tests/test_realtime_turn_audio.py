@@ -12,7 +12,8 @@ included with `record_audio=True`) share one room. What must hold:
 - a turn whose audio is gone (its session finished before the turn was delivered), a voice turn
   from a channel that holds no audio, and a source that fails all reach the model as their text
   line, and nothing else breaks;
-- `replay_turns` (no voice channel: the recording is the source) cuts the same spans.
+- `replay_turns` (no voice channel: the recording is the source) cuts the same spans;
+- overlapping turns (two voices at once) each get their whole span.
 """
 
 from __future__ import annotations
@@ -265,6 +266,21 @@ async def test_R3_replay_cuts_each_turn_from_the_recording() -> None:
     same = await replay_turns(turns[:1], "recorder", audio=(at_model_rate, MODEL_RATE),
                               record_audio=True)
     assert turn_audio_sent(same.sent) == [at_model_rate[: round(1.5 * MODEL_RATE) * 2]]
+
+
+async def test_R3_overlapping_turns_each_get_their_whole_span() -> None:
+    """Two voices at once (the demo meeting has two such overlaps): each turn is cut from the
+    stream by its own times, so the later turn keeps the overlap too. (A held buffer that a turn
+    consumed up to its end gave the later turn only what came after the earlier one's end.)"""
+    audio = noise(3.0)
+    turns: list[dict[str, Any]] = [
+        {"speaker": "Speaker A", "text": "I think we should", "start": 0.0, "end": 1.5},
+        {"speaker": "Speaker B", "text": "No, wait.", "start": 1.2, "end": 3.0},
+    ]
+    result = await replay_turns(turns, "recorder", audio=(float_to_pcm16(audio), RATE),
+                                policy=AnswerNever(), record_audio=True)
+    spans = [VoiceTurn("", 0.0, 1.5, ""), VoiceTurn("", 1.2, 3.0, "")]
+    assert turn_audio_sent(result.sent) == [expected(audio, span) for span in spans]
 
 
 async def test_replay_refuses_audio_that_is_not_pcm16() -> None:
