@@ -20,9 +20,9 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   `lk.segment_id`) plus the attribution label (`chorus.speaker`); the realtime channel (from
   config) gets the labelled lines exactly as in `chorus serve`, and its reply audio, which it
   hands to the room's voice channels (`rooms.AudioSink`, so the playback gate applies), is
-  published as the agent's own audio track. In audio mode (`realtime.audio = true`) each track's
-  audio as its session accepted it (after the gate) goes to the realtime channel under the
-  session's id, pushed as it is read, so a turn's audio is there before the turn.
+  published as the agent's own audio track. In audio mode (`realtime.audio = true`) the realtime
+  channel reads each turn's audio from the voice channel that posted it (the track's session, as
+  it accepted the audio after the gate) when the turn is delivered: nothing is pushed per frame.
 
 The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
 (`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
@@ -47,7 +47,7 @@ from livekit_worker.participants import Speaker, speaker_of
 from models import RoomEvent
 from realtime import RealtimeChannel
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
-from voice.audio import STT_SAMPLE_RATE, float_to_pcm16, resample
+from voice.audio import STT_SAMPLE_RATE, resample
 from voice.channel import TranscriptionEvent, VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider
@@ -333,24 +333,12 @@ class ChorusRoomAgent:
             return session
 
     async def _read(self, feed: _Feed) -> None:
-        realtime = self.realtime if self.realtime is not None and self.realtime.audio_mode else None
         async for event in feed.stream:
             pcm = bytes(event.frame.data)
             if not pcm:
                 continue
-            try:
-                accepted = feed.session.push(pcm)
-            except Exception:
-                continue  # logged by the session (V10); the stream goes on
-            if realtime is not None and accepted:
-                # what the session accepted (after the playback gate), on the session's clock
-                total = feed.session.audio.total
-                heard = float_to_pcm16(feed.session.audio.samples(total - accepted, total))
-                try:
-                    await realtime.push_audio(self.room_name, heard, STT_SAMPLE_RATE,
-                                              stream_id=feed.session.id)
-                except Exception:
-                    log.exception("room %s: realtime audio push failed", self.room_name)
+            with contextlib.suppress(Exception):  # logged by the session (V10); the stream goes on
+                feed.session.push(pcm)
 
     async def close_track(self, track_sid: str) -> None:
         """Stop reading the track and end its session: the turn in progress is committed once."""
@@ -366,8 +354,6 @@ class ChorusRoomAgent:
             try:
                 await feed.session.finish()
             finally:
-                if self.realtime is not None and self.realtime.audio_mode:
-                    self.realtime.forget_stream(self.room_name, feed.session.id)
                 if feed.release is not None:
                     feed.release()
 

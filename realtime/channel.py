@@ -10,10 +10,14 @@ stays labelled. Whether the model is asked to answer is the speak policy's decis
 made on the turn's label, never on its text's claims. Replies come back as room events of this
 channel (never prefixed) and as audio handed to every `AudioSink` attached to the room (R5).
 
-Audio mode (R3): the room's shared-mic audio is pushed to the channel (`push_audio`); the model's
-own turn detection is off; when the voice channel's turn event arrives (with its `start`/`end`),
-the channel appends that turn's audio, commits it, adds the labelled item naming the speaker, then
-asks for a response if the policy allows — so the model hears the voice *and* knows whose it was.
+Audio mode (R3): the model's own turn detection is off; when the voice channel's turn event
+arrives (with its `start`/`end` and `voice_session_id`), the channel asks the channel that posted
+it for that turn's audio (`rooms.TurnAudioSource`, at the session's input rate), appends it,
+commits it, adds the labelled item naming the speaker, then asks for a response if the policy
+allows — so the model hears the voice *and* knows whose it was. Nothing is pushed ahead and
+nothing is held here: audio no turn claims is never copied or converted, and a stream's turns
+can only take that stream's samples. A turn whose audio is no longer held (its stream ended
+before the turn was delivered, or its source keeps no audio) goes to the model as its text line.
 
 One session per room; order, reconnect with replay (R6) and one-response-at-a-time live in
 `realtime.session.RealtimeSession`.
@@ -26,8 +30,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
-
-import numpy as np
 
 from attribution import Register
 from attribution.session import SessionLabels
@@ -42,8 +44,7 @@ from realtime.session import (
     SessionEvent,
     SessionOptions,
 )
-from rooms import AudioSink, Channel, RoomContext
-from voice.audio import StreamResampler, float_to_pcm16, pcm16_to_float
+from rooms import AudioSink, Channel, RoomContext, TurnAudioSource
 
 log = logging.getLogger(__name__)
 
@@ -52,65 +53,10 @@ AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
 
 
 @dataclass
-class _HeldAudio:
-    """One stream's pushed audio (16-bit mono at the session's rate) until a turn claims it."""
-
-    rate: int
-    audio: bytearray = field(default_factory=bytearray)
-    start: int = 0
-    """Stream position (samples) of `audio[0]`; stream time 0 is the first sample pushed."""
-    resampler: StreamResampler | None = None
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.audio) // 2
-
-    def push(self, samples: np.ndarray[Any, Any], sample_rate: int) -> None:
-        if self.resampler is None:
-            self.resampler = StreamResampler(self.rate)
-        self._hold(self.resampler.resample(samples, sample_rate))
-
-    def flush(self) -> None:
-        """Emit what the streaming resampler still holds back (its look-ahead, ~20-30 ms), so a
-        turn ending at the edge of the pushed audio gets all of it; the next push starts anew."""
-        if self.resampler is not None:
-            self._hold(self.resampler.flush())
-
-    def _hold(self, samples: np.ndarray[Any, Any]) -> None:
-        if len(samples):
-            self.audio.extend(float_to_pcm16(samples))
-
-    def drop_oldest(self, keep_seconds: float) -> float:
-        excess = len(self.audio) // 2 - round(keep_seconds * self.rate)
-        if excess <= 0:
-            return 0.0
-        del self.audio[: excess * 2]
-        self.start += excess
-        return excess / self.rate
-
-    def take(self, start_s: float | None, end_s: float | None) -> bytes | None:
-        """The span `start_s`…`end_s` (seconds of stream time), consuming everything up to its end."""
-        if end_s is None or round(end_s * self.rate) > self.end:
-            self.flush()
-        held = len(self.audio) // 2
-        begin, end = 0, held
-        if end_s is not None:
-            end = min(held, max(0, round(end_s * self.rate) - self.start))
-        if start_s is not None:
-            begin = min(end, max(0, round(start_s * self.rate) - self.start))
-        pcm = bytes(self.audio[begin * 2 : end * 2])
-        del self.audio[: end * 2]
-        self.start += end
-        return pcm or None
-
-
-@dataclass
 class _RoomState:
     session: RealtimeSession
     labels: SessionLabels = field(default_factory=SessionLabels)
     """G3: who the room holds, whether this session's lines are labelled, note sent."""
-    streams: dict[str | None, _HeldAudio] = field(default_factory=dict)
-    """Audio mode: pushed audio waiting for its turn, per stream (`voice_session_id`)."""
     replies: list[RoomEvent] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     """Every context line sent for this room, as sent (labelled or plain)."""
@@ -143,13 +89,10 @@ class RealtimeChannel(Channel):
         output_audio: bool = True,
         voice: str | None = None,
         answer_agents: bool = False,
-        max_held_seconds: float = 120.0,
         response_timeout: float | None = 60.0,
         **provider_options: Any,
     ) -> None:
         super().__init__(channel_id)
-        self.max_held_seconds = max_held_seconds
-        """Audio mode: at most this much pushed audio waits for its turn event."""
         self.provider = provider
         self.provider_options = provider_options
         self.assistant_name = assistant_name
@@ -260,13 +203,11 @@ class RealtimeChannel(Channel):
         label, text = line.label, line.text
         state.lines.append(text)
         item = ContextItem("user", text)
-        pcm = None
         voice = VoiceTurn.of(event) if self.audio_mode else None
-        if voice is not None:
-            pcm = self._take_turn_audio(state, voice)  # a typed message has no audio
+        pcm = None if voice is None else self._turn_audio(event, voice, ctx, state)
         if pcm is not None:
             session.post_audio_turn(pcm, item, send_item=line.labelled)
-        else:
+        else:  # a typed message, or a turn whose audio is gone: its line, as text
             session.post_item(item)
         if self._should_answer(event, label, state, participants):
             session.post_response()
@@ -287,53 +228,29 @@ class RealtimeChannel(Channel):
 
     # ------------------------------------------------------------------ audio (R3)
 
-    def forget_stream(self, room_id: str, stream_id: str | None) -> None:
-        """Drop a finished stream's held audio (what no turn claimed yet)."""
-        state = self._rooms.get(room_id)
-        if state is not None:
-            state.streams.pop(stream_id, None)
-
-    async def push_audio(
-        self,
-        room_id: str,
-        pcm16: bytes,
-        sample_rate: int,
-        channels: int = 1,
-        *,
-        stream_id: str | None = None,
-    ) -> None:
-        """Feed shared-mic audio (16-bit PCM, any rate, interleaved channels) of one stream.
-
-        The audio is held until the voice channel's turn event says whose it was. Stream time 0 is
-        the stream's first sample pushed, the point the voice channel's `start`/`end` count from;
-        `stream_id` is the stream's `voice_session_id` when a room has several microphones.
-        """
-        if not self.audio_mode:
-            raise RuntimeError(f"channel {self.channel_id!r} is not in audio mode")
-        if sample_rate <= 0 or channels <= 0:
-            raise ValueError(f"invalid audio format: {sample_rate} Hz, {channels} channels")
-        if len(pcm16) % (2 * channels):
-            raise ValueError("pcm16 length is not a whole number of 16-bit frames")
-        state = self._state(room_id)
-        held = state.streams.get(stream_id)
-        if held is None:
-            held = state.streams[stream_id] = _HeldAudio(state.session.input_sample_rate)
-        samples = pcm16_to_float(pcm16)
-        if channels > 1:
-            samples = samples.reshape(-1, channels).mean(axis=1)
-        held.push(samples, sample_rate)
-        dropped = held.drop_oldest(self.max_held_seconds)
-        if dropped:  # no turn came for that long (a hook blocked them?)
-            log.warning("%s: dropped %.1f s of audio no turn claimed", self.channel_id, dropped)
-
-    def _take_turn_audio(self, state: _RoomState, turn: VoiceTurn) -> bytes | None:
-        """The audio of one voice turn (its `start`…`end`), from its stream's held audio."""
-        held = state.streams.get(turn.voice_session_id) if turn.voice_session_id else None
-        if held is None:
-            held = state.streams.get(None)
-        if held is None:
+    def _turn_audio(
+        self, event: RoomEvent, turn: VoiceTurn, ctx: RoomContext, state: _RoomState
+    ) -> bytes | None:
+        """The turn's audio at the session's input rate, from the channel that posted it."""
+        try:
+            source = ctx.kit.get_channel(event.source.channel_id)
+        except KeyError:
+            source = None
+        if not isinstance(source, TurnAudioSource):
+            log.warning("%s: turn %s comes from %s, which holds no audio: sent as text",
+                        self.channel_id, event.id, event.source.channel_id)
             return None
-        return held.take(turn.start, turn.end)
+        try:
+            pcm = source.turn_audio(turn, state.session.input_sample_rate)
+        except Exception:
+            log.exception("%s: reading the audio of turn %s failed: sent as text",
+                          self.channel_id, event.id)
+            return None
+        if not pcm:
+            log.warning("%s: the audio of turn %s (stream %s) is no longer held: sent as text",
+                        self.channel_id, event.id, turn.voice_session_id)
+            return None
+        return pcm
 
     # ------------------------------------------------------------------ replies (R5)
 

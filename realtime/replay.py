@@ -5,6 +5,8 @@ realtime model receives from a meeting. Rather than re-implementing the labellin
 small room — a voice-like channel posting each turn with the voice channel's metadata
 (`sender_name`, `speaker_label`, `start`, `end`, `source="voice"`) and a `RealtimeChannel` — so
 the session receives the very client events the room's realtime channel sends in production.
+With a recording (audio mode), that voice-like channel also holds it and answers the realtime
+channel's request for each turn's audio (`rooms.TurnAudioSource`), as the voice channel does live.
 
 With a summarizing memory (`memory=SummarizingMemory(...)` or `CompactingMemory(...)`, G4), a long
 meeting is not streamed whole: every turn is committed to the room first, the memory folds the
@@ -23,17 +25,39 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from attribution import Register, render_summary
-from models import TextContent
+from models import TextContent, VoiceTurn
 from realtime.channel import RealtimeChannel
 from realtime.policy import SpeakPolicy
 from realtime.session import SentEvent
 from rooms import Channel, RoomContext, RoomKit, SummarizingMemory
+from voice.audio import float_to_pcm16, pcm16_to_float, resample
 
 
 class _TurnChannel(Channel):
-    """Posts turns the way the voice channel does (V2); plays nothing, hears nothing."""
+    """Posts turns the way the voice channel does (V2); plays nothing, hears nothing.
+
+    With a recording (audio mode, R3) it is the turns' `rooms.TurnAudioSource`, as the voice
+    channel is in a live room: the realtime channel asks it for each turn's span of the recording
+    when the turn is delivered, at the session's input rate."""
 
     channel_type: ClassVar[str] = "voice"
+
+    def __init__(self, channel_id: str, recording: tuple[bytes, int] | None = None) -> None:
+        super().__init__(channel_id)
+        self.recording = recording
+
+    def turn_audio(self, turn: VoiceTurn, sample_rate: int) -> bytes | None:
+        if self.recording is None:
+            return None
+        pcm, rate = self.recording
+        begin = min(len(pcm) // 2, max(0, round(turn.start * rate)))
+        end = min(len(pcm) // 2, max(begin, round(turn.end * rate)))
+        span = pcm[begin * 2 : end * 2]
+        if not span:
+            return None
+        if rate == sample_rate:
+            return span
+        return float_to_pcm16(resample(pcm16_to_float(span), rate, sample_rate))
 
 
 @dataclass
@@ -189,12 +213,14 @@ async def replay_turns(
     """
     if memory is not None and audio is not None:
         raise ValueError("replaying with a summarizing memory is text only (no audio)")
+    if audio is not None and (audio[1] <= 0 or len(audio[0]) % 2):
+        raise ValueError("audio must be 16-bit mono PCM with a positive sample rate")
     posts = _turn_posts(turns)
     channel_id = "realtime"
     folded, summary = (0, None) if memory is None else await _fold(memory, posts, channel_id)
     kit = RoomKit()
     room = await kit.create_room()
-    source = kit.register_channel(_TurnChannel("voice"))
+    source = kit.register_channel(_TurnChannel("voice", audio))
     channel = RealtimeChannel(
         channel_id,
         provider,
@@ -206,8 +232,8 @@ async def replay_turns(
     )
     kit.register_channel(channel)
     await kit.attach_channel(room.id, source.channel_id, group=True)
-    pcm, rate = audio if audio is not None else (b"", 0)
-    pushed = 0  # samples of the recording already pushed
+    samples, rate = (len(audio[0]) // 2, audio[1]) if audio is not None else (0, 0)
+    heard = 0.0  # seconds of the recording the turns so far covered
     attached = False
 
     async def attach() -> None:
@@ -228,16 +254,14 @@ async def replay_turns(
         for index, (text, metadata) in enumerate(posts):
             if index == folded and not attached:
                 await attach()
-            if audio is not None and rate:
-                end_s = metadata.get("end")
-                upto = len(pcm) // 2 if end_s is None else min(len(pcm) // 2, round(end_s * rate))
-                # a turn without times holds the audio since the last one (a typed voice turn
+            if rate:
+                # a turn without times covers the recording since the last one (a voice turn
                 # always has both)
-                metadata.setdefault("start", pushed / rate)
-                metadata.setdefault("end", max(upto, pushed) / rate)
-                if upto > pushed:
-                    await channel.push_audio(room.id, pcm[pushed * 2 : upto * 2], rate)
-                    pushed = upto
+                end_s = metadata.get("end")
+                until = samples / rate if end_s is None else min(samples / rate, float(end_s))
+                metadata.setdefault("start", heard)
+                metadata.setdefault("end", max(until, heard))
+                heard = max(heard, min(float(metadata["end"]), samples / rate))
             await kit.post_event(
                 room.id, source.channel_id, TextContent(body=text), metadata=metadata
             )

@@ -10,7 +10,7 @@ build on it.
 """
 
 from rooms.ai import AIChannel, AIProvider, AIResponse, MockAIProvider
-from rooms.channel import AudioSink, Channel, RoomContext, TextChannel
+from rooms.channel import AudioSink, Channel, RoomContext, TextChannel, TurnAudioSource
 from rooms.delegation import Delegation, TaskWorker, delegate_task
 from rooms.hooks import HookContext, HookResult, HookTrigger
 from rooms.kit import InboundResult, RoomKit, RoutingError
@@ -84,6 +84,7 @@ __all__ = [
     "SummarizingMemory",
     "TaskWorker",
     "TextChannel",
+    "TurnAudioSource",
     "delegate_task",
     "open_store",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from models import InboundMessage, Participant, RoomEvent, TextContent
+from models import InboundMessage, Participant, RoomEvent, TextContent, VoiceTurn
 
 if TYPE_CHECKING:
     from rooms.kit import InboundResult, RoomKit
@@ -70,6 +70,25 @@ class AudioSink(Protocol):
     """A channel that can play audio into a room (the voice channel's loudspeaker)."""
 
     async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None: ...
+
+
+@runtime_checkable
+class TurnAudioSource(Protocol):
+    """A channel that can hand out the audio of the voice turns it posted (the voice channel).
+
+    A channel that needs a turn's audio (the realtime channel in audio mode, R3) asks the channel
+    that posted the turn (`event.source.channel_id`) when the turn is delivered, instead of being
+    fed every frame ahead of time: only turn audio is ever converted, once, to the rate the asker
+    wants. Reading at delivery time is safe because `RoomKit.post_event` returns only after the
+    event was delivered, so a source that keeps a stream's audio until its last `post_event`
+    returned has every turn's audio when asked.
+    """
+
+    def turn_audio(self, turn: VoiceTurn, sample_rate: int) -> bytes | None:
+        """The samples of `turn` (`start`…`end` of stream `turn.voice_session_id`) as 16-bit
+        little-endian mono PCM at `sample_rate`; None when the source no longer holds them (the
+        stream ended, or the span fell out of what it keeps)."""
+        ...
 
 
 class TextChannel(Channel):

@@ -4,8 +4,9 @@ Owns turning a `ServerConfig` into the channels of a room and into one audio ses
 and nothing else: `server.live` only sees `Pipeline.attach_room`, `Pipeline.open_stream` and the
 `StreamAudio` it returns (`push` raw frames, `finish` to flush the last turns). Models are loaded
 once per server and shared by every room; model work runs off the event loop inside the voice
-channel (V, P rules). With `realtime.audio = true` each stream's audio also goes to the room's
-realtime channel, per stream, on the voice session's clock (R3, `server.realtime_audio`).
+channel (V, P rules). With `realtime.audio = true` the room's realtime channel asks the voice
+channel for each turn's audio when the turn is delivered (R3, `rooms.TurnAudioSource`): nothing
+to wire per stream.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from typing import Any, Protocol
 
 from diarization import enroll_voices, load_stage
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
-from rooms import AIChannel, HookContext, HookTrigger, RoomKit, SlidingWindowMemory
+from rooms import AIChannel, RoomKit, SlidingWindowMemory
 from rooms.acp import ACPAgentChannel
 from server.config import ServerConfig
-from server.realtime_audio import RealtimeAudioTap, throttle_drop_warnings
 from voice.audio import AudioError
 from voice.channel import StatusCallback, VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
@@ -91,8 +91,8 @@ class VoicePipeline:
     - One external agent (`ACPAgentChannel` "agent", `[agent]`) when `agent.command` is set: one
       subprocess for the server, one ACP session per room (G3 labelling).
     - One `RealtimeChannel` (one session per room) when `realtime.provider` is not `none`; in
-      audio mode (`realtime.audio`) every stream gets a `RealtimeAudioTap` feeding it that
-      stream's audio under the stream's `voice_session_id`.
+      audio mode (`realtime.audio`) it reads each turn's audio from the voice channel that posted
+      the turn (the stream's session, by `voice_session_id`), so streams need no extra wiring.
     """
 
     def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
@@ -109,10 +109,6 @@ class VoicePipeline:
         self.agent = _agent_channel(config)
         """The external ACP agent (`[agent]`), one session per room; or None."""
         """The room's chat model (`[chat]`), reading typed and spoken turns alike; or None."""
-        self._taps: dict[str, RealtimeAudioTap] = {}
-        """Audio mode: the tap of each open stream, by `voice_session_id`."""
-        if self.audio_mode:
-            throttle_drop_warnings()
         self._pools: dict[str, list[VoiceChannel]] = {}
         self._serial = 0
         self._registered = False
@@ -121,11 +117,6 @@ class VoicePipeline:
         """Enrolled voices (`[diarizer] enroll`): name → 16 kHz audio, read once at start."""
         self._pyannote_pipeline: Any = None
         """The pyannote pipeline every pooled pyannote stage shares (loaded by the first)."""
-
-    @property
-    def audio_mode(self) -> bool:
-        """Streams' audio goes to the realtime channel (R3)."""
-        return self.realtime is not None and self.realtime.audio_mode
 
     @property
     def diarizes_with_stage(self) -> bool:
@@ -144,20 +135,7 @@ class VoicePipeline:
             kit.register_channel(self.chat_ai)
         if self.agent is not None:
             kit.register_channel(self.agent)
-        if self.audio_mode:
-            kit.hooks.add(
-                HookTrigger.ON_TRANSCRIPTION,
-                self._audio_before_turn,
-                priority=-1000,
-                name="server-realtime-audio",
-            )
         self._registered = True
-
-    async def _audio_before_turn(self, value: object, ctx: HookContext) -> None:
-        """A turn is about to be committed: its stream's audio reaches the channel first."""
-        tap = self._taps.get(str(ctx.extra.get("voice_session_id")))
-        if tap is not None:
-            await tap.sync()  # never raises
 
     async def attach_room(self, kit: RoomKit, room_id: str) -> None:
         self._register(kit)
@@ -243,11 +221,7 @@ class VoicePipeline:
                 self._pools[info.room_id].append(channel)
             raise
         release = (lambda: self._pools[info.room_id].append(channel)) if pooled else None
-        tap: RealtimeAudioTap | None = None
-        if self.audio_mode:
-            assert self.realtime is not None
-            tap = self._taps[session.id] = RealtimeAudioTap(self.realtime, session)
-        return VoiceStreamAudio(session, release, tap, on_close=self._taps.pop)
+        return VoiceStreamAudio(session, release)
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """Close and drop the room's pooled voice channels (all idle: no stream is open).
@@ -270,39 +244,22 @@ class VoicePipeline:
 class VoiceStreamAudio:
     """A `StreamAudio` over one `VoiceSession`."""
 
-    def __init__(
-        self,
-        session: VoiceSession,
-        release: Callable[[], None] | None,
-        tap: RealtimeAudioTap | None = None,
-        on_close: Callable[[str], object] | None = None,
-    ) -> None:
+    def __init__(self, session: VoiceSession, release: Callable[[], None] | None) -> None:
         self.session = session
         self.session_id = session.id
         self._release = release
-        self.tap = tap
-        """Audio mode: hands what the session accepted to the realtime channel (R3)."""
-        self._on_close = on_close
         self.skipped = 0
 
     async def push(self, frame: bytes) -> None:
         try:
-            accepted = self.session.push(frame)
+            self.session.push(frame)
         except AudioError:
             self.skipped += 1  # logged by the session; the stream goes on (V10)
-            return
-        if accepted and self.tap is not None:
-            self.tap.notify()
 
     async def finish(self) -> None:
         try:
-            await self.session.finish()  # its last turns took their audio (the hook syncs first)
+            await self.session.finish()  # its last turns were delivered with their audio (R3)
         finally:
-            if self.tap is not None:
-                await self.tap.close()
-                if self._on_close is not None:
-                    self._on_close(self.session_id)
-                self.tap = None
             if self._release is not None:
                 self._release()
                 self._release = None

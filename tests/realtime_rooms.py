@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from attribution import NOTE, Register, labelling_on, render_line
-from models import RoomEvent, TextContent
+from models import RoomEvent, TextContent, VoiceTurn
 from rooms import Channel, RoomKit
+from voice.audio import float_to_pcm16, pcm16_to_float, resample
 
 FALLBACK_TURNS: list[dict[str, Any]] = [
     {
@@ -58,9 +59,34 @@ def meeting_turns(repo: Path, limit: int | None = None) -> list[dict[str, Any]]:
 
 class VoiceLikeChannel(Channel):
     """Posts turns with the voice channel's metadata (V2): `sender_name`, `speaker_label`,
-    `start`, `end`, `voice_session_id`, `source="voice"`."""
+    `start`, `end`, `voice_session_id`, `source="voice"`.
+
+    Audio mode (R3): like the voice channel it is the turns' `rooms.TurnAudioSource`. `hear(…)`
+    gives it what a stream heard (16-bit mono PCM from stream time 0, any rate); `turn_audio`
+    cuts a turn's span out of it, resampled to the rate asked for, and keeps each request in
+    `asked` (a turn, and the rate)."""
 
     channel_type: ClassVar[str] = "voice"
+
+    def __init__(self, channel_id: str) -> None:
+        super().__init__(channel_id)
+        self.heard: dict[str, tuple[bytearray, int]] = {}
+        self.asked: list[tuple[VoiceTurn, int]] = []
+
+    def hear(self, pcm16: bytes, sample_rate: int, *, stream: str = "test") -> None:
+        held, rate = self.heard.setdefault(stream, (bytearray(), sample_rate))
+        assert rate == sample_rate, "one stream, one rate"
+        held.extend(pcm16)
+
+    def turn_audio(self, turn: VoiceTurn, sample_rate: int) -> bytes | None:
+        self.asked.append((turn, sample_rate))
+        if turn.voice_session_id not in self.heard:
+            return None
+        held, rate = self.heard[turn.voice_session_id]
+        span = bytes(held[round(turn.start * rate) * 2 : round(turn.end * rate) * 2])
+        if not span or rate == sample_rate:
+            return span or None
+        return float_to_pcm16(resample(pcm16_to_float(span), rate, sample_rate))
 
     async def say(
         self,

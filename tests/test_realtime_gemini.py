@@ -100,7 +100,7 @@ async def test_R3_gemini_audio_mode_activity_markers_then_labelled_item(
     kit, voice, realtime = await open_room(server, audio_mode=True)
     n = 32_000
     tone = struct.pack(f"<{n}h", *(int(6000 * math.sin(i / 7)) for i in range(n)))
-    await realtime.push_audio("r1", tone, 16_000)
+    voice.hear(tone, 16_000)
     await voice.say("r1", "Speaker A", "Hello.", start=0.0, end=1.0)
     await voice.say("r1", "Speaker B", "Chorus, hi.", start=1.0, end=2.0)
     await realtime.wait_idle("r1")
@@ -120,4 +120,6 @@ async def test_R3_gemini_audio_mode_activity_markers_then_labelled_item(
         "client_content:turn_complete",
     ]
     assert server.latest.lines == [f'Speaker B: "Chorus, hi."\n\n{NOTE}']
+    # each turn's audio was asked for at Gemini's own input rate: cut, never resampled
+    assert [rate for _, rate in voice.asked] == [16_000, 16_000]
     await kit.close()

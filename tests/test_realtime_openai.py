@@ -357,10 +357,10 @@ async def test_R3_audio_mode_append_commit_label_then_response_per_turn(
 ) -> None:
     room = await open_room(server, policy=AnswerAlways(), audio_mode=True)
     audio = _tone(3.0)
-    await room.realtime.push_audio("r1", audio[: 16_000 * 2], 16_000)  # first second
+    room.voice.hear(audio[: 16_000 * 2], 16_000)  # first second
     await room.say("Speaker A", "Hello there.", start=0.0, end=1.0)
     await room.idle()
-    await room.realtime.push_audio("r1", audio[16_000 * 2 :], 16_000)  # the next two seconds
+    room.voice.hear(audio[16_000 * 2 :], 16_000)  # the next two seconds
     await room.say("Speaker B", "Hi, Chorus.", start=1.2, end=3.0)
     await room.idle()
     await server.wait_for(lambda s: s.latest.types.count("response.create") == 2)
@@ -381,7 +381,8 @@ async def test_R3_audio_mode_append_commit_label_then_response_per_turn(
     # one speaker so far: the first turn is heard, not labelled; the second names its speaker
     assert lines_sent(server) == [f'Speaker B: "Hi, Chorus."\n\n{NOTE}']
     committed = server.latest.audio_bytes_committed
-    # the resampler is flushed when a turn ends at the edge of the pushed audio
+    # each turn's span, asked for at the session's input rate when the turn arrived
+    assert [rate for _, rate in room.voice.asked] == [24_000, 24_000]
     assert abs(committed[0] - 24_000 * 2) <= 4  # 1.0 s at 24 kHz
     assert abs(committed[1] - int(1.8 * 24_000) * 2) <= 4  # 1.2 s … 3.0 s
     appended = b"".join(
@@ -395,7 +396,7 @@ async def test_R3_audio_mode_append_commit_label_then_response_per_turn(
 
 async def test_R3_audio_mode_labelled_items_name_each_speaker(server: OpenAIRealtimeServer) -> None:
     room = await open_room(server, policy=AnswerWhenAddressed(), audio_mode=True)
-    await room.realtime.push_audio("r1", _tone(4.0), 16_000)
+    room.voice.hear(_tone(4.0), 16_000)
     await room.say("Speaker A", "Shall we start?", start=0.0, end=1.0)
     await room.say("Speaker B", "Yes.", start=1.0, end=2.0)
     await room.say("Speaker A", "Chorus, take notes.", start=2.0, end=4.0)
@@ -561,8 +562,8 @@ async def test_R3_two_microphones_each_turn_takes_its_own_streams_audio(
     server: OpenAIRealtimeServer,
 ) -> None:
     room = await open_room(server, policy=AnswerAlways(), audio_mode=True)
-    await room.realtime.push_audio("r1", _tone(2.0), 16_000, stream_id="mic-1")
-    await room.realtime.push_audio("r1", _tone(0.5, rate=48_000), 48_000, stream_id="mic-2")
+    room.voice.hear(_tone(2.0), 16_000, stream="mic-1")
+    room.voice.hear(_tone(0.5, rate=48_000), 48_000, stream="mic-2")
     await room.voice.say(
         "r1", "Speaker A", "From the first room.", start=0.0, end=2.0, stream="mic-1"
     )

@@ -176,23 +176,6 @@ def test_python_m_realtime_prints_what_the_recorder_was_sent(
     assert "expected a list of turns" in capsys.readouterr().err
 
 
-async def test_R3_forget_stream_drops_a_finished_streams_held_audio() -> None:
-    from realtime import RealtimeChannel
-    from rooms import RoomKit
-
-    kit = RoomKit()
-    channel = RealtimeChannel("rt", "recorder", audio_mode=True)
-    kit.register_channel(channel)
-    await kit.create_room(room_id="r")
-    await kit.attach_channel("r", "rt")
-    await channel.push_audio("r", b"\x00\x00" * 1600, 16000, stream_id="mic-1")
-    await channel.push_audio("r", b"\x00\x00" * 1600, 16000, stream_id="mic-2")
-    channel.forget_stream("r", "mic-1")
-    channel.forget_stream("nowhere", "mic-1")  # an unknown room is no error
-    assert set(channel._rooms["r"].streams) == {"mic-2"}
-    await kit.close()
-
-
 async def test_the_record_of_client_events_holds_no_audio_and_is_bounded() -> None:
     """Issue 10.3: an hour of audio mode must not keep every base64 append (55 KB per second)."""
     session = RecorderSession(record_limit=40)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,13 +28,11 @@ import pytest
 from models import RoomEvent
 from realtime import RealtimeChannel
 from realtime.testing.openai_server import OpenAIRealtimeServer, events_sent, types_sent
-from rooms import RoomKit
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.config import ConfigError, load_config
 from server.pipeline import VoiceStreamAudio, realtime_channel
 from server.protocol import StartMessage
-from server.realtime_audio import RealtimeAudioTap
 from server.testing.harness import (
     SECRET,
     RunningServer,
@@ -43,7 +40,7 @@ from server.testing.harness import (
     local_deepgram_stt,
     running_server,
 )
-from tests.realtime_rooms import VoiceLikeChannel, expected_lines
+from tests.realtime_rooms import expected_lines
 from voice.audio import AudioLog, float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
@@ -249,7 +246,6 @@ async def test_audio_mode_off_sends_no_audio() -> None:
             await asyncio.gather(room4.stop(), dana.stop())
         rt = server.server.rooms.pipeline.realtime  # type: ignore[attr-defined]
         assert isinstance(rt, RealtimeChannel) and not rt.audio_mode
-        assert not server.server.rooms.pipeline._taps  # type: ignore[attr-defined]
         await eventually(lambda: len(rt.lines_for(ROOM)) >= 3, 10, "three lines")
         await rt.wait_idle(ROOM)
         lines = rt.lines_for(ROOM)
@@ -263,58 +259,6 @@ async def test_audio_mode_off_sends_no_audio() -> None:
     ]
     assert items == lines and len(items) == 3  # every turn as a text line (R2), no audio
     assert kinds.count("response.create") == 1  # Dana's turn only
-
-
-# --------------------------------------------------------------------------- the tap alone
-
-
-@dataclass
-class Session:
-    """What the tap reads of a voice session: its id, room and accepted audio."""
-
-    room_id: str
-    id: str
-    audio: AudioLog = field(default_factory=AudioLog)
-
-
-async def test_a_failing_realtime_side_costs_the_audio_path_nothing_and_keeps_the_clock(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """While the channel refuses the audio (room not attached yet) the tap keeps its place; once
-    it can push, the channel gets every sample from the session's sample 0, so a turn's span
-    still cuts the right audio."""
-    kit = RoomKit()
-    await kit.create_room(room_id="r")
-    rt = RealtimeChannel("rt", "recorder", audio_mode=True, record_audio=True)
-    kit.register_channel(rt)
-    session = Session("r", "device-1")
-    tap = RealtimeAudioTap(rt, session, interval=0.0, retry_s=0.0)
-    second = np.full(16000, 0.25, np.float32)
-    session.audio.append(second)  # 1 s of a constant level ...
-    session.audio.append(-second)  # ... then 1 s of its opposite
-    with caplog.at_level(logging.WARNING, "server.realtime_audio"):
-        tap.notify()  # the audio path's whole cost: set an event
-        await eventually(lambda: tap.failures >= 1, 5, "a refused push")
-    assert tap.pushed == 0 and "retrying" in caplog.text
-    await kit.attach_channel("r", "rt")
-    await tap.sync()
-    assert tap.pushed == 32000 and not tap.off
-    # a turn over 1.2…1.8 s of session time cuts the second second: the negative level
-    voice = VoiceLikeChannel("voice")
-    kit.register_channel(voice)
-    await kit.attach_channel("r", "voice")
-    await voice.say("r", "Alice", "hello", start=1.2, end=1.8, stream="device-1")
-    await rt.wait_idle("r")
-    appended = [
-        np.frombuffer(base64.b64decode(e.event["audio"]), "<i2")
-        for e in rt.session_for("r").sent
-        if e.event["type"] == "input_audio_buffer.append"
-    ]
-    pcm = np.concatenate(appended)
-    assert abs(len(pcm) - 0.6 * MODEL_RATE) <= 2
-    assert np.all(pcm < -0.2 * 32768)
-    await tap.close()
-    await kit.close()
 
 
 # --------------------------------------------------------------------------- configuration

@@ -627,7 +627,8 @@ def _overlapped(timeline: SpeakerTimeline, word: Word) -> bool:
 
 
 class VoiceChannel(Channel):
-    """Turns shared-microphone audio into per-speaker room events. Implements `rooms.AudioSink`."""
+    """Turns shared-microphone audio into per-speaker room events. Implements `rooms.AudioSink`
+    and `rooms.TurnAudioSource` (a turn's audio, asked for when the turn is delivered: R3)."""
 
     channel_type: ClassVar[str] = "voice"
 
@@ -766,6 +767,23 @@ class VoiceChannel(Channel):
     def is_playing(self, room_id: str) -> bool:
         until = self._playing_until.get(room_id)
         return until is not None and asyncio.get_running_loop().time() < until
+
+    # -- TurnAudioSource (R3) ----------------------------------------------------------------
+
+    def turn_audio(self, turn: VoiceTurn, sample_rate: int) -> bytes | None:
+        """The audio of one of this channel's turns (`rooms.TurnAudioSource`): its session's
+        accepted samples over `start`…`end` (after the V9 gate), resampled as float and converted
+        to PCM16 once. A session is readable until `finish()` returns, after its last turns were
+        delivered (`post_event` returns after delivery); then None, as for a span the session's
+        `AudioLog` no longer holds (a span partly dropped gives what is held)."""
+        session = self._sessions.get(turn.voice_session_id)
+        if session is None:
+            return None
+        log_rate = session.audio.sample_rate
+        samples = session.audio.samples(round(turn.start * log_rate), round(turn.end * log_rate))
+        if len(samples) == 0:
+            return None
+        return float_to_pcm16(resample(samples, log_rate, sample_rate))
 
     # -- Channel -----------------------------------------------------------------------------
 
