@@ -13,7 +13,9 @@ streams running (looping the meeting) and samples the server's memory over time.
 time twice, first alone, then while one more device in its own room floods the server (the
 meeting as fast as the socket takes it, alternating 2-byte and full-size frames). The other
 rooms' p95 should not move beyond noise; the flooder's fate (how much audio the server took, how
-it was closed) is reported. `--server-repo PATH` (repeatable) runs everything against the
+it was closed) is reported. `--stt whisper` serves with the embedded default instead (local Whisper, no stand-in), so any
+recording can be streamed (`--audio`, e.g. an unseen LibriSpeech conversation): issue 10's
+latency measurement. `--server-repo PATH` (repeatable) runs everything against the
 `chorus serve` of another checkout too (e.g. an older commit), in the same run, one server after
 the other, so old and new are measured by the same command on the same machine state.
 
@@ -62,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="streams during the soak (0: the largest N that held)",
+    )
+    parser.add_argument(
+        "--stt",
+        choices=["deepgram", "whisper"],
+        default="deepgram",
+        help="deepgram: the local Deepgram-protocol stand-in (knows only the demo meeting's words); "
+        "whisper: the embedded default (local Whisper tiny.en), any recording",
     )
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument(
@@ -579,10 +588,15 @@ async def _run(args: argparse.Namespace) -> int:
     meeting_dir = _resolve(args.audio).parent
     repos = [_resolve(r) for r in (args.server_repo or [str(REPO)])]
     runs: list[ServerRun] = []
-    with _process(
-        deepgram_server_command(py, port_file, meeting_dir), env, workdir / "deepgram.log"
-    ) as dg:
-        dg_port = await _wait_file(port_file, dg, "deepgram-protocol server")
+    with contextlib.ExitStack() as stack:
+        dg_port = None
+        if args.stt == "deepgram":
+            dg = stack.enter_context(
+                _process(
+                    deepgram_server_command(py, port_file, meeting_dir), env, workdir / "deepgram.log"
+                )
+            )
+            dg_port = await _wait_file(port_file, dg, "deepgram-protocol server")
         for k, repo in enumerate(repos):
             runs.append(
                 await _one_server(
@@ -620,7 +634,7 @@ async def _one_server(
     args: argparse.Namespace,
     repo: Path,
     workdir: Path,
-    dg_port: int,
+    dg_port: int | None,
     audio: bytes,
     counts: list[int],
     seconds: float,
@@ -633,10 +647,15 @@ async def _one_server(
     flood: FloodResult | None = None
     port = _free_port()
     config = workdir / "chorus.toml"
-    config.write_text(
-        '[stt]\nprovider = "deepgram"\n'
+    stt = (
+        '[stt]\nprovider = "whisper"\n'
+        if dg_port is None
+        else '[stt]\nprovider = "deepgram"\n'
         f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\ndiarize = false\n'
-        '[diarizer]\nkind = "embedded"\n'
+    )
+    config.write_text(
+        stt
+        + '[diarizer]\nkind = "embedded"\n'
         '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"
     )
