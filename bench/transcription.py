@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-early-commit", action="store_true",
                         help="streaming STT: wait for final results before committing a turn "
                              "(the behaviour before early commit from interim results)")
+    parser.add_argument("--encoder-window", type=float, default=None, metavar="SECONDS",
+                        help="Whisper: seconds of audio the encoder hears per utterance "
+                             "(default 10; 30 is faster-whisper's own window)")
     parser.add_argument("--no-provisional-speakers", action="store_true",
                         help="pipeline speakers: every word waits for the stage's decided speaker "
                              "(the behaviour before provisional speakers)")
@@ -127,8 +130,12 @@ def _stt(args: argparse.Namespace) -> Any:
         return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
-    stt = (WhisperSTT(args.whisper_model) if args.max_utterance is None
-           else WhisperSTT(args.whisper_model, max_utterance=args.max_utterance))
+    options: dict[str, Any] = {}
+    if args.max_utterance is not None:
+        options["max_utterance"] = args.max_utterance
+    if args.encoder_window is not None:
+        options["encoder_window"] = args.encoder_window
+    stt = WhisperSTT(args.whisper_model, **options)
     stt.model()  # load before timing: the RTF measures transcription, not the model load
     return stt
 
