@@ -107,6 +107,7 @@ class LiveModels:
         with _EXPORT_LOCK:
             if not trunk.is_file() or not trunk.with_suffix(".dense.npz").is_file():
                 _export_trunk(checkpoint, trunk)
+        self.trunk_path = trunk
         self._trunk = onnx_session(trunk, threads)
         dense = np.load(trunk.with_suffix(".dense.npz"))
         self._dense_weight = dense["weight"].astype(np.float32)  # (192, 2 C)
