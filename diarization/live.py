@@ -10,9 +10,9 @@ Two parts, shaped by where the cost is:
   stream falls as streams grow (per-call overhead paid once per batch). Counters (`calls`) say
   how many model calls and windows it served, and how much CPU its thread used.
   Memory is bounded whatever the load: a model call takes at most `model_batch` windows (a
-  stream that fell behind hands over many windows at once; one call over all of them held
-  about 25 MB per window, and onnxruntime's arena kept that peak for good: the server's soak grew
-  33 MiB a minute), the sessions run without the arena, and the worker gives freed heap pages
+  stream that fell behind hands over many windows at once; one call over 40 windows kept
+  417 MiB, since onnxruntime's arena keeps its peak for good: the server's soak grew 33 MiB a
+  minute), the sessions run without the arena, and the worker gives freed heap pages
   back (`voice.embedding.release_freed_memory`) at most once per `trim_every_s`. Per-window CPU
   is the same from 2 windows per call up (docs/benchmarks.md, "Soak").
 - `LiveDiarizer` is one stream's stage (`voice.diarization_stage.DiarizationStage`): every

@@ -235,7 +235,7 @@ class EmbeddingModel:
     to ONNX in `cache_dir`), a path (an `.onnx` file, a `.pt` CAM++ checkpoint, or a directory
     holding one), a state dict or `torch.nn.Module` with CAM++'s keys, or an onnxruntime
     `InferenceSession`. `self.source` says which was used. `threads` is onnxruntime's intra-op
-    thread count.
+    thread count; `cpu_arena` its CPU memory arena (off by default: see `onnx_session`).
     """
 
     sample_rate = SAMPLE_RATE
@@ -247,6 +247,7 @@ class EmbeddingModel:
         *,
         threads: int = 1,
         cache_dir: Path | None = None,
+        cpu_arena: bool = False,
     ) -> None:
         self.threads = threads
         cache = cache_dir if cache_dir is not None else default_cache_dir()
@@ -285,7 +286,7 @@ class EmbeddingModel:
             return
         else:
             raise TypeError(f"cannot load an embedding model from {type(source).__name__}")
-        self.session = onnx_session(model, threads)
+        self.session = onnx_session(model, threads, cpu_arena=cpu_arena)
 
     @staticmethod
     def _exported(checkpoint: Path, cache: Path) -> tuple[Path | bytes, str]:
