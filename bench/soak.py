@@ -5,18 +5,22 @@ STT through the local Deepgram-protocol server, which runs in its own process as
 `chorus bench load`, embedded live diarization, recorder realtime session, a SQLite store in a
 temporary directory) and `--streams` devices, each in its own room, sending the demo meeting
 faster than real time (`--rate`), one meeting after another for `--meetings` rounds. After each
-round it prints the process's resident memory (after `gc.collect()`), so a leak of a few MB per
+round it prints the process's resident memory (after `gc.collect()`), glibc's heap figures
+(`mallinfo2`: in use, free inside the heap, mmapped) and how many voice sessions, audio logs,
+stages … are alive, so a leak of a few MB per
 meeting shows as a slope within minutes instead of the 10-minute soak of `chorus bench load`.
 
 `--part` bisects the path:
 - `server` (default): the whole per-stream path through the websocket server;
 - `stage`: only the live diarization stage (`diarization.load_stage("embedded")`: segmentation
   and CAM++ through the shared `ModelService`), fed 0.2 s chunks from `--streams` threads as the
-  voice channel feeds it, flushed and reset per meeting as the server's channel pool does.
+  voice channel feeds it, flushed and reset per meeting as the server's channel pool does;
+- `batch`: CPU per window of the live models' two calls by batch size, onnxruntime's CPU arena
+  on and off, side by side (`--meetings` repeats);
+- `speed`: CPU per audio second of the live stage and the batch diarizer before the memory fix
+  (arena on, one model call per round) and after it (the defaults), alternating in one process.
 
-`--no-arena`/`--arena` choose onnxruntime's CPU memory arena for the sessions loaded afterwards
-(`voice.embedding.ONNX_CPU_ARENA`, for before/after comparisons in one command line).
-`--json` writes the per-round samples.
+`--json` writes the per-round samples (docs/benchmarks.md, "Soak").
 """
 
 from __future__ import annotations
