@@ -9,6 +9,12 @@ Two parts, shaped by where the cost is:
   numpy, and answers each stream. While a batch runs the next one gathers, so the model cost per
   stream falls as streams grow (per-call overhead paid once per batch). Counters (`calls`) say
   how many model calls and windows it served, and how much CPU its thread used.
+  Memory is bounded whatever the load: a model call takes at most `model_batch` windows (a
+  stream that fell behind hands over many windows at once; one call over 40 windows kept
+  417 MiB, since onnxruntime's arena keeps its peak for good: the server's soak grew 33 MiB a
+  minute), the sessions run without the arena, and the worker gives freed heap pages
+  back (`voice.embedding.release_freed_memory`) at most once per `trim_every_s`. Per-window CPU
+  is the same from 2 windows per call up (docs/benchmarks.md, "Soak").
 - `LiveDiarizer` is one stream's stage (`voice.diarization_stage.DiarizationStage`): every
   `step_s` of audio it sends the last `window_s` seconds, then
   1. maps the window's local speakers onto the stream's global speakers: by CAM++ embedding
@@ -45,7 +51,7 @@ import numpy.typing as npt
 from diarization.live_models import LiveModels, default_live_models
 from diarization.models import FRAME_DURATION
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
-from voice.embedding import fbank
+from voice.embedding import fbank, release_freed_memory
 from voice.turns import letter_label
 
 FloatArray = npt.NDArray[np.float32]
@@ -137,6 +143,9 @@ class ServiceCalls:
     embedded_windows: int = 0
     batches: int = 0
     cpu_s: float = 0.0
+    trims: int = 0
+    """Heap trims (`voice.embedding.release_freed_memory`) after a round."""
+    trim_cpu_s: float = 0.0
 
 
 @dataclass
@@ -189,9 +198,23 @@ class ModelService:
     """Batches many streams' windows into one segmentation and one embedding call (module
     docstring). Thread-safe; the worker thread starts on first use and stops on `close`."""
 
-    def __init__(self, models: LiveModels | None = None, *, max_batch: int = 64) -> None:
+    def __init__(
+        self,
+        models: LiveModels | None = None,
+        *,
+        max_batch: int = 64,
+        model_batch: int = 8,
+        trim_every_s: float = 1.0,
+    ) -> None:
+        """`max_batch`: windows gathered per round; `model_batch`: windows per model call (the
+        memory bound); `trim_every_s`: least seconds between heap trims (0: after every round)."""
+        if model_batch < 1 or max_batch < 1:
+            raise ValueError("max_batch and model_batch must be at least 1")
         self._models = models
         self.max_batch = max_batch
+        self.model_batch = model_batch
+        self.trim_every_s = trim_every_s
+        self._last_trim = 0.0
         self.calls = ServiceCalls()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -306,6 +329,13 @@ class ModelService:
             self.calls.batches += 1
             for request in batch:
                 request.done.set()
+        now = time.monotonic()
+        if now - self._last_trim >= self.trim_every_s:  # after answering: no stream waits on it
+            self._last_trim = now
+            trim_started = time.thread_time()
+            if release_freed_memory():
+                self.calls.trims += 1
+                self.calls.trim_cpu_s += time.thread_time() - trim_started
 
     def _compute(self, batch: list[_Request]) -> None:
         models = self.models
@@ -314,12 +344,13 @@ class ModelService:
             for j, job in enumerate(request.jobs):
                 by_length.setdefault(job.audio.size, []).append((r, j))
         activity: dict[tuple[int, int], Activity] = {}
-        for items in by_length.values():  # one call per window length (all streams: one)
-            stacked = np.stack([batch[r].jobs[j].audio for r, j in items])
-            decided = models.segment(stacked)
-            self.calls.segmentation_calls += 1
-            for k, key in enumerate(items):
-                activity[key] = decided[k]
+        for same_length in by_length.values():  # one call per window length (all streams: one)
+            for items in self._model_calls(same_length):
+                stacked = np.stack([batch[r].jobs[j].audio for r, j in items])
+                decided = models.segment(stacked)
+                self.calls.segmentation_calls += 1
+                for k, key in enumerate(items):
+                    activity[key] = decided[k]
         # which windows to embed: decided in stream order (stitching needs the previous window)
         to_embed: list[tuple[int, int]] = []
         for r, request in enumerate(batch):
@@ -340,15 +371,16 @@ class ModelService:
         groups: dict[int, list[tuple[int, int]]] = {}
         for key in to_embed:
             groups.setdefault(batch[key[0]].jobs[key[1]].audio.size, []).append(key)
-        for items in groups.values():
-            feats = [batch[r].jobs[j].features for r, j in items]
-            frames = models.trunk(np.stack([
-                f if f is not None else fbank(batch[r].jobs[j].audio)
-                for f, (r, j) in zip(feats, items, strict=True)
-            ]))
-            self.calls.embedding_calls += 1
-            for k, key in enumerate(items):
-                embeddings[key] = models.pool(frames[k], _pooling_masks(activity[key]))
+        for same_length in groups.values():
+            for items in self._model_calls(same_length):
+                feats = [batch[r].jobs[j].features for r, j in items]
+                frames = models.trunk(np.stack([
+                    f if f is not None else fbank(batch[r].jobs[j].audio)
+                    for f, (r, j) in zip(feats, items, strict=True)
+                ]))
+                self.calls.embedding_calls += 1
+                for k, key in enumerate(items):
+                    embeddings[key] = models.pool(frames[k], _pooling_masks(activity[key]))
         self.calls.windows += sum(len(r.jobs) for r in batch)
         self.calls.embedded_windows += len(to_embed)
         for r, request in enumerate(batch):
@@ -356,6 +388,11 @@ class ModelService:
                 WindowResult(activity[(r, j)], embeddings.get((r, j)))
                 for j in range(len(request.jobs))
             ]
+
+    def _model_calls(self, items: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+        """`items` in model calls of at most `model_batch` windows each."""
+        for lo in range(0, len(items), self.model_batch):
+            yield items[lo : lo + self.model_batch]
 
 
 def _pooling_masks(activity: Activity) -> FloatArray:

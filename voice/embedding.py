@@ -98,9 +98,17 @@ def package_file(package: str, relative: str) -> Path:
     return path
 
 
-def onnx_session(model: str | Path | bytes, threads: int = 1) -> Any:
+def onnx_session(model: str | Path | bytes, threads: int = 1, *, cpu_arena: bool = False) -> Any:
     """An onnxruntime CPU session with explicit threads (intra-op `threads`, inter-op 1, no
-    spinning: the machine is shared with the event loop and other streams)."""
+    spinning: the machine is shared with the event loop and other streams).
+
+    `cpu_arena` (default False): onnxruntime's CPU memory arena. The arena never gives memory
+    back: it keeps, for the life of the session, the largest working set any one call needed
+    (about 25 MB per 10 s window of a segmentation batch), so a server whose batches grow under
+    load (a stream that fell behind sends many windows at once) held ever more of it; the
+    10-minute soak grew 33 MiB a minute. Without the arena each call's tensors come from malloc
+    and are freed when the call returns; the CPU cost is within noise (docs/benchmarks.md,
+    "Soak")."""
     import onnxruntime as ort  # type: ignore[import-untyped]
 
     options = ort.SessionOptions()
@@ -109,8 +117,34 @@ def onnx_session(model: str | Path | bytes, threads: int = 1) -> Any:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = cpu_arena
     source = model if isinstance(model, bytes) else str(model)
     return ort.InferenceSession(source, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+_LIBC_TRIM: Any = None
+
+
+def release_freed_memory() -> bool:
+    """Give the heap's free pages back to the system (glibc `malloc_trim(0)`); False where the C
+    library has no such call (not glibc). Why: glibc keeps memory that large model calls freed
+    (after the first large free it serves blocks up to 32 MB from its heap instead of fresh
+    mappings), so without this a server's resident memory sits at the largest model working set
+    it ever needed, spread over its threads' malloc arenas, even with the onnxruntime arena off."""
+    global _LIBC_TRIM
+    if _LIBC_TRIM is None:
+        import ctypes
+
+        try:
+            _LIBC_TRIM = ctypes.CDLL(None).malloc_trim
+            _LIBC_TRIM.argtypes = [ctypes.c_size_t]
+            _LIBC_TRIM.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            _LIBC_TRIM = False
+    if _LIBC_TRIM is False:
+        return False
+    _LIBC_TRIM(0)
+    return True
 
 
 def fbank(audio: FloatArray) -> FloatArray:
@@ -201,7 +235,7 @@ class EmbeddingModel:
     to ONNX in `cache_dir`), a path (an `.onnx` file, a `.pt` CAM++ checkpoint, or a directory
     holding one), a state dict or `torch.nn.Module` with CAM++'s keys, or an onnxruntime
     `InferenceSession`. `self.source` says which was used. `threads` is onnxruntime's intra-op
-    thread count.
+    thread count; `cpu_arena` its CPU memory arena (off by default: see `onnx_session`).
     """
 
     sample_rate = SAMPLE_RATE
@@ -213,6 +247,7 @@ class EmbeddingModel:
         *,
         threads: int = 1,
         cache_dir: Path | None = None,
+        cpu_arena: bool = False,
     ) -> None:
         self.threads = threads
         cache = cache_dir if cache_dir is not None else default_cache_dir()
@@ -251,7 +286,7 @@ class EmbeddingModel:
             return
         else:
             raise TypeError(f"cannot load an embedding model from {type(source).__name__}")
-        self.session = onnx_session(model, threads)
+        self.session = onnx_session(model, threads, cpu_arena=cpu_arena)
 
     @staticmethod
     def _exported(checkpoint: Path, cache: Path) -> tuple[Path | bytes, str]:

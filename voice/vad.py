@@ -64,6 +64,7 @@ class SileroModel:
         options.inter_op_num_threads = 1
         options.intra_op_num_threads = 1
         options.log_severity_level = 3
+        options.enable_cpu_mem_arena = False  # the arena keeps its peak for good: see onnx_session
         self.session = ort.InferenceSession(
             str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
         )
