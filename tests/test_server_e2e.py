@@ -86,9 +86,9 @@ async def test_two_phone_legs_and_a_shared_mic_device_in_one_room(
     # Dana's line carries Alice's first turn; the policy answers Dana, so a reply plays.
     await dana.send_mulaw(phone_audio(0.6, 4.3), realtime=False)
     await eventually(lambda: any(m.get("event") == "mark" for m in dana.received), 30, "a reply")
-    await asyncio.sleep(
-        1.0
-    )  # the reply has played (the room's microphones are gated meanwhile, V9)
+    await eventually(lambda: any(m.type == "reply" for m in feed.received), 30, "the whole reply")
+    # the room's microphones are gated while the reply plays (V9): Eli speaks once it has played
+    await server.until_reply_played(ROOM)
     # Eli's line carries Bob's first turn.
     await eli.send_mulaw(phone_audio(4.7, 8.95), realtime=False)
     await eventually(lambda: len(feed.turns) >= 2, 30, "Eli's turn")

@@ -5,11 +5,14 @@ whose names read alike (`Dana`, `DANA`, `dana`, `Dаna` with a Cyrillic а …) 
 both processes at the same moment. The room has one commit order, one register and no rank given
 twice, and no turn is lost.
 
-Both processes start with a `sitecustomize` that makes every register read slow (a slow database:
-it widens the window between reading the register and writing it back). The room lock is what
-keeps two commits from interleaving there: with Postgres advisory locks the room holds; the
-control replaces them with in-process locks (each process locks only itself) and the same run
-must break the register.
+Both processes start with a `sitecustomize` that holds a room open between reading the register
+and writing it back, until the other process has read it too (a rendezvous through files in a
+shared directory, never a sleep): the first look-alike to join through each process (`a0`, `b0`)
+waits there for the other. The room lock is what keeps two commits from interleaving: with
+Postgres advisory locks the other process cannot read while the first holds the room, so the first
+waiter always waits alone (a short bound, and the test checks it did); the control replaces them
+with in-process locks (each process locks only itself), both reads happen before either write,
+and the register must lose a look-alike, on every run, loaded machine or not.
 
 STT goes through the local Deepgram-protocol server (the demo meeting's words); no diarizer, no
 realtime session.
@@ -45,25 +48,58 @@ ROOM = "bridge"
 LOOK_ALIKES = [["dana", "Dаna", "DAna"], ["daNa", "DАNA", "dAna"]]
 """Who joins through each process at once (`А`/`а` are Cyrillic): all read like `Dana`."""
 
-SLOW_DATABASE = '''
+RENDEZVOUS = '''
 import asyncio
+import contextvars
+import inspect
+from pathlib import Path
 
-from rooms import postgres
+from rooms import kit as _kit
 
-_read = postgres.PostgresStore.get_register
+_DIR = Path({directory!r})
+_PAIR = {{"a0": "b0", "b0": "a0"}}
+_joining = contextvars.ContextVar("joining", default=None)
+_ensure = _kit.RoomKit.ensure_participant
+_load = _kit.RoomKit._load_register
+_participant_of = inspect.signature(_ensure)
 
 
-async def slow_get_register(self, room_id):
-    data = await _read(self, room_id)
-    await asyncio.sleep(0.08)
-    return data
+async def ensure_participant(self, *args, **kwargs):
+    bound = _participant_of.bind(self, *args, **kwargs)
+    token = _joining.set(bound.arguments["participant_id"])
+    try:
+        return await _ensure(self, *args, **kwargs)
+    finally:
+        _joining.reset(token)
 
 
-postgres.PostgresStore.get_register = slow_get_register
+async def load_then_meet(self, room_id):
+    register = await _load(self, room_id)
+    me = _joining.get()
+    if me in _PAIR:  # between this read and its write-back: wait for the other process's read
+        (_DIR / f"{{me}}.read").touch()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + {bound_s}
+        while not (_DIR / f"{{_PAIR[me]}}.read").exists():
+            if loop.time() > deadline:
+                (_DIR / f"{{me}}.alone").touch()
+                break
+            await asyncio.sleep(0.01)
+    return register
+
+
+_kit.RoomKit.ensure_participant = ensure_participant
+_kit.RoomKit._load_register = load_then_meet
 '''
+ALONE_BOUND_S = 2.0
+"""With advisory locks the other process cannot read while the waiter holds the room: the waiter
+waits this long, alone, whatever the load (only the test's duration depends on it)."""
+MEET_BOUND_S = 90.0
+"""With in-process locks the other process reads while the waiter holds its room: a failure bound."""
 
 IN_PROCESS_LOCKS = '''
 
+from rooms import postgres
 from rooms.locks import InProcessLocks
 
 
@@ -106,10 +142,13 @@ async def join(base: str, participant: str, name: str) -> DeviceStream:
 
 async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks: str) -> str:
     """Both processes, the phone leg, the device and the look-alikes; returns the store URL."""
-    site = tmp_path / "site"
+    site, meetings = tmp_path / "site", tmp_path / "meetings"
     site.mkdir()
+    meetings.mkdir()
+    bound_s = MEET_BOUND_S if locks == "in-process" else ALONE_BOUND_S
     (site / "sitecustomize.py").write_text(
-        SLOW_DATABASE + (IN_PROCESS_LOCKS if locks == "in-process" else "")
+        RENDEZVOUS.format(directory=str(meetings), bound_s=bound_s)
+        + (IN_PROCESS_LOCKS if locks == "in-process" else "")
     )
     config = tmp_path / "chorus.toml"
     config.write_text(
@@ -150,6 +189,13 @@ async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks
             await feed.close()
     finally:
         await asyncio.gather(a.stop(), b.stop())
+    read = sorted(f.stem for f in meetings.glob("*.read"))
+    alone = sorted(f.stem for f in meetings.glob("*.alone"))
+    assert read == ["a0", "b0"], f"a look-alike never reached the register: {read}"
+    if locks == "in-process":
+        assert alone == [], "the two reads never overlapped: the control proves nothing"
+    else:  # the first waiter held the room; the other process could not read until it let go
+        assert len(alone) == 1, f"the other process read while the room was held: {alone}"
     await check_room(url, committed)
     return url
 

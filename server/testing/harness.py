@@ -2,7 +2,8 @@
 
 Owns starting `ChorusServer` in-process with a given configuration (the same pipeline
 `chorus serve` builds), and the small helpers a test needs around it: the base URL, an HTTP GET
-over a raw socket, how much audio the server has read, and a test tone.
+over a raw socket, how much audio the server has read, whether a room's reply is still playing
+(V9), a test tone, and `eventually` (wait for a condition, with a timeout only as a failure bound).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from server.app import ChorusServer
 from server.config import ServerConfig
 from server.pipeline import build_pipeline
+from voice.channel import VoiceChannel
 
 SECRET = "chorus-test-secret-0123456789abcdef"
 
@@ -40,6 +42,24 @@ class RunningServer:
     def audio_read(self) -> float:
         """Seconds of audio the server has read from every stream so far."""
         return round(self.server.metrics.audio_seconds_total, 3)
+
+    async def reply_playing(self, room_id: str) -> bool:
+        """Whether a voice channel in the room still gates its microphones for a reply (V9)."""
+        channels = await self.server.rooms.kit.channels_in(room_id)
+        return any(isinstance(c, VoiceChannel) and c.is_playing(room_id) for c in channels)
+
+    async def until_reply_played(self, room_id: str, within_s: float = 30.0) -> None:
+        """Wait until the room's playback window has closed: audio sent after this is heard.
+
+        Call it once the reply is complete (its `reply` message is on the feed): the window is
+        then final, and it closes the reply's duration plus the echo tail after the last audio.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while await self.reply_playing(room_id):
+            if loop.time() > deadline:
+                raise TimeoutError(f"room {room_id!r} still playing after {within_s} s")
+            await asyncio.sleep(0.02)
 
     async def http_get(self, path: str) -> tuple[int, str]:
         reader, writer = await asyncio.open_connection(self.host, self.port)
