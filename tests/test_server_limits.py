@@ -84,7 +84,7 @@ async def test_a_flooding_stream_is_read_at_its_rate_cap_then_refused_others_unh
             # meanwhile the calm room's audio is read at once: the flood waits on its own socket
             before = srv.audio_read()
             await calm.send_audio(tone(0.1), realtime=False)
-            await eventually(lambda b=before: srv.audio_read() >= b + 0.1 - 1e-6, 5, "calm read")
+            await eventually(lambda b=before: srv.audio_read() >= b + 0.1 - 1e-6, 30, "calm read")
         assert flood._reader is not None
         async with asyncio.timeout(30):
             await flood._reader  # the device's own reader sees the close
@@ -130,20 +130,20 @@ async def test_tiny_frames_are_coalesced_before_the_pipeline() -> None:
 
 async def test_twilio_connected_messages_never_extend_the_start_deadline() -> None:
     async with limited_server(start_timeout_s=1.0) as srv:
-        began = time.monotonic()
         async with connect(f"{srv.base}/v1/twilio") as ws:
 
-            async def keep_saying_connected() -> None:
+            async def keep_saying_connected() -> None:  # until the server closes the socket
                 with contextlib.suppress(ConnectionClosed):
-                    for _ in range(40):
+                    while True:
                         await ws.send(dump(TwilioConnected()))
                         await asyncio.sleep(0.2)
 
             talker = asyncio.create_task(keep_saying_connected())
+            # one deadline (1 s), not one per message: were each message to restart it, the
+            # socket would stay open as long as the talking goes on, past _closed_with's bound
             code, reason = await _closed_with(ws)
             talker.cancel()
         assert (code, reason) == (CloseCode.START_TIMEOUT, "no start message in time")
-        assert time.monotonic() - began < 6.0  # one deadline (1 s), not one per message
 
 
 async def test_unauthenticated_twilio_sockets_are_capped_per_address_and_server_wide() -> None:
@@ -212,13 +212,12 @@ async def test_shutdown_drains_flushes_the_last_turns_then_closes_with_4503() ->
         await ref_feed.close()
     expected = [t.text for t in ref_device.turns]
     assert expected  # the flush at `stop` gives the trailing turn too
-    async with limited_server(start_timeout_s=60) as srv:
-        # a phone leg still waiting to send `start` does not hold the drain up
+    async with limited_server(start_timeout_s=3600) as srv:
+        # a phone leg still waiting to send `start` does not hold the drain up: the drain ends
+        # within its 60 s bound (in `_stream_then_end`), long before the leg's deadline
         waiting = await connect(f"{srv.base}/v1/twilio")
         await waiting.send(dump(TwilioConnected()))
-        began = time.monotonic()
         device, feed = await _stream_then_end(srv, "r", audio, drain=True)
-        assert time.monotonic() - began < 50  # not the leg's 60 s deadline
         assert (await _closed_with(waiting))[0] == CloseCode.SHUTTING_DOWN
         assert [t.text for t in device.turns] == expected
         assert [t.text for t in feed.turns] == expected
