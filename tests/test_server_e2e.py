@@ -15,6 +15,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,11 +28,8 @@ from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
-    local_deepgram_stt,
-    running_server,
 )
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -52,27 +50,24 @@ def phone_audio(start: float, end: float, silence: float = 0.35) -> bytes:
 
 
 @pytest.fixture
-async def servers() -> AsyncIterator[tuple[RunningServer, OpenAIRealtimeServer]]:
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        OpenAIRealtimeServer(replies=["Happy to help, Dana."], reply_audio_seconds=0.2) as model,
-        running_server(
-            {
-                # the device's speakers come from the diarization stage
-                "stt": local_deepgram_stt(deepgram.url, diarize=False),
-                "diarizer": {"kind": "embedded"},
-                "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
-                "policy": {"answer_only": ["Dana"]},
-            }
-        ) as server,
-    ):
-        yield server, model
+async def model() -> AsyncIterator[OpenAIRealtimeServer]:
+    async with OpenAIRealtimeServer(replies=["Happy to help, Dana."], reply_audio_seconds=0.2) as m:
+        yield m
+
+
+@pytest.fixture
+def server_config(model: OpenAIRealtimeServer) -> dict[str, Any]:
+    return {
+        "stt": {"diarize": False},  # the device's speakers come from the diarization stage
+        "diarizer": {"kind": "embedded"},
+        "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
+        "policy": {"answer_only": ["Dana"]},
+    }
 
 
 async def test_two_phone_legs_and_a_shared_mic_device_in_one_room(
-    servers: tuple[RunningServer, OpenAIRealtimeServer],
+    server: RunningServer, model: OpenAIRealtimeServer
 ) -> None:
-    server, model = servers
     token = issue_token(SECRET, ROOM)
     feed = await EventFeed.open(server.base, ROOM, token)
     dana = await TwilioLeg.open(server.base, {"room": ROOM, "token": token, "name": "Dana"})
@@ -156,9 +151,8 @@ async def test_two_phone_legs_and_a_shared_mic_device_in_one_room(
 
 
 async def test_a_mixed_bridge_leg_asks_for_shared_mic_diarization(
-    servers: tuple[RunningServer, OpenAIRealtimeServer],
+    server: RunningServer,
 ) -> None:
-    server, _ = servers
     token = issue_token(SECRET, "bridge")
     feed = await EventFeed.open(server.base, "bridge", token)
     leg = await TwilioLeg.open(
@@ -178,9 +172,8 @@ async def test_a_mixed_bridge_leg_asks_for_shared_mic_diarization(
 
 
 async def test_a_one_person_stream_is_its_participant_and_renames_as_one_voice(
-    servers: tuple[RunningServer, OpenAIRealtimeServer],
+    server: RunningServer,
 ) -> None:
-    server, _ = servers
     token = issue_token(SECRET, "desk")
     feed = await EventFeed.open(server.base, "desk", token)
     device = await DeviceStream.open(

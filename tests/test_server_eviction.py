@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,11 +32,10 @@ from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
-    local_deepgram_stt,
-    running_server,
+    running_server_with_local_stt,
 )
 from voice.audio import float_to_pcm16, read_audio_16k
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+from voice.testing.deepgram_server import MeetingWords
 
 pytestmark = pytest.mark.asyncio
 
@@ -51,20 +50,13 @@ def speech() -> bytes:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[RunningServer]:
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        running_server(
-            {
-                # shared-mic speakers from the stage: pooled channels
-                "stt": local_deepgram_stt(deepgram.url, diarize=False),
-                "diarizer": {"kind": "embedded"},
-                "realtime": {"provider": "recorder"},
-                "limits": {"idle_room_seconds": IDLE_S},
-            }
-        ) as srv,
-    ):
-        yield srv
+def server_config() -> dict[str, Any]:
+    return {
+        "stt": {"diarize": False},  # shared-mic speakers from the stage: pooled channels
+        "diarizer": {"kind": "embedded"},
+        "realtime": {"provider": "recorder"},
+        "limits": {"idle_room_seconds": IDLE_S},
+    }
 
 
 def _parts(server: RunningServer) -> tuple[LiveRooms, VoicePipeline]:
@@ -195,17 +187,9 @@ async def test_idle_room_seconds_from_config_and_environment_and_0_disables(spee
     assert load_config(environ={}).limits.idle_room_seconds == 300
     env = {"CHORUS_LIMITS_IDLE_ROOM_SECONDS": "0"}
     assert load_config(environ=env).limits.idle_room_seconds == 0
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url),
-                "diarizer": {"kind": "none"},
-                "realtime": {"provider": "none"},
-                "limits": {"idle_room_seconds": 0},
-            }
-        ) as srv,
-    ):
+    async with running_server_with_local_stt(
+        {"limits": {"idle_room_seconds": 0}}, MeetingWords.from_meeting(MEETING)
+    ) as srv:
         live = srv.server.rooms
         assert live._sweeper is None
         await _one_stream(srv, "kept", speech)

@@ -23,12 +23,11 @@ from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
-    local_deepgram_stt,
-    running_server,
+    running_server_with_local_stt,
     tone,
 )
 from voice.audio import float_to_pcm16, read_audio_16k
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+from voice.testing.deepgram_server import MeetingWords
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
@@ -40,17 +39,9 @@ def meeting_pcm16(start: float, end: float) -> bytes:
 
 @contextlib.asynccontextmanager
 async def limited_server(**limits: Any) -> AsyncIterator[RunningServer]:
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url),
-                "diarizer": {"kind": "none"},
-                "realtime": {"provider": "none"},
-                "limits": limits,
-            }
-        ) as srv,
-    ):
+    async with running_server_with_local_stt(
+        {"limits": limits}, MeetingWords.from_meeting(MEETING)
+    ) as srv:
         yield srv
 
 

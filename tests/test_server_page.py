@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.async_api import Page, async_playwright
@@ -21,11 +22,8 @@ from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
-    local_deepgram_stt,
-    running_server,
 )
 from voice.audio import float_to_pcm16, read_audio_16k
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
@@ -77,18 +75,9 @@ SHOTS = Path(os.environ.get("CHORUS_SCREENSHOTS", tempfile.gettempdir()))
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[RunningServer]:
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url, diarize=False),
-                "diarizer": {"kind": "embedded"},
-                "realtime": {"provider": "none"},
-            }
-        ) as srv,
-    ):
-        yield srv
+def server_config() -> dict[str, Any]:
+    """Speakers from the embedded diarization stage, not from the STT."""
+    return {"stt": {"diarize": False}, "diarizer": {"kind": "embedded"}}
 
 
 def meeting_pcm(start: float, end: float) -> bytes:

@@ -4,6 +4,9 @@ Owns starting `ChorusServer` in-process with a given configuration (the same pip
 `chorus serve` builds), and the small helpers a test needs around it: the base URL, an HTTP GET
 over a raw socket, how much audio the server has read, whether a room's reply is still playing
 (V9), a test tone, and `eventually` (wait for a condition, with a timeout only as a failure bound).
+`running_server_with_local_stt` is the server most tests want: STT through the local
+Deepgram-protocol server (`voice.testing.deepgram_server`, no model to load), kept on the
+`RunningServer` as `stt_server` so a test can script outages.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,7 @@ from server.app import ChorusServer
 from server.config import ServerConfig
 from server.pipeline import build_pipeline
 from voice.channel import VoiceChannel
+from voice.testing.deepgram_server import DeepgramTestServer, WordSource
 
 SECRET = "chorus-test-secret-0123456789abcdef"
 
@@ -30,6 +34,8 @@ class RunningServer:
     server: ChorusServer
     host: str
     port: int
+    stt_server: DeepgramTestServer | None = field(default=None, repr=False)
+    """The local Deepgram-protocol server the STT talks to (`running_server_with_local_stt`)."""
 
     @property
     def base(self) -> str:
@@ -95,6 +101,30 @@ async def running_server(
         yield RunningServer(server=server, host=host, port=server.port)
     finally:
         await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_server_with_local_stt(
+    config: dict[str, Any] | None = None, words: WordSource | None = None
+) -> AsyncIterator[RunningServer]:
+    """`running_server` with its STT on a local Deepgram-protocol server that says `words` (none
+    by default; `MeetingWords.from_meeting(...)` finds the received audio in a recording).
+
+    `config` is the rest of the configuration: its `stt` entry adds options to the STT section
+    (`{"diarize": False}`); `diarizer` and `realtime` are `none` unless it names them.
+    """
+    rest = dict(config or {})
+    stt_options: dict[str, Any] = rest.pop("stt", {})
+    async with DeepgramTestServer(words) as deepgram:
+        full = {
+            "diarizer": {"kind": "none"},
+            "realtime": {"provider": "none"},
+            **rest,
+            "stt": local_deepgram_stt(deepgram.url, **stt_options),
+        }
+        async with running_server(full) as srv:
+            srv.stt_server = deepgram
+            yield srv
 
 
 def tone(seconds: float, rate: int = 16000, freq: float = 220.0, level: float = 0.1) -> bytes:
