@@ -149,12 +149,12 @@ async def test_unauthenticated_twilio_sockets_are_capped_per_address_and_server_
             return ws
 
         held += [await hold("127.0.0.1"), await hold("127.0.0.1")]
-        await eventually(lambda: srv.server._unauthenticated_total == 2, 10, "two waiting")
+        await eventually(lambda: srv.server._unauthenticated_total == 2, 30, "two waiting")
         third = await hold("127.0.0.1")
         code, reason = await _closed_with(third)
         assert code == CloseCode.TOO_MANY_STREAMS and "from this address" in reason
         held.append(await hold("127.0.0.2"))
-        await eventually(lambda: srv.server._unauthenticated_total == 3, 10, "three waiting")
+        await eventually(lambda: srv.server._unauthenticated_total == 3, 30, "three waiting")
         fourth = await hold("127.0.0.3")
         code, reason = await _closed_with(fourth)
         assert (code, reason) == (
@@ -163,7 +163,7 @@ async def test_unauthenticated_twilio_sockets_are_capped_per_address_and_server_
         )
         for ws in held:
             await ws.close()
-        await eventually(lambda: srv.server._unauthenticated_total == 0, 10, "all released")
+        await eventually(lambda: srv.server._unauthenticated_total == 0, 30, "all released")
         assert not srv.server._unauthenticated_by_address
         assert srv.server.metrics.refused_total["too_many_unauthenticated"] == 2
 

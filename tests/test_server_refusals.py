@@ -31,7 +31,7 @@ pytestmark = pytest.mark.asyncio
 
 async def _closed_with(ws: ClientConnection | TwilioLeg) -> tuple[int, str]:
     """Read until the server closes; the close code and reason (what a client sees)."""
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         if isinstance(ws, TwilioLeg):  # its own reader task is reading
             assert ws._reader is not None
             await ws._reader

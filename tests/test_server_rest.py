@@ -92,7 +92,7 @@ async def test_delete_room_needs_admin_and_an_idle_room(
     response = await http.delete(f"{url}?token={admin}")  # the feed is still connected
     assert (response.status_code, response.json()["problem"]) == (409, "room_in_use")
     await feed.close()
-    await eventually(lambda: not server.server.rooms.rooms[ROOM].feed.consumers, 10, "feed gone")
+    await eventually(lambda: not server.server.rooms.rooms[ROOM].feed.consumers, 30, "feed gone")
     response = await http.delete(f"{url}?token={admin}")
     assert response.status_code == 200 and response.json() == {"room": ROOM, "deleted": True}
     assert ROOM not in server.server.rooms.rooms

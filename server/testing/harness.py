@@ -134,7 +134,7 @@ def tone(seconds: float, rate: int = 16000, freq: float = 220.0, level: float = 
     return (np.round(wave * 32767)).astype("<i2").tobytes()
 
 
-async def eventually(predicate: Callable[[], bool], within_s: float = 10.0, what: str = "") -> None:
+async def eventually(predicate: Callable[[], bool], within_s: float = 30.0, what: str = "") -> None:
     """Wait until `predicate()` holds (polling the loop), or raise `TimeoutError`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
