@@ -57,7 +57,7 @@ async def headless_page(url: str) -> AsyncIterator[Page]:
             await browser.close()
 
 
-async def wait_for(page: Page, expression: str, within_s: float = 10.0) -> None:
+async def wait_for(page: Page, expression: str, within_s: float = 30.0) -> None:
     await page.wait_for_function(expression, timeout=within_s * 1000)
 
 
@@ -146,7 +146,7 @@ async def test_page_shows_speakers_in_colours_and_renames_through_on_transcripti
             30,
             "a turn of the renamed voice named Alice",
         )
-        await wait_for(page, f"{TURNS}.some(t => t.dataset.speaker === 'Alice')", 10)
+        await wait_for(page, f"{TURNS}.some(t => t.dataset.speaker === 'Alice')", 30)
         # every turn of that voice on the page reads Alice now, old and new
         whos = await page.evaluate(
             f"{TURNS}.filter(t => t.style.borderLeftColor === {colours[0]!r})"
