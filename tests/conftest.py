@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import httpx
 
     from server.testing.harness import RunningServer
-    from voice.testing.deepgram_server import WordSource
+    from voice.testing.deepgram_server import DeepgramTestServer, WordSource
 
 REPO = Path(__file__).resolve().parents[1]
 MEETING = REPO / "examples" / "meeting"
@@ -59,6 +59,16 @@ def stt_words() -> WordSource | None:
     from voice.testing.deepgram_server import MeetingWords
 
     return MeetingWords.from_meeting(MEETING)
+
+
+@pytest.fixture
+async def deepgram(stt_words: WordSource | None) -> AsyncIterator[DeepgramTestServer]:
+    """A local Deepgram-protocol server saying `stt_words`, for a test that starts `chorus serve`
+    as a process and points it here."""
+    from voice.testing.deepgram_server import DeepgramTestServer
+
+    async with DeepgramTestServer(stt_words) as running:
+        yield running
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ realtime session.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +35,9 @@ from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.protocol import StartMessage
 from server.testing.harness import SECRET, eventually
 from tests.serve_process import ServeProcess
-from tests.store_fixtures import fresh_postgres_database, postgres_url
+from tests.store_fixtures import postgres_url
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+from voice.testing.deepgram_server import DeepgramTestServer
 
 pytestmark = pytest.mark.asyncio
 
@@ -124,12 +123,6 @@ def excerpt(start: float, end: float) -> np.ndarray:
 def phone_audio(start: float, end: float) -> bytes:
     narrow = np.concatenate([resample(excerpt(start, end), 16000, 8000), np.zeros(2800, np.float32)])
     return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
-
-
-@pytest.fixture
-async def deepgram() -> AsyncIterator[DeepgramTestServer]:
-    async with DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as server:
-        yield server
 
 
 async def join(base: str, participant: str, name: str) -> DeviceStream:
@@ -240,16 +233,16 @@ def said_by(person: object) -> RoomEvent:
 
 
 async def test_two_processes_on_one_postgres_keep_one_room(
-    tmp_path: Path, deepgram: DeepgramTestServer, postgres_dsn: str
+    tmp_path: Path, deepgram: DeepgramTestServer, postgres_database: str
 ) -> None:
-    url = postgres_url(await fresh_postgres_database(postgres_dsn))
+    url = postgres_url(postgres_database)
     await run_room(tmp_path, deepgram, url, locks="advisory")
 
 
 async def test_with_in_process_locks_the_two_processes_break_the_register(
-    tmp_path: Path, deepgram: DeepgramTestServer, postgres_dsn: str
+    tmp_path: Path, deepgram: DeepgramTestServer, postgres_database: str
 ) -> None:
     """The control: each process locking only itself loses register writes."""
-    url = postgres_url(await fresh_postgres_database(postgres_dsn))
+    url = postgres_url(postgres_database)
     with pytest.raises(AssertionError, match=r"the register lost|a rank was given twice"):
         await run_room(tmp_path, deepgram, url, locks="in-process")
