@@ -172,7 +172,7 @@ async def test_feed_message_needs_the_chat_grant(server: RunningServer) -> None:
     token = issue_token(SECRET, ROOM, grants=[Grant.FEED])
     feed = await EventFeed.open(server.base, ROOM, token)
     await feed.message("u-erin", "Let me in.", name="Erin")
-    await eventually(lambda: any(m.type == "error" for m in feed.received), 10, "the refusal")
+    await eventually(lambda: any(m.type == "error" for m in feed.received), 60, "the refusal")
     [error] = [m for m in feed.received if m.type == "error"]
     assert "chat grant" in error.reason
     assert await server.server.rooms.kit.list_events(ROOM) == []

@@ -189,7 +189,7 @@ async def test_a_one_person_stream_is_its_participant_and_renames_as_one_voice(
     assert all(t.label is None for t in feed.turns)
     stream = feed.turns[0].stream
     await feed.rename("Desk", "Dana", stream=stream)
-    await eventually(lambda: any(m.type == "renamed" for m in feed.received), 10, "renamed")
+    await eventually(lambda: any(m.type == "renamed" for m in feed.received), 60, "renamed")
     # audio sent from here on is transcribed after the rename took effect
     await device.send_audio(float_to_pcm16(excerpt(9.2, 16.0)), chunk_s=0.5, realtime=False)
     async with asyncio.timeout(60):
