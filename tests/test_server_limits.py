@@ -68,16 +68,16 @@ async def test_a_flooding_stream_is_read_at_its_rate_cap_then_refused_others_unh
             srv.base, "flood", flood_token, StartMessage(participant="fl", shared_mic=False)
         )
         sender = asyncio.create_task(flood.send_audio(tone(60.0), chunk_s=1.0, realtime=False))
-        await eventually(lambda: srv.audio_read() >= 2.0, 60, "the flood to be read")
+        await eventually(lambda: srv.audio_read() >= 2.0, 120, "the flood to be read")
         # what the server read never runs ahead of the cap (plus one message of 1 s)
         for _ in range(5):
             assert srv.audio_read() <= burst + rate * (time.monotonic() - began) + 1.0 + 1e-6
             # meanwhile the calm room's audio is read at once: the flood waits on its own socket
             before = srv.audio_read()
             await calm.send_audio(tone(0.1), realtime=False)
-            await eventually(lambda b=before: srv.audio_read() >= b + 0.1 - 1e-6, 30, "calm read")
+            await eventually(lambda b=before: srv.audio_read() >= b + 0.1 - 1e-6, 120, "calm read")
         assert flood._reader is not None
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(120):
             await flood._reader  # the device's own reader sees the close
         code, reason = flood.ws.close_code, flood.ws.close_reason or ""
         assert code == CloseCode.TOO_MANY_STREAMS
@@ -87,7 +87,7 @@ async def test_a_flooding_stream_is_read_at_its_rate_cap_then_refused_others_unh
             await sender
         assert srv.server.metrics.refused_total["stream_too_fast"] == 1
         assert calm.ws.close_code is None
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(120):
             await calm.stop()
         assert calm.ws.close_code == CloseCode.NORMAL
 

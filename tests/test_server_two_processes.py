@@ -93,6 +93,9 @@ _kit.RoomKit._load_register = load_then_meet
 ALONE_BOUND_S = 2.0
 """With advisory locks the other process cannot read while the waiter holds the room: the waiter
 waits this long, alone, whatever the load (only the test's duration depends on it)."""
+OPEN_TIMEOUT_S = 120.0
+"""A failure bound for a connection's handshake: a process holding a room at the rendezvous
+answers its other connections to that room late (the default 10 s is not enough under load)."""
 MEET_BOUND_S = 90.0
 """With in-process locks the other process reads while the waiter holds its room: a failure bound."""
 
@@ -130,6 +133,7 @@ async def join(base: str, participant: str, name: str) -> DeviceStream:
     return await DeviceStream.open(
         base, ROOM, issue_token(SECRET, ROOM),
         StartMessage(participant=participant, name=name, shared_mic=False),
+        open_timeout=OPEN_TIMEOUT_S,
     )  # fmt: skip
 
 
@@ -153,9 +157,12 @@ async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks
         token = issue_token(SECRET, ROOM)
         feeds = await asyncio.gather(EventFeed.open(a.base, ROOM, token), EventFeed.open(b.base, ROOM, token))
         phone, device = await asyncio.gather(
-            TwilioLeg.open(a.base, {"room": ROOM, "token": token, "name": "Dana"}),
+            TwilioLeg.open(
+                a.base, {"room": ROOM, "token": token, "name": "Dana"}, open_timeout=OPEN_TIMEOUT_S
+            ),
             DeviceStream.open(
-                b.base, ROOM, token, StartMessage(participant="desk", name="DANA", shared_mic=False)
+                b.base, ROOM, token, StartMessage(participant="desk", name="DANA", shared_mic=False),
+                open_timeout=OPEN_TIMEOUT_S,
             ),
         )
         # Everyone else joins through both processes at once, while the two speak.
@@ -173,7 +180,7 @@ async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks
             await asyncio.gather(phone.stop(), device.stop(), *(j.stop() for j in joined))
         for feed in feeds:
             await eventually(
-                lambda feed=feed: sum(m.type == "stream_stopped" for m in feed.received) >= 4, 30
+                lambda feed=feed: sum(m.type == "stream_stopped" for m in feed.received) >= 4, 120
             )
         committed = {t.event_id for feed in feeds for t in feed.turns}
         assert committed, "no turn reached either feed"
