@@ -1,13 +1,29 @@
-"""Shared test helpers: where the fixtures live, and the repo root."""
+"""Shared test helpers: where the fixtures live, the repo root, and the `server` fixture.
+
+`server` is a real Chorus server on a free loopback port with its STT on the local
+Deepgram-protocol server (`server.testing.harness.running_server_with_local_stt`): the server
+tests that need nothing else share it. A module that needs a different server says so at its
+top by overriding `server_config` (diarizer, realtime, policy, limits, STT options) or
+`stt_words` (what the STT says), so every variation is written where it is used.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+if TYPE_CHECKING:
+    import httpx
+
+    from server.testing.harness import RunningServer
+    from voice.testing.deepgram_server import DeepgramTestServer, WordSource
+
 REPO = Path(__file__).resolve().parents[1]
+MEETING = REPO / "examples" / "meeting"
 SHARED_FIXTURES = Path(
     os.environ.get("CHORUS_FIXTURES", str(REPO.parent / "shared" / "fixtures"))
 )
@@ -26,3 +42,49 @@ def shared_fixtures() -> Path:
     if not SHARED_FIXTURES.is_dir():
         pytest.fail(f"shared fixtures not found at {SHARED_FIXTURES} (set CHORUS_FIXTURES)")
     return SHARED_FIXTURES
+
+
+@pytest.fixture
+def server_config() -> dict[str, Any]:
+    """The `server` fixture's configuration besides its STT: nothing, so no diarizer and no
+    realtime session. Override it in a module that needs more."""
+    return {}
+
+
+@pytest.fixture
+def stt_words() -> WordSource | None:
+    """What the `server` fixture's STT says: the demo meeting's words, found in the audio it
+    receives (so turns are exact and quick). Override it with `None` for an STT that says
+    nothing."""
+    from voice.testing.deepgram_server import MeetingWords
+
+    return MeetingWords.from_meeting(MEETING)
+
+
+@pytest.fixture
+async def deepgram(stt_words: WordSource | None) -> AsyncIterator[DeepgramTestServer]:
+    """A local Deepgram-protocol server saying `stt_words`, for a test that starts `chorus serve`
+    as a process and points it here."""
+    from voice.testing.deepgram_server import DeepgramTestServer
+
+    async with DeepgramTestServer(stt_words) as running:
+        yield running
+
+
+@pytest.fixture
+async def server(
+    server_config: dict[str, Any], stt_words: WordSource | None
+) -> AsyncIterator[RunningServer]:
+    from server.testing.harness import running_server_with_local_stt
+
+    async with running_server_with_local_stt(server_config, stt_words) as running:
+        yield running
+
+
+@pytest.fixture
+async def http(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on the `server` fixture's REST routes."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=server.http_base, timeout=30) as client:
+        yield client

@@ -1,8 +1,9 @@
 """Every store the rooms and attribution tests run on: in memory, SQLite (a temporary file) and
 Postgres (a throwaway server from `tests.postgres_server`, one per test session).
 
-A test module imports `new_kit` / `new_store` (and `postgres_dsn`) from here; each test that asks
-for them runs once per store. Postgres tests get an empty schema each time, and their kits take
+A test asks for `new_kit` / `new_store` (this module is a pytest plugin, see `conftest.py`); each
+test that asks for them runs once per store. `postgres_dsn` is the session's server and
+`postgres_database` a new, empty database on it. Postgres tests get an empty schema each time, and their kits take
 the room lock from Postgres advisory locks, as `chorus serve` does with a `postgresql://` store.
 """
 
@@ -43,6 +44,12 @@ async def fresh_postgres_database(dsn: str) -> str:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(f"CREATE DATABASE {name}")
     return dsn.replace("dbname=postgres", f"dbname={name}")
+
+
+@pytest.fixture
+async def postgres_database(postgres_dsn: str) -> str:
+    """A new, empty database on the session's test server: its DSN."""
+    return await fresh_postgres_database(postgres_dsn)
 
 
 def postgres_url(dsn: str) -> str:

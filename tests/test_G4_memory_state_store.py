@@ -3,29 +3,21 @@ what the store survives and is forgotten with the room (in memory and in Postgre
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
-import psycopg
 import pytest
 
 from rooms import InMemoryStore, Room, RoomStore
 from rooms.postgres import PostgresStore
-from tests.postgres_server import postgres_server
-
-
-@pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    with postgres_server() as value:
-        yield value
+from tests.store_fixtures import fresh_postgres_database
 
 
 @pytest.fixture(params=["memory", "postgres"])
-async def store(request: pytest.FixtureRequest, dsn: str) -> AsyncIterator[RoomStore]:
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[RoomStore]:
     if request.param == "memory":
         yield InMemoryStore()
         return
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+    dsn = await fresh_postgres_database(request.getfixturevalue("postgres_dsn"))
     pg = await PostgresStore.connect(dsn)
     try:
         yield pg
@@ -58,14 +50,14 @@ async def test_G4_memory_state_is_forgotten_with_the_room(store: RoomStore) -> N
     assert await store.get_memory_state("r1", "summary:ai") is None
 
 
-async def test_G4_memory_state_survives_a_new_store_on_the_same_database(dsn: str) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
-    first = await PostgresStore.connect(dsn)
+async def test_G4_memory_state_survives_a_new_store_on_the_same_database(
+    postgres_database: str,
+) -> None:
+    first = await PostgresStore.connect(postgres_database)
     await first.create_room(Room(id="r"))
     await first.put_memory_state("r", "summary:ai", {"summary": "kept"})
     await first.close()
-    second = await PostgresStore.connect(dsn)
+    second = await PostgresStore.connect(postgres_database)
     try:
         assert await second.get_memory_state("r", "summary:ai") == {"summary": "kept"}
     finally:

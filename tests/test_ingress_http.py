@@ -90,7 +90,7 @@ async def test_teams_webhook_over_http_reaches_the_chat_model_and_replies(served
         "role": "user",
         "content": "Tuesday works for me.",
     }
-    await eventually(lambda: len(p.received) == 1, 10, "the reply at the connector")
+    await eventually(lambda: len(p.received) == 1, 60, "the reply at the connector")
     [sent] = p.received
     assert sent.target == "19:madeupchannelid0000@thread.tacv2;messageid=1734000000000"
     assert sent.authorization == "Bearer connector-token-1"
@@ -139,7 +139,7 @@ async def test_whatsapp_webhook_over_http_checks_the_signature(served: Served) -
     users = [m["content"] for m in served.model.requests[-1]["messages"] if m["role"] == "user"]
     assert users[0] == 'Alice: "Tuesday works for me."'
     assert users[1].startswith('Bob: "Alice: I would rather ship Thursday."')
-    await eventually(lambda: len(served.provider.received) == 2, 10, "two replies to the group")
+    await eventually(lambda: len(served.provider.received) == 2, 60, "two replies to the group")
     assert {r.body["to"] for r in served.provider.received} == {"120363025246125486"}
 
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-import pytest
 from livekit import rtc
 from livekit.agents import AgentSession, llm, stt
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, APIConnectOptions
@@ -39,12 +37,6 @@ from voice.testing.deepgram_server import (
 SPAN = (0.0, 15.7)  # Alice, Bob, Carol, Alice: four turns, no overlap
 SCRIPT = [("Alice", 0.6, 4.198), ("Bob", 4.698, 8.87), ("Carol", 9.27, 12.613),
           ("Alice", 13.113, 15.533)]
-
-
-@pytest.fixture
-async def deepgram() -> AsyncIterator[DeepgramTestServer]:
-    async with DeepgramTestServer(MeetingWords.from_meeting(MEETING_DIR)) as server:
-        yield server
 
 
 def frames(pcm: np.ndarray, rate: int = RATE, ms: int = 20) -> list[rtc.AudioFrame]:

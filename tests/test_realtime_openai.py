@@ -439,7 +439,7 @@ async def test_R1_wrong_key_is_a_clear_error_not_a_hang() -> None:
         )
         kit.register_channel(channel)
         with pytest.raises(SessionRefused, match="refused the session: HTTP 401"):
-            await asyncio.wait_for(kit.attach_channel("r1", "rt"), 10)
+            await asyncio.wait_for(kit.attach_channel("r1", "rt"), 60)
         assert server.refused == ["authorization"]  # refused for good: no retry
 
 

@@ -4,7 +4,6 @@ its delivery state and lock entry, and the room id can be used again as a new ro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
@@ -13,7 +12,7 @@ from models import InboundMessage, TextContent
 from rooms import RoomKit, TextChannel
 from rooms.locks import InProcessLocks
 from rooms.postgres import PostgresAdvisoryLocks, PostgresStore
-from tests.postgres_server import postgres_server
+from server.testing.harness import eventually
 from tests.store_fixtures import KitFactory
 
 
@@ -90,9 +89,9 @@ async def test_delete_room_keeps_a_lock_someone_is_waiting_for() -> None:
     lock = locks.lock("r")
     await lock.acquire()
     deleting = asyncio.create_task(kit.delete_room("r"))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: waiting_on(lock) == 1, what="the deletion to wait for the lock")
     waiter = asyncio.create_task(lock.acquire())
-    await asyncio.sleep(0.01)
+    await eventually(lambda: waiting_on(lock) == 2, what="a second waiter")
     lock.release()
     await deleting
     assert locks._locks.get("r") is lock  # the waiter still needs it
@@ -117,29 +116,16 @@ async def test_a_stream_of_inbound_messages_after_delete_routes_to_a_new_room(
     assert [e.text for e in await kit.list_events(again.room_id)] == ["back"]
 
 
-@pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    with postgres_server() as value:
-        yield value
-
-
-@pytest.fixture
-async def database(dsn: str) -> AsyncIterator[str]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
-    yield dsn
-
-
-async def test_delete_room_on_postgres_removes_every_table_row(database: str) -> None:
-    store = await PostgresStore.connect(database)
-    locks = await PostgresAdvisoryLocks.connect(database)
+async def test_delete_room_on_postgres_removes_every_table_row(postgres_database: str) -> None:
+    store = await PostgresStore.connect(postgres_database)
+    locks = await PostgresAdvisoryLocks.connect(postgres_database)
     kit = RoomKit(store=store, locks=locks)
     kit.register_channel(TextChannel("web"))
     try:
         await _check_delete(kit)
         # row by row: nothing of the deleted room is left in any table
         await kit.delete_room("gone")
-        async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(postgres_database, autocommit=True) as conn:
             for table, column in [
                 ("chorus_rooms", "id"),
                 ("chorus_bindings", "room_id"),
@@ -240,3 +226,8 @@ async def test_release_room_frees_live_state_and_keeps_every_stored_thing(new_ki
     events = await kit.list_events("r")
     assert events[: len(before[0])] == before[0] and events[-1].text == "back again"
     assert keeper.rooms == {"r"}
+
+
+def waiting_on(lock: asyncio.Lock) -> int:
+    """How many tasks wait to acquire `lock` (asyncio keeps them in `_waiters`)."""
+    return len(getattr(lock, "_waiters", None) or ())

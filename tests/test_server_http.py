@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,28 +21,12 @@ from server.testing.harness import (
     running_server,
 )
 from voice.audio import float_to_pcm16, read_audio_16k
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
 
 def meeting_pcm16(seconds: float) -> bytes:
     return float_to_pcm16(read_audio_16k(MEETING / "meeting.wav")[: int(seconds * 16000)])
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[RunningServer]:
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url),
-                "diarizer": {"kind": "none"},
-                "realtime": {"provider": "none"},
-            }
-        ) as srv,
-    ):
-        yield srv
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

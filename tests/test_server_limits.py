@@ -23,12 +23,11 @@ from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
-    local_deepgram_stt,
-    running_server,
+    running_server_with_local_stt,
     tone,
 )
 from voice.audio import float_to_pcm16, read_audio_16k
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+from voice.testing.deepgram_server import MeetingWords
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
@@ -40,17 +39,9 @@ def meeting_pcm16(start: float, end: float) -> bytes:
 
 @contextlib.asynccontextmanager
 async def limited_server(**limits: Any) -> AsyncIterator[RunningServer]:
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url),
-                "diarizer": {"kind": "none"},
-                "realtime": {"provider": "none"},
-                "limits": limits,
-            }
-        ) as srv,
-    ):
+    async with running_server_with_local_stt(
+        {"limits": limits}, MeetingWords.from_meeting(MEETING)
+    ) as srv:
         yield srv
 
 
@@ -77,16 +68,16 @@ async def test_a_flooding_stream_is_read_at_its_rate_cap_then_refused_others_unh
             srv.base, "flood", flood_token, StartMessage(participant="fl", shared_mic=False)
         )
         sender = asyncio.create_task(flood.send_audio(tone(60.0), chunk_s=1.0, realtime=False))
-        await eventually(lambda: srv.audio_read() >= 2.0, 10, "the flood to be read")
+        await eventually(lambda: srv.audio_read() >= 2.0, 120, "the flood to be read")
         # what the server read never runs ahead of the cap (plus one message of 1 s)
         for _ in range(5):
             assert srv.audio_read() <= burst + rate * (time.monotonic() - began) + 1.0 + 1e-6
             # meanwhile the calm room's audio is read at once: the flood waits on its own socket
             before = srv.audio_read()
             await calm.send_audio(tone(0.1), realtime=False)
-            await eventually(lambda b=before: srv.audio_read() >= b + 0.1 - 1e-6, 5, "calm read")
+            await eventually(lambda b=before: srv.audio_read() >= b + 0.1 - 1e-6, 120, "calm read")
         assert flood._reader is not None
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(120):
             await flood._reader  # the device's own reader sees the close
         code, reason = flood.ws.close_code, flood.ws.close_reason or ""
         assert code == CloseCode.TOO_MANY_STREAMS
@@ -96,7 +87,7 @@ async def test_a_flooding_stream_is_read_at_its_rate_cap_then_refused_others_unh
             await sender
         assert srv.server.metrics.refused_total["stream_too_fast"] == 1
         assert calm.ws.close_code is None
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(120):
             await calm.stop()
         assert calm.ws.close_code == CloseCode.NORMAL
 
@@ -130,20 +121,20 @@ async def test_tiny_frames_are_coalesced_before_the_pipeline() -> None:
 
 async def test_twilio_connected_messages_never_extend_the_start_deadline() -> None:
     async with limited_server(start_timeout_s=1.0) as srv:
-        began = time.monotonic()
         async with connect(f"{srv.base}/v1/twilio") as ws:
 
-            async def keep_saying_connected() -> None:
+            async def keep_saying_connected() -> None:  # until the server closes the socket
                 with contextlib.suppress(ConnectionClosed):
-                    for _ in range(40):
+                    while True:
                         await ws.send(dump(TwilioConnected()))
                         await asyncio.sleep(0.2)
 
             talker = asyncio.create_task(keep_saying_connected())
+            # one deadline (1 s), not one per message: were each message to restart it, the
+            # socket would stay open as long as the talking goes on, past _closed_with's bound
             code, reason = await _closed_with(ws)
             talker.cancel()
         assert (code, reason) == (CloseCode.START_TIMEOUT, "no start message in time")
-        assert time.monotonic() - began < 6.0  # one deadline (1 s), not one per message
 
 
 async def test_unauthenticated_twilio_sockets_are_capped_per_address_and_server_wide() -> None:
@@ -158,12 +149,12 @@ async def test_unauthenticated_twilio_sockets_are_capped_per_address_and_server_
             return ws
 
         held += [await hold("127.0.0.1"), await hold("127.0.0.1")]
-        await eventually(lambda: srv.server._unauthenticated_total == 2, 10, "two waiting")
+        await eventually(lambda: srv.server._unauthenticated_total == 2, 30, "two waiting")
         third = await hold("127.0.0.1")
         code, reason = await _closed_with(third)
         assert code == CloseCode.TOO_MANY_STREAMS and "from this address" in reason
         held.append(await hold("127.0.0.2"))
-        await eventually(lambda: srv.server._unauthenticated_total == 3, 10, "three waiting")
+        await eventually(lambda: srv.server._unauthenticated_total == 3, 30, "three waiting")
         fourth = await hold("127.0.0.3")
         code, reason = await _closed_with(fourth)
         assert (code, reason) == (
@@ -172,7 +163,7 @@ async def test_unauthenticated_twilio_sockets_are_capped_per_address_and_server_
         )
         for ws in held:
             await ws.close()
-        await eventually(lambda: srv.server._unauthenticated_total == 0, 10, "all released")
+        await eventually(lambda: srv.server._unauthenticated_total == 0, 30, "all released")
         assert not srv.server._unauthenticated_by_address
         assert srv.server.metrics.refused_total["too_many_unauthenticated"] == 2
 
@@ -212,13 +203,12 @@ async def test_shutdown_drains_flushes_the_last_turns_then_closes_with_4503() ->
         await ref_feed.close()
     expected = [t.text for t in ref_device.turns]
     assert expected  # the flush at `stop` gives the trailing turn too
-    async with limited_server(start_timeout_s=60) as srv:
-        # a phone leg still waiting to send `start` does not hold the drain up
+    async with limited_server(start_timeout_s=3600) as srv:
+        # a phone leg still waiting to send `start` does not hold the drain up: the drain ends
+        # within its 60 s bound (in `_stream_then_end`), long before the leg's deadline
         waiting = await connect(f"{srv.base}/v1/twilio")
         await waiting.send(dump(TwilioConnected()))
-        began = time.monotonic()
         device, feed = await _stream_then_end(srv, "r", audio, drain=True)
-        assert time.monotonic() - began < 50  # not the leg's 60 s deadline
         assert (await _closed_with(waiting))[0] == CloseCode.SHUTTING_DOWN
         assert [t.text for t in device.turns] == expected
         assert [t.text for t in feed.turns] == expected

@@ -4,11 +4,9 @@ deletion with the `admin` grant (issue 13, declared once on the app with pydanti
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from server.auth import Grant, issue_token
 from server.client import DeviceStream, EventFeed
@@ -17,36 +15,12 @@ from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
-    local_deepgram_stt,
-    running_server,
 )
 from voice.audio import float_to_pcm16, read_audio_16k
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 from voice.transcribe import FORMATS, Turn, format_turns
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 ROOM = "rest-room"
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[RunningServer]:
-    async with (
-        DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url),
-                "diarizer": {"kind": "none"},
-                "realtime": {"provider": "none"},
-            }
-        ) as srv,
-    ):
-        yield srv
-
-
-@pytest.fixture
-async def http(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=server.http_base, timeout=30) as client:
-        yield client
 
 
 async def _stream_meeting(server: RunningServer, room: str, seconds: float) -> EventFeed:
@@ -118,7 +92,7 @@ async def test_delete_room_needs_admin_and_an_idle_room(
     response = await http.delete(f"{url}?token={admin}")  # the feed is still connected
     assert (response.status_code, response.json()["problem"]) == (409, "room_in_use")
     await feed.close()
-    await eventually(lambda: not server.server.rooms.rooms[ROOM].feed.consumers, 10, "feed gone")
+    await eventually(lambda: not server.server.rooms.rooms[ROOM].feed.consumers, 30, "feed gone")
     response = await http.delete(f"{url}?token={admin}")
     assert response.status_code == 200 and response.json() == {"room": ROOM, "deleted": True}
     assert ROOM not in server.server.rooms.rooms

@@ -14,7 +14,6 @@ receives); no diarizer, no realtime session.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,9 +25,9 @@ from server.client import DeviceStream, EventFeed
 from server.protocol import StartMessage
 from server.testing.harness import SECRET, eventually
 from tests.serve_process import ServeProcess
-from tests.store_fixtures import fresh_postgres_database, postgres_url
+from tests.store_fixtures import postgres_url
 from voice.audio import float_to_pcm16, read_audio_16k
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+from voice.testing.deepgram_server import DeepgramTestServer
 
 pytestmark = pytest.mark.asyncio
 
@@ -40,12 +39,6 @@ ROOM = "standup"
 def speech(start: float, end: float) -> bytes:
     audio = read_audio_16k(MEETING / "meeting.wav")
     return float_to_pcm16(audio[int(start * 16000) : int(end * 16000)])
-
-
-@pytest.fixture
-async def deepgram() -> AsyncIterator[DeepgramTestServer]:
-    async with DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as server:
-        yield server
 
 
 def config_file(tmp_path: Path, deepgram: DeepgramTestServer, store_url: str) -> Path:
@@ -145,9 +138,9 @@ async def test_a_restart_keeps_the_room_on_the_sqlite_default(
 
 
 async def test_a_restart_keeps_the_room_on_postgres(
-    tmp_path: Path, deepgram: DeepgramTestServer, postgres_dsn: str
+    tmp_path: Path, deepgram: DeepgramTestServer, postgres_database: str
 ) -> None:
-    await two_runs(tmp_path, deepgram, postgres_url(await fresh_postgres_database(postgres_dsn)))
+    await two_runs(tmp_path, deepgram, postgres_url(postgres_database))
 
 
 async def test_a_store_in_memory_forgets_the_room_at_restart(

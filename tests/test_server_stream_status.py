@@ -8,7 +8,7 @@ import asyncio
 from rooms import RoomKit
 from server.config import DiarizerConfig, RealtimeConfig, ServerConfig, SttConfig
 from server.pipeline import StreamInfo, VoicePipeline, stt_provider
-from server.testing.harness import local_deepgram_stt
+from server.testing.harness import eventually, local_deepgram_stt
 from voice.channel import VoiceSession
 from voice.stt.base import SttDegraded, SttRecovered, SttStatus
 from voice.testing.deepgram_server import DeepgramTestServer
@@ -37,6 +37,8 @@ async def test_the_pipeline_hands_each_streams_status_to_its_listeners() -> None
         await pipeline.attach_room(kit, "r")
         stream = await pipeline.open_stream(
             kit, StreamInfo("r", "s1", "device-1", None, False, 16000, "pcm16", 1))
+        # the outage drops what the server holds open: wait until it has the stream's connection
+        await eventually(lambda: len(server.connections) == 1, 60, "the STT connection")
         server.outage(0.3)
         await asyncio.wait_for(recovered.wait(), 30)
         await stream.finish()

@@ -10,8 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.auth import issue_token
 from server.client import DeviceStream
 from server.protocol import FeedMessage, StartMessage, SttStatusMessage
-from server.testing.harness import SECRET, local_deepgram_stt, running_server, tone
-from voice.testing.deepgram_server import DeepgramTestServer
+from server.testing.harness import SECRET, running_server_with_local_stt, tone
 
 
 def metric(text: str, name: str) -> float:
@@ -32,17 +31,9 @@ async def test_an_stt_outage_is_told_to_the_device_and_counted() -> None:
             if message.status == "recovered":
                 recovered.set()
 
-    async with (
-        DeepgramTestServer() as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url, diarize=False),
-                "diarizer": {"kind": "none"},
-                "realtime": {"provider": "none"},
-            }
-        ) as server,
-    ):
-        deepgram.outage_after(1.0, 0.5)  # the STT service drops once it heard 1 s of audio
+    async with running_server_with_local_stt({"stt": {"diarize": False}}) as server:
+        assert server.stt_server is not None
+        server.stt_server.outage_after(1.0, 0.5)  # the STT service drops once it heard 1 s of audio
         device = await DeviceStream.open(
             server.base,
             "r1",

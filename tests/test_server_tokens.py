@@ -11,7 +11,6 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 
 import jwt
 import pytest
@@ -25,30 +24,18 @@ from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
-    local_deepgram_stt,
-    running_server,
     tone,
 )
-from voice.testing.deepgram_server import DeepgramTestServer
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[RunningServer]:
-    async with (
-        DeepgramTestServer() as deepgram,
-        running_server(
-            {
-                "stt": local_deepgram_stt(deepgram.url),
-                "diarizer": {"kind": "none"},
-                "realtime": {"provider": "none"},
-            }
-        ) as srv,
-    ):
-        yield srv
+def stt_words() -> None:
+    """The `server` fixture's STT says nothing: these tests are about who may connect."""
+    return None
 
 
 async def _closed_with(ws: ClientConnection) -> tuple[int, str]:
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         with contextlib.suppress(ConnectionClosed):
             async for _ in ws:
                 pass
@@ -98,7 +85,7 @@ async def test_a_feed_only_token_reads_the_feed_but_cannot_stream(server: Runnin
     assert (code, reason) == (CloseCode.TOKEN_INVALID, "token does not grant stream")
     leg = await TwilioLeg.open(server.base, {"room": "r1", "token": token})
     assert leg._reader is not None
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         await leg._reader
     assert leg.ws.close_code == CloseCode.TOKEN_INVALID
     assert server.audio_read() == 0.0
@@ -145,7 +132,7 @@ async def test_a_token_in_the_authorization_header_is_read(server: RunningServer
         f"{server.base}/v1/rooms/r1/events", additional_headers={"Authorization": f"Bearer {token}"}
     ) as ws:
         await ws.send(json.dumps({"type": "rename", "label": "Speaker A", "name": "Ann"}))
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             while json.loads(await ws.recv())["type"] != "renamed":
                 pass
 
@@ -218,5 +205,5 @@ async def test_tokens_stay_out_of_the_server_log(
     token = issue_token(SECRET, "r1")
     async with connect(events_url(server.base, "r1", token)):
         pass
-    await eventually(lambda: "events?token=" in caplog.text, 10, "the request line logged")
+    await eventually(lambda: "events?token=" in caplog.text, 30, "the request line logged")
     assert token not in caplog.text and "token=…" in caplog.text

@@ -5,11 +5,14 @@ whose names read alike (`Dana`, `DANA`, `dana`, `Dаna` with a Cyrillic а …) 
 both processes at the same moment. The room has one commit order, one register and no rank given
 twice, and no turn is lost.
 
-Both processes start with a `sitecustomize` that makes every register read slow (a slow database:
-it widens the window between reading the register and writing it back). The room lock is what
-keeps two commits from interleaving there: with Postgres advisory locks the room holds; the
-control replaces them with in-process locks (each process locks only itself) and the same run
-must break the register.
+Both processes start with a `sitecustomize` that holds a room open between reading the register
+and writing it back, until the other process has read it too (a rendezvous through files in a
+shared directory, never a sleep): the first look-alike to join through each process (`a0`, `b0`)
+waits there for the other. The room lock is what keeps two commits from interleaving: with
+Postgres advisory locks the other process cannot read while the first holds the room, so the first
+waiter always waits alone (a short bound, and the test checks it did); the control replaces them
+with in-process locks (each process locks only itself), both reads happen before either write,
+and the register must lose a look-alike, on every run, loaded machine or not.
 
 STT goes through the local Deepgram-protocol server (the demo meeting's words); no diarizer, no
 realtime session.
@@ -18,7 +21,6 @@ realtime session.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +35,9 @@ from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.protocol import StartMessage
 from server.testing.harness import SECRET, eventually
 from tests.serve_process import ServeProcess
-from tests.store_fixtures import fresh_postgres_database, postgres_url
+from tests.store_fixtures import postgres_url
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
-from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
+from voice.testing.deepgram_server import DeepgramTestServer
 
 pytestmark = pytest.mark.asyncio
 
@@ -45,25 +47,61 @@ ROOM = "bridge"
 LOOK_ALIKES = [["dana", "Dаna", "DAna"], ["daNa", "DАNA", "dAna"]]
 """Who joins through each process at once (`А`/`а` are Cyrillic): all read like `Dana`."""
 
-SLOW_DATABASE = '''
+RENDEZVOUS = '''
 import asyncio
+import contextvars
+import inspect
+from pathlib import Path
 
-from rooms import postgres
+from rooms import kit as _kit
 
-_read = postgres.PostgresStore.get_register
+_DIR = Path({directory!r})
+_PAIR = {{"a0": "b0", "b0": "a0"}}
+_joining = contextvars.ContextVar("joining", default=None)
+_ensure = _kit.RoomKit.ensure_participant
+_load = _kit.RoomKit._load_register
+_participant_of = inspect.signature(_ensure)
 
 
-async def slow_get_register(self, room_id):
-    data = await _read(self, room_id)
-    await asyncio.sleep(0.08)
-    return data
+async def ensure_participant(self, *args, **kwargs):
+    bound = _participant_of.bind(self, *args, **kwargs)
+    token = _joining.set(bound.arguments["participant_id"])
+    try:
+        return await _ensure(self, *args, **kwargs)
+    finally:
+        _joining.reset(token)
 
 
-postgres.PostgresStore.get_register = slow_get_register
+async def load_then_meet(self, room_id):
+    register = await _load(self, room_id)
+    me = _joining.get()
+    if me in _PAIR:  # between this read and its write-back: wait for the other process's read
+        (_DIR / f"{{me}}.read").touch()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + {bound_s}
+        while not (_DIR / f"{{_PAIR[me]}}.read").exists():
+            if loop.time() > deadline:
+                (_DIR / f"{{me}}.alone").touch()
+                break
+            await asyncio.sleep(0.01)
+    return register
+
+
+_kit.RoomKit.ensure_participant = ensure_participant
+_kit.RoomKit._load_register = load_then_meet
 '''
+ALONE_BOUND_S = 2.0
+"""With advisory locks the other process cannot read while the waiter holds the room: the waiter
+waits this long, alone, whatever the load (only the test's duration depends on it)."""
+OPEN_TIMEOUT_S = 120.0
+"""A failure bound for a connection's handshake: a process holding a room at the rendezvous
+answers its other connections to that room late (the default 10 s is not enough under load)."""
+MEET_BOUND_S = 90.0
+"""With in-process locks the other process reads while the waiter holds its room: a failure bound."""
 
 IN_PROCESS_LOCKS = '''
 
+from rooms import postgres
 from rooms.locks import InProcessLocks
 
 
@@ -90,26 +128,24 @@ def phone_audio(start: float, end: float) -> bytes:
     return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
 
 
-@pytest.fixture
-async def deepgram() -> AsyncIterator[DeepgramTestServer]:
-    async with DeepgramTestServer(MeetingWords.from_meeting(MEETING)) as server:
-        yield server
-
-
 async def join(base: str, participant: str, name: str) -> DeviceStream:
     """A one-person device that joins (its participant is registered) and says nothing yet."""
     return await DeviceStream.open(
         base, ROOM, issue_token(SECRET, ROOM),
         StartMessage(participant=participant, name=name, shared_mic=False),
+        open_timeout=OPEN_TIMEOUT_S,
     )  # fmt: skip
 
 
 async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks: str) -> str:
     """Both processes, the phone leg, the device and the look-alikes; returns the store URL."""
-    site = tmp_path / "site"
+    site, meetings = tmp_path / "site", tmp_path / "meetings"
     site.mkdir()
+    meetings.mkdir()
+    bound_s = MEET_BOUND_S if locks == "in-process" else ALONE_BOUND_S
     (site / "sitecustomize.py").write_text(
-        SLOW_DATABASE + (IN_PROCESS_LOCKS if locks == "in-process" else "")
+        RENDEZVOUS.format(directory=str(meetings), bound_s=bound_s)
+        + (IN_PROCESS_LOCKS if locks == "in-process" else "")
     )
     config = tmp_path / "chorus.toml"
     config.write_text(
@@ -121,9 +157,12 @@ async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks
         token = issue_token(SECRET, ROOM)
         feeds = await asyncio.gather(EventFeed.open(a.base, ROOM, token), EventFeed.open(b.base, ROOM, token))
         phone, device = await asyncio.gather(
-            TwilioLeg.open(a.base, {"room": ROOM, "token": token, "name": "Dana"}),
+            TwilioLeg.open(
+                a.base, {"room": ROOM, "token": token, "name": "Dana"}, open_timeout=OPEN_TIMEOUT_S
+            ),
             DeviceStream.open(
-                b.base, ROOM, token, StartMessage(participant="desk", name="DANA", shared_mic=False)
+                b.base, ROOM, token, StartMessage(participant="desk", name="DANA", shared_mic=False),
+                open_timeout=OPEN_TIMEOUT_S,
             ),
         )
         # Everyone else joins through both processes at once, while the two speak.
@@ -141,7 +180,7 @@ async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks
             await asyncio.gather(phone.stop(), device.stop(), *(j.stop() for j in joined))
         for feed in feeds:
             await eventually(
-                lambda feed=feed: sum(m.type == "stream_stopped" for m in feed.received) >= 4, 30
+                lambda feed=feed: sum(m.type == "stream_stopped" for m in feed.received) >= 4, 120
             )
         committed = {t.event_id for feed in feeds for t in feed.turns}
         assert committed, "no turn reached either feed"
@@ -150,6 +189,13 @@ async def run_room(tmp_path: Path, deepgram: DeepgramTestServer, url: str, locks
             await feed.close()
     finally:
         await asyncio.gather(a.stop(), b.stop())
+    read = sorted(f.stem for f in meetings.glob("*.read"))
+    alone = sorted(f.stem for f in meetings.glob("*.alone"))
+    assert read == ["a0", "b0"], f"a look-alike never reached the register: {read}"
+    if locks == "in-process":
+        assert alone == [], "the two reads never overlapped: the control proves nothing"
+    else:  # the first waiter held the room; the other process could not read until it let go
+        assert len(alone) == 1, f"the other process read while the room was held: {alone}"
     await check_room(url, committed)
     return url
 
@@ -194,16 +240,16 @@ def said_by(person: object) -> RoomEvent:
 
 
 async def test_two_processes_on_one_postgres_keep_one_room(
-    tmp_path: Path, deepgram: DeepgramTestServer, postgres_dsn: str
+    tmp_path: Path, deepgram: DeepgramTestServer, postgres_database: str
 ) -> None:
-    url = postgres_url(await fresh_postgres_database(postgres_dsn))
+    url = postgres_url(postgres_database)
     await run_room(tmp_path, deepgram, url, locks="advisory")
 
 
 async def test_with_in_process_locks_the_two_processes_break_the_register(
-    tmp_path: Path, deepgram: DeepgramTestServer, postgres_dsn: str
+    tmp_path: Path, deepgram: DeepgramTestServer, postgres_database: str
 ) -> None:
     """The control: each process locking only itself loses register writes."""
-    url = postgres_url(await fresh_postgres_database(postgres_dsn))
+    url = postgres_url(postgres_database)
     with pytest.raises(AssertionError, match=r"the register lost|a rank was given twice"):
         await run_room(tmp_path, deepgram, url, locks="in-process")

@@ -12,7 +12,7 @@ from rooms import InMemoryStore, InProcessLocks, SQLiteStore, open_store
 from rooms.postgres import PostgresAdvisoryLocks, PostgresStore
 from rooms.store import sqlite_path
 from server.config import ConfigError, default_store_url, load_config
-from tests.store_fixtures import fresh_postgres_database, postgres_url
+from tests.store_fixtures import postgres_url
 
 
 def test_the_default_store_is_sqlite_in_the_users_data_directory() -> None:
@@ -51,7 +51,9 @@ def test_a_password_never_reaches_the_log() -> None:
     assert _shown_url("sqlite:///var/lib/chorus.db") == "sqlite:///var/lib/chorus.db"
 
 
-async def test_open_store_gives_each_store_its_locks(tmp_path: Path, postgres_dsn: str) -> None:
+async def test_open_store_gives_each_store_its_locks(
+    tmp_path: Path, postgres_database: str
+) -> None:
     memory = await open_store("memory://")
     assert isinstance(memory.store, InMemoryStore) and isinstance(memory.locks, InProcessLocks)
     await memory.close()
@@ -59,7 +61,7 @@ async def test_open_store_gives_each_store_its_locks(tmp_path: Path, postgres_ds
     assert isinstance(sqlite.store, SQLiteStore) and isinstance(sqlite.locks, InProcessLocks)
     assert (tmp_path / "new" / "dir" / "chorus.db").exists()
     await sqlite.close()
-    url = postgres_url(await fresh_postgres_database(postgres_dsn))
+    url = postgres_url(postgres_database)
     postgres = await open_store(url)
     assert isinstance(postgres.store, PostgresStore)
     assert isinstance(postgres.locks, PostgresAdvisoryLocks)

@@ -12,6 +12,7 @@ import pytest
 from attribution import Register
 from models import RoomEvent
 from rooms import HookContext, HookResult, HookTrigger, RoomKit
+from server.testing.harness import eventually
 from tests.voice_helpers import stream, turns_of, voice_room
 from voice.audio import FrameSizeError, UnsupportedEncodingError, float_to_pcm16
 from voice.channel import SpeakerChangeEvent, TranscriptionEvent, VoiceChannel
@@ -335,16 +336,17 @@ async def test_V9_audio_arriving_while_the_agent_speaks_is_not_transcribed() -> 
         kit = await voice_room(channel)
         session = await channel.start_session("room", "mic-1")
         loud = (0.2 * np.sin(np.arange(16000) / 5)).astype(np.float32)
-        await channel.play("room", float_to_pcm16(np.zeros(8000, np.float32)), 16000)  # 0.5 s reply
+        # a 2 s reply: the mic's quarter second lands inside it, however loaded the machine
+        await channel.play("room", float_to_pcm16(np.zeros(32000, np.float32)), 16000)
         await stream(session, loud[:4000], 16000)  # the room mic hears the reply: gated
-        await __import__("asyncio").sleep(0.6)
+        await eventually(lambda: not channel.is_playing("room"), 30, "the reply to end")
         await stream(session, loud[:4000], 16000)  # after the reply: heard
         await session.finish()
         heard = np.frombuffer(bytes(server.connections[0].audio), dtype="<i2")
     assert isinstance(channel, __import__("rooms").AudioSink)
     assert session.gated_seconds == pytest.approx(0.25)
     assert not heard[:4000].any() and heard[4000:8000].any()
-    assert channel.played == [("room", 16000, 16000)]
+    assert channel.played == [("room", 64000, 16000)]
     del kit
 
 

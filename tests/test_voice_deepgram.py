@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from server.testing.harness import eventually
 from tests.voice_helpers import meeting, stream, turns_of, voice_room
 from voice.channel import VoiceChannel
 from voice.stt.deepgram import DeepgramSTT, environment_for
@@ -75,7 +76,8 @@ async def test_S2_sdk_options_keepalive_finalize_and_close_stream() -> None:
         await voice_room(channel)
         session = await channel.start_session("room", "mic-1")
         await stream(session, SILENCE[:1600], 16000)
-        await asyncio.sleep(0.6)  # no audio: KeepAlive text frames keep the stream open
+        # no audio: KeepAlive text frames keep the stream open
+        await eventually(lambda: server.connections[0].keepalives >= 1, 30, "a KeepAlive")
         await session.finish()
         conn = server.connections[0]
     assert conn.path == "/v1/listen"
@@ -93,7 +95,7 @@ async def test_S2_server_closes_an_idle_connection_and_the_stream_reconnects() -
         channel = VoiceChannel(stt=stt)
         await voice_room(channel)
         session = await channel.start_session("room", "mic-1")
-        await asyncio.sleep(0.8)
+        await eventually(lambda: session.stt.reconnects >= 1, 30, "the idle close and reconnect")
         turns = await turns_of(session, SILENCE, 16000)
     assert server.connections[0].closed_reason == "idle"
     assert session.stt.reconnects >= 1
@@ -171,7 +173,7 @@ async def test_S2_malformed_server_messages_are_skipped_and_the_stream_goes_on(
         channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
         kit = await voice_room(channel)
         session = await channel.start_session("room", "mic-1")
-        await asyncio.sleep(0.1)
+        await eventually(lambda: len(server.connections) == 1, 30, "the connection")
         await server.send_raw('{"type": "Results", "channel": "not a channel"}')
         await server.send_raw('{"type": "Results", "channel_index": [0, 1], "duration": 1, '
                               '"start": 0, "is_final": true, "channel": {"alternatives": '
@@ -189,7 +191,7 @@ async def test_S2_drop_now_mid_stream_reconnects_without_losing_the_final() -> N
         kit = await voice_room(channel)
         session = await channel.start_session("room", "mic-1")
         await stream(session, SILENCE[:8000], 16000)  # 0.5 s: no final yet
-        await asyncio.sleep(0.2)
+        await eventually(lambda: server.connections[0].audio_seconds >= 0.5, 30, "the audio")
         server.drop_now()
         await turns_of(session, SILENCE[8000:], 16000)
         events = await kit.list_events("room")

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from server.testing.harness import eventually
 from tests.voice_helpers import meeting, stream, voice_room
 from voice.channel import VoiceChannel, VoiceSession, pcm16_frames
 from voice.stt.base import AudioLost, Backoff, StreamError, SttDegraded, SttRecovered, SttStatus
@@ -79,6 +80,10 @@ async def test_six_short_blips_lose_no_word() -> None:
         for i, frame in enumerate(frames):
             if i in blips_at:
                 await status.wait_for(SttRecovered, len(status.of(SttDegraded)))
+                # the client is back; the outage drops what the server holds open, so wait
+                # until the server has taken the new connection too (its handler runs later)
+                serving = len(status.of(SttDegraded)) + 1
+                await eventually(lambda n=serving: len(server.connections) == n, 60, "serving")
                 server.outage(0.3)
             session.push(frame)
             await asyncio.sleep(0.05 / 8)

@@ -2,7 +2,11 @@
 
 Owns starting `ChorusServer` in-process with a given configuration (the same pipeline
 `chorus serve` builds), and the small helpers a test needs around it: the base URL, an HTTP GET
-over a raw socket, how much audio the server has read, and a test tone.
+over a raw socket, how much audio the server has read, whether a room's reply is still playing
+(V9), a test tone, and `eventually` (wait for a condition, with a timeout only as a failure bound).
+`running_server_with_local_stt` is the server most tests want: STT through the local
+Deepgram-protocol server (`voice.testing.deepgram_server`, no model to load), kept on the
+`RunningServer` as `stt_server` so a test can script outages.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +23,8 @@ import numpy as np
 from server.app import ChorusServer
 from server.config import ServerConfig
 from server.pipeline import build_pipeline
+from voice.channel import VoiceChannel
+from voice.testing.deepgram_server import DeepgramTestServer, WordSource
 
 SECRET = "chorus-test-secret-0123456789abcdef"
 
@@ -28,6 +34,8 @@ class RunningServer:
     server: ChorusServer
     host: str
     port: int
+    stt_server: DeepgramTestServer | None = field(default=None, repr=False)
+    """The local Deepgram-protocol server the STT talks to (`running_server_with_local_stt`)."""
 
     @property
     def base(self) -> str:
@@ -40,6 +48,24 @@ class RunningServer:
     def audio_read(self) -> float:
         """Seconds of audio the server has read from every stream so far."""
         return round(self.server.metrics.audio_seconds_total, 3)
+
+    async def reply_playing(self, room_id: str) -> bool:
+        """Whether a voice channel in the room still gates its microphones for a reply (V9)."""
+        channels = await self.server.rooms.kit.channels_in(room_id)
+        return any(isinstance(c, VoiceChannel) and c.is_playing(room_id) for c in channels)
+
+    async def until_reply_played(self, room_id: str, within_s: float = 30.0) -> None:
+        """Wait until the room's playback window has closed: audio sent after this is heard.
+
+        Call it once the reply is complete (its `reply` message is on the feed): the window is
+        then final, and it closes the reply's duration plus the echo tail after the last audio.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while await self.reply_playing(room_id):
+            if loop.time() > deadline:
+                raise TimeoutError(f"room {room_id!r} still playing after {within_s} s")
+            await asyncio.sleep(0.02)
 
     async def http_get(self, path: str) -> tuple[int, str]:
         reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -77,6 +103,30 @@ async def running_server(
         await server.stop()
 
 
+@contextlib.asynccontextmanager
+async def running_server_with_local_stt(
+    config: dict[str, Any] | None = None, words: WordSource | None = None
+) -> AsyncIterator[RunningServer]:
+    """`running_server` with its STT on a local Deepgram-protocol server that says `words` (none
+    by default; `MeetingWords.from_meeting(...)` finds the received audio in a recording).
+
+    `config` is the rest of the configuration: its `stt` entry adds options to the STT section
+    (`{"diarize": False}`); `diarizer` and `realtime` are `none` unless it names them.
+    """
+    rest = dict(config or {})
+    stt_options: dict[str, Any] = rest.pop("stt", {})
+    async with DeepgramTestServer(words) as deepgram:
+        full = {
+            "diarizer": {"kind": "none"},
+            "realtime": {"provider": "none"},
+            **rest,
+            "stt": local_deepgram_stt(deepgram.url, **stt_options),
+        }
+        async with running_server(full) as srv:
+            srv.stt_server = deepgram
+            yield srv
+
+
 def tone(seconds: float, rate: int = 16000, freq: float = 220.0, level: float = 0.1) -> bytes:
     """A sine tone as pcm16 (audio that is not speech)."""
     t = np.arange(int(seconds * rate)) / rate
@@ -84,7 +134,7 @@ def tone(seconds: float, rate: int = 16000, freq: float = 220.0, level: float = 
     return (np.round(wave * 32767)).astype("<i2").tobytes()
 
 
-async def eventually(predicate: Callable[[], bool], within_s: float = 10.0, what: str = "") -> None:
+async def eventually(predicate: Callable[[], bool], within_s: float = 30.0, what: str = "") -> None:
     """Wait until `predicate()` holds (polling the loop), or raise `TimeoutError`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
