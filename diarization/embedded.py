@@ -231,6 +231,11 @@ class EmbeddedStage:
         """End of the stream: decide what the windows fed so far can decide."""
         return self._stream.flush()
 
+    def provisional(self) -> SpeakerTimeline:
+        """Who the live stream's windows say speaks on the frames not decided yet (may change;
+        `LiveDiarizer.provisional`)."""
+        return self._stream.provisional()
+
     @property
     def live_speakers(self) -> list[str]:
         """Speakers known to the live stream (enrolled first, then `Speaker A` …)."""

@@ -90,6 +90,21 @@ def test_provisional_speakers_cover_the_undecided_frames_and_mostly_agree_with_t
     assert agree / total > 0.8
 
 
+def test_the_embedded_stage_passes_on_its_provisional_speakers(
+    sample: np.ndarray, models: LiveModels
+) -> None:
+    """The voice channel finds `provisional()` on the stage it was given: the embedded stage (the
+    default) must answer it, or pipeline turns wait for every decision."""
+    service = ModelService(models)
+    try:
+        stage = EmbeddedStage(service=service)
+        stage.feed(sample[: 12 * RATE])
+        early = stage.provisional()
+    finally:
+        service.close()
+    assert early.segments and all(seg.speaker.startswith("Speaker ") for seg in early.segments)
+
+
 _FINALS: dict[int, SpeakerTimeline] = {}
 
 

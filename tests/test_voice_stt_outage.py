@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
@@ -17,7 +18,18 @@ from hypothesis import strategies as st
 from server.testing.harness import eventually
 from tests.voice_helpers import meeting, stream, voice_room
 from voice.channel import VoiceChannel, VoiceSession, pcm16_frames
-from voice.stt.base import AudioLost, Backoff, StreamError, SttDegraded, SttRecovered, SttStatus
+from voice.stt.base import (
+    AudioLost,
+    Backoff,
+    RawEvent,
+    RawFinalized,
+    StreamError,
+    SttConnection,
+    SttDegraded,
+    SttProvider,
+    SttRecovered,
+    SttStatus,
+)
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, SpokenWord
 
@@ -140,3 +152,61 @@ def test_backoff_grows_and_never_exceeds_its_ceiling(first: float, factor: float
     delays = [policy.delay(n) for n in range(1, 30)]
     assert delays == sorted(delays) and all(0 <= d <= policy.longest for d in delays)
     assert not policy.exhausted(10**6)  # no limit by default: retry as long as the stream lives
+
+
+class _HalfDeadConnection(SttConnection):
+    """A socket that stops taking audio but never reports the drop on its receiving side (a
+    half-open connection): only the failing send says it is dead."""
+
+    def __init__(self, provider: _HalfDeadProvider) -> None:
+        self.provider = provider
+        self.closed = asyncio.Event()
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        if self.provider.connects == 1:
+            raise ConnectionResetError("the peer reset the connection")
+        self.provider.received += len(pcm16)
+
+    async def finalize(self) -> None:
+        self.provider.finalized.set()
+
+    async def close(self) -> None:
+        self.closed.set()
+
+    async def events(self) -> AsyncIterator[RawEvent]:
+        if self.provider.connects > 1:
+            await self.provider.finalized.wait()
+            yield RawFinalized()
+        await self.closed.wait()  # the receiving side hears nothing, ever
+        return
+
+
+class _HalfDeadProvider(SttProvider):
+    name = "half-dead"
+
+    def __init__(self) -> None:
+        self.connects = 0
+        self.received = 0
+        self.finalized = asyncio.Event()
+
+    async def connect(self) -> SttConnection:
+        self.connects += 1
+        return _HalfDeadConnection(self)
+
+
+async def test_a_connection_whose_sends_fail_is_a_drop_even_if_its_receiver_hears_nothing() -> None:
+    """Issue 10 (no silent loss): the stream watched only the receiving side, so a socket that
+    refused audio while its receiver waited (half-open) held the stream forever, unreported."""
+    status = StatusLog()
+    provider = _HalfDeadProvider()
+    channel = VoiceChannel(stt=provider, on_status=status)
+    await voice_room(channel)
+    session = await channel.start_session("room", "mic-1")
+    session.push(b"\0\0" * 1600)
+    await status.wait_for(SttRecovered, 1, within=30.0)
+    await session.stt.flush(wait_seconds=30.0)
+    await session.finish()
+    assert [type(e) for e in status.events] == [SttDegraded, SttRecovered]
+    degraded = status.events[0]
+    assert isinstance(degraded, SttDegraded) and "reset" in degraded.reason
+    assert provider.connects == 2 and provider.received == 3200  # the audio went on the new one

@@ -447,15 +447,16 @@ class SttStream:
             reason = "the provider closed the connection"
             sender = asyncio.create_task(self._send_loop(current))
             keeper = asyncio.create_task(self._keepalive_loop(current))
+            receiver = asyncio.create_task(self._receive_loop(current))
             try:
-                await self._receive_loop(current)
+                await self._watch(receiver, sender, keeper)
             except Exception as exc:
                 reason = str(exc) or type(exc).__name__
                 log.warning("%s: connection %d dropped: %s", name, current.generation, exc)
             finally:
-                sender.cancel()
-                keeper.cancel()
-                for task in (sender, keeper):
+                for task in (receiver, sender, keeper):
+                    task.cancel()
+                for task in (receiver, sender, keeper):
                     with contextlib.suppress(BaseException):
                         await task
             if self._closing:
@@ -475,6 +476,21 @@ class SttStream:
                 await self._emit(StreamError(self.error))
                 break
             await self._pause(self.backoff.delay(max(1, attempts)))
+
+    @staticmethod
+    async def _watch(receiver: asyncio.Task[None], *helpers: asyncio.Task[None]) -> None:
+        """Until the receive loop ends; a send or keepalive that fails ends the connection too
+        (its error is raised), so a socket that refuses audio is never waited on forever."""
+        running = {receiver, *helpers}
+        while True:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            if receiver in done:
+                receiver.result()
+                return
+            for task in done:
+                running.discard(task)
+                if not task.cancelled() and task.exception() is not None:
+                    task.result()  # raises: the connection is dead
 
     async def _send_loop(self, current: _Connection) -> None:
         chunk = int(SEND_CHUNK * STT_SAMPLE_RATE)
