@@ -154,6 +154,15 @@ async def test_V6_speaker_change_observer_and_new_speaker_flag() -> None:
         (None, "Speaker A", True), ("Speaker A", "Speaker B", True), ("Speaker B", "Speaker A", False)]
 
 
+def ship_it_no_wait() -> ScriptedWords:
+    """One final with two voices' words: Alice's "Ship it?" then Bob's "No, wait." (the STT
+    gives them one speaker id: who said which is the stage's to say)."""
+    return ScriptedWords([[
+        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
+        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
+    ]])
+
+
 class ScriptedStage:
     """A diarization stage with a fixed timeline (rule P3 shape)."""
 
@@ -181,10 +190,7 @@ class ScriptedStage:
 
 
 async def test_V5_pipeline_speakers_split_one_utterance_into_two_turns() -> None:
-    one_utterance = ScriptedWords([[  # the STT labels nobody apart: one speaker id throughout
-        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
-        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
-    ]])
+    one_utterance = ship_it_no_wait()  # the STT labels nobody apart: one speaker id throughout
     stage = ScriptedStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
                                            SpeakerSegment(0.85, 2.0, "Bob")]))
     async with DeepgramTestServer(one_utterance) as server:
@@ -212,10 +218,7 @@ class HoldingStage(ScriptedStage):
 async def test_V5_the_end_of_a_stream_waits_for_what_the_stage_still_holds() -> None:
     """At the end of a stream the stage decides what it held back before the last words are
     given a speaker: they never fall back to the stream's owner."""
-    one_utterance = ScriptedWords([[
-        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
-        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
-    ]])
+    one_utterance = ship_it_no_wait()
     stage = HoldingStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
                                           SpeakerSegment(0.85, 1.7, "Bob")]))
     async with DeepgramTestServer(one_utterance) as server:
@@ -228,10 +231,7 @@ async def test_V5_the_end_of_a_stream_waits_for_what_the_stage_still_holds() -> 
 
 
 async def test_V5_words_wait_for_a_stage_that_decides_late() -> None:
-    one_utterance = ScriptedWords([[
-        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
-        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
-    ]])
+    one_utterance = ship_it_no_wait()
     stage = ScriptedStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
                                            SpeakerSegment(0.85, 1.7, "Bob")]), lag=1.0)
     async with DeepgramTestServer(one_utterance) as server:
@@ -290,10 +290,7 @@ async def test_V5_a_turn_s_last_words_take_the_continuing_voice_before_the_stage
 ) -> None:
     """Issue 10 (latency): a turn's last words need not wait for the stage's decision when its
     provisional frames continue the voice before them; a change of voice still waits for it."""
-    words = ScriptedWords([[
-        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
-        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
-    ]])
+    words = ship_it_no_wait()
     stage = ProvisionalStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
                                               SpeakerSegment(0.85, 2.0, "Bob")]), lag=1.0)
     async with DeepgramTestServer(words) as server:
