@@ -429,11 +429,12 @@ class VoiceSession:
             heard = self._fed / STT_SAMPLE_RATE
             ready = 0
             timeline = self._timeline
+            early: SpeakerTimeline | None = None  # built once, when a word first needs it
             for w in self._unassigned:
                 placed = _overlapped(self._timeline, w)
                 if not placed and not force and heard < w.end + self.channel.speaker_wait:
-                    early = self._continuing_voice(w, ready)
-                    if early is None:
+                    early = early or self._with_provisional()
+                    if early is None or not self._continues_voice(early, w, ready):
                         break
                     timeline = early
                 ready += 1
@@ -450,26 +451,28 @@ class VoiceSession:
         if done:
             self._end_of_speech = False
 
-    def _continuing_voice(self, word: Word, ready: int) -> SpeakerTimeline | None:
-        """A word the stage has not decided yet may go on at once when the stage's provisional
-        frames give it the voice of the word before it (the common case: a turn's last words,
-        which would otherwise wait about a second for the stage's decision). The timeline to
-        assign it with (decided + provisional), or None: wait for the decision (a voice change,
-        or nothing heard over the word yet). Only with `VoiceChannel(provisional_speakers=True)`."""
+    def _with_provisional(self) -> SpeakerTimeline | None:
+        """The decided timeline plus the stage's provisional speakers of the frames it has not
+        decided yet, or None (`VoiceChannel(provisional_speakers=False)`, or nothing provisional)."""
         if not self.channel.provisional_speakers or not self._undecided.segments:
             return None
-        both = SpeakerTimeline(self._timeline.segments + self._undecided.segments)
+        return SpeakerTimeline(self._timeline.segments + self._undecided.segments)
+
+    def _continues_voice(self, both: SpeakerTimeline, word: Word, ready: int) -> bool:
+        """Whether a word the stage has not decided yet may go on at once with its provisional
+        speaker (`both`: decided + provisional): when that is the voice of the word before it
+        (the common case: a turn's last words, which would otherwise wait about a second for the
+        stage's decision). A voice change, or nothing heard over the word yet, waits."""
         if not _overlapped(both, word) or _no_duration(word):
-            return None
+            return False
         if ready:
-            previous = both.speaker_over(self._unassigned[ready - 1].start,
-                                         self._unassigned[ready - 1].end)
+            before = self._unassigned[ready - 1]
+            previous = both.speaker_over(before.start, before.end)
         elif self._pending:
             previous = self._pending[-1].speaker
         else:
             previous = None if self.last_speaker is _NOBODY else self.last_speaker  # type: ignore[assignment]
-        voice = both.speaker_over(word.start, word.end)
-        return both if previous is not None and voice == previous else None
+        return previous is not None and both.speaker_over(word.start, word.end) == previous
 
     async def _emit_pending(self, *, force: bool) -> None:
         runs = speaker_runs(self._pending)
@@ -570,7 +573,6 @@ class VoiceSession:
             if stage.sample_rate != STT_SAMPLE_RATE:
                 chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
             self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk)
-
 
 
 def _feed(stage: DiarizationStage, chunk: FloatAudio) -> tuple[SpeakerTimeline, SpeakerTimeline]:

@@ -331,7 +331,7 @@ class SttStream:
                 return
             if not current.dropped:
                 return
-            deadline = loop.time() + wait_seconds
+            deadline = max(deadline, self.heard_at + wait_seconds)  # still answering: wait on
 
     async def _wait_finalized(self, quiet_seconds: float) -> bool:
         """Wait for the Finalize answer while the provider keeps answering; False once it has
