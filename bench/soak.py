@@ -5,7 +5,8 @@ STT through the local Deepgram-protocol server, which runs in its own process as
 `chorus bench load`, embedded live diarization, recorder realtime session, a SQLite store in a
 temporary directory) and `--streams` devices, each in its own room, sending the demo meeting
 faster than real time (`--rate`), one meeting after another for `--meetings` rounds. After each
-round it prints the process's resident memory (after `gc.collect()`), glibc's heap figures
+round it prints the process's resident memory before and after `gc.collect()` (with what the
+collection found unreachable: objects by type, and the numpy arrays they held), glibc's heap figures
 (`mallinfo2`: in use, free inside the heap, mmapped) and how many voice sessions, audio logs,
 stages … are alive, so a leak of a few MB per
 meeting shows as a slope within minutes instead of the 10-minute soak of `chorus bench load`.
@@ -19,6 +20,9 @@ meeting shows as a slope within minutes instead of the 10-minute soak of `chorus
   on and off, side by side (`--meetings` repeats);
 - `speed`: CPU per audio second of the live stage and the batch diarizer before the memory fix
   (arena on, one model call per round) and after it (the defaults), alternating in one process.
+
+`--no-collect` leaves the collector alone, as a server does: RSS then shows what reference cycles
+hold until a full collection (in a server, minutes apart).
 
 `--json` writes the per-round samples (docs/benchmarks.md, "Soak").
 """
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -84,21 +89,64 @@ TRACKED = ("VoiceSession", "AudioLog", "EmbeddedStage", "LiveDiarizer", "VoiceCh
            "DeviceStream", "TranscriptionEvent", "RealtimeSession", "RecorderSession")  # fmt: skip
 
 
-def _report(round_no: int, began: float, cpu0: float, rows: list[dict[str, Any]]) -> None:
+def _garbage() -> dict[str, Any]:
+    """What a full collection finds unreachable (kept aside with DEBUG_SAVEALL, then freed):
+    how many objects, and the bytes of the numpy arrays among them."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        found = gc.collect()
+        arrays = {id(r): r for o in gc.garbage if type(o) is not weakref.ProxyType
+                  for r in gc.get_referents(o) if type(r) is np.ndarray}.values()
+        holders: dict[str, float] = {}
+        for o in gc.garbage:
+            if type(o) is weakref.ProxyType:
+                continue
+            size = sum(r.nbytes for r in gc.get_referents(o) if type(r) is np.ndarray)
+            if size:
+                name = type(o).__qualname__
+                holders[name] = holders.get(name, 0.0) + size / 2**20
+        kinds: dict[str, int] = {}
+        for o in gc.garbage:
+            name = type(o).__qualname__
+            kinds[name] = kinds.get(name, 0) + 1
+        top = dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:12])
+        report = {
+            "objects": found,
+            "array_mib": round(sum(a.nbytes for a in arrays) / 2**20, 1),
+            "array_holders": {k: round(v, 2) for k, v in holders.items()},
+            "types": top,
+        }
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
     gc.collect()
+    return report
+
+
+COLLECT = True
+"""Collect garbage before each round's figures (`--no-collect`: RSS as a server, whose full
+collections are minutes apart, holds it)."""
+
+
+def _report(round_no: int, began: float, cpu0: float, rows: list[dict[str, Any]]) -> None:
+    rss_before_gc = rss_mib()
+    garbage = _garbage() if COLLECT else {}
     objects = live_objects(*TRACKED)
     row: dict[str, Any] = {
         "round": round_no,
         "wall_s": round(time.monotonic() - began, 1),
         "cpu_s": round(time.process_time() - cpu0, 1),
+        "rss_before_gc_mib": round(rss_before_gc, 1),
         "rss_mib": round(rss_mib(), 1),
+        "garbage": garbage,
         "malloc": malloc_mib(),
         "objects": objects,
     }
     rows.append(row)
     alive = ", ".join(f"{k} {v}" for k, v in objects.items() if v)
     print(
-        f"round {round_no}: RSS {row['rss_mib']:.0f} MiB (wall {row['wall_s']:.0f} s, "
+        f"round {round_no}: RSS {row['rss_before_gc_mib']:.0f} → {row['rss_mib']:.0f} MiB after gc "
+        f"(garbage {garbage}) (wall {row['wall_s']:.0f} s, "
         f"CPU {row['cpu_s']:.0f} s) malloc {row['malloc']} alive: {alive or 'none'}",
         flush=True,
     )
@@ -302,7 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=4.0, help="times real time (server part)")
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO))
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-collect", action="store_true",
+                        help="no gc.collect() before each round's figures (what a server holds)")
     args = parser.parse_args(argv)
+    global COLLECT
+    COLLECT = not args.no_collect
     if args.part == "speed":
         rows = run_speed(args.meetings)
     elif args.part == "batch":

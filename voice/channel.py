@@ -290,6 +290,7 @@ class VoiceSession:
             with contextlib.suppress(BaseException):
                 await self._diar_task
         self.channel._sessions.pop(self.id, None)
+        self.audio.release()  # nothing reads a finished session's audio (turn_audio: None)
         return self.turns
 
     # -- STT events → turns ----------------------------------------------------------------
