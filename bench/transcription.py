@@ -66,10 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-provisional-speakers", action="store_true",
                         help="pipeline speakers: every word waits for the stage's decided speaker "
                              "(the behaviour before provisional speakers)")
-    parser.add_argument("--no-voice-change-cuts", action="store_true",
-                        help="Whisper with pipeline speakers: an utterance ends only at a pause or "
-                             "the cap, not where the stage hears the voice change (the behaviour "
-                             "before voice-change cuts)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -139,8 +135,6 @@ def _stt(args: argparse.Namespace) -> Any:
         options["max_utterance"] = args.max_utterance
     if args.encoder_window is not None:
         options["encoder_window"] = args.encoder_window
-    if args.no_voice_change_cuts:
-        options["cut_at_voice_changes"] = False
     stt = WhisperSTT(args.whisper_model, **options)
     stt.model()  # load before timing: the RTF measures transcription, not the model load
     return stt

@@ -324,63 +324,6 @@ async def test_V5_a_turn_s_last_words_take_the_continuing_voice_before_the_stage
     assert stage.fed == int(2.2 * 16000)
 
 
-class CuttingSTT(SttProvider):
-    """A local engine that cuts its own utterances (as Whisper does): it hears no words, and
-    records the voice changes the channel tells it, in connection time."""
-
-    name = "cutting"
-    diarizes = False
-    keepalive_interval = None
-
-    def __init__(self) -> None:
-        self.changes: list[float] = []
-        self.changed = asyncio.Event()
-
-    async def connect(self) -> SttConnection:
-        provider = self
-
-        class Connection(SttConnection):
-            def __init__(self) -> None:
-                self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
-
-            async def send_audio(self, pcm16: bytes) -> None: ...
-
-            async def finalize(self) -> None:
-                self.out.put_nowait(RawFinalized())
-
-            async def close(self) -> None:
-                self.out.put_nowait(None)
-
-            def voice_change(self, at: float) -> None:
-                provider.changes.append(at)
-                provider.changed.set()
-
-            async def events(self) -> AsyncIterator[RawEvent]:
-                while (event := await self.out.get()) is not None:
-                    yield event
-
-        return Connection()
-
-
-async def test_V5_the_stt_hears_where_the_stage_hears_the_voice_change_once() -> None:
-    """Issue 10 (latency): the channel tells the STT where the stage (here still provisional)
-    hears Alice give way to Bob without a pause, so a local engine can end its utterance there
-    instead of making Alice's turn wait for the pause or the cap. Once per change."""
-    stage = ProvisionalStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
-                                              SpeakerSegment(0.85, 3.0, "Bob")]), lag=1.0)
-    stt = CuttingSTT()
-    channel = VoiceChannel(stt=stt, pipeline_speakers=True, diarizer=stage, speaker_wait=30.0)
-    await voice_room(channel)
-    session = await channel.start_session("room", "mic-1")
-    await stream(session, AUDIO[: int(1.4 * 16000)], 16000, speed=8.0)
-    await asyncio.wait_for(stt.changed.wait(), 30.0)
-    # heard 1.4 s: the stage has decided nothing past 0.4 s; the change came from provisional
-    assert stt.changes == [pytest.approx(0.85)]
-    await stream(session, AUDIO[int(1.4 * 16000) :], 16000, speed=8.0)
-    await session.finish()
-    assert stt.changes == [pytest.approx(0.85)]  # decided later: not told twice
-
-
 def test_V5_pipeline_speakers_without_a_stage_is_refused() -> None:
     with pytest.raises(ValueError, match="pipeline_speakers=True needs a diarization stage"):
         VoiceChannel(stt=DeepgramSTT("k", url="ws://127.0.0.1:1"), pipeline_speakers=True)

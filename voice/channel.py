@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import uuid
 from collections import deque
@@ -195,8 +194,6 @@ class VoiceSession:
         """The stage's provisional speakers of the frames it has heard but not decided (a stage
         with a `provisional()` method, like the embedded live stage); empty otherwise."""
         self._fed = 0
-        self._change_told = 0.0
-        """Session time of the last voice change passed to the STT stream."""
         self._diar_task: asyncio.Task[None] | None = None
         self._diar_wake = asyncio.Event()
         self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
@@ -577,25 +574,6 @@ class VoiceSession:
             if stage.sample_rate != STT_SAMPLE_RATE:
                 chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
             self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk)
-            self._tell_voice_changes()
-
-    def _tell_voice_changes(self) -> None:
-        """Tell the STT stream where the stage (decided or provisional) hears one voice give way
-        to another, once per change: a local engine ends its utterance there, so the turn before
-        the change is decoded at once instead of at the next pause or cap (latency, issue 10)."""
-        told = self._change_told
-        heard = sorted((s for s in (*self._timeline.segments, *self._undecided.segments)
-                        if s.end > told and s.duration >= _CHANGE_MIN_VOICE),
-                       key=lambda s: (s.start, s.end))
-        for before, after in itertools.pairwise(heard):
-            gap = after.start - before.end
-            if after.speaker == before.speaker or not -_CHANGE_MAX_GAP <= gap <= _CHANGE_MAX_GAP:
-                continue
-            at = max(before.start, (after.start + before.end) / 2)
-            if at > told:
-                self.stt.voice_change(at)
-                told = at
-        self._change_told = told
 
 
 def _feed(stage: DiarizationStage, chunk: FloatAudio) -> tuple[SpeakerTimeline, SpeakerTimeline]:
@@ -606,11 +584,6 @@ def _feed(stage: DiarizationStage, chunk: FloatAudio) -> tuple[SpeakerTimeline, 
 
 
 _NOBODY = object()
-_CHANGE_MIN_VOICE = 0.3
-"""Seconds: a voice is a change only when the stage heard it (and the one before) this long."""
-_CHANGE_MAX_GAP = 0.3
-"""Seconds between one voice's end and the next one's start (or of overlap) that make a change
-inside one utterance; a longer pause is an utterance boundary already."""
 _SAME_TIME = 0.05
 """Seconds within which an interim word and a final word are the same word."""
 

@@ -60,14 +60,6 @@ _TRANSCRIBE_LOCKS: dict[int, threading.Lock] = {}
 CUT_SEARCH_FRAMES = 31
 """VAD frames (32 ms each: about the last second) searched for the quietest point when an
 utterance reaches `max_utterance`."""
-CHANGE_SEARCH = 0.3
-"""Seconds each side of a voice change (heard by the diarization stage) searched for the
-quietest VAD frame to cut the utterance at: the stage places a change within a word or two."""
-CHANGE_PAD = 0.1
-"""Seconds of audio after a voice-change cut the piece before it still hears (the cap and pause
-cuts hear `pad`): less, so the next voice's first word is not decoded twice."""
-MIN_PIECE = 0.5
-"""Seconds: a voice change closer than this to the utterance's start cuts nothing."""
 
 
 def default_model_path() -> str:
@@ -125,7 +117,7 @@ class Utterance:
 
 
 class WhisperSTT(SttProvider):
-    """faster-whisper behind the STT interface, segmented by Silero VAD (and, when told, at voice changes)."""
+    """faster-whisper behind the STT interface, segmented by Silero VAD."""
 
     name = "whisper"
     diarizes = False
@@ -146,7 +138,6 @@ class WhisperSTT(SttProvider):
         encoder_window: float | None = 10.0,
         temperature: float = 0.0,
         max_tokens_per_second: float | None = 8.0,
-        cut_at_voice_changes: bool = True,
     ) -> None:
         self.model_name = model
         self.language = language
@@ -162,9 +153,6 @@ class WhisperSTT(SttProvider):
         self.temperature = temperature
         self.max_tokens_per_second = max_tokens_per_second
         """Decoded tokens allowed per second of audio (plus 8); None: no cap."""
-        self.cut_at_voice_changes = cut_at_voice_changes
-        """End the utterance in progress where a diarization stage hears the voice change
-        (`SttConnection.voice_change`), so the turn before the change is decoded at once."""
         self._model: Any = None
 
     def describe(self) -> str:
@@ -238,10 +226,8 @@ class WhisperConnection(SttConnection):
         self.speech_start: int | None = None
         self.last_speech: int = 0
         self.frames_scored = 0
-        self.recent: deque[tuple[int, float]] = deque(maxlen=self._recent_frames())
-        """(sample index, speech probability) of the frames of the utterance in progress."""
-        self.changes: list[int] = []
-        """Voice changes (sample index) heard by the stage, waiting for the frames around them."""
+        self.recent: deque[tuple[int, float]] = deque(maxlen=CUT_SEARCH_FRAMES)
+        """(sample index, speech probability) of the latest frames of the utterance in progress."""
         self.queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
         self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
         self.worker = asyncio.create_task(self._work())
@@ -253,39 +239,6 @@ class WhisperConnection(SttConnection):
         self.total += len(audio)
         probs = await asyncio.to_thread(self.vad.accept, audio)
         self._advance(probs)
-
-    def _recent_frames(self) -> int:
-        return int(self.provider.max_utterance * STT_SAMPLE_RATE) // self.frame + CUT_SEARCH_FRAMES
-
-    def voice_change(self, at: float) -> None:
-        """Cut the utterance in progress at the quietest frame near `at` (once the frames around
-        it are scored), so the words before the change come back without waiting for a pause."""
-        if self.provider.cut_at_voice_changes and not self.closed:
-            self.changes.append(round(at * STT_SAMPLE_RATE))
-            self.changes.sort()
-            self._apply_changes()
-
-    def _apply_changes(self) -> None:
-        search = round(CHANGE_SEARCH * STT_SAMPLE_RATE)
-        heard = self.frames_scored * self.frame
-        while self.changes and self.changes[0] + search <= heard:
-            self._cut_at_change(self.changes.pop(0), search)
-
-    def _cut_at_change(self, at: int, search: int) -> None:
-        start = self.speech_start
-        if start is None or at <= start:
-            return  # between utterances, or before this one: a pause cut there already
-        lo = max(at - search, start + round(MIN_PIECE * STT_SAMPLE_RATE))
-        frames = [(a, q) for a, q in self.recent if lo <= a and a + self.frame <= at + search]
-        if not frames:
-            return
-        quietest, _ = min(frames, key=lambda item: (item[1], abs(item[0] - at)))
-        cut = quietest + self.frame // 2
-        self._cut(start, cut, end_pad=CHANGE_PAD)
-        if self.last_speech > cut:
-            self.speech_start = cut  # the next voice's words: an utterance of their own
-        self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
-                            maxlen=self._recent_frames())
 
     def _advance(self, probs: npt.NDArray[np.float32]) -> None:
         p = self.provider
@@ -312,9 +265,7 @@ class WhisperConnection(SttConnection):
                     self.speech_start = cut
                     self.last_speech = at + self.frame
                     self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
-                                        maxlen=self._recent_frames())
-        if self.changes:
-            self._apply_changes()
+                                        maxlen=CUT_SEARCH_FRAMES)
         if self.speech_start is None:
             self._trim(self.total - int(p.pad * STT_SAMPLE_RATE))
 
@@ -323,16 +274,13 @@ class WhisperConnection(SttConnection):
         frame (ties: the latest), or the cap when no frame was scored."""
         if not self.recent:
             return cap
-        latest = list(self.recent)[-CUT_SEARCH_FRAMES:]
-        at, _ = min(reversed(latest), key=lambda item: item[1])
+        at, _ = min(reversed(self.recent), key=lambda item: item[1])
         return at + self.frame // 2
 
-    def _cut(self, start: int, end: int, *, finalize: bool = False,
-             end_pad: float | None = None) -> None:
+    def _cut(self, start: int, end: int, *, finalize: bool = False) -> None:
         pad = int(self.provider.pad * STT_SAMPLE_RATE)
-        after = pad if end_pad is None else int(end_pad * STT_SAMPLE_RATE)
         a = max(start - pad, self.first_kept)
-        b = min(end + after, self.total)
+        b = min(end + pad, self.total)
         audio = self.kept[a - self.first_kept : b - self.first_kept].copy()
         self.speech_start = None
         if len(audio) >= int(0.1 * STT_SAMPLE_RATE) or finalize:
