@@ -231,6 +231,10 @@ class EmbeddedStage:
         """End of the stream: decide what the windows fed so far can decide."""
         return self._stream.flush()
 
+    def recent(self, since: float) -> SpeakerTimeline:
+        """The live stream's decided segments that end after `since` (`LiveDiarizer.recent`)."""
+        return self._stream.recent(since)
+
     def provisional(self) -> SpeakerTimeline:
         """Who the live stream's windows say speaks on the frames not decided yet (may change;
         `LiveDiarizer.provisional`)."""

@@ -105,6 +105,30 @@ def test_the_embedded_stage_passes_on_its_provisional_speakers(
     assert early.segments and all(seg.speaker.startswith("Speaker ") for seg in early.segments)
 
 
+def test_recent_is_the_decided_timeline_after_a_time_at_every_point(
+    sample: np.ndarray, models: LiveModels
+) -> None:
+    """Issue 10 (cost that grows with the stream): the voice channel asks only for the segments
+    that end after its earliest waiting word (`recent`), not the whole stream's timeline; they
+    must be exactly the whole timeline's segments that end after that time, also while runs are
+    still growing, and through the embedded stage."""
+    service = ModelService(models)
+    try:
+        stage = EmbeddedStage(service=service)
+        step = RATE // 2
+        for i in range(0, len(sample), step):
+            whole = stage.feed(sample[i : i + step])
+            for since in (-1.0, 0.0, i / RATE - 10.0, i / RATE - 3.0, i / RATE - 0.5, 1e9):
+                expected = sorted((s for s in whole.segments if s.end > since),
+                                  key=lambda s: (s.start, s.speaker))
+                got = stage.recent(since).segments
+                assert sorted(got, key=lambda s: (s.start, s.speaker)) == expected
+                assert [s.start for s in got] == sorted(s.start for s in got)  # in time order
+        assert len(stage.recent(len(sample) / RATE - 5.0)) < len(whole)
+    finally:
+        service.close()
+
+
 _FINALS: dict[int, SpeakerTimeline] = {}
 
 

@@ -324,6 +324,50 @@ async def test_V5_a_turn_s_last_words_take_the_continuing_voice_before_the_stage
     assert stage.fed == int(2.2 * 16000)
 
 
+class RecentStage(ScriptedStage):
+    """A stage that can hand over only its segments ending after a time (the embedded live
+    stage's `recent`); it records what the channel asked for and how much it handed over."""
+
+    def __init__(self, timeline: SpeakerTimeline) -> None:
+        super().__init__(timeline)
+        self.asked: list[tuple[float, int]] = []
+
+    def recent(self, since: float) -> SpeakerTimeline:
+        heard = self.fed / 16000
+        segments = [s for s in self.timeline.segments if s.start < heard and s.end > since]
+        self.asked.append((since, len(segments)))
+        return SpeakerTimeline(segments)
+
+
+async def test_V5_the_channel_holds_only_the_recent_timeline_of_a_long_stream() -> None:
+    """Issue 10 (cost that grows with the stream): every waiting word searched the stage's whole
+    timeline, milliseconds per word after a few hours. The channel asks a stage that can answer
+    it for the segments after its earliest word still to place, and places words as before."""
+    earlier = [SpeakerSegment(t, t + 0.9, "Carol" if int(t) % 2 else "Dave")
+               for t in np.arange(0.0, 19.0, 1.0)]
+    stage = RecentStage(SpeakerTimeline([*earlier, SpeakerSegment(20.0, 20.85, "Alice"),
+                                         SpeakerSegment(20.85, 22.0, "Bob")]))
+    words = ScriptedWords([[SpokenWord(w.word, w.start + 20.0, w.end + 20.0, 0, w.punctuated_word)
+                            for w in ship_it_no_wait().finals[0]]])
+    async with DeepgramTestServer(words) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=stage)
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, np.zeros(16000 * 23, np.float32), 16000, speed=20.0)
+        await eventually(lambda: session.stt.final_until > 21.0, what="the words' final")
+        await turns_of(session, np.zeros(16000 * 2, np.float32), 16000, speed=20.0)  # fed on
+        await kit.drain()
+        events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
+                                                                   ("Bob", "No, wait.")]
+    # once the words came: asked from the first word (20.1 s) less the 10 s kept, so the
+    # stream's first 10 s (10 of its 21 segments) were no longer handed over
+    late = [(since, n) for since, n in stage.asked if since > 0]
+    assert late and all(since >= 20.1 - 10.0 - 1e-6 for since, _ in late)
+    assert max(n for _, n in late) <= 11
+
+
 def test_V5_pipeline_speakers_without_a_stage_is_refused() -> None:
     with pytest.raises(ValueError, match="pipeline_speakers=True needs a diarization stage"):
         VoiceChannel(stt=DeepgramSTT("k", url="ws://127.0.0.1:1"), pipeline_speakers=True)

@@ -573,17 +573,30 @@ class VoiceSession:
                 return
             if stage.sample_rate != STT_SAMPLE_RATE:
                 chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
-            self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk)
+            # words still to place start after `since`: the first waiting word, or the words
+            # the STT has yet to make final (after its last final word, less a replay's overlap)
+            waiting = self._unassigned[0].start if self._unassigned else self.stt.final_until
+            since = min(waiting, self.stt.final_until) - _TIMELINE_KEPT
+            self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk, since)
 
 
-def _feed(stage: DiarizationStage, chunk: FloatAudio) -> tuple[SpeakerTimeline, SpeakerTimeline]:
-    """Feed the stage (in a worker thread) and read its provisional speakers with it."""
+def _feed(stage: DiarizationStage, chunk: FloatAudio,
+          since: float) -> tuple[SpeakerTimeline, SpeakerTimeline]:
+    """Feed the stage (in a worker thread) and read its provisional speakers with it. A stage
+    that can say which of its segments end after a time (`recent(since)`, like the embedded
+    live stage) hands over only those: a long stream's whole timeline grows with it, and every
+    waiting word searched it (milliseconds per word after a few hours)."""
     timeline = stage.feed(chunk)
+    recent = getattr(stage, "recent", None)
+    if callable(recent):
+        timeline = recent(since)
     provisional = getattr(stage, "provisional", None)
     return timeline, (provisional() if callable(provisional) else SpeakerTimeline())
 
 
 _NOBODY = object()
+_TIMELINE_KEPT = 10.0
+"""Seconds of the stage's decided timeline kept before the earliest word still to be placed."""
 _SAME_TIME = 0.05
 """Seconds within which an interim word and a final word are the same word."""
 
