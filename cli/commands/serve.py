@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import re
@@ -93,6 +94,22 @@ async def open_kit(config: ServerConfig) -> tuple[RoomKit, OpenedStore]:
     return RoomKit(store=opened.store, locks=opened.locks), opened
 
 
+def settle_heap() -> int:
+    """Take what is alive once the models are loaded (modules, weights, the server itself: about
+    330,000 objects, all living as long as the process) out of the garbage collector's reach,
+    and return how many.
+
+    Why: a full collection walks every tracked object, about 0.14 s here with the loop stopped
+    for every stream; and CPython runs one only when the objects that survived since the last
+    grow past a quarter of that long-lived count, so the small cyclic garbage each finished
+    stream leaves (about 1.4 MB a meeting) piled up for dozens of meetings between collections.
+    Frozen, they are neither walked nor counted: full collections come often and cost a few ms.
+    (`gc.freeze`, as large Python servers do after start-up.)"""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def _shown_url(url: str) -> str:
     """A store URL without its password, for the log."""
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
@@ -120,6 +137,7 @@ async def _serve_with(
     pipeline = await build_pipeline(config)
     server = ChorusServer(config, pipeline, secret, kit=kit)
     await server.start(host, port)
+    settle_heap()
     print(f"chorus serve: rooms are kept in {_shown_url(opened.url)}", file=sys.stderr, flush=True)
     print(f"chorus serve: listening on http://{host}:{server.port}/", file=sys.stderr, flush=True)
     stop = asyncio.Event()
