@@ -1,8 +1,9 @@
 """`chorus serve` as a real process, for tests that restart it or run two on one store.
 
-Started on a free port with `--config`, the server secret from the harness, and the store the
-config file names (the test environment's `CHORUS_STORE_URL` is dropped); `stop()` sends SIGTERM
-and expects the drain to end with exit code 0.
+Started on a free port with `--config`, the server secret from the harness (or none: a loopback
+server then makes one and prints it, read into `secret`), and the store the config file names
+(the test environment's `CHORUS_STORE_URL` is dropped); `stop()` sends SIGTERM and expects the
+drain to end with exit code 0.
 """
 
 from __future__ import annotations
@@ -20,15 +21,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class ServeProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, port: int) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, port: int, secret: str | None,
+                 lines: list[str]) -> None:
         self.proc = proc
         self.port = port
         self.base = f"ws://127.0.0.1:{port}"
+        self.secret = secret
+        self.lines = lines
+        """What the process printed up to "listening on"."""
 
     @classmethod
-    async def start(cls, config: Path, site: Path | None = None) -> ServeProcess:
-        """`site`: a directory put first on the process's PYTHONPATH (a `sitecustomize.py`)."""
-        env = {**os.environ, "CHORUS_SECRET": SECRET}
+    async def start(cls, config: Path, site: Path | None = None,
+                    secret: str | None = SECRET) -> ServeProcess:
+        """`site`: a directory put first on the process's PYTHONPATH (a `sitecustomize.py`);
+        `secret=None`: no `CHORUS_SECRET` (the server makes one, read from its output)."""
+        env = {**os.environ, "CHORUS_SECRET": secret or ""}
+        if secret is None:
+            env.pop("CHORUS_SECRET")
         if site is not None:
             env["PYTHONPATH"] = f"{site}{os.pathsep}{REPO}"
         env.pop("CHORUS_STORE_URL", None)  # the config file names the store
@@ -43,8 +52,10 @@ class ServeProcess:
                 line = (await proc.stderr.readline()).decode()
                 assert line, "chorus serve exited:\n" + "".join(lines)
                 lines.append(line)
+                if m := re.search(r"CHORUS_SECRET=(\S+)", line):
+                    secret = m.group(1)
                 if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line):
-                    return cls(proc, int(m.group(1)))
+                    return cls(proc, int(m.group(1)), secret, lines)
 
     async def stop(self) -> None:
         if self.proc.returncode is None:

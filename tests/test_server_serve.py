@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from server.auth import issue_token
 from server.client import DeviceStream
 from server.protocol import StartMessage
 from server.testing.harness import eventually, tone
+from tests.serve_process import ServeProcess
 from voice.testing.deepgram_server import DeepgramTestServer
 
 pytestmark = pytest.mark.asyncio
@@ -38,42 +37,24 @@ async def test_loopback_server_without_secret_makes_one_serves_and_stops(tmp_pat
         f'[stt]\nprovider = "deepgram"\ndeepgram_url = "{deepgram.url}"\ndeepgram_api_key = "k"\n'
         '[diarizer]\nkind = "none"\n[realtime]\nprovider = "none"\n'
     )
-    env = {k: v for k, v in os.environ.items() if k != "CHORUS_SECRET"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.main", "serve", "--port", "0", "--config", str(config),
-        cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    lines: list[str] = []
-    port = secret = None
+    server = await ServeProcess.start(config, secret=None)
     try:
-        async with asyncio.timeout(60):
-            while port is None:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "".join(lines)
-                lines.append(line)
-                if m := re.search(r"CHORUS_SECRET=(\S+)", line):
-                    secret = m.group(1)
-                if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line):
-                    port = int(m.group(1))
-        assert secret is not None and "loopback" in "".join(lines)
+        secret, port = server.secret, server.port
+        assert secret is not None and "loopback" in "".join(server.lines)
         status, body = await _http_get(port, "/healthz")
         assert status == 200 and json.loads(body)["status"] == "ok"
         # the printed secret signs tokens the server accepts
         token = issue_token(secret, "r1")
         device = await DeviceStream.open(
-            f"ws://127.0.0.1:{port}", "r1", token, StartMessage(participant="p", shared_mic=False)
+            server.base, "r1", token, StartMessage(participant="p", shared_mic=False)
         )
         await device.send_audio(tone(0.2), realtime=False)
         await eventually(lambda: bool(device.received), 30, "started")
         assert device.received[0].type == "started"
         await device.ws.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            code = await proc.wait()
+        await server.stop()  # SIGTERM; exits 0
         await deepgram.stop()
-    assert code == 0
 
 
 async def test_public_server_without_secret_refuses_to_start() -> None:
