@@ -123,7 +123,12 @@ def correlation(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
 
 
-async def test_R3_each_stream_commits_its_own_audio_then_the_labelled_line() -> None:
+async def test_R3_each_stream_commits_its_own_audio_then_the_labelled_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the reference audio is each session's own log, read after the streams end: keep it (a
+    # finished session gives its audio back, `AudioLog.release`; nothing else reads it then)
+    monkeypatch.setattr(AudioLog, "release", lambda self: None)
     async with servers(audio=True) as (server, model):
         token = issue_token(SECRET, ROOM)
         feed = await EventFeed.open(server.base, ROOM, token)
