@@ -84,7 +84,7 @@ async def test_the_objects_alive_after_start_up_are_kept_out_of_collections() ->
     alive = [Cycle()]
     try:
         frozen = settle_heap()
-        assert frozen > 1000 and frozen == gc.get_freeze_count()
+        assert frozen > 1000  # (a frozen object may still be freed by its refcount later)
         assert not any(o is alive[0] for o in gc.get_objects())  # not tracked any more
         garbage = Cycle()
         del garbage
