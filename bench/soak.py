@@ -95,24 +95,22 @@ def _garbage() -> dict[str, Any]:
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         found = gc.collect()
-        arrays = {id(r): r for o in gc.garbage if type(o) is not weakref.ProxyType
-                  for r in gc.get_referents(o) if type(r) is np.ndarray}.values()
+        arrays: dict[int, np.ndarray[Any, Any]] = {}
         holders: dict[str, float] = {}
-        for o in gc.garbage:
-            if type(o) is weakref.ProxyType:
-                continue
-            size = sum(r.nbytes for r in gc.get_referents(o) if type(r) is np.ndarray)
-            if size:
-                name = type(o).__qualname__
-                holders[name] = holders.get(name, 0.0) + size / 2**20
         kinds: dict[str, int] = {}
         for o in gc.garbage:
             name = type(o).__qualname__
             kinds[name] = kinds.get(name, 0) + 1
+            if type(o) is weakref.ProxyType:
+                continue
+            held = [r for r in gc.get_referents(o) if type(r) is np.ndarray]
+            if held:
+                arrays.update((id(r), r) for r in held)
+                holders[name] = holders.get(name, 0.0) + sum(r.nbytes for r in held) / 2**20
         top = dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:12])
         report = {
             "objects": found,
-            "array_mib": round(sum(a.nbytes for a in arrays) / 2**20, 1),
+            "array_mib": round(sum(a.nbytes for a in arrays.values()) / 2**20, 1),
             "array_holders": {k: round(v, 2) for k, v in holders.items()},
             "types": top,
         }

@@ -573,10 +573,10 @@ class VoiceSession:
                 return
             if stage.sample_rate != STT_SAMPLE_RATE:
                 chunk = resample(chunk, STT_SAMPLE_RATE, stage.sample_rate)
-            # words still to place start after `since`: the first waiting word, or the words
-            # the STT has yet to make final (after its last final word, less a replay's overlap)
-            waiting = self._unassigned[0].start if self._unassigned else self.stt.final_until
-            since = min(waiting, self.stt.final_until) - _TIMELINE_KEPT
+            # words still to place: the first waiting word, or those the STT has yet to make
+            # final (after its last final word); the margin covers a reconnect's replay
+            first = self._unassigned[0].start if self._unassigned else self.stt.final_until
+            since = min(first, self.stt.final_until) - _TIMELINE_KEPT
             self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk, since)
 
 
