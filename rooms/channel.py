@@ -61,6 +61,12 @@ class Channel(ABC):  # noqa: B024 - every method has a working default
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:  # noqa: B027 - optional
         """Called for each committed event from another channel this channel may see."""
 
+    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:  # noqa: B027 - optional
+        """Called when an event `deliver` handed over was replaced in place (`RoomKit.update_event`:
+        a voice turn committed early from interim words, corrected by the final result). `event`
+        is the new version, with the same id. Default: nothing (a channel that forwarded the old
+        version and cannot take it back, like a realtime model's conversation, keeps it)."""
+
     async def close(self) -> None:  # noqa: B027 - optional
         """Release connections and tasks."""
 
@@ -94,7 +100,8 @@ class TurnAudioSource(Protocol):
 class TextChannel(Channel):
     """A transport channel for hosts, webhooks and tests that feed `process_inbound` themselves.
 
-    Whatever the room delivers to it is kept in `delivered` (and passed to `on_deliver`).
+    Whatever the room delivers to it is kept in `delivered` (and passed to `on_deliver`); a
+    replaced event (`RoomKit.update_event`) takes its old version's place there.
     """
 
     channel_type: ClassVar[str] = "text"
@@ -130,3 +137,7 @@ class TextChannel(Channel):
         self.delivered.append(event)
         if self._on_deliver is not None:
             await self._on_deliver(event)
+
+    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+        """A replaced event takes the old version's place in `delivered`."""
+        self.delivered = [event if e.id == event.id else e for e in self.delivered]

@@ -58,6 +58,8 @@ class InboundResult:
 @dataclass
 class _Delivery:
     event: RoomEvent
+    update: bool = False
+    """A replaced event (`update_event`): channels get it through `deliver_update`."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -311,7 +313,9 @@ class RoomKit:
         metadata: dict[str, Any] | None = None,
     ) -> RoomEvent:
         """Replace an event's content and/or metadata. The replaced event loses its author record
-        and is ranked against the register when read (D3)."""
+        and is ranked against the register when read (D3). The other channels of the room are
+        told through `Channel.deliver_update`, in the same order as deliveries (a device that
+        showed an early voice turn shows its corrected text); returns once they were."""
         async with self.locks.lock(room_id):
             event = await self.store.get_event(room_id, event_id)
             if event is None:
@@ -328,7 +332,10 @@ class RoomKit:
                 commit_turn(register, updated, await self.store.get_participants(room_id))
                 await self.store.put_register(room_id, register.model_dump(mode="json"))
             await self.store.replace_event(updated)
-            return updated
+            delivery = _Delivery(updated, update=True)
+            self._deliveries.setdefault(room_id, _RoomDelivery()).queue.append(delivery)
+        await self._deliver_through(room_id, delivery)
+        return updated
 
     async def list_events(self, room_id: str, limit: int | None = None) -> list[RoomEvent]:
         return await self.store.list_events(room_id, limit)
@@ -389,22 +396,27 @@ class RoomKit:
             while state.queue:
                 current = state.queue.popleft()
                 try:
-                    await self._deliver(current.event)
+                    await self._deliver(current.event, update=current.update)
                 finally:
                     current.done.set()
         finally:
             state.deliverer = None
             _current_deliverer.reset(reset)
 
-    async def _deliver(self, event: RoomEvent) -> None:
+    async def _deliver(self, event: RoomEvent, *, update: bool = False) -> None:
         ctx = RoomContext(event.room_id, self)
         for channel in await self.channels_in(event.room_id):
             if channel.channel_id == event.source.channel_id or not event.visible_to(channel.channel_id):
                 continue
             try:
-                await channel.deliver(event, ctx)
+                if update:
+                    await channel.deliver_update(event, ctx)
+                else:
+                    await channel.deliver(event, ctx)
             except Exception:
                 log.exception("channel %s failed to take event %s", channel.channel_id, event.id)
+        if update:
+            return  # AFTER_BROADCAST observers saw the event once, when it was committed
         self.hooks.emit(
             HookTrigger.AFTER_BROADCAST,
             event,

@@ -40,6 +40,23 @@ from server.protocol import (
 OnMessage = Callable[[FeedMessage], Awaitable[None] | None]
 
 
+def latest_turns(received: list[Any]) -> list[Any]:
+    """The `turn` messages as a device shows them: in order of first arrival, each in its latest
+    version (a `corrected` turn replaces the one with the same `event_id`)."""
+    turns: list[Any] = []
+    at: dict[str, int] = {}
+    for m in received:
+        if m.type != "turn":
+            continue
+        if m.corrected and m.event_id in at:
+            turns[at[m.event_id]] = m
+            continue
+        if m.event_id is not None:
+            at[m.event_id] = len(turns)
+        turns.append(m)
+    return turns
+
+
 def stream_url(base: str, room: str, token: str | None) -> str:
     query = f"?token={quote(token)}" if token is not None else ""
     return f"{base}/v1/rooms/{quote(room)}/stream{query}"
@@ -134,7 +151,7 @@ class DeviceStream:
 
     @property
     def turns(self) -> list[Any]:
-        return [m for m in self.received if m.type == "turn"]
+        return latest_turns(self.received)
 
 
 @dataclass
@@ -267,4 +284,4 @@ class EventFeed:
 
     @property
     def turns(self) -> list[Any]:
-        return [m for m in self.received if m.type == "turn"]
+        return latest_turns(self.received)

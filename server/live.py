@@ -209,6 +209,9 @@ class ServerOutput(Channel):
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
         await self.hub.committed(event)
 
+    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+        await self.hub.committed(event, corrected=True)
+
     async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
         self.hub.play_reply(room_id, pcm16, sample_rate)
 
@@ -545,13 +548,19 @@ class LiveRooms:
         session = metadata.get("voice_session_id")
         return self._sessions.get(str(session)) if session is not None else None
 
-    async def committed(self, event: RoomEvent) -> None:
-        """Every committed event of every room, in commit order (from `ServerOutput.deliver`)."""
+    async def committed(self, event: RoomEvent, *, corrected: bool = False) -> None:
+        """Every committed event of every room, in commit order (from `ServerOutput.deliver`).
+        `corrected`: a voice turn replaced in place (an early turn the final result corrected):
+        it goes out again as a `turn` with the same `event_id` and `corrected: true`, for the
+        device and the feed to show instead of the first version; it is not counted again."""
         live = self.rooms.get(event.room_id)
         if live is None or event.kind != "message":
             return
         meta = event.metadata
-        if meta.get("source") == "voice" or event.source.channel_type == "voice":
+        voice = meta.get("source") == "voice" or event.source.channel_type == "voice"
+        if corrected and not voice:
+            return  # only voice turns are corrected in place; nothing else is re-sent
+        if voice:
             stream = self._stream_of(meta)
             end = float(meta.get("end", 0.0))
             speaker = meta.get("sender_name")
@@ -569,9 +578,13 @@ class LiveRooms:
                 else None,
                 stream=stream.id if stream else None,
                 event_id=event.id,
+                corrected=corrected,
             )
-            self.metrics.turns_total += 1
-            if stream is not None:
+            if corrected:
+                self.metrics.turn_corrections_total += 1
+            else:
+                self.metrics.turns_total += 1
+            if stream is not None and not corrected:
                 latency = stream.latency_of(end)
                 if latency is not None:
                     self.metrics.turn_latency.observe(latency)

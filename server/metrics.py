@@ -55,6 +55,7 @@ class ServerMetrics(Collector):
         self.streams_total: dict[str, int] = defaultdict(int)
         self.refused_total: dict[str, int] = defaultdict(int)
         self.turns_total = 0
+        self.turn_corrections_total = 0
         self.replies_total = 0
         self.speaker_changes_total = 0
         self.audio_seconds_total = 0.0
@@ -98,6 +99,11 @@ class ServerMetrics(Collector):
             refused.add_metric([reason], n)
         yield refused
         yield _counter("chorus_turns", "Speaker turns committed.", self.turns_total)
+        yield _counter(
+            "chorus_turn_corrections",
+            "Early voice turns corrected in place (re-sent with corrected: true).",
+            self.turn_corrections_total,
+        )
         yield _counter(
             "chorus_speaker_changes", "Speaker changes seen.", self.speaker_changes_total
         )

@@ -108,7 +108,9 @@ class StartedMessage(_Wire):
 
 
 class TurnMessage(_Wire):
-    """One speaker turn (V2). `speaker` is the name shown (after renames); `label` the raw label."""
+    """One speaker turn (V2). `speaker` is the name shown (after renames); `label` the raw label.
+    `corrected`: this replaces the turn with the same `event_id` sent before (a turn committed
+    early from interim words, corrected by the final result): show this one instead."""
 
     type: Literal["turn"] = "turn"
     room: str
@@ -120,6 +122,7 @@ class TurnMessage(_Wire):
     label: str | None = None
     stream: str | None = None
     event_id: str | None = None
+    corrected: bool = False
 
 
 class SpeakerChangeMessage(_Wire):

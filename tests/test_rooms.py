@@ -14,6 +14,7 @@ from rooms import (
     HookResult,
     HookTrigger,
     MockAIProvider,
+    RoomContext,
     RoutingError,
     SlidingWindowMemory,
     TextChannel,
@@ -181,6 +182,40 @@ async def test_update_event_replaces_content_and_drops_the_author_record(new_kit
     updated = await kit.update_event("r", result.event.id, content=TextContent(body="final"))
     assert updated.text == "final" and "author" not in updated.metadata
     assert [e.text for e in await kit.list_events("r")] == ["final"]
+
+
+async def test_update_event_tells_the_other_channels_in_delivery_order(new_kit: KitFactory) -> None:
+    """A replaced event reaches the channels that were delivered it (`deliver_update`), after
+    the events committed before the update and before those committed after; not its own
+    channel, and not as a second `deliver`."""
+    kit = await new_kit()
+    source, seen = TextChannel("voice"), TextChannel("device")
+    order: list[tuple[str, str]] = []
+
+    class Watching(TextChannel):
+        async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+            order.append(("deliver", event.text))
+            await super().deliver(event, ctx)
+
+        async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+            order.append(("update", event.text))
+            await super().deliver_update(event, ctx)
+
+    watching = Watching("watching")
+    for channel in (source, seen, watching):
+        kit.register_channel(channel)
+    await kit.create_room(room_id="r")
+    for channel in (source, seen, watching):
+        await kit.attach_channel("r", channel.channel_id)
+    early = await source.send("mic", "what do I", room_id="r")
+    assert early.event is not None
+    await source.send("mic", "next", room_id="r")
+    await kit.update_event("r", early.event.id, content=TextContent(body="what do I here seek?"))
+    await source.send("mic", "after", room_id="r")
+    assert order == [("deliver", "what do I"), ("deliver", "next"),
+                     ("update", "what do I here seek?"), ("deliver", "after")]
+    assert [e.text for e in seen.delivered] == ["what do I here seek?", "next", "after"]
+    assert source.delivered == []
 
 
 def test_sliding_window_keeps_the_newest_visible_events() -> None:
