@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from server.client import DeviceStream
 from server.metrics import percentile
-from server.protocol import FeedMessage, StartMessage
+from server.protocol import FeedMessage, StartMessage, TurnMessage
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_AUDIO = REPO / "examples" / "meeting" / "meeting.wav"
@@ -198,11 +198,35 @@ class StreamResult:
     (the end of the STT result it was cut from) to receiving the turn."""
     strict_latencies: list[float] = field(default_factory=list)
     """Per turn: from sending the audio up to the turn's own end to receiving it."""
+    corrected: int = 0
+    """Turns re-sent corrected (`corrected: true`); each counts from its settled version."""
     error: str | None = None
 
 
 BATCH_S = 0.05
 """Turns received within this of each other were cut from one STT result."""
+
+
+def settled_turns(versions: list[tuple[float, TurnMessage]]) -> list[tuple[float, float]]:
+    """(wall time, turn end) of each turn as the device finally shows it: a turn committed early
+    and corrected later (`corrected: true`, same `event_id`) counts from the first version that
+    already had its final speaker and end, not from its first, wrong one."""
+    latest: dict[str, TurnMessage] = {}
+    for _, m in versions:
+        if m.event_id is not None:
+            latest[m.event_id] = m
+    settled: dict[str, float] = {}
+    out: list[tuple[float, float]] = []
+    for now, m in versions:
+        if m.event_id is None:
+            out.append((now, m.end))
+            continue
+        final = latest[m.event_id]
+        if m.event_id not in settled and (m.label, m.speaker) == (final.label, final.speaker) \
+                and abs(m.end - final.end) < 0.01:
+            settled[m.event_id] = now
+            out.append((now, final.end))
+    return out
 
 
 def turn_latencies(
@@ -240,9 +264,11 @@ async def _one_device(
     sent_wall: list[float] = []
     received: list[tuple[float, float]] = []
 
+    versions: list[tuple[float, TurnMessage]] = []
+
     def on_message(message: FeedMessage) -> None:
-        if message.type == "turn":
-            received.append((time.monotonic(), message.end))
+        if isinstance(message, TurnMessage):
+            versions.append((time.monotonic(), message))
 
     start = StartMessage(participant=f"dev-{room}", name=room, sample_rate=16000, shared_mic=True)
     try:
@@ -264,9 +290,11 @@ async def _one_device(
             await device.stop()
     except Exception as exc:  # recorded, not raised: one failed device is a result
         result.error = f"{type(exc).__name__}: {exc}"
+    received = settled_turns(versions)
     if received and sent_wall:
         result.latencies, result.strict_latencies = turn_latencies(received, sent_audio, sent_wall)
     result.turns = len(received)
+    result.corrected = sum(1 for _, m in versions if m.corrected)
     return result
 
 
@@ -282,6 +310,8 @@ class StepResult:
     p95_latency_s: float
     max_latency_s: float
     p95_strict_latency_s: float
+    corrected: int
+    """Turns re-sent corrected (early turns the final result changed)."""
     cpu_percent_total: float
     cpu_percent_per_stream: float
     rss_before_mib: float
@@ -328,6 +358,7 @@ async def _step(
         p95_strict_latency_s=round(
             percentile([x for r in results for x in r.strict_latencies], 95), 3
         ),
+        corrected=sum(r.corrected for r in results),
         cpu_percent_total=round(cpu, 1),
         cpu_percent_per_stream=round(cpu / n, 1),
         rss_before_mib=round(rss_before, 1),
@@ -700,13 +731,13 @@ def _print_run(run: ServerRun, named: bool) -> None:
         print(f"### {run.repo} ({run.commit})\n")
     print(
         "| streams | turns | p50 latency (s) | p95 latency (s) | p95 by turn end (s) "
-        "| CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) |"
+        "| corrected | CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in run.steps:
         print(
             f"| {s.streams} | {s.turns} | {s.p50_latency_s:.2f} | {s.p95_latency_s:.2f} | "
-            f"{s.p95_strict_latency_s:.2f} | "
+            f"{s.p95_strict_latency_s:.2f} | {s.corrected} | "
             f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} |"
         )
     print(f"\nlargest N with p95 turn latency < {LATENCY_TARGET_S:g} s: {run.largest}")
