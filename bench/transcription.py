@@ -183,8 +183,7 @@ def run(args: argparse.Namespace) -> int:
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),
                                  "real_time_factor": round(result.real_time_factor, 3),
-                                 "early_corrections": result.corrections,
-                                 "early_relabelled": result.relabelled}
+                                 "early_corrections": result.corrections}
         entry.update({k: round(v, 4) for k, v in word_error_rate(reference, hypothesis).items()})
         attributed = speaker_accuracy(result.turns, script["turns"])
         if attributed is not None:

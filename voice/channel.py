@@ -19,12 +19,6 @@ Shape and why:
   arrives, its words replace nothing if they agree; if they disagree (other words, another
   voice), the committed event is corrected in place (`kit.update_event`, metadata
   `corrected: true`) and counted in `session.corrections`. `early_commit=False` turns it off.
-  With pipeline speakers (V5) the hints come from the diarization stage: when the stage hears a
-  voice change after the last final result, the session asks the STT for an interim result now
-  (`SttStream.request_interim`: Whisper decodes its open utterance so far; a streaming STT
-  ignores it), gives the interim words the stage's speakers (decided, else provisional), and
-  commits the runs the change closes the same way, so a turn that ends inside one Whisper
-  utterance does not wait for the utterance to close.
 - Each turn passes the `ON_TRANSCRIPTION` sync chain as a frozen `TranscriptionEvent` (V6): a hook
   may rename (sticks for later turns of that voice unless `sticky_renames=False`), edit the text,
   match the voice to a participant, or block (no event, no rank). The turn is then committed with
@@ -43,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import uuid
 from collections import deque
@@ -192,8 +185,6 @@ class VoiceSession:
         """Turns committed from interim words, waiting for the final that confirms them."""
         self.corrections = 0
         """Early-committed turns the final results corrected."""
-        self.relabelled = 0
-        """Early-committed turns whose speaker the stage's decision corrected (pipeline mode)."""
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
         self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
@@ -203,8 +194,6 @@ class VoiceSession:
         """The stage's provisional speakers of the frames it has heard but not decided (a stage
         with a `provisional()` method, like the embedded live stage); empty otherwise."""
         self._fed = 0
-        self._interim_asked = 0.0
-        """Session time of the latest voice change an interim result was asked for."""
         self._diar_task: asyncio.Task[None] | None = None
         self._diar_wake = asyncio.Event()
         self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
@@ -325,15 +314,9 @@ class VoiceSession:
                 self.interim = event.words
                 if event.hints and self._diarizer is None and self.channel.early_commit:
                     await self._commit_early(event.words, event.hints)
-                elif self._early_from_stage() and not self._unassigned:
-                    await self._commit_early(event.words, self._stage_hints(event.words))
                 return
             self.interim = ()
-            words = event.words
-            if self._provisional and self._diarizer is None:
-                words = await self._settle_provisional(words)
-            # pipeline mode: the words get the stage's decided speakers first (`_advance`), and
-            # early turns are settled against those (`_settle_by_stage`)
+            words = await self._settle_provisional(event.words) if self._provisional else event.words
             self._unassigned.extend(words)
             self._end_of_speech = event.speech_final
             await self._advance(force=False)
@@ -372,35 +355,6 @@ class VoiceSession:
             committed = await self._commit_quietly(turn)
             self._provisional.append(_Provisional(turn, committed, len(before)))
 
-    def _participant_of(self, label: str | None) -> str | None:
-        return self.matches.get(label, self.participant_id) if label else self.participant_id
-
-    def _early_from_stage(self) -> bool:
-        """Early commit with the diarization stage's speakers (pipeline mode, V5)."""
-        return self._diarizer is not None and self.channel.early_commit
-
-    def _stage_hints(self, words: tuple[Word, ...]) -> tuple[str | None, ...]:
-        """The stage's speaker for each interim word: the decided timeline's, else the
-        provisional one's; None for a word the stage has heard nothing over yet."""
-        both = self._with_provisional() or self._timeline
-        speakers = assign_speakers(words, both)
-        return tuple(s.speaker if _overlapped(both, w) or _no_duration(w) else None
-                     for w, s in zip(words, speakers, strict=True))
-
-    def _ask_interim_at_voice_change(self) -> None:
-        """After the stage heard more: if it hears one voice give way to another after the last
-        final result (inside the utterance the STT has not closed yet), ask the STT for an
-        interim result, once per change, so the turn the change ends is committed early."""
-        open_since = max(self.stt.covered_until, self._interim_asked)
-        heard = sorted((s for s in (*self._timeline.segments, *self._undecided.segments)
-                        if s.end > self.stt.covered_until), key=lambda s: (s.start, s.end))
-        change = next((after.start for before, after in itertools.pairwise(heard)
-                       if after.speaker != before.speaker and after.start > open_since
-                       and before.end > self.stt.covered_until), None)
-        if change is not None:
-            self._interim_asked = change
-            self.stt.request_interim()
-
     async def _settle_provisional(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
         """A final result arrived: its words over early-committed turns confirm or correct them;
         the rest go on as usual."""
@@ -421,49 +375,9 @@ class VoiceSession:
         self._provisional = [p for p in self._provisional if p not in settled]
         return tuple(rest)
 
-    async def _settle_by_stage(self, assigned: list[Word], *, force: bool) -> list[Word]:
-        """Pipeline mode: final words with the stage's speakers settle the early turns over
-        them. Words over an early turn confirm it when the stage gives them its speaker; when
-        the stage gives none of them that speaker, the early turn takes the stage's speaker
-        (corrected in place); words of another voice go on as turns of their own. An early turn
-        settles once a final word after it has a speaker, or its audio is all final."""
-        rest: list[Word] = []
-        for w in assigned:
-            mid = (w.start + w.end) / 2
-            owner = next((p for p in self._provisional
-                          if p.start - _SAME_TIME <= mid <= p.end + _SAME_TIME), None)
-            if owner is None:
-                rest.append(w)
-            else:
-                owner.confirmed.append(w)
-        placed_until = max((w.end for w in assigned), default=0.0)
-        covered = self.stt.covered_until if not self._unassigned else 0.0
-        settled = [p for p in self._provisional
-                   if force or p.end <= placed_until + _SAME_TIME or p.end <= covered]
-        for early in settled:
-            confirmed = early.confirmed
-            same = [w for w in confirmed if w.speaker == early.turn.speaker]
-            relabel: str | None = None
-            if same or not confirmed or early.final_lead:
-                keep = same  # (a lead of final words was this voice's: the turn keeps it)
-            else:  # the stage decided another voice for all of it: the turn takes that voice
-                keep = list(speaker_runs(confirmed)[0].words)
-                relabel = keep[0].speaker
-                if self._participant_of(relabel) != self._participant_of(early.turn.speaker):
-                    # the event's participant cannot change in place: keep the early voice
-                    keep, relabel = list(confirmed), None
-            rest.extend(w for w in confirmed if w not in keep)
-            await self._correct(early, tuple(keep), relabel=relabel)
-        self._provisional = [p for p in self._provisional if p not in settled]
-        return sorted(rest, key=lambda w: (w.start, w.end))
-
-    async def _correct(self, early: _Provisional, confirmed: tuple[Word, ...], *,
-                       relabel: str | None = None) -> None:
-        """Correct an early turn in place from the final words over it; `relabel`: the voice
-        the stage decided for it, when that is not the early turn's."""
+    async def _correct(self, early: _Provisional, confirmed: tuple[Word, ...]) -> None:
         said = [(w.text, w.speaker) for w in early.interim_words]
-        if early.committed is None or (
-                relabel is None and [(w.text, w.speaker) for w in confirmed] == said):
+        if [(w.text, w.speaker) for w in confirmed] == said or early.committed is None:
             return
         final = early.turn.words[: early.final_lead] + confirmed  # the lead was final already
         self.corrections += 1
@@ -475,14 +389,8 @@ class VoiceSession:
             # The final heard none of it (interim words it dropped): keep the text, say so.
             metadata["unconfirmed"] = True
             final = early.turn.words
-        label = early.turn.speaker
-        if relabel is not None:
-            label = relabel
-            final = confirmed  # a lead of the early turn's voice is not this voice's
-            self.relabelled += 1
-            if label is not None and "sender_name" in metadata:
-                metadata["sender_name"] = self.names.get(label, label)
-        metadata.update(VoiceTurn(label, final[0].start, final[-1].end, self.id).metadata())
+        metadata.update(VoiceTurn(early.turn.speaker, final[0].start, final[-1].end,
+                                  self.id).metadata())
         text = join_words(w.text for w in final)
         log.info("voice session %s: the final result corrected an early turn: %r -> %r",
                  self.id, early.turn.text, text)
@@ -493,9 +401,6 @@ class VoiceSession:
             return
         transcription = replace(early.committed.transcription, text=text, words=final,
                                 start=final[0].start, end=final[-1].end)
-        if relabel is not None:
-            transcription = replace(transcription, speaker=relabel,
-                                    sender_name=self.names.get(relabel, relabel))
         fixed = CommittedTurn(updated, transcription, early.committed.committed_at)
         self.turns = [fixed if t is early.committed else t for t in self.turns]
 
@@ -540,14 +445,8 @@ class VoiceSession:
                 while ready and _no_duration(self._unassigned[ready - 1]):
                     ready -= 1
             if ready:
-                assigned = assign_speakers(self._unassigned[:ready], timeline)
+                self._pending.extend(assign_speakers(self._unassigned[:ready], timeline))
                 self._unassigned = self._unassigned[ready:]
-                if self._provisional:
-                    assigned = await self._settle_by_stage(assigned, force=force)
-                self._pending.extend(assigned)
-        if self._diarizer is not None and self._provisional and not self._unassigned:
-            # early turns whose audio is all final and placed (or the stream's end)
-            self._pending.extend(await self._settle_by_stage([], force=force))
         done = not self._unassigned and (self._end_of_speech or force)
         await self._emit_pending(force=done)
         if done:
@@ -597,7 +496,7 @@ class VoiceSession:
         if not text:
             return
         sender = self.names.get(label, label) if label is not None else None
-        participant = self._participant_of(label)
+        participant = self.matches.get(label, self.participant_id) if label else self.participant_id
         proposed = TranscriptionEvent(text, label, sender, run.start, run.end, run.words, participant, self)
         ctx = HookContext(self.room_id, self.channel.channel_id, kit, participant_id=self.participant_id,
                           extra={"voice_session_id": self.id})
@@ -679,8 +578,6 @@ class VoiceSession:
             first = self._unassigned[0].start if self._unassigned else self.stt.final_until
             since = min(first, self.stt.final_until) - _TIMELINE_KEPT
             self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk, since)
-            if self._early_from_stage():
-                self._ask_interim_at_voice_change()
 
 
 def _feed(stage: DiarizationStage, chunk: FloatAudio,

@@ -59,8 +59,6 @@ class Transcription:
     errors: list[str] = field(default_factory=list)
     corrections: int = 0
     """Turns committed early (from interim results) that a final result corrected."""
-    relabelled: int = 0
-    """Of those, turns whose speaker the diarization stage's decision changed (pipeline mode)."""
 
     @property
     def real_time_factor(self) -> float:
@@ -158,8 +156,7 @@ async def transcribe_audio(
     ]
     errors = [session.error] if session.error else []
     result = Transcription(turns, len(audio) / sample_rate, elapsed, stt.describe(),
-                           session.stt.reconnects, errors, session.corrections,
-                           session.relabelled)
+                           session.stt.reconnects, errors, session.corrections)
     await channel.close()
     await kit.close()
     return result

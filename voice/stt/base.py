@@ -122,12 +122,6 @@ class SttConnection(abc.ABC):
         with contextlib.suppress(Exception):
             await self.close()
 
-    def request_interim(self) -> None:  # noqa: B027 - optional: streaming providers send their own
-        """Ask for an interim result of the speech heard so far that is not final yet. A
-        streaming provider sends interim results on its own and ignores this; a local engine
-        that decodes whole utterances (Whisper) decodes the open one now, so a turn that ended
-        inside it (another voice went on) need not wait for the utterance to close."""
-
 
 class SttProvider(abc.ABC):
     """A speech-to-text engine behind one interface (rule S3)."""
@@ -311,13 +305,6 @@ class SttStream:
         """Queue 16 kHz mono float32 audio (it is logged in `audio` and sent in order)."""
         self.audio.append(samples)
         self._audio_ready.set()
-
-    def request_interim(self) -> None:
-        """Ask the live connection for an interim result now (`SttConnection.request_interim`);
-        nothing during an outage."""
-        current = self._current
-        if current is not None and not current.dropped:
-            current.conn.request_interim()
 
     async def flush(self, wait_seconds: float = 30.0) -> None:
         """Send what is queued, ask for everything to be final, and wait for the answer. A

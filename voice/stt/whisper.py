@@ -114,8 +114,6 @@ class Utterance:
     """Seconds from the connection's first sample."""
     audio: FloatAudio
     finalize: bool = False
-    interim: bool = False
-    """The open utterance so far, decoded on request (`request_interim`): an interim result."""
 
 
 class WhisperSTT(SttProvider):
@@ -234,9 +232,6 @@ class WhisperConnection(SttConnection):
         self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
         self.worker = asyncio.create_task(self._work())
         self.closed = False
-        self.interim_queued = False
-        self.interims = 0
-        """Interim decodes made (each one a decode of the open utterance on request)."""
 
     async def send_audio(self, pcm16: bytes) -> None:
         audio = pcm16_to_float(pcm16)
@@ -297,19 +292,6 @@ class WhisperConnection(SttConnection):
         self.kept = self.kept[upto - self.first_kept :]
         self.first_kept = upto
 
-    def request_interim(self) -> None:
-        """Decode the open utterance so far as an interim result (once at a time: a request
-        while one waits is the same request). Nothing when no utterance is open."""
-        if self.closed or self.speech_start is None or self.interim_queued:
-            return
-        pad = int(self.provider.pad * STT_SAMPLE_RATE)
-        a = max(self.speech_start - pad, self.first_kept)
-        audio = self.kept[a - self.first_kept :].copy()
-        if len(audio) < int(0.1 * STT_SAMPLE_RATE):
-            return
-        self.interim_queued = True
-        self.queue.put_nowait(Utterance(a / STT_SAMPLE_RATE, audio, interim=True))
-
     async def finalize(self) -> None:
         if self.speech_start is not None:
             self._cut(self.speech_start, self.total, finalize=True)
@@ -335,19 +317,6 @@ class WhisperConnection(SttConnection):
                 self.out.put_nowait(None)
                 return
             words: tuple[RawWord, ...] = ()
-            if item.interim:
-                self.interim_queued = False
-                if not self.queue.empty():
-                    continue  # the utterance closed meanwhile: its final result is next
-                self.interims += 1
-                try:
-                    words = await asyncio.to_thread(self.provider.transcribe, item.audio, item.start)
-                except Exception:
-                    log.exception("whisper: an interim decode failed")
-                    continue
-                if words:
-                    self.out.put_nowait(RawResult(words, is_final=False))
-                continue
             if len(item.audio) >= int(0.1 * STT_SAMPLE_RATE):
                 try:
                     words = await asyncio.to_thread(self.provider.transcribe, item.audio, item.start)
