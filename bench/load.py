@@ -13,11 +13,13 @@ streams running (looping the meeting) and samples the server's memory over time.
 time twice, first alone, then while one more device in its own room floods the server (the
 meeting as fast as the socket takes it, alternating 2-byte and full-size frames). The other
 rooms' p95 should not move beyond noise; the flooder's fate (how much audio the server took, how
-it was closed) is reported. `--stt whisper` serves with the embedded default instead (local Whisper, no stand-in), so any
-recording can be streamed (`--audio`, e.g. an unseen LibriSpeech conversation): issue 10's
-latency measurement. `--server-repo PATH` (repeatable) runs everything against the
-`chorus serve` of another checkout too (e.g. an older commit), in the same run, one server after
-the other, so old and new are measured by the same command on the same machine state.
+it was closed) is reported. `--stt whisper` serves with the embedded default instead (local
+Whisper, no stand-in), so any recording can be streamed (`--audio`, e.g. an unseen LibriSpeech
+conversation): issue 10's latency measurement; `--diarizer none` measures it without pipeline
+speakers. A turn re-sent corrected counts from its settled version (`settled_turns`).
+`--server-repo PATH` (repeatable) runs everything against the `chorus serve` of another
+checkout too (e.g. an older commit), in the same run, one server after the other, so old and
+new are measured by the same command on the same machine state.
 
 Everything stays on 127.0.0.1 and every loop is bounded (`--streams`, `--seconds`, `--soak`).
 """
@@ -81,6 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--flood-streams", type=int, default=2, help="real-time rooms in the flood case"
+    )
+    parser.add_argument(
+        "--diarizer",
+        choices=["embedded", "none"],
+        default="embedded",
+        help="the server's diarization stage: embedded (pipeline speakers, the default) or none "
+        "(speakers from the STT alone; with --stt whisper, one speaker: the latency without "
+        "pipeline speakers)",
     )
     parser.add_argument(
         "--server-repo",
@@ -686,7 +696,7 @@ async def _one_server(
     )
     config.write_text(
         stt
-        + '[diarizer]\nkind = "embedded"\n'
+        + f'[diarizer]\nkind = "{args.diarizer}"\n'
         '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"
     )
