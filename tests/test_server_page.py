@@ -1,6 +1,6 @@
 """The transcript page at `/`, in headless Chromium (driven by Playwright, with the system's
 Chromium: no browser download) against the real server: live turns per speaker in their own
-colours, and a rename that goes through ON_TRANSCRIPTION (V6)."""
+colours, a rename that goes through ON_TRANSCRIPTION (V6), and a corrected turn shown in place."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from playwright.async_api import Page, async_playwright
 
@@ -188,3 +189,43 @@ async def test_page_text_box_types_into_the_room_and_shows_the_message(
     events = await server.server.rooms.kit.list_events(ROOM)
     assert [e.text for e in events] == ["Ship it on Thursday."]
     await feed.close()
+
+
+async def test_page_shows_a_corrected_turn_in_place_of_its_early_version() -> None:
+    """An early turn the final result corrected (`corrected: true`, same `event_id`) replaces
+    the turn the page shows; it is not shown as one more turn."""
+    from server.testing.harness import running_server_with_local_stt
+    from voice.testing.deepgram_server import ScriptedWords, SpokenWord
+
+    words = ScriptedWords([
+        [SpokenWord("hello", 0.1, 0.4, 0, "Hello.")],
+        [SpokenWord("hi", 1.0, 1.2, 1, "Hi.")],
+        [SpokenWord("right", 2.0, 2.3, 0, "Right."), SpokenWord("yes", 2.4, 2.6, 1, "Yes.")],
+    ])
+    silence = float_to_pcm16(np.zeros(16000 * 5, np.float32))
+    async with running_server_with_local_stt({}, words) as server:
+        assert server.stt_server is not None
+        server.stt_server.interim_every = 1000.0  # no interims but the one the test sends
+        token = issue_token(SECRET, ROOM)
+        async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+            await wait_for(
+                page, "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+            )
+            device = await DeviceStream.open(
+                server.base, ROOM, token, StartMessage(participant="room-7", shared_mic=True)
+            )
+            await device.send_audio(silence[: 2 * 16000 * 18 // 10], realtime=False)
+            await wait_for(page, f"{TURNS}.length === 2")
+            wrong = [SpokenWord("write", 2.0, 2.3, 0, "Write."), SpokenWord("yes", 2.4, 2.6, 1, "Yes.")]
+            interim = server.stt_server._results("r", wrong, is_final=False, speech_final=False,
+                                                 from_finalize=False, start=2.0, duration=0.7)
+            await server.stt_server.send_raw(interim.model_dump_json(exclude_none=True))
+            await wait_for(page, f"{TURNS}.length === 3")
+            await device.send_audio(silence[2 * 16000 * 18 // 10 :], realtime=False)
+            await device.stop()
+            await wait_for(page, f"{TURNS}.some(t => t.querySelector('.text').textContent === 'Yes.')")
+            shown = await page.evaluate(
+                f"{TURNS}.map(t => [t.querySelector('.who').textContent, t.querySelector('.text').textContent])"
+            )
+    assert shown == [["Speaker A", "Hello."], ["Speaker B", "Hi."], ["Speaker A", "Right."],
+                     ["Speaker B", "Yes."]]
