@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -60,6 +61,30 @@ class _RoomState:
     replies: list[RoomEvent] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     """Every context line sent for this room, as sent (labelled or plain)."""
+    transcript_lines: int = 0
+    """User lines (turns and messages) sent so far: what a correction counts back over."""
+    sent_as: OrderedDict[str, tuple[int, str]] = field(default_factory=OrderedDict)
+    """Event id → (its number among the transcript lines, the text it was sent as), for the
+    latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
+
+
+CORRECTABLE_LINES = 256
+"""How many of a room's latest lines a correction can still reach (bounds `sent_as`)."""
+
+
+def correction_note(back: int) -> str:
+    """The system item sent before a corrected line. Its words are Chorus's own: nothing a
+    speaker said is ever quoted in a system item (the corrected line goes as a user line,
+    labelled by the attribution engine like every other)."""
+    where = (
+        "the last transcript line before this note"
+        if back == 1
+        else f"transcript line {back} counting back from this note (your own replies not counted)"
+    )
+    return (
+        f"Correction from the speech-to-text service: {where} was transcribed wrong. "
+        "The next line is what was said instead; read it in that line's place."
+    )
 
 
 class RealtimeChannel(Channel):
@@ -201,16 +226,55 @@ class RealtimeChannel(Channel):
         register = await ctx.kit.get_register(ctx.room_id) or Register.new()
         line = state.labels.render(event, participants, register)
         label, text = line.label, line.text
-        state.lines.append(text)
         item = ContextItem("user", text)
         voice = VoiceTurn.of(event) if self.audio_mode else None
         pcm = None if voice is None else self._turn_audio(event, voice, ctx, state)
+        # an unlabelled audio turn goes as its audio alone: the model's words for it are its own
+        self._remember(state, event.id, text, correctable=pcm is None or line.labelled)
         if pcm is not None:
             session.post_audio_turn(pcm, item, send_item=line.labelled)
         else:  # a typed message, or a turn whose audio is gone: its line, as text
             session.post_item(item)
         if self._should_answer(event, label, state, participants):
             session.post_response()
+
+    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+        """A turn this session was sent was corrected in place (an early voice turn the final
+        result changed: other words, or another voice). The model cannot take back what it
+        holds, so it is told: a fixed system note saying which earlier line was wrong, then the
+        corrected line, rendered by the attribution engine exactly as a new turn would be (so a
+        correction can change who said it, never let the words claim a name). Nothing when the
+        line would read the same (a one-speaker room does not show voices), when the line is
+        too old to reach, or for an event the session was never sent. No response is asked
+        for: the turn was answered, or not, when it first arrived."""
+        state = self._rooms.get(ctx.room_id)
+        if state is None or not self._counts(event):
+            return
+        sent = state.sent_as.get(event.id)
+        if sent is None:
+            return
+        number, text = sent
+        participants = await ctx.participants()
+        register = await ctx.kit.get_register(ctx.room_id) or Register.new()
+        line = state.labels.render(event, participants, register)
+        if line.text == text:
+            return
+        note = correction_note(state.transcript_lines - number + 1)
+        state.lines.append(note)
+        state.session.post_item(ContextItem("system", note))
+        self._remember(state, event.id, line.text)
+        state.session.post_item(ContextItem("user", line.text))
+
+    @staticmethod
+    def _remember(state: _RoomState, event_id: str, text: str, *, correctable: bool = True) -> None:
+        state.lines.append(text)
+        state.transcript_lines += 1
+        if not correctable:
+            return
+        state.sent_as[event_id] = (state.transcript_lines, text)
+        state.sent_as.move_to_end(event_id)
+        while len(state.sent_as) > CORRECTABLE_LINES:
+            state.sent_as.popitem(last=False)
 
     def _should_answer(
         self, event: RoomEvent, label: str, state: _RoomState, participants: list[Participant]

@@ -574,3 +574,70 @@ async def test_R3_two_microphones_each_turn_takes_its_own_streams_audio(
     await server.wait_for(lambda s: len(s.latest.audio_bytes_committed) == 2)
     assert server.latest.audio_bytes_committed == [2 * 48_000, 48_000 // 2]
     await room.kit.close()
+
+
+def items_sent(server: OpenAIRealtimeServer) -> list[tuple[str, str]]:
+    """(role, text) of every conversation item the latest connection received, in order."""
+    return [(e["item"]["role"], e["item"]["content"][0]["text"])
+            for e in server.latest.events if e["type"] == "conversation.item.create"]
+
+
+async def test_a_corrected_turn_reaches_the_model_as_a_note_and_its_labelled_line(
+    server: OpenAIRealtimeServer,
+) -> None:
+    """An early voice turn corrected in place (other words, then another voice): the model is
+    told with a fixed system note which earlier line was wrong, then gets the corrected line
+    rendered by the attribution engine; no response is asked for again."""
+    room = await open_room(server, policy=AnswerAlways())
+    await room.say("Speaker A", "Tuesday works for me.")
+    early = await room.voice.say(room.id, "Speaker B", "Write.")
+    await room.say("Speaker A", "Good.")
+    await room.idle()
+    responses = server.latest.types.count("response.create")
+    await room.kit.update_event(room.id, early.id, content=TextContent(body="Right."))
+    # the stage decided another voice for it: the turn takes that voice's label (C1: a label,
+    # whatever the words claim)
+    relabelled = {**early.metadata, "sender_name": "Speaker C", "speaker_label": "Speaker C"}
+    await room.kit.update_event(
+        room.id, early.id, content=TextContent(body='Speaker A: "I agree."'), metadata=relabelled
+    )
+    await room.idle()
+    await server.wait_for(lambda s: s.latest.types.count("conversation.item.create") == 7)
+    assert items_sent(server) == [
+        ("user", "Tuesday works for me."),
+        ("user", f'Speaker B: "Write."\n\n{NOTE}'),
+        ("user", 'Speaker A: "Good."'),
+        ("system", "Correction from the speech-to-text service: transcript line 2 counting back "
+                   "from this note (your own replies not counted) was transcribed wrong. The next "
+                   "line is what was said instead; read it in that line's place."),
+        ("user", 'Speaker B: "Right."'),
+        ("system", "Correction from the speech-to-text service: the last transcript line before "
+                   "this note was transcribed wrong. The next line is what was said instead; read "
+                   "it in that line's place."),
+        ("user", 'Speaker C: "Speaker A: \\"I agree.\\""'),
+    ]
+    assert server.latest.types.count("response.create") == responses
+    assert server.latest.errors == []
+    await room.kit.close()
+
+
+async def test_a_correction_the_model_would_read_the_same_is_not_sent(
+    server: OpenAIRealtimeServer,
+) -> None:
+    """A correction that leaves the line as the model read it (the final confirmed the words;
+    only the event's times changed) is not sent; nor is one of an event the session was never
+    sent as a transcript line (a system event)."""
+    room = await open_room(server, policy=AnswerWhenAddressed())
+    early = await room.voice.say(room.id, "Speaker A", "Good morning.", start=0.1, end=0.9)
+    await room.idle()
+    await room.kit.update_event(room.id, early.id,
+                                metadata={**early.metadata, "end": 1.0, "corrected": True})
+    notice = await room.kit.post_event("r1", "sms1", TextContent(body="Ends at 10."), kind="system")
+    assert notice is not None
+    await room.kit.update_event(room.id, notice.id, content=TextContent(body="Ends at 11."))
+    await room.say("Speaker A", "Shall we start?")
+    await room.idle()
+    await server.wait_for(lambda s: s.latest.types.count("conversation.item.create") == 3)
+    assert items_sent(server) == [("user", "Good morning."), ("system", "Ends at 10."),
+                                  ("user", "Shall we start?")]
+    await room.kit.close()
