@@ -89,8 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["embedded", "none"],
         default="embedded",
         help="the server's diarization stage: embedded (pipeline speakers, the default) or none "
-        "(speakers from the STT alone; with --stt whisper, one speaker: the latency without "
-        "pipeline speakers)",
+        "(speakers from the STT alone: the Deepgram stand-in's own speaker ids; with --stt "
+        "whisper, none: the latency without pipeline speakers)",
     )
     parser.add_argument(
         "--server-repo",
@@ -692,7 +692,9 @@ async def _one_server(
         '[stt]\nprovider = "whisper"\n'
         if dg_port is None
         else '[stt]\nprovider = "deepgram"\n'
-        f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\ndiarize = false\n'
+        f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\n'
+        # the stand-in's own speaker ids (Deepgram diarization) only when no stage gives them
+        f"diarize = {'true' if args.diarizer == 'none' else 'false'}\n"
     )
     config.write_text(
         stt
