@@ -210,33 +210,43 @@ class StreamResult:
     """Per turn: from sending the audio up to the turn's own end to receiving it."""
     corrected: int = 0
     """Turns re-sent corrected (`corrected: true`); each counts from its settled version."""
+    slowest: list[dict[str, Any]] = field(default_factory=list)
+    """The `SLOWEST_KEPT` turns with the largest strict latency (where a tail comes from)."""
     error: str | None = None
+
+
+SLOWEST_KEPT = 5
 
 
 BATCH_S = 0.05
 """Turns received within this of each other were cut from one STT result."""
 
 
-def settled_turns(versions: list[tuple[float, TurnMessage]]) -> list[tuple[float, float]]:
-    """(wall time, turn end) of each turn as the device finally shows it: a turn committed early
-    and corrected later (`corrected: true`, same `event_id`) counts from the first version that
-    already had its final speaker and end, not from its first, wrong one."""
+def settled_versions(versions: list[tuple[float, TurnMessage]]) -> list[tuple[float, TurnMessage]]:
+    """(wall time, final version) of each turn as the device finally shows it: a turn committed
+    early and corrected later (`corrected: true`, same `event_id`) counts from the first version
+    that already had its final speaker and end, not from its first, wrong one."""
     latest: dict[str, TurnMessage] = {}
     for _, m in versions:
         if m.event_id is not None:
             latest[m.event_id] = m
-    settled: dict[str, float] = {}
-    out: list[tuple[float, float]] = []
+    settled: set[str] = set()
+    out: list[tuple[float, TurnMessage]] = []
     for now, m in versions:
         if m.event_id is None:
-            out.append((now, m.end))
+            out.append((now, m))
             continue
         final = latest[m.event_id]
         if m.event_id not in settled and (m.label, m.speaker) == (final.label, final.speaker) \
                 and abs(m.end - final.end) < 0.01:
-            settled[m.event_id] = now
-            out.append((now, final.end))
+            settled.add(m.event_id)
+            out.append((now, final))
     return out
+
+
+def settled_turns(versions: list[tuple[float, TurnMessage]]) -> list[tuple[float, float]]:
+    """(wall time, turn end) of each settled turn (`settled_versions`)."""
+    return [(now, m.end) for now, m in settled_versions(versions)]
 
 
 def turn_latencies(
@@ -300,9 +310,17 @@ async def _one_device(
             await device.stop()
     except Exception as exc:  # recorded, not raised: one failed device is a result
         result.error = f"{type(exc).__name__}: {exc}"
-    received = settled_turns(versions)
+    settled = settled_versions(versions)
+    received = [(now, m.end) for now, m in settled]
     if received and sent_wall:
         result.latencies, result.strict_latencies = turn_latencies(received, sent_audio, sent_wall)
+        ranked = sorted(zip(result.strict_latencies, (m for _, m in settled), strict=True),
+                        key=lambda pair: -pair[0])
+        result.slowest = [
+            {"strict_latency_s": round(lat, 3), "start": m.start, "end": m.end,
+             "speaker": m.speaker, "text": m.text[:120]}
+            for lat, m in ranked[:SLOWEST_KEPT]
+        ]
     result.turns = len(received)
     result.corrected = sum(1 for _, m in versions if m.corrected)
     return result
@@ -322,6 +340,8 @@ class StepResult:
     p95_strict_latency_s: float
     corrected: int
     """Turns re-sent corrected (early turns the final result changed)."""
+    slowest_turns: list[dict[str, Any]]
+    """The step's turns with the largest strict latency, slowest first (in the JSON only)."""
     cpu_percent_total: float
     cpu_percent_per_stream: float
     rss_before_mib: float
@@ -369,6 +389,8 @@ async def _step(
             percentile([x for r in results for x in r.strict_latencies], 95), 3
         ),
         corrected=sum(r.corrected for r in results),
+        slowest_turns=sorted((t for r in results for t in r.slowest),
+                             key=lambda t: -float(t["strict_latency_s"]))[:SLOWEST_KEPT],
         cpu_percent_total=round(cpu, 1),
         cpu_percent_per_stream=round(cpu / n, 1),
         rss_before_mib=round(rss_before, 1),
