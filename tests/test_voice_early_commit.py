@@ -11,6 +11,7 @@ import numpy as np
 from rooms import HookContext, HookTrigger
 from tests.voice_helpers import stream, voice_room
 from voice.channel import TranscriptionEvent, VoiceChannel
+from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer, ScriptedWords, SpokenWord
 
@@ -144,3 +145,91 @@ async def test_an_early_turn_continues_the_final_words_of_its_voice_without_a_co
         ("Speaker A", "So Thursday?"), ("Speaker B", "Yes."),
     ]
     assert session.corrections == 0 and not any(e.metadata.get("corrected") for e in events)
+
+
+# -- pipeline speakers (V5): a streaming STT's interim words with the stage's decided speakers --
+
+
+class DecidingStage:
+    """A diarization stage that decides each frame `lag` seconds after hearing it (as the
+    embedded live stage does, about a second late)."""
+
+    sample_rate = 16000
+
+    def __init__(self, timeline: SpeakerTimeline, lag: float) -> None:
+        self.timeline, self.lag, self.fed = timeline, lag, 0
+
+    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
+        self.fed += len(audio)
+        decided = self.fed / 16000 - self.lag
+        return SpeakerTimeline([SpeakerSegment(s.start, min(s.end, decided), s.speaker)
+                                for s in self.timeline.segments if s.start < decided])
+
+    def diarize(self, audio: np.ndarray, *, num_speakers: int | None = None) -> SpeakerTimeline:
+        return self.timeline
+
+    def enroll(self, name: str, audio: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def forget(self, name: str) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        self.fed = 0
+
+
+def one_final_two_voices() -> ScriptedWords:
+    """One final holding Alice's "Ship it?" and Bob's "No, wait." (the STT does not diarize:
+    who said which is the stage's to say). The final comes once 0.3 s of audio follow 1.6 s."""
+    return ScriptedWords([[
+        SpokenWord("ship", 0.1, 0.4, 0, "Ship"), SpokenWord("it", 0.45, 0.7, 0, "it?"),
+        SpokenWord("no", 0.95, 1.2, 0, "No,"), SpokenWord("wait", 1.25, 1.6, 0, "wait."),
+    ]])
+
+
+VOICES = SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"), SpeakerSegment(0.85, 2.0, "Bob")])
+
+
+async def early_with_stage(lag: float) -> tuple[list[tuple[str, str]], dict[str, float], int]:
+    """Stream 1.8 s (interims, no final yet), then the rest; (turns, final_until when each was
+    committed, corrections)."""
+    final_until_at_commit: dict[str, float] = {}
+    async with DeepgramTestServer(one_final_two_voices(), interim_every=0.1) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), pipeline_speakers=True,
+                               diarizer=DecidingStage(VOICES, lag), speaker_wait=30.0)
+        kit = await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        broadcasts = Broadcasts()
+        kit.hook(HookTrigger.AFTER_BROADCAST)(broadcasts)
+
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+        def seen(event: TranscriptionEvent, ctx: HookContext) -> None:
+            final_until_at_commit[event.text] = session.stt.final_until
+
+        await stream(session, AUDIO[: 16000 * 18 // 10], 16000, speed=4.0)
+        if lag < 1.0:
+            await broadcasts.reach(1)  # Alice's turn, from an interim: the final is not sent yet
+        await stream(session, AUDIO[16000 * 18 // 10 :], 16000, speed=4.0)
+        await session.finish()
+        events = await kit.list_events("room")
+    return ([(e.metadata["sender_name"], e.text) for e in events], final_until_at_commit,
+            session.corrections)
+
+
+async def test_V5_a_turn_closed_by_a_decided_voice_is_committed_from_the_interim() -> None:
+    """Issue 10 (latency, streaming STT + pipeline speakers): Alice's turn is committed as soon
+    as an interim shows her words followed by words the stage decided are Bob's, not when the
+    final that closes Bob's words arrives (2.98 -> 1.99 s strict p95 at the device)."""
+    turns, final_until, corrections = await early_with_stage(lag=0.3)
+    assert turns == [("Alice", "Ship it?"), ("Bob", "No, wait.")]
+    assert final_until["Ship it?"] == 0.0  # no final yet when Alice's turn went out
+    assert corrections == 0
+
+
+async def test_V5_words_the_stage_has_not_decided_close_no_turn_early() -> None:
+    """Not decided is not a change of voice: while Bob's words are undecided (the stage 1 s
+    late), Alice's turn waits for the final, as before."""
+    turns, final_until, corrections = await early_with_stage(lag=1.0)
+    assert turns == [("Alice", "Ship it?"), ("Bob", "No, wait.")]
+    assert final_until["Ship it?"] == 1.6
+    assert corrections == 0

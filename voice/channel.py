@@ -19,6 +19,10 @@ Shape and why:
   arrives, its words replace nothing if they agree; if they disagree (other words, another
   voice), the committed event is corrected in place (`kit.update_event`, metadata
   `corrected: true`) and counted in `session.corrections`. `early_commit=False` turns it off.
+  With pipeline speakers (V5) the hints are the stage's *decided* speakers of the interim words
+  (`_decided_hints`; words after the last one it placed are left out: not decided is not a
+  change), and the final's words settle the early turns once they have the stage's speakers.
+  Whisper sends no interim results, so the embedded default is unchanged.
 - Each turn passes the `ON_TRANSCRIPTION` sync chain as a frozen `TranscriptionEvent` (V6): a hook
   may rename (sticks for later turns of that voice unless `sticky_renames=False`), edit the text,
   match the voice to a participant, or block (no event, no rank). The turn is then committed with
@@ -312,11 +316,25 @@ class VoiceSession:
                 return
             if not event.is_final:
                 self.interim = event.words
-                if event.hints and self._diarizer is None and self.channel.early_commit:
+                if not self.channel.early_commit:
+                    return
+                if event.hints and self._diarizer is None:
                     await self._commit_early(event.words, event.hints)
+                elif self._diarizer is not None and not self._unassigned:
+                    try:  # the stage's latest decisions first
+                        await self._feed_stage(self._diarizer, self.audio.total)
+                    except Exception:
+                        log.exception("voice session %s: the diarization stage failed", self.id)
+                    words, hints = self._decided_hints(event.words)
+                    if words:
+                        await self._commit_early(words, hints)
                 return
             self.interim = ()
-            words = await self._settle_provisional(event.words) if self._provisional else event.words
+            words = event.words
+            if self._provisional and self._diarizer is None:
+                words = await self._settle_provisional(words)
+            # (pipeline mode: early turns are settled once the final words have the stage's
+            # speakers, in `_advance`)
             self._unassigned.extend(words)
             self._end_of_speech = event.speech_final
             await self._advance(force=False)
@@ -354,6 +372,21 @@ class VoiceSession:
             turn = SpeakerTurn(run.speaker, before + run.words)
             committed = await self._commit_quietly(turn)
             self._provisional.append(_Provisional(turn, committed, len(before)))
+
+    def _decided_hints(self, words: tuple[Word, ...]) -> tuple[tuple[Word, ...], tuple[str | None, ...]]:
+        """Pipeline mode: the interim words up to the last one the stage's decided timeline
+        places, with the decided speaker of each (None for a word it has not placed). Words
+        after the last placed one are left out: not decided is not a change of voice, so only
+        a run followed by another decided voice is closed early. Provisional speakers are not
+        used here: they change as more windows vote, and an early turn they closed would be
+        split from its own voice's next words."""
+        timeline = self._timeline
+        speakers = assign_speakers(words, timeline)
+        hints = tuple(s.speaker if _overlapped(timeline, w) or _no_duration(w) else None
+                      for w, s in zip(words, speakers, strict=True))
+        last = max((i for i, (w, h) in enumerate(zip(words, hints, strict=True))
+                    if h is not None and not _no_duration(w)), default=-1)
+        return words[: last + 1], hints[: last + 1]
 
     async def _settle_provisional(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
         """A final result arrived: its words over early-committed turns confirm or correct them;
@@ -445,8 +478,11 @@ class VoiceSession:
                 while ready and _no_duration(self._unassigned[ready - 1]):
                     ready -= 1
             if ready:
-                self._pending.extend(assign_speakers(self._unassigned[:ready], timeline))
+                assigned = assign_speakers(self._unassigned[:ready], timeline)
                 self._unassigned = self._unassigned[ready:]
+                if self._provisional:  # final words over early turns confirm or correct them
+                    assigned = list(await self._settle_provisional(tuple(assigned)))
+                self._pending.extend(assigned)
         done = not self._unassigned and (self._end_of_speech or force)
         await self._emit_pending(force=done)
         if done:
