@@ -17,7 +17,8 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
 - output: every committed voice turn is published back to the LiveKit room, in commit order, as
   a text stream on `lk.transcription` with the speaker's identity as sender and the attributes
   LiveKit's client components read (`lk.transcribed_track_id`, `lk.transcription_final`,
-  `lk.segment_id`) plus the attribution label (`chorus.speaker`); the realtime channel (from
+  `lk.segment_id`) plus the attribution label (`chorus.speaker`); a turn corrected in place is
+  published again under the same `lk.segment_id`; the realtime channel (from
   config) gets the labelled lines exactly as in `chorus serve`, and its reply audio, which it
   hands to the room's voice channels (`rooms.AudioSink`, so the playback gate applies), is
   published as the agent's own audio track. In audio mode (`realtime.audio = true`) the realtime
@@ -115,6 +116,11 @@ class _TranscriptionOut(Channel):
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
         if event.metadata.get("source") == "voice":
             self.agent._queue.put_nowait(event)
+
+    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+        """A corrected turn (an early turn the final result changed) is published again with
+        the same `lk.segment_id`: LiveKit's clients show a segment's latest text in its place."""
+        await self.deliver(event, ctx)
 
 
 @dataclass

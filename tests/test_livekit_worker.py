@@ -25,7 +25,7 @@ from attribution import NOTE
 from livekit_worker.config import LiveKitConfig
 from livekit_worker.room_agent import ChorusRoomAgent
 from livekit_worker.worker import run_job
-from models import RoomEvent
+from models import RoomEvent, TextContent
 from server.config import ServerConfig
 from tests.livekit_helpers import (
     MEETING_DIR,
@@ -387,3 +387,32 @@ async def test_tracks_subscribed_before_the_job_started_are_taken(
     finally:
         await agent.aclose()
         await player.aclose()
+
+
+async def test_a_corrected_turn_is_published_again_under_its_segment_id(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """An early turn the final result corrected (`RoomKit.update_event`) is published again with
+    the same `lk.segment_id`, which LiveKit's clients show in the first version's place."""
+    from rooms import TextChannel
+
+    config = config_for(deepgram.url)
+    config.realtime.provider = "none"
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    try:
+        voice = TextChannel("voice-like")
+        agent.kit.register_channel(voice)
+        await agent.kit.attach_channel("standup", voice.channel_id)
+        metadata = {"source": "voice", "sender_name": "Speaker A", "speaker_label": "Speaker A"}
+        early = await agent.kit.post_event("standup", voice.channel_id,
+                                           TextContent(body="Write."), metadata=metadata)
+        assert early is not None
+        await agent.kit.update_event("standup", early.id, content=TextContent(body="Right."))
+        await agent.wait_idle()
+        assert [(p.text, p.attributes["lk.segment_id"]) for p in agent.published] == [
+            ("Write.", early.id), ("Right.", early.id)]
+    finally:
+        await agent.aclose()
