@@ -12,6 +12,7 @@ Deepgram-protocol server, whose words come from those recordings' scripts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -351,19 +352,28 @@ async def test_audio_mode_commits_each_turn_s_own_audio_before_its_line(
             await player.aclose()
 
 
-async def test_without_a_realtime_model_no_reply_track_is_published(
-    deepgram: DeepgramTestServer,
-) -> None:
-    config = config_for(deepgram.url)
+@contextlib.asynccontextmanager
+async def agent_without_realtime(
+    stt_url: str,
+) -> AsyncIterator[tuple[ChorusRoomAgent, RecordingLocalParticipant]]:
+    """A job's agent in room "standup" with `[realtime] provider = "none"`, closed after."""
+    config = config_for(stt_url)
     config.realtime.provider = "none"
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
         agent = await run_job(ctx, config, LiveKitConfig(), local=local)
     try:
-        assert agent.realtime is None and local.tracks == []
+        yield agent, local
     finally:
         await agent.aclose()
+
+
+async def test_without_a_realtime_model_no_reply_track_is_published(
+    deepgram: DeepgramTestServer,
+) -> None:
+    async with agent_without_realtime(deepgram.url) as (agent, local):
+        assert agent.realtime is None and local.tracks == []
 
 
 async def test_tracks_subscribed_before_the_job_started_are_taken(
@@ -396,13 +406,7 @@ async def test_a_corrected_turn_is_published_again_under_its_segment_id(
     the same `lk.segment_id`, which LiveKit's clients show in the first version's place."""
     from rooms import TextChannel
 
-    config = config_for(deepgram.url)
-    config.realtime.provider = "none"
-    local = RecordingLocalParticipant()
-    room = FakeRoom("standup", local)
-    with fake_job_context(room=room) as ctx:
-        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
-    try:
+    async with agent_without_realtime(deepgram.url) as (agent, _):
         voice = TextChannel("voice-like")
         agent.kit.register_channel(voice)
         await agent.kit.attach_channel("standup", voice.channel_id)
@@ -414,5 +418,3 @@ async def test_a_corrected_turn_is_published_again_under_its_segment_id(
         await agent.wait_idle()
         assert [(p.text, p.attributes["lk.segment_id"]) for p in agent.published] == [
             ("Write.", early.id), ("Right.", early.id)]
-    finally:
-        await agent.aclose()

@@ -5,20 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from server.auth import issue_token
 from server.client import DeviceStream
 from server.protocol import FeedMessage, StartMessage, SttStatusMessage
-from server.testing.harness import SECRET, running_server_with_local_stt, tone
-
-
-def metric(text: str, name: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise AssertionError(f"{name} not in /metrics")
+from server.testing.harness import SECRET, metric_value, running_server_with_local_stt, tone
 
 
 async def test_an_stt_outage_is_told_to_the_device_and_counted() -> None:
@@ -49,6 +39,6 @@ async def test_an_stt_outage_is_told_to_the_device_and_counted() -> None:
     assert status == 200
     assert [m.status for m in statuses] == ["degraded", "recovered"]
     assert {m.stream for m in statuses} == {statuses[0].stream} and statuses[0].stream
-    assert metric(body, "chorus_stt_outages_total") == 1.0
-    assert metric(body, "chorus_stt_recoveries_total") == 1.0
-    assert metric(body, "chorus_stt_audio_lost_seconds_total") == 0.0
+    assert metric_value(body, "chorus_stt_outages_total") == 1.0
+    assert metric_value(body, "chorus_stt_recoveries_total") == 1.0
+    assert metric_value(body, "chorus_stt_audio_lost_seconds_total") == 0.0

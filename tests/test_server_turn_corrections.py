@@ -7,24 +7,16 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed
 from server.protocol import FeedMessage, StartMessage, TurnMessage
-from server.testing.harness import SECRET, running_server_with_local_stt
+from server.testing.harness import SECRET, metric_value, running_server_with_local_stt
 from voice.audio import float_to_pcm16
 from voice.testing.deepgram_server import ScriptedWords, SpokenWord
 
 SILENCE = float_to_pcm16(np.zeros(16000 * 5, np.float32))
 
-
-def metric(text: str, name: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise AssertionError(f"{name} not in /metrics")
 
 
 class Turns:
@@ -84,5 +76,5 @@ async def test_a_corrected_early_turn_reaches_the_device_and_the_feed_again() ->
     assert [m.text for m in device.turns] == ["Hello.", "Hi.", "Right.", "Yes."]
     assert [m.text for m in feed.turns] == ["Hello.", "Hi.", "Right.", "Yes."]
     assert status == 200
-    assert metric(body, "chorus_turns_total") == 4.0
-    assert metric(body, "chorus_turn_corrections_total") == 1.0
+    assert metric_value(body, "chorus_turns_total") == 4.0
+    assert metric_value(body, "chorus_turn_corrections_total") == 1.0

@@ -3,7 +3,8 @@
 Owns starting `ChorusServer` in-process with a given configuration (the same pipeline
 `chorus serve` builds), and the small helpers a test needs around it: the base URL, an HTTP GET
 over a raw socket, how much audio the server has read, whether a room's reply is still playing
-(V9), a test tone, and `eventually` (wait for a condition, with a timeout only as a failure bound).
+(V9), a test tone, a `/metrics` value (`metric_value`), and `eventually` (wait for a condition,
+with a timeout only as a failure bound).
 `running_server_with_local_stt` is the server most tests want: STT through the local
 Deepgram-protocol server (`voice.testing.deepgram_server`, no model to load), kept on the
 `RunningServer` as `stt_server` so a test can script outages.
@@ -132,6 +133,18 @@ def tone(seconds: float, rate: int = 16000, freq: float = 220.0, level: float = 
     t = np.arange(int(seconds * rate)) / rate
     wave = level * np.sin(2 * math.pi * freq * t)
     return (np.round(wave * 32767)).astype("<i2").tobytes()
+
+
+def metric_value(text: str, name: str) -> float:
+    """The value of the unlabelled sample `name` in a `/metrics` body (read with Prometheus' own
+    parser); `AssertionError` when it is not there."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} not in /metrics")
 
 
 async def eventually(predicate: Callable[[], bool], within_s: float = 30.0, what: str = "") -> None:
