@@ -244,9 +244,9 @@ class RealtimeChannel(Channel):
         holds, so it is told: a fixed system note saying which earlier line was wrong, then the
         corrected line, rendered by the attribution engine exactly as a new turn would be (so a
         correction can change who said it, never let the words claim a name). Nothing when the
-        line would read the same (a one-speaker room does not show voices), when the line is
-        too old to reach, or for an event the session was never sent. No response is asked
-        for: the turn was answered, or not, when it first arrived."""
+        line would read the same (only the turn's times changed), when the line is too old to
+        reach, or for an event the session was never sent as a line it could correct. No
+        response is asked for: the turn was answered, or not, when it first arrived."""
         state = self._rooms.get(ctx.room_id)
         if state is None or not self._counts(event):
             return
