@@ -16,7 +16,7 @@ rooms' p95 should not move beyond noise; the flooder's fate (how much audio the 
 it was closed) is reported. `--stt whisper` serves with the embedded default instead (local
 Whisper, no stand-in), so any recording can be streamed (`--audio`, e.g. an unseen LibriSpeech
 conversation): issue 10's latency measurement; `--diarizer none` measures it without pipeline
-speakers. A turn re-sent corrected counts from its settled version (`settled_turns`).
+speakers. A turn re-sent corrected counts from its settled version (`settled_versions`).
 `--server-repo PATH` (repeatable) runs everything against the `chorus serve` of another
 checkout too (e.g. an older commit), in the same run, one server after the other, so old and
 new are measured by the same command on the same machine state.
@@ -242,11 +242,6 @@ def settled_versions(versions: list[tuple[float, TurnMessage]]) -> list[tuple[fl
             settled.add(m.event_id)
             out.append((now, final))
     return out
-
-
-def settled_turns(versions: list[tuple[float, TurnMessage]]) -> list[tuple[float, float]]:
-    """(wall time, turn end) of each settled turn (`settled_versions`)."""
-    return [(now, m.end) for now, m in settled_versions(versions)]
 
 
 def turn_latencies(

@@ -584,8 +584,7 @@ class LiveRooms:
                 self.metrics.turn_corrections_total += 1
             else:
                 self.metrics.turns_total += 1
-            if stream is not None and not corrected:
-                latency = stream.latency_of(end)
+                latency = stream.latency_of(end) if stream is not None else None
                 if latency is not None:
                     self.metrics.turn_latency.observe(latency)
             text = dump(turn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.load import settled_turns, turn_latencies
+from bench.load import settled_versions, turn_latencies
 from server.protocol import TurnMessage
 
 
@@ -25,7 +25,8 @@ def test_a_corrected_turn_counts_from_the_version_with_its_final_speaker_and_end
         (13.0, turn("d", 6.0, speaker="Speaker A")),
         (14.0, turn("d", 6.0, speaker="Speaker B", corrected=True)),  # another voice: settles late
     ]
-    assert settled_turns(versions) == [(10.5, 4.0), (11.0, 3.0), (12.0, 5.0), (14.0, 6.0)]
+    settled = [(now, m.end) for now, m in settled_versions(versions)]
+    assert settled == [(10.5, 4.0), (11.0, 3.0), (12.0, 5.0), (14.0, 6.0)]
 
 
 def test_strict_latency_is_from_the_turn_s_own_end() -> None:

@@ -14,7 +14,7 @@ from attribution import Register
 from models import RoomEvent
 from rooms import HookContext, HookResult, HookTrigger, RoomKit
 from server.testing.harness import eventually
-from tests.voice_helpers import stream, turns_of, voice_room
+from tests.voice_helpers import DecidingStage, ScriptedStage, stream, turns_of, voice_room
 from voice.audio import FrameSizeError, UnsupportedEncodingError, float_to_pcm16
 from voice.channel import SpeakerChangeEvent, TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
@@ -165,32 +165,6 @@ def ship_it_no_wait() -> ScriptedWords:
     ]])
 
 
-class ScriptedStage:
-    """A diarization stage with a fixed timeline (rule P3 shape)."""
-
-    sample_rate = 16000
-
-    def __init__(self, timeline: SpeakerTimeline, lag: float = 0.0) -> None:
-        self.timeline = timeline
-        self.lag = lag  # a segment is decided `lag` seconds after it ends
-        self.fed = 0
-
-    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
-        self.fed += len(audio)
-        heard = self.fed / 16000
-        return SpeakerTimeline([s for s in self.timeline.segments
-                                if s.start < heard and (not self.lag or s.end + self.lag <= heard)])
-
-    def diarize(self, audio: np.ndarray, *, num_speakers: int | None = None,
-                max_speakers: int | None = None) -> SpeakerTimeline:
-        return self.timeline
-
-    def enroll(self, name: str, audio: np.ndarray) -> None: ...
-    def forget(self, name: str) -> None: ...
-    def reset(self) -> None:
-        self.fed = 0
-
-
 async def test_V5_pipeline_speakers_split_one_utterance_into_two_turns() -> None:
     one_utterance = ship_it_no_wait()  # the STT labels nobody apart: one speaker id throughout
     stage = ScriptedStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
@@ -269,17 +243,9 @@ async def test_V5_a_word_without_duration_waits_for_the_word_it_touches() -> Non
                                                                    ("Bob", "Good morning.")]
 
 
-class ProvisionalStage(ScriptedStage):
+class ProvisionalStage(DecidingStage):
     """Decides each frame `lag` seconds after hearing it, and says meanwhile who it thinks speaks
     on the frames it heard but has not decided (the embedded live stage's `provisional()`)."""
-
-    def _clipped(self, lo: float, hi: float) -> SpeakerTimeline:
-        return SpeakerTimeline([SpeakerSegment(max(s.start, lo), min(s.end, hi), s.speaker)
-                                for s in self.timeline.segments if s.start < hi and s.end > lo])
-
-    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
-        self.fed += len(audio)
-        return self._clipped(0.0, self.fed / 16000 - self.lag)
 
     def provisional(self) -> SpeakerTimeline:
         heard = self.fed / 16000

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 
 from rooms import HookContext, HookTrigger
-from tests.voice_helpers import stream, voice_room
+from tests.voice_helpers import DecidingStage, stream, voice_room
 from voice.channel import TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
 from voice.stt.deepgram import DeepgramSTT
@@ -148,34 +148,6 @@ async def test_an_early_turn_continues_the_final_words_of_its_voice_without_a_co
 
 
 # -- pipeline speakers (V5): a streaming STT's interim words with the stage's decided speakers --
-
-
-class DecidingStage:
-    """A diarization stage that decides each frame `lag` seconds after hearing it (as the
-    embedded live stage does, about a second late)."""
-
-    sample_rate = 16000
-
-    def __init__(self, timeline: SpeakerTimeline, lag: float) -> None:
-        self.timeline, self.lag, self.fed = timeline, lag, 0
-
-    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
-        self.fed += len(audio)
-        decided = self.fed / 16000 - self.lag
-        return SpeakerTimeline([SpeakerSegment(s.start, min(s.end, decided), s.speaker)
-                                for s in self.timeline.segments if s.start < decided])
-
-    def diarize(self, audio: np.ndarray, *, num_speakers: int | None = None) -> SpeakerTimeline:
-        return self.timeline
-
-    def enroll(self, name: str, audio: np.ndarray) -> None:
-        raise NotImplementedError
-
-    def forget(self, name: str) -> None:
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        self.fed = 0
 
 
 def one_final_two_voices() -> ScriptedWords:

@@ -1,5 +1,6 @@
 """Helpers that keep the voice tests three lines long: a room with a voice channel, the demo
-meeting, and streaming audio into a session (optionally at a multiple of real time)."""
+meeting, streaming audio into a session (optionally at a multiple of real time), and scripted
+diarization stages."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import soundfile as sf
 
 from rooms import RoomKit
 from voice.channel import CommittedTurn, VoiceChannel, VoiceSession, pcm16_frames
+from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
 
 MEETING_DIR = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
@@ -64,3 +66,42 @@ async def turns_of(session: VoiceSession, audio: npt.NDArray[np.float32], sample
                    **kw: Any) -> list[CommittedTurn]:
     await stream(session, audio, sample_rate, **kw)
     return await session.finish()
+
+
+class ScriptedStage:
+    """A diarization stage with a fixed timeline (rule P3 shape)."""
+
+    sample_rate = 16000
+
+    def __init__(self, timeline: SpeakerTimeline, lag: float = 0.0) -> None:
+        self.timeline = timeline
+        self.lag = lag  # a segment is decided `lag` seconds after it ends
+        self.fed = 0
+
+    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
+        self.fed += len(audio)
+        heard = self.fed / 16000
+        return SpeakerTimeline([s for s in self.timeline.segments
+                                if s.start < heard and (not self.lag or s.end + self.lag <= heard)])
+
+    def diarize(self, audio: np.ndarray, *, num_speakers: int | None = None,
+                max_speakers: int | None = None) -> SpeakerTimeline:
+        return self.timeline
+
+    def enroll(self, name: str, audio: np.ndarray) -> None: ...
+    def forget(self, name: str) -> None: ...
+    def reset(self) -> None:
+        self.fed = 0
+
+
+class DecidingStage(ScriptedStage):
+    """Decides each frame `lag` seconds after hearing it (as the embedded live stage does, about
+    a second late), instead of a whole segment once it has ended."""
+
+    def _clipped(self, lo: float, hi: float) -> SpeakerTimeline:
+        return SpeakerTimeline([SpeakerSegment(max(s.start, lo), min(s.end, hi), s.speaker)
+                                for s in self.timeline.segments if s.start < hi and s.end > lo])
+
+    def feed(self, audio: np.ndarray) -> SpeakerTimeline:
+        self.fed += len(audio)
+        return self._clipped(0.0, self.fed / 16000 - self.lag)
