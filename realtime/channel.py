@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from attribution import Register
-from attribution.session import SessionLabels
+from attribution.session import CorrectionWording, SessionLabels, correction_note
 from models import Participant, RoomEvent, TextContent, VoiceTurn
 from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
 from realtime.providers import make_session
@@ -72,19 +72,15 @@ CORRECTABLE_LINES = 256
 """How many of a room's latest lines a correction can still reach (bounds `sent_as`)."""
 
 
-def correction_note(back: int) -> str:
-    """The system item sent before a corrected line. Its words are Chorus's own: nothing a
-    speaker said is ever quoted in a system item (the corrected line goes as a user line,
-    labelled by the attribution engine like every other)."""
-    where = (
-        "the last transcript line before this note"
-        if back == 1
-        else f"transcript line {back} counting back from this note (your own replies not counted)"
-    )
-    return (
-        f"Correction from the speech-to-text service: {where} was transcribed wrong. "
-        "The next line is what was said instead; read it in that line's place."
-    )
+LINE_CORRECTION = CorrectionWording(
+    counted="transcript line",
+    how_counted="your own replies not counted",
+    follows="line",
+    replaces="line",
+)
+"""The system item sent before a corrected line counts back over the session's user lines (a
+corrected line is one too). Nothing a speaker said is ever quoted in a system item: the corrected
+line goes as a user line, labelled by the attribution engine like every other."""
 
 
 class RealtimeChannel(Channel):
@@ -259,7 +255,7 @@ class RealtimeChannel(Channel):
         line = state.labels.render(event, participants, register)
         if line.text == text:
             return
-        note = correction_note(state.transcript_lines - number + 1)
+        note = correction_note(state.transcript_lines - number + 1, LINE_CORRECTION)
         state.lines.append(note)
         state.session.post_item(ContextItem("system", note))
         self._remember(state, event.id, line.text)
