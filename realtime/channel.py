@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from attribution import Register
-from attribution.session import CorrectionWording, SessionLabels, correction_note
+from attribution.session import CorrectionWording, SessionLabels, SessionLine, correction_note
 from models import Participant, RoomEvent, TextContent, VoiceTurn
 from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
 from realtime.providers import make_session
@@ -64,8 +64,8 @@ class _RoomState:
     transcript_lines: int = 0
     """User lines (turns and messages) sent so far: what a correction counts back over."""
     sent_as: OrderedDict[str, tuple[int, str]] = field(default_factory=OrderedDict)
-    """Event id → (its number among the transcript lines, the text it was sent as), for the
-    latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
+    """Event id → (its number among the transcript lines, the text it was sent as, without the
+    note), for the latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
 
 
 CORRECTABLE_LINES = 256
@@ -226,7 +226,7 @@ class RealtimeChannel(Channel):
         voice = VoiceTurn.of(event) if self.audio_mode else None
         pcm = None if voice is None else self._turn_audio(event, voice, ctx, state)
         # an unlabelled audio turn goes as its audio alone: the model's words for it are its own
-        self._remember(state, event.id, text, correctable=pcm is None or line.labelled)
+        self._remember(state, event.id, line, correctable=pcm is None or line.labelled)
         if pcm is not None:
             session.post_audio_turn(pcm, item, send_item=line.labelled)
         else:  # a typed message, or a turn whose audio is gone: its line, as text
@@ -253,21 +253,23 @@ class RealtimeChannel(Channel):
         participants = await ctx.participants()
         register = await ctx.kit.get_register(ctx.room_id) or Register.new()
         line = state.labels.render(event, participants, register)
-        if line.text == text:
+        if line.text_without_note == text:
             return
         note = correction_note(state.transcript_lines - number + 1, LINE_CORRECTION)
         state.lines.append(note)
         state.session.post_item(ContextItem("system", note))
-        self._remember(state, event.id, line.text)
+        self._remember(state, event.id, line)
         state.session.post_item(ContextItem("user", line.text))
 
     @staticmethod
-    def _remember(state: _RoomState, event_id: str, text: str, *, correctable: bool = True) -> None:
-        state.lines.append(text)
+    def _remember(
+        state: _RoomState, event_id: str, line: SessionLine, *, correctable: bool = True
+    ) -> None:
+        state.lines.append(line.text)
         state.transcript_lines += 1
         if not correctable:
             return
-        state.sent_as[event_id] = (state.transcript_lines, text)
+        state.sent_as[event_id] = (state.transcript_lines, line.text_without_note)
         state.sent_as.move_to_end(event_id)
         while len(state.sent_as) > CORRECTABLE_LINES:
             state.sent_as.popitem(last=False)
