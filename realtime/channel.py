@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -53,14 +53,22 @@ SessionMaker = Callable[[SessionOptions], RealtimeSession]
 AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
 
 
+KEPT_LINES = 1000
+"""How many of a room's latest context lines and replies the channel keeps for `lines_for` and
+`replies_for`. There is a line per turn, so a room that runs for days would otherwise hold every
+one in memory; they are a record for tests, replays and the demo, not what the model holds (the
+session keeps that)."""
+
+
 @dataclass
 class _RoomState:
     session: RealtimeSession
     labels: SessionLabels = field(default_factory=SessionLabels)
     """G3: who the room holds, whether this session's lines are labelled, note sent."""
-    replies: list[RoomEvent] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    """Every context line sent for this room, as sent (labelled or plain)."""
+    replies: deque[RoomEvent] = field(default_factory=lambda: deque(maxlen=KEPT_LINES))
+    """The latest `KEPT_LINES` replies this channel posted for the room, in order."""
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=KEPT_LINES))
+    """The latest `KEPT_LINES` context lines sent for this room, as sent (labelled or plain)."""
     transcript_lines: int = 0
     """User lines (turns and messages) sent so far: what a correction counts back over."""
     sent_as: OrderedDict[str, tuple[int, str]] = field(default_factory=OrderedDict)
@@ -141,11 +149,12 @@ class RealtimeChannel(Channel):
         return self._state(room_id).session
 
     def replies_for(self, room_id: str) -> list[RoomEvent]:
-        """The model's replies this channel posted into the room, in order (R5)."""
+        """The model's latest `KEPT_LINES` replies this channel posted into the room, in order
+        (R5; the room's events hold them all)."""
         return list(self._state(room_id).replies)
 
     def lines_for(self, room_id: str) -> list[str]:
-        """Every context line this channel sent for the room, in order."""
+        """The latest `KEPT_LINES` context lines this channel sent for the room, in order."""
         return list(self._state(room_id).lines)
 
     def _state(self, room_id: str) -> _RoomState:
