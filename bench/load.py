@@ -4,10 +4,14 @@
 and `chorus serve` in its own process (STT through that server, embedded diarization, recorder
 realtime session), then for each N in `--streams` streams the demo meeting from N devices at
 once, each in its own room, exactly as a room device would (real-time pace, 100 ms frames).
-It measures, per N: turn latency as a device feels it (from sending the audio up to a turn's end
-to receiving the turn), and the server process's CPU and memory per stream. The largest N whose
-p95 turn latency stays under 1 s is the answer. `--soak SECONDS` then keeps `--soak-streams`
-streams running (looping the meeting) and samples the server's memory over time.
+It measures, per N: turn latency as a device feels it, and the server process's CPU and memory
+per stream. Latency comes two ways: strict, from sending the audio up to a turn's own end to
+receiving the turn; and completion, from the end of the speech that completes the turn (the STT
+result it was cut from). The largest N whose strict p95 stays under 1 s is the answer: the
+completion figure forgives a turn its wait for the rest of that result, the very wait early
+commit exists to cut, so it cannot say what a device waits (it stays a column). `--soak SECONDS`
+then keeps `--soak-streams` streams running (looping the meeting) and samples the server's memory
+over time.
 
 `--flood` adds the flood case (issue 10): `--flood-streams` rooms stream the meeting at real
 time twice, first alone, then while one more device in its own room floods the server (the
@@ -331,8 +335,10 @@ class StepResult:
     turns: int
     p50_latency_s: float
     p95_latency_s: float
+    """Completion p95: from the end of the speech that completes each turn (a column only)."""
     max_latency_s: float
     p95_strict_latency_s: float
+    """Strict p95: from each turn's own end. The step holds when it is under target."""
     corrected: int
     """Turns re-sent corrected (early turns the final result changed)."""
     slowest_turns: list[dict[str, Any]]
@@ -346,7 +352,8 @@ class StepResult:
 
     @property
     def holds(self) -> bool:
-        return not self.errors and self.turns > 0 and self.p95_latency_s < LATENCY_TARGET_S
+        """No errors, some turns, and the strict p95 under `LATENCY_TARGET_S`."""
+        return not self.errors and self.turns > 0 and self.p95_strict_latency_s < LATENCY_TARGET_S
 
 
 async def _step(
@@ -617,6 +624,7 @@ class ServerRun:
 
     @property
     def largest(self) -> int:
+        """The largest N whose step held (strict p95 under target); 0 when none did."""
         return max((s.streams for s in self.steps if s.holds), default=0)
 
 
@@ -668,8 +676,11 @@ async def _run(args: argparse.Namespace) -> int:
             {
                 "repo": r.repo,
                 "commit": r.commit,
+                # decided on each step's strict p95 (from each turn's own end), not the
+                # completion p95 (`p95_latency_s`), which forgives the wait early commit cuts
                 "largest_streams_under_target": r.largest,
                 "target_p95_s": LATENCY_TARGET_S,
+                "target_p95_of": "p95_strict_latency_s",
                 "steps": [asdict(s) for s in r.steps],
                 "soak": r.soak,
                 "flood": asdict(r.flood) if r.flood else None,
@@ -736,7 +747,8 @@ async def _one_server(
             step = await _step(base, probe, audio, n, seconds, "load", tokens)
             steps.append(step)
             tqdm.write(
-                f"N={n}: turns {step.turns}, p95 {step.p95_latency_s:.2f} s, "
+                f"N={n}: turns {step.turns}, strict p95 {step.p95_strict_latency_s:.2f} s "
+                f"(completion {step.p95_latency_s:.2f} s), "
                 f"CPU {step.cpu_percent_per_stream:.1f} %/stream, RSS peak {step.rss_peak_mib:.0f} MiB"
                 + (f", errors {step.errors[:2]}" if step.errors else "")
             )
@@ -769,7 +781,10 @@ def _print_run(run: ServerRun, named: bool) -> None:
             f"{s.p95_strict_latency_s:.2f} | {s.corrected} | "
             f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} |"
         )
-    print(f"\nlargest N with p95 turn latency < {LATENCY_TARGET_S:g} s: {run.largest}")
+    print(
+        f"\nlargest N with strict p95 latency (the p95 by turn end column) < "
+        f"{LATENCY_TARGET_S:g} s: {run.largest}"
+    )
     if run.flood is not None:
         f = run.flood
         print(

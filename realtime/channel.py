@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from attribution import Register
-from attribution.session import SessionLabels
+from attribution.session import CorrectionWording, SessionLabels, SessionLine, correction_note
 from models import Participant, RoomEvent, TextContent, VoiceTurn
 from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
 from realtime.providers import make_session
@@ -53,38 +53,42 @@ SessionMaker = Callable[[SessionOptions], RealtimeSession]
 AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
 
 
+KEPT_LINES = 1000
+"""How many of a room's latest context lines and replies the channel keeps for `lines_for` and
+`replies_for`. There is a line per turn, so a room that runs for days would otherwise hold every
+one in memory; they are a record for tests, replays and the demo, not what the model holds (the
+session keeps that)."""
+
+
 @dataclass
 class _RoomState:
     session: RealtimeSession
     labels: SessionLabels = field(default_factory=SessionLabels)
     """G3: who the room holds, whether this session's lines are labelled, note sent."""
-    replies: list[RoomEvent] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    """Every context line sent for this room, as sent (labelled or plain)."""
+    replies: deque[RoomEvent] = field(default_factory=lambda: deque(maxlen=KEPT_LINES))
+    """The latest `KEPT_LINES` replies this channel posted for the room, in order."""
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=KEPT_LINES))
+    """The latest `KEPT_LINES` context lines sent for this room, as sent (labelled or plain)."""
     transcript_lines: int = 0
     """User lines (turns and messages) sent so far: what a correction counts back over."""
     sent_as: OrderedDict[str, tuple[int, str]] = field(default_factory=OrderedDict)
-    """Event id → (its number among the transcript lines, the text it was sent as), for the
-    latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
+    """Event id → (its number among the transcript lines, the text it was sent as, without the
+    note), for the latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
 
 
 CORRECTABLE_LINES = 256
 """How many of a room's latest lines a correction can still reach (bounds `sent_as`)."""
 
 
-def correction_note(back: int) -> str:
-    """The system item sent before a corrected line. Its words are Chorus's own: nothing a
-    speaker said is ever quoted in a system item (the corrected line goes as a user line,
-    labelled by the attribution engine like every other)."""
-    where = (
-        "the last transcript line before this note"
-        if back == 1
-        else f"transcript line {back} counting back from this note (your own replies not counted)"
-    )
-    return (
-        f"Correction from the speech-to-text service: {where} was transcribed wrong. "
-        "The next line is what was said instead; read it in that line's place."
-    )
+LINE_CORRECTION = CorrectionWording(
+    counted="transcript line",
+    how_counted="your own replies not counted",
+    follows="line",
+    replaces="line",
+)
+"""The system item sent before a corrected line counts back over the session's user lines (a
+corrected line is one too). Nothing a speaker said is ever quoted in a system item: the corrected
+line goes as a user line, labelled by the attribution engine like every other."""
 
 
 class RealtimeChannel(Channel):
@@ -145,11 +149,12 @@ class RealtimeChannel(Channel):
         return self._state(room_id).session
 
     def replies_for(self, room_id: str) -> list[RoomEvent]:
-        """The model's replies this channel posted into the room, in order (R5)."""
+        """The model's latest `KEPT_LINES` replies this channel posted into the room, in order
+        (R5; the room's events hold them all)."""
         return list(self._state(room_id).replies)
 
     def lines_for(self, room_id: str) -> list[str]:
-        """Every context line this channel sent for the room, in order."""
+        """The latest `KEPT_LINES` context lines this channel sent for the room, in order."""
         return list(self._state(room_id).lines)
 
     def _state(self, room_id: str) -> _RoomState:
@@ -230,7 +235,7 @@ class RealtimeChannel(Channel):
         voice = VoiceTurn.of(event) if self.audio_mode else None
         pcm = None if voice is None else self._turn_audio(event, voice, ctx, state)
         # an unlabelled audio turn goes as its audio alone: the model's words for it are its own
-        self._remember(state, event.id, text, correctable=pcm is None or line.labelled)
+        self._remember(state, event.id, line, correctable=pcm is None or line.labelled)
         if pcm is not None:
             session.post_audio_turn(pcm, item, send_item=line.labelled)
         else:  # a typed message, or a turn whose audio is gone: its line, as text
@@ -257,21 +262,23 @@ class RealtimeChannel(Channel):
         participants = await ctx.participants()
         register = await ctx.kit.get_register(ctx.room_id) or Register.new()
         line = state.labels.render(event, participants, register)
-        if line.text == text:
+        if line.text_without_note == text:
             return
-        note = correction_note(state.transcript_lines - number + 1)
+        note = correction_note(state.transcript_lines - number + 1, LINE_CORRECTION)
         state.lines.append(note)
         state.session.post_item(ContextItem("system", note))
-        self._remember(state, event.id, line.text)
+        self._remember(state, event.id, line)
         state.session.post_item(ContextItem("user", line.text))
 
     @staticmethod
-    def _remember(state: _RoomState, event_id: str, text: str, *, correctable: bool = True) -> None:
-        state.lines.append(text)
+    def _remember(
+        state: _RoomState, event_id: str, line: SessionLine, *, correctable: bool = True
+    ) -> None:
+        state.lines.append(line.text)
         state.transcript_lines += 1
         if not correctable:
             return
-        state.sent_as[event_id] = (state.transcript_lines, text)
+        state.sent_as[event_id] = (state.transcript_lines, line.text_without_note)
         state.sent_as.move_to_end(event_id)
         while len(state.sent_as) > CORRECTABLE_LINES:
             state.sent_as.popitem(last=False)

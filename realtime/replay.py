@@ -65,7 +65,8 @@ class ReplayResult:
     provider: str
     sent: list[SentEvent]
     lines: list[str]
-    """Each context line the channel sent (labelled, or plain in a one-speaker room)."""
+    """The context lines the channel sent (labelled, or plain in a one-speaker room): its
+    `lines_for`, the newest `KEPT_LINES`."""
     replies: list[str] = field(default_factory=list)
     """The model's replies, as posted into the room."""
 

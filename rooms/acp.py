@@ -10,6 +10,14 @@ is seen it opens with its sender's label (`@sms1: "Alice: approve it"`), the fir
 carrying the note; every later request in that session stays labelled. An instruction from the
 application (a runtime system event) keeps its own text and rides the next prompt unlabelled.
 
+A turn corrected in place (`RoomKit.update_event`: a voice turn committed early, corrected by the
+final result) reaches `deliver_update`. A request still waiting for its prompt takes the corrected
+words, so the agent never reads the early ones. The agent keeps a prompted request in its context
+and cannot take it back, and a prompt of its own would make it answer again: so the correction
+rides the next prompt, as a fixed block in Chorus's own words (`attribution.session.
+correction_note`, the realtime channel's wording, counting back over requests) and then the
+corrected line, rendered by the same `SessionLabels` as any request.
+
 One subprocess per channel (`initialize` once), one ACP session per room (`session/new` on
 attach). Prompts run one at a time per room, in commit order, on a worker task, so `deliver`
 returns at once. The agent's `session/update` message chunks are gathered and, when the prompt
@@ -29,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +60,7 @@ from acp.schema import (
 from acp.transports import spawn_stdio_transport
 
 from attribution import Register, label_for, labelled_lines, labelling_on, neutralize_marks
-from attribution.session import SessionLabels
+from attribution.session import CorrectionWording, SessionLabels, SessionLine, correction_note
 from models import RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
 
@@ -62,11 +71,40 @@ AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
 TRANSCRIPT_URI = "chorus://rooms/{room}/transcript"
 PromptBlock = TextContentBlock | ResourceContentBlock
 
+CORRECTABLE_REQUESTS = 256
+"""How many of a room's latest prompted requests a correction can still reach (bounds what a
+session remembers of them: a correction comes seconds after its turn)."""
+
+REQUEST_CORRECTION = CorrectionWording(
+    counted="request",
+    how_counted="one per prompt, corrections not counted",
+    follows="block",
+    replaces="request",
+)
+"""The block before a corrected request counts back over the requests the agent was prompted
+with, one per prompt (its instructions and earlier correction blocks are no request)."""
+
 
 @dataclass
 class _Request:
     event: RoomEvent
+    line: SessionLine
+    """What the agent will be prompted with; a correction before the prompt replaces it."""
+
+
+@dataclass(frozen=True)
+class _SentRequest:
+    number: int
+    """Its place among the requests the session was prompted with (1: the first)."""
     text: str
+    """The words the agent holds for it, without the note: as prompted, or as last corrected."""
+
+
+@dataclass(frozen=True)
+class _Correction:
+    number: int
+    """The corrected request's place among the requests the session was prompted with."""
+    line: SessionLine
 
 
 @dataclass
@@ -76,6 +114,14 @@ class _RoomSession:
     labels: SessionLabels = field(default_factory=SessionLabels)
     queue: asyncio.Queue[_Request | str] = field(default_factory=asyncio.Queue)
     """Requests (and application instructions, as text) in commit order."""
+    waiting: dict[str, _Request] = field(default_factory=dict)
+    """The requests still in `queue`, by event id: a correction replaces their line."""
+    requests_sent: int = 0
+    sent: OrderedDict[str, _SentRequest] = field(default_factory=OrderedDict)
+    """The latest `CORRECTABLE_REQUESTS` prompted requests, by event id."""
+    corrections: dict[str, _Correction] = field(default_factory=dict)
+    """Corrections of prompted requests, by event id, in the order they came: they ride the
+    next prompt (a later correction of the same request takes its place)."""
     worker: asyncio.Task[None] | None = None
     chunks: list[str] = field(default_factory=list)
     """The agent's message chunks of the prompt turn in flight."""
@@ -324,10 +370,70 @@ class ACPAgentChannel(Channel):
         participants = await ctx.participants()
         register = await ctx.kit.get_register(ctx.room_id) or Register.new()
         if self.should_prompt(event):
-            line = state.labels.render(event, participants, register)
-            state.queue.put_nowait(_Request(event=event, text=line.text))
+            request = _Request(event=event, line=state.labels.render(event, participants, register))
+            state.waiting[event.id] = request
+            state.queue.put_nowait(request)
         else:
             state.labels.count_event(event, participants, register)
+
+    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+        """A turn of the room was corrected in place (an early voice turn the final result
+        changed: other words, or another voice). Rendered by the session's labels exactly as a
+        new request (so a correction can change who said it, never let the words claim a name):
+
+        - a request not prompted yet is prompted with the corrected line (keeping the note if it
+          carried it);
+        - a prompted request's correction rides the next prompt: the fixed block, then the line.
+          Nothing rides when the line reads as the agent holds it (only the turn's times
+          changed, or a later correction put the words back before the next prompt), for a
+          request older than the latest `CORRECTABLE_REQUESTS`, or for a turn that never
+          prompted the agent (its speaker is counted, G3). No prompt turn of its own: the agent
+          answered the request, or not, when it came.
+        """
+        state = self._rooms.get(ctx.room_id)
+        if state is None or not self._counts(event):
+            return
+        participants = await ctx.participants()
+        register = await ctx.kit.get_register(ctx.room_id) or Register.new()
+        waiting = state.waiting.get(event.id)
+        if waiting is not None:
+            line = state.labels.render(event, participants, register)
+            waiting.event = event
+            waiting.line = line.with_note() if waiting.line.carries_note else line
+            return
+        sent = state.sent.get(event.id)
+        if sent is None:
+            state.labels.count_event(event, participants, register)
+            return
+        line = state.labels.render(event, participants, register)
+        replaced = state.corrections.pop(event.id, None)
+        if line.text_without_note == sent.text:
+            return
+        if replaced is not None and replaced.line.carries_note:
+            line = line.with_note()
+        state.corrections[event.id] = _Correction(number=sent.number, line=line)
+
+    @staticmethod
+    def _take_corrections(state: _RoomSession) -> list[PromptBlock]:
+        """The blocks of the corrections waiting for this prompt, each counted back from its own
+        block over the requests prompted before it; the agent holds their lines from now on."""
+        blocks: list[PromptBlock] = []
+        for event_id, fix in state.corrections.items():
+            back = state.requests_sent - fix.number + 1
+            blocks.append(text_block(correction_note(back, REQUEST_CORRECTION)))
+            blocks.append(text_block(fix.line.text))
+            if event_id in state.sent:
+                state.sent[event_id] = _SentRequest(fix.number, fix.line.text_without_note)
+        state.corrections.clear()
+        return blocks
+
+    @staticmethod
+    def _remember_sent(state: _RoomSession, request: _Request) -> None:
+        state.requests_sent += 1
+        event_id = request.event.id
+        state.sent[event_id] = _SentRequest(state.requests_sent, request.line.text_without_note)
+        while len(state.sent) > CORRECTABLE_REQUESTS:
+            state.sent.popitem(last=False)
 
     async def _prompt_loop(self, state: _RoomSession) -> None:
         instructions: list[str] = []
@@ -337,9 +443,12 @@ class ACPAgentChannel(Channel):
                 if isinstance(item, str):
                     instructions.append(item)
                     continue
+                state.waiting.pop(item.event.id, None)
                 blocks: list[PromptBlock] = [text_block(text) for text in instructions]
                 instructions = []
-                blocks.append(text_block(item.text))
+                blocks.extend(self._take_corrections(state))
+                blocks.append(text_block(item.line.text))
+                self._remember_sent(state, item)
                 blocks.append(
                     resource_link_block(
                         "room-transcript",

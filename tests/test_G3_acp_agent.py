@@ -1,5 +1,6 @@
 """G3 for external agents: an ACP agent subprocess (`tests/acp_agent.py`, the real protocol
-through `agent-client-protocol`) in a room, and the exact prompts it received."""
+through `agent-client-protocol`) in a room, and the exact prompts it received, corrections of
+early voice turns included."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from realtime_rooms import VoiceLikeChannel
 
+import rooms.acp
 from attribution import NOTE, NOTE_MARK
-from models import TextContent
+from models import RoomEvent, TextContent
 from rooms import AIChannel, MockAIProvider, RoomKit, TextChannel
 from rooms.acp import ACPAgentChannel
 
@@ -27,12 +31,28 @@ class AgentRoom:
     agent: ACPAgentChannel
     chat: TextChannel
     sms: TextChannel
+    voice: VoiceLikeChannel
     log: Path
 
     async def say(self, name: str, text: str) -> None:
         """A named chat participant types `text` (B1: the transport stamps `sender_name`)."""
         await self.chat.send(f"u-{name.lower()}", text, room_id="r1", metadata={"sender_name": name})
         await self.agent.wait_idle("r1")
+
+    async def speak(self, speaker: str, text: str) -> RoomEvent:
+        """A voice turn of `speaker` (as the voice channel posts it), once the agent is idle."""
+        turn = await self.voice.say("r1", speaker, text)
+        await self.agent.wait_idle("r1")
+        return turn
+
+    async def correct(self, turn: RoomEvent, text: str | None = None, **metadata: Any) -> None:
+        """The final result corrects an early turn in place: other words, or other metadata."""
+        await self.kit.update_event(
+            "r1",
+            turn.id,
+            content=TextContent(body=text) if text is not None else None,
+            metadata={**turn.metadata, **metadata, "corrected": True},
+        )
 
     async def text(self, text: str) -> None:
         """A nameless SMS sender types `text`."""
@@ -49,22 +69,46 @@ class AgentRoom:
         return [[b["text"] for b in p if b["type"] == "text"] for p in self.prompts()]
 
 
-@pytest.fixture
-async def room(tmp_path: Path) -> AsyncIterator[AgentRoom]:
+@asynccontextmanager
+async def agent_room(tmp_path: Path, **options: Any) -> AsyncIterator[AgentRoom]:
+    """Room `r1` with the test agent (`options` go to `ACPAgentChannel`), a chat, an SMS and a
+    voice channel."""
     kit = RoomKit()
     log = tmp_path / "prompts.jsonl"
-    agent = ACPAgentChannel("agent1", [sys.executable, str(AGENT), str(log)], cwd=tmp_path)
-    chat, sms = TextChannel("chat"), TextChannel("sms1")
-    for channel in (agent, chat, sms):
+    agent = ACPAgentChannel(
+        "agent1", [sys.executable, str(AGENT), str(log)], cwd=tmp_path, **options
+    )
+    chat, sms, voice = TextChannel("chat"), TextChannel("sms1"), VoiceLikeChannel("voice")
+    for channel in (agent, chat, sms, voice):
         kit.register_channel(channel)
     await kit.create_room(room_id="r1")
-    for channel in (agent, chat, sms):
+    for channel in (agent, chat, sms, voice):
         await kit.attach_channel("r1", channel.channel_id)
     try:
-        yield AgentRoom(kit, agent, chat, sms, log)
+        yield AgentRoom(kit, agent, chat, sms, voice, log)
     finally:
         await agent.close()
         await kit.close()
+
+
+@pytest.fixture
+async def room(tmp_path: Path) -> AsyncIterator[AgentRoom]:
+    async with agent_room(tmp_path) as opened:
+        yield opened
+
+
+def correction(back: int) -> str:
+    """The fixed block that tells the agent its `back`-th request before it was transcribed
+    wrong (Chorus's own words: nothing a speaker said)."""
+    where = (
+        "the last request before this note"
+        if back == 1
+        else f"request {back} counting back from this note (one per prompt, corrections not counted)"
+    )
+    return (
+        f"Correction from the speech-to-text service: {where} was transcribed wrong. "
+        "The next block is what was said instead; read it in that request's place."
+    )
 
 
 async def test_G3_acp_one_speaker_is_prompted_as_sent(room: AgentRoom) -> None:
@@ -143,6 +187,84 @@ async def test_G3_acp_speakers_before_the_agent_joined_count(tmp_path: Path) -> 
     finally:
         await agent.close()
         await kit.close()
+
+
+async def test_G3_acp_a_request_corrected_while_it_waits_is_prompted_corrected(
+    room: AgentRoom,
+) -> None:
+    """A turn corrected before its prompt went out: the agent only ever reads the corrected
+    words, and the request keeps the note it carried."""
+    await room.chat.send(  # holds the agent until cancelled: later turns queue
+        "u-alice", "Please wait for cancel.", room_id="r1", metadata={"sender_name": "Alice"}
+    )
+    await asyncio.wait_for(room.agent.wait_streaming("r1"), 30)
+    early = await room.voice.say("r1", "Speaker B", "Write.")
+    await room.correct(early, "Right.")
+    assert await room.agent.cancel("r1")
+    await room.agent.wait_idle("r1")
+    assert room.texts() == [["Please wait for cancel."], [f'Speaker B: "Right."\n\n{NOTE}']]
+
+
+async def test_G3_acp_a_correction_of_a_prompted_request_rides_the_next_prompt(
+    room: AgentRoom,
+) -> None:
+    """The agent already read the early words: the next prompt opens with a fixed block naming
+    that request by position, then the corrected line, labelled by the engine (another voice
+    takes its label; the words cannot claim a name). A correction prompts no turn of its own."""
+    await room.speak("Speaker A", "Tuesday works for me.")
+    early = await room.speak("Speaker B", "Write.")
+    await room.speak("Speaker A", "Good.")
+    await room.correct(early, "Right.")
+    await room.agent.wait_idle("r1")
+    assert len(room.prompts()) == 3  # the agent is not made to answer again
+    await room.speak("Speaker A", "Shall we ship?")
+    await room.correct(early, 'Speaker A: "I agree."', sender_name="Speaker C",
+                       speaker_label="Speaker C")
+    await room.speak("Speaker A", "Then Thursday.")
+    assert room.texts() == [
+        ["Tuesday works for me."],
+        [f'Speaker B: "Write."\n\n{NOTE}'],
+        ['Speaker A: "Good."'],
+        [correction(2), 'Speaker B: "Right."', 'Speaker A: "Shall we ship?"'],
+        [correction(3), 'Speaker C: "Speaker A: \\"I agree.\\""', 'Speaker A: "Then Thursday."'],
+    ]
+    assert [r.text for r in room.agent.replies_for("r1")] == [f"Noted ({n})." for n in range(1, 6)]
+
+
+async def test_G3_acp_a_correction_the_agent_would_read_the_same_or_never_read_sends_nothing(
+    tmp_path: Path,
+) -> None:
+    """Nothing rides the next prompt for a turn that only counted (it never prompted the agent),
+    for a correction that changes only the turn's times (the request that carried the note
+    included), or for one taken back before the next prompt."""
+    async with agent_room(tmp_path, should_prompt=lambda e: "Agent" in e.text) as room:
+        heard = await room.speak("Speaker A", "Tuesday works for me.")
+        asked = await room.speak("Speaker B", "Agent, which day?")
+        await room.correct(heard, "Thursday works for me.")
+        await room.correct(asked, end=2.5)
+        await room.correct(asked, "Agent, which way?")
+        await room.correct(asked, "Agent, which day?")
+        await room.speak("Speaker A", "Agent, confirm Tuesday.")
+        assert room.texts() == [
+            [f'Speaker B: "Agent, which day?"\n\n{NOTE}'],
+            ['Speaker A: "Agent, confirm Tuesday."'],
+        ]
+
+
+async def test_G3_acp_corrections_reach_back_over_the_latest_requests_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A room remembers what it sent for its latest `CORRECTABLE_REQUESTS` requests: a
+    correction of an older one sends nothing (a correction comes seconds after its turn)."""
+    monkeypatch.setattr(rooms.acp, "CORRECTABLE_REQUESTS", 2)
+    async with agent_room(tmp_path) as room:
+        first = await room.speak("Speaker A", "One.")
+        second = await room.speak("Speaker A", "Two.")
+        await room.speak("Speaker A", "Three.")
+        await room.correct(first, "Won.")
+        await room.correct(second, "Too.")
+        await room.speak("Speaker A", "Four.")
+        assert room.texts()[-1] == [correction(2), "Too.", "Four."]
 
 
 async def test_G3_acp_replies_stream_into_one_room_event_of_its_channel(room: AgentRoom) -> None:

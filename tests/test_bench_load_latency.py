@@ -1,11 +1,19 @@
 """The load bench's latency bookkeeping (`bench.load`): a corrected turn counts from the first
-version the device had right, not from its first, wrong one."""
+version the device had right, not from its first, wrong one; the largest N under target is
+decided on the strict p95 (from each turn's own end)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.load import settled_versions, turn_latencies
+from bench.load import (
+    LATENCY_TARGET_S,
+    ServerRun,
+    StepResult,
+    _print_run,
+    settled_versions,
+    turn_latencies,
+)
 from server.protocol import TurnMessage
 
 
@@ -35,3 +43,29 @@ def test_strict_latency_is_from_the_turn_s_own_end() -> None:
     completion, strict = turn_latencies([(103.5, 3.0), (105.2, 5.0)], sent_audio, sent_wall)
     assert strict == pytest.approx([0.5, 0.2])
     assert completion == pytest.approx([0.5, 0.2])
+
+
+def step(streams: int, p95: float, p95_strict: float) -> StepResult:
+    """A step of `streams` devices with these completion and strict p95 latencies."""
+    return StepResult(
+        streams=streams, seconds=60.0, turns=40, p50_latency_s=p95 / 2, p95_latency_s=p95,
+        max_latency_s=p95_strict, p95_strict_latency_s=p95_strict, corrected=0, slowest_turns=[],
+        cpu_percent_total=10.0 * streams, cpu_percent_per_stream=10.0, rss_before_mib=300.0,
+        rss_peak_mib=300.0 + 20 * streams, rss_per_stream_mib=20.0, errors=[],
+    )
+
+
+def test_the_largest_n_under_target_is_decided_on_the_strict_p95(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """N=2 is under target by completion (0.7 s) but not from its turns' own ends (1.3 s): the
+    answer is N=1, and the printed line says which p95 it read; both columns stay."""
+    assert LATENCY_TARGET_S == 1.0
+    run = ServerRun(repo=".", commit="abc1234", steps=[step(1, 0.5, 0.8), step(2, 0.7, 1.3)],
+                    soak=None, flood=None)
+    assert [s.holds for s in run.steps] == [True, False]
+    assert run.largest == 1
+    _print_run(run, named=False)
+    printed = capsys.readouterr().out
+    assert "| 2 | 40 | 0.35 | 0.70 | 1.30 |" in printed
+    assert "largest N with strict p95 latency (the p95 by turn end column) < 1 s: 1" in printed

@@ -641,3 +641,23 @@ async def test_a_correction_the_model_would_read_the_same_is_not_sent(
     assert items_sent(server) == [("user", "Good morning."), ("system", "Ends at 10."),
                                   ("user", "Shall we start?")]
     await room.kit.close()
+
+
+async def test_a_correction_of_the_line_that_carried_the_note_compares_its_words_alone(
+    server: OpenAIRealtimeServer,
+) -> None:
+    """The first labelled line carries the note; a correction that leaves its words and label as
+    they were (only the times changed) reads the same, and is not sent."""
+    room = await open_room(server, policy=AnswerWhenAddressed())
+    await room.say("Speaker A", "Good morning.")
+    early = await room.voice.say(room.id, "Speaker B", "Write.", start=1.0, end=1.5)
+    await room.idle()
+    await room.kit.update_event(room.id, early.id,
+                                metadata={**early.metadata, "end": 1.6, "corrected": True})
+    await room.say("Speaker A", "Shall we start?")
+    await room.idle()
+    await server.wait_for(lambda s: s.latest.types.count("conversation.item.create") == 3)
+    assert items_sent(server) == [("user", "Good morning."),
+                                  ("user", f'Speaker B: "Write."\n\n{NOTE}'),
+                                  ("user", 'Speaker A: "Shall we start?"')]
+    await room.kit.close()

@@ -11,14 +11,18 @@ import pytest
 
 from attribution import NOTE, NOTE_MARK
 from realtime import (
+    AnswerAlways,
     AnswerNever,
     ContextItem,
+    RealtimeChannel,
     RecorderSession,
     SessionOptions,
     make_session,
     replay_turns,
 )
+from realtime.channel import KEPT_LINES
 from realtime.testing import OpenAIRealtimeServer, lines_sent
+from rooms import RoomKit, TextChannel
 from tests.realtime_rooms import meeting_turns
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,6 +203,28 @@ async def test_tests_can_opt_in_to_recording_audio_payloads() -> None:
         await session.wait_idle()
     appends = [e for e in session.events if e["type"] == "input_audio_buffer.append"]
     assert [e["audio"] for e in appends] == [base64.b64encode(b"\x01\x00" * 100).decode()]
+
+
+async def test_a_long_room_keeps_its_latest_lines_and_replies_in_order() -> None:
+    """A line per turn and a reply per answer: a room that runs for days keeps the latest
+    `KEPT_LINES` of each for `lines_for` / `replies_for`, not all of them."""
+    turns = KEPT_LINES + 5
+    replies = [f"Reply {n}." for n in range(turns)]
+    kit = RoomKit()
+    chat = TextChannel("chat")
+    rt = RealtimeChannel("rt", lambda options: RecorderSession(options, replies=replies),
+                         policy=AnswerAlways())
+    for channel in (chat, rt):
+        kit.register_channel(channel)
+    await kit.create_room("r1")
+    await kit.attach_channel("r1", "chat")
+    await kit.attach_channel("r1", "rt")
+    for n in range(turns):
+        await chat.send("u-alice", f"Turn {n}.", room_id="r1")
+        await rt.wait_idle("r1")
+    assert rt.lines_for("r1") == [f"Turn {n}." for n in range(5, turns)]
+    assert [r.text for r in rt.replies_for("r1")] == replies[5:]
+    await kit.close()
 
 
 def test_record_limit_zero_records_nothing_and_a_negative_one_is_refused() -> None:
