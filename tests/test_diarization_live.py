@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 
 from diarization.embedded import EmbeddedStage
-from diarization.live import LiveDiarizer, LiveSettings, ModelService, stitch
+from diarization.live import (
+    FRAME_OFFSET_S,
+    FRAME_SAMPLES,
+    LiveDiarizer,
+    LiveSettings,
+    ModelService,
+    WindowJob,
+    WindowResult,
+    stitch,
+)
 from diarization.live_models import LiveModels
 from voice.audio import read_audio_16k
 from voice.diarization_stage import SpeakerTimeline
@@ -301,9 +310,69 @@ def test_enrolled_voice_is_named_live(sample: np.ndarray, models: LiveModels) ->
         service.close()
 
 
+class EdgeMergingService(ModelService):
+    """Scripted model results for one stream fed 0.5 s at a time: voice X talks until `change`,
+    voice Y from then on. Until the window has heard `separates_after` seconds of Y, the
+    segmentation gives Y's first words to X's local speaker (what segmentation-3.0 does at a
+    window's right edge, seen on LibriSpeech dev01 at 39.8 s); from then on Y is a local speaker
+    of its own. Every window is embedded: X and Y
+    are orthogonal voiceprints."""
+
+    def __init__(self, change: float = 3.0, separates_after: float = 1.2) -> None:
+        super().__init__(models=None)
+        self.change = change
+        self.separates_after = separates_after
+        self.ends = 0
+
+    def analyse(self, jobs: object, previous: object = None,
+                since_embedding: int = 0) -> list[WindowResult]:
+        assert isinstance(jobs, list)
+        out = []
+        for job in jobs:
+            assert isinstance(job, WindowJob)
+            self.ends += 1
+            end = self.ends * 0.5
+            frames = round(job.audio.size / FRAME_SAMPLES)
+            times = end - job.audio.size / RATE + FRAME_OFFSET_S + np.arange(frames) * FRAME_SAMPLES / RATE
+            activity = np.zeros((frames, 3), np.uint8)
+            embeddings = np.full((3, 192), np.nan, np.float32)
+            x, y = np.zeros(192, np.float32), np.zeros(192, np.float32)
+            x[0], y[1] = 1.0, 1.0
+            embeddings[0] = x
+            if end - self.change < self.separates_after:
+                activity[times >= 0, 0] = 1  # Y's onset merged into X's local speaker
+            else:
+                activity[(times >= 0) & (times < self.change), 0] = 1
+                activity[times >= self.change, 1] = 1
+                embeddings[1] = y
+            out.append(WindowResult(activity, embeddings))
+        return out
+
+
+@pytest.mark.parametrize(("ramp", "onset_owner"), [(2.0, "Speaker B"), (0.0, "Speaker A")])
+def test_a_window_s_vote_counts_by_what_it_heard_after_the_frame(
+    ramp: float, onset_owner: str
+) -> None:
+    """Issue 10: a new voice's first frames are decided by the windows that heard most of it,
+    not outvoted by those that heard it only at their right edge (where the segmentation gives
+    it to the voice before). With every window voting alike (ramp 0) the onset went to the
+    voice before: a word or two of each turn's start under the previous speaker's name."""
+    stage = LiveDiarizer(EdgeMergingService(), LiveSettings(context_ramp_s=ramp, embed_every=1))
+    silence = np.zeros(RATE // 2, np.float32)
+    for _ in range(12):
+        stage.feed(silence)
+    decided = stage.flush()
+    assert decided.speaker_over(0.5, 2.9) == "Speaker A"
+    assert decided.speaker_over(3.1, 3.4) == onset_owner
+    assert decided.speaker_over(4.5, 5.5) == "Speaker B"
+
+
 def test_bad_settings_and_audio_are_refused() -> None:
     with pytest.raises(ValueError, match="latency_s"):
         LiveSettings(latency_s=0.1)
+    with pytest.raises(ValueError, match="context_ramp_s"):
+        LiveSettings(context_ramp_s=-1.0)
+
     with pytest.raises(ValueError, match="step_s"):
         LiveSettings(step_s=0.0)
     stage = LiveDiarizer(ModelService())
