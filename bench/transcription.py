@@ -11,6 +11,8 @@ session fed PCM16 frames). Two passes over the recording:
 `--stt whisper` (default) measures the embedded default; `--stt deepgram --local-deepgram` the
 streaming path (early commit from interim results on; `--no-early-commit` for the old wait).
 `--latency-only` skips the fast pass, `--max-utterance` sets Whisper's utterance cap.
+`--reference RTTM` scores the words' speakers against a reference timeline (any recording with
+an RTTM, such as the LibriSpeech conversations in ../shared/fixtures; no WER without a script).
 
 Default input: the generated demo meeting (`examples/meeting/`). Prints a table; `--json` writes
 the figures.
@@ -34,8 +36,12 @@ MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audio", type=Path, default=MEETING / "meeting.wav")
-    parser.add_argument("--script", type=Path, default=MEETING / "meeting.json",
-                        help="scripted turns (JSON with a `turns` list of {speaker, text, start, end})")
+    parser.add_argument("--script", type=Path, default=None,
+                        help="scripted turns (JSON with a `turns` list of {speaker, text, start, "
+                             "end}; default: the demo meeting's, with the demo meeting)")
+    parser.add_argument("--reference", type=Path, default=None, metavar="RTTM",
+                        help="speaker accuracy of the words against this RTTM instead of the "
+                             "script (a recording with no script: no WER)")
     parser.add_argument("--stt", choices=("whisper", "deepgram"), default="whisper")
     parser.add_argument("--whisper-model", default=None)
     parser.add_argument("--max-utterance", type=float, default=None,
@@ -66,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-provisional-speakers", action="store_true",
                         help="pipeline speakers: every word waits for the stage's decided speaker "
                              "(the behaviour before provisional speakers)")
+    parser.add_argument("--no-provisional-changes", action="store_true",
+                        help="pipeline speakers: a turn waits for the stage to decide the next "
+                             "voice's first word (the behaviour before a provisional voice change "
+                             "closed it)")
+    parser.add_argument("--live-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with the embedded stage: override one of its live settings "
+                             "(diarization.live.LiveSettings; repeatable), e.g. "
+                             "context_ramp_s=0 for the aggregation before issue 10's weighing")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -112,6 +126,42 @@ def speaker_accuracy(turns: list[Any], script: list[dict[str, Any]]) -> dict[str
             "speaker_labels": float(len(hyp))}
 
 
+def rttm_turns(path: Path, file_id: str) -> list[dict[str, Any]]:
+    """An RTTM's segments of one recording as scripted turns ({speaker, start, end}), for
+    `speaker_accuracy` (a word in overlapped speech lies in two and is not counted)."""
+    from voice.diarization_stage import SpeakerTimeline
+
+    timeline = SpeakerTimeline.from_rttm(path.read_text(), file_id)
+    if not timeline.segments:
+        raise ValueError(f"{path} holds no segment of {file_id!r}")
+    return [{"speaker": s.speaker, "start": s.start, "end": s.end} for s in timeline]
+
+
+SLOWEST_KEPT = 5
+"""Turns with the largest latency named in the JSON (where a tail comes from)."""
+
+
+def _embedded_stage(args: argparse.Namespace) -> Any:
+    """The embedded stage with `--live-set` overrides of its live settings."""
+    from dataclasses import replace
+
+    from bench.diarization_live import parse_value
+    from diarization.embedded import EmbeddedStage
+    from diarization.live import LiveSettings
+
+    if args.diarizer != "embedded":
+        raise SystemExit("--live-set is for the embedded stage")
+    base = LiveSettings()
+    overrides: dict[str, Any] = {}
+    for item in args.live_set:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = parse_value(base, key, value)
+        except ValueError as exc:
+            raise SystemExit(f"--live-set {item}: {exc}") from exc
+    return EmbeddedStage(live=replace(base, **overrides))
+
+
 def _local_deepgram(audio_dir: Path) -> str:
     """Start the local Deepgram-protocol server on its own loop (a daemon thread); its URL."""
     from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, ThreadedServer
@@ -147,8 +197,13 @@ def run(args: argparse.Namespace) -> int:
     from voice.transcribe import transcribe_audio
 
     audio, rate = read_audio(args.audio)
-    script = json.loads(args.script.read_text())
-    reference = " ".join(t["text"] for t in script["turns"])
+    script_path = args.script
+    if script_path is None and args.audio.resolve() == (MEETING / "meeting.wav").resolve():
+        script_path = MEETING / "meeting.json"
+    script = json.loads(script_path.read_text()) if script_path is not None else None
+    reference = " ".join(t["text"] for t in script["turns"]) if script is not None else None
+    speakers = (rttm_turns(args.reference, args.audio.stem) if args.reference is not None
+                else script["turns"] if script is not None else None)
     duration = len(audio) / rate
     live = not (args.skip_latency or args.refine_speakers)
     passes = ([] if args.latency_only and live else [("fast", None)]) + (
@@ -168,7 +223,9 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(done - bar.n)
 
         diarizer = None
-        if args.pipeline_speakers:
+        if args.pipeline_speakers and args.live_set:
+            diarizer = _embedded_stage(args)
+        elif args.pipeline_speakers:
             from diarization import load_stage  # type: ignore[attr-defined,unused-ignore]
 
             diarizer = load_stage(args.diarizer)
@@ -178,22 +235,31 @@ def run(args: argparse.Namespace) -> int:
                                               refine_speakers=args.refine_speakers,
                                               early_commit=not args.no_early_commit,
                                               speaker_wait=args.speaker_wait,
-                                              provisional_speakers=not args.no_provisional_speakers))
+                                              provisional_speakers=not args.no_provisional_speakers,
+                                              provisional_changes=not args.no_provisional_changes))
         bar.close()
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),
                                  "real_time_factor": round(result.real_time_factor, 3),
                                  "early_corrections": result.corrections}
-        entry.update({k: round(v, 4) for k, v in word_error_rate(reference, hypothesis).items()})
-        attributed = speaker_accuracy(result.turns, script["turns"])
+        if reference is not None:
+            entry.update({k: round(v, 4)
+                          for k, v in word_error_rate(reference, hypothesis).items()})
+        attributed = speaker_accuracy(result.turns, speakers) if speakers is not None else None
         if attributed is not None:
             entry.update({k: round(v, 4) for k, v in attributed.items()})
         if speed:
-            latencies = np.array([t.latency for t in result.turns if t.latency is not None])
+            timed = [t for t in result.turns if t.latency is not None]
+            latencies = np.array([t.latency for t in timed])
             entry["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
             entry["latency_p95_s"] = round(float(np.percentile(latencies, 95)), 3)
             entry["latency_max_s"] = round(float(latencies.max()), 3)
             entry["speed"] = speed
+            entry["slowest_turns"] = [
+                {"latency_s": round(lat, 3), "start": round(t.start, 2), "end": round(t.end, 2),
+                 "speaker": t.speaker, "text": t.text[:120]}
+                for lat, t in sorted(zip(latencies.tolist(), timed, strict=True),
+                                     key=lambda pair: -pair[0])[:SLOWEST_KEPT]]
         figures[name] = entry
     print(f"Transcription bench: {args.audio.name} ({duration:.1f} s), STT {stt.describe()}"
           + (", pipeline speakers" if args.pipeline_speakers else ""))
@@ -201,10 +267,11 @@ def run(args: argparse.Namespace) -> int:
           f"{'spk acc':>8}")
     for name, _ in passes:
         e = figures[name]
+        wer = f"{e['wer']:>7.3f}" if "wer" in e else f"{'—':>7}"
         p50 = f"{e['latency_p50_s']:.2f} s" if "latency_p50_s" in e else "—"
         p95 = f"{e['latency_p95_s']:.2f} s" if "latency_p95_s" in e else "—"
         acc = f"{e['speaker_accuracy']:.3f}" if "speaker_accuracy" in e else "—"
-        print(f"{name:<10} {e['turns']:>5} {e['wer']:>7.3f} {e['real_time_factor']:>7.3f} "
+        print(f"{name:<10} {e['turns']:>5} {wer} {e['real_time_factor']:>7.3f} "
               f"{p50:>8} {p95:>8} {acc:>8}")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

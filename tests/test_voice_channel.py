@@ -14,7 +14,14 @@ from attribution import Register
 from models import RoomEvent
 from rooms import HookContext, HookResult, HookTrigger, RoomKit
 from server.testing.harness import eventually
-from tests.voice_helpers import DecidingStage, ScriptedStage, stream, turns_of, voice_room
+from tests.voice_helpers import (
+    ProvisionalStage,
+    ScriptedStage,
+    UtteranceSTT,
+    stream,
+    turns_of,
+    voice_room,
+)
 from voice.audio import FrameSizeError, UnsupportedEncodingError, float_to_pcm16
 from voice.channel import SpeakerChangeEvent, TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
@@ -243,15 +250,6 @@ async def test_V5_a_word_without_duration_waits_for_the_word_it_touches() -> Non
                                                                    ("Bob", "Good morning.")]
 
 
-class ProvisionalStage(DecidingStage):
-    """Decides each frame `lag` seconds after hearing it, and says meanwhile who it thinks speaks
-    on the frames it heard but has not decided (the embedded live stage's `provisional()`)."""
-
-    def provisional(self) -> SpeakerTimeline:
-        heard = self.fed / 16000
-        return self._clipped(max(0.0, heard - self.lag), heard)
-
-
 @pytest.mark.parametrize("provisional", [True, False])
 async def test_V5_a_turn_s_last_words_take_the_continuing_voice_before_the_stage_decides(
     provisional: bool,
@@ -458,3 +456,78 @@ async def test_a_finished_session_frees_its_audio_without_waiting_for_the_collec
         assert channel.sessions == []
     finally:
         gc.enable()
+
+
+SHIP_IT_NO = [("Ship", 0.1, 0.4), ("it?", 0.45, 0.7), ("No,", 0.95, 1.2)]
+"""One utterance: Alice's "Ship it?", then the first word of the next voice at its end (as a
+Whisper utterance ends where the overlapping next voice is cut off by a pause or the cap)."""
+
+
+async def _first_turn_within(kit: RoomKit, seconds: float) -> bool:
+    """Whether a turn is committed within `seconds` (a negative check: a turn that is
+    not due may take no longer than this to fail to appear)."""
+    committed = asyncio.Event()
+
+    @kit.hook(HookTrigger.ON_TRANSCRIPTION)
+    def seen(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+        committed.set()
+        return HookResult.allow()
+
+    try:
+        await asyncio.wait_for(committed.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("on", [True, False])
+async def test_V5_a_turn_ends_when_the_stage_first_hears_the_next_voice(on: bool) -> None:
+    """Issue 10 (latency): a turn that ends where another voice begins is committed as soon as
+    the stage's provisional view hears that voice on the next word, not when the stage has
+    decided that word (0.9-1.4 s of audio after it with the embedded stage)."""
+    stt = UtteranceSTT([(1.5, SHIP_IT_NO, True)])
+    stage = ProvisionalStage(SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
+                                              SpeakerSegment(0.85, 3.0, "Bob")]), lag=1.0)
+    channel = VoiceChannel(stt=stt, pipeline_speakers=True, diarizer=stage, speaker_wait=30.0,
+                           provisional_changes=on)
+    kit = await voice_room(channel)
+    session = await channel.start_session("room", "mic-1")
+    watching = asyncio.create_task(_first_turn_within(kit, 30.0 if on else 3.0))
+    # 1.6 s of audio: the utterance is final, the stage has decided up to 0.6 s: Alice's words,
+    # not Bob's "No," (0.95 s), which it hears as Bob only provisionally
+    await stream(session, AUDIO[: int(1.6 * 16000)], 16000, speed=8.0)
+    assert await watching is on
+    await stream(session, AUDIO[int(1.6 * 16000) : int(3.0 * 16000)], 16000, speed=8.0)
+    await session.finish()  # the stage has decided "No," by now: Bob's, as heard
+    events = await kit.list_events("room")
+    assert [(e.metadata["sender_name"], e.text) for e in events] == [("Alice", "Ship it?"),
+                                                                   ("Bob", "No,")]
+    assert "corrected" not in events[0].metadata
+
+
+async def test_V5_a_turn_ended_early_goes_on_in_place_when_the_voice_went_on() -> None:
+    """Issue 10: the provisional view heard another voice on the next word, so the turn was
+    committed; the decision then gives that word the turn's voice: the turn is reopened and
+    updated in place (`corrected`), never split into two turns of one voice."""
+    stt = UtteranceSTT([(1.5, SHIP_IT_NO, False), (2.0, [("wait.", 1.25, 1.6)], True)])
+    stage = ProvisionalStage(SpeakerTimeline([SpeakerSegment(0.0, 3.0, "Alice")]), lag=1.0,
+                             guess=SpeakerTimeline([SpeakerSegment(0.0, 0.85, "Alice"),
+                                                    SpeakerSegment(0.85, 1.22, "Bob"),
+                                                    SpeakerSegment(1.22, 3.0, "Alice")]))
+    channel = VoiceChannel(stt=stt, pipeline_speakers=True, diarizer=stage, speaker_wait=30.0)
+    kit = await voice_room(channel)
+    session = await channel.start_session("room", "mic-1")
+    watching = asyncio.create_task(_first_turn_within(kit, 30.0))
+    await stream(session, AUDIO[: int(1.6 * 16000)], 16000, speed=8.0)
+    assert await watching  # closed early on the provisional "Bob"
+    early = await kit.list_events("room")
+    assert [e.text for e in early] == ["Ship it?"]
+    await stream(session, AUDIO[int(1.6 * 16000) :], 16000, speed=8.0)
+    turns = await session.finish()
+    events = await kit.list_events("room")
+    assert [(e.id, e.metadata["sender_name"], e.text) for e in events] == [
+        (early[0].id, "Alice", "Ship it? No, wait.")]
+    assert events[0].metadata["corrected"] is True
+    assert events[0].metadata["end"] == 1.6
+    assert [t.text for t in turns] == ["Ship it? No, wait."]
+    assert session.corrections == 1

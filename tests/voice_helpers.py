@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import soundfile as sf
 from rooms import RoomKit
 from voice.channel import CommittedTurn, VoiceChannel, VoiceSession, pcm16_frames
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
+from voice.stt.base import RawEvent, RawFinalized, RawResult, RawWord, SttConnection, SttProvider
 
 MEETING_DIR = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
@@ -105,3 +107,65 @@ class DecidingStage(ScriptedStage):
     def feed(self, audio: np.ndarray) -> SpeakerTimeline:
         self.fed += len(audio)
         return self._clipped(0.0, self.fed / 16000 - self.lag)
+
+
+class ProvisionalStage(DecidingStage):
+    """Decides each frame `lag` seconds after hearing it, and says meanwhile who it thinks speaks
+    on the frames it heard but has not decided (the embedded live stage's `provisional()`): by
+    default what it will decide, or `guess`, a timeline of its own (a provisional view that the
+    decision will contradict)."""
+
+    def __init__(self, timeline: SpeakerTimeline, lag: float = 0.0,
+                 guess: SpeakerTimeline | None = None) -> None:
+        super().__init__(timeline, lag)
+        self.guess = guess
+
+    def provisional(self) -> SpeakerTimeline:
+        heard = self.fed / 16000
+        lo = max(0.0, heard - self.lag)
+        if self.guess is None:
+            return self._clipped(lo, heard)
+        return SpeakerTimeline([SpeakerSegment(max(s.start, lo), min(s.end, heard), s.speaker)
+                                for s in self.guess.segments if s.start < heard and s.end > lo])
+
+
+class UtteranceSTT(SttProvider):
+    """A local engine like Whisper, scripted: each final result (words in seconds, one speaker
+    id for all: it labels nobody apart) comes once the connection has heard audio up to its
+    time, as a closed utterance would."""
+
+    name = "scripted-utterances"
+    diarizes = False
+    keepalive_interval = None
+
+    def __init__(self, finals: list[tuple[float, list[tuple[str, float, float]], bool]]) -> None:
+        """`finals`: (audio time it is sent at, [(word, start, end)], speech_final)."""
+        self.finals = finals
+
+    async def connect(self) -> SttConnection:
+        return _UtteranceConnection(self.finals)
+
+
+class _UtteranceConnection(SttConnection):
+    def __init__(self, finals: list[tuple[float, list[tuple[str, float, float]], bool]]) -> None:
+        self.waiting = list(finals)
+        self.heard = 0.0
+        self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        self.heard += len(pcm16) / 2 / 16000
+        while self.waiting and self.waiting[0][0] <= self.heard + 1e-9:
+            _, words, speech_final = self.waiting.pop(0)
+            self.out.put_nowait(RawResult(tuple(RawWord(w, a, b) for w, a, b in words),
+                                          is_final=True, speech_final=speech_final,
+                                          audio_end=self.heard))
+
+    async def finalize(self) -> None:
+        self.out.put_nowait(RawFinalized())
+
+    async def close(self) -> None:
+        self.out.put_nowait(None)
+
+    async def events(self) -> AsyncIterator[RawEvent]:
+        while (event := await self.out.get()) is not None:
+            yield event

@@ -188,7 +188,12 @@ class VoiceSession:
         self._provisional: list[_Provisional] = []
         """Turns committed from interim words, waiting for the final that confirms them."""
         self.corrections = 0
-        """Early-committed turns the final results corrected."""
+        """Early-committed turns the final results corrected (and turns reopened because the
+        voice went on after an early end)."""
+        self._closed_early: CommittedTurn | None = None
+        """The last turn, when it was closed by a provisional voice change not yet decided."""
+        self._reopened: CommittedTurn | None = None
+        """A turn closed early whose voice went on: its run's commit updates it in place."""
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
         self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
@@ -482,11 +487,48 @@ class VoiceSession:
                 self._unassigned = self._unassigned[ready:]
                 if self._provisional:  # final words over early turns confirm or correct them
                     assigned = list(await self._settle_provisional(tuple(assigned)))
+                if assigned:
+                    self._reopen_if_voice_went_on(assigned[0])
                 self._pending.extend(assigned)
+            if self._unassigned and not force:
+                await self._close_on_voice_change()
         done = not self._unassigned and (self._end_of_speech or force)
         await self._emit_pending(force=done)
         if done:
             self._end_of_speech = False
+
+    async def _close_on_voice_change(self) -> None:
+        """Pipeline speakers (latency): the run waiting for its end is committed as soon as the
+        stage's provisional view hears another voice on the next word, instead of when the
+        stage has decided that word (0.9-1.4 s of audio after it). The run's own words already
+        have their speakers; only where it ends is provisional: if the decision then gives the
+        next word the run's voice after all, the turn is reopened (`_reopen_if_voice_went_on`)."""
+        if not (self.channel.provisional_changes and self._pending and self._unassigned):
+            return
+        both = self._with_provisional()
+        word = self._unassigned[0]
+        if both is None or _no_duration(word) or not _overlapped(both, word):
+            return
+        voice = both.speaker_over(word.start, word.end)
+        if voice is None or voice == self._pending[-1].speaker:
+            return
+        before = len(self.turns)
+        await self._emit_pending(force=True)
+        if len(self.turns) > before:
+            self._closed_early = self.turns[-1]
+
+    def _reopen_if_voice_went_on(self, first: Word) -> None:
+        """The stage decided the word after a turn closed early (`_close_on_voice_change`): if
+        it is the turn's voice and nothing was committed since, the turn goes on; its words go
+        back to the head of the waiting run, and committing that run updates the turn in place
+        (`corrected`) instead of posting a second turn of the same voice."""
+        closed, self._closed_early = self._closed_early, None
+        if closed is None or self._pending or not self.turns or self.turns[-1] is not closed:
+            return
+        if first.speaker != closed.transcription.speaker:
+            return  # the change was real
+        self._pending = list(closed.transcription.words)
+        self._reopened = closed
 
     def _with_provisional(self) -> SpeakerTimeline | None:
         """The decided timeline plus the stage's provisional speakers of the frames it has not
@@ -519,11 +561,42 @@ class VoiceSession:
         self._pending = [] if force else list(runs[-1].words)
         for run in done:
             try:
+                if self._reopened is not None:
+                    await self._extend_reopened(run)
+                    continue
                 await self._commit(run)
             except Exception:
                 # Fail closed: a hook that raises may have been the one that blocks this turn.
                 log.exception("voice session %s: a turn was dropped because committing it failed",
                               self.id)
+
+    async def _extend_reopened(self, run: SpeakerTurn) -> None:
+        """Commit the run that a reopened turn began: the turn is updated in place with it."""
+        turn, self._reopened = self._reopened, None
+        assert turn is not None
+        kit = self.channel.require_kit()
+        before = turn.transcription
+        words = run.words
+        text = join_words(w.text for w in words)
+        if before.text != join_words(w.text for w in before.words):
+            # a hook edited the turn's text: keep the edit, add the words that followed
+            text = join_words([before.text, *(w.text for w in words[len(before.words):])])
+        metadata = dict(turn.event.metadata)
+        metadata["corrected"] = True
+        metadata.update(VoiceTurn(before.speaker, words[0].start, words[-1].end,
+                                  self.id).metadata())
+        log.info("voice session %s: the voice went on after an early end: %r -> %r",
+                 self.id, before.text, text)
+        try:
+            updated = await kit.update_event(self.room_id, turn.event.id,
+                                             content=TextContent(body=text), metadata=metadata)
+        except KeyError:  # the room dropped it meanwhile
+            return
+        self.corrections += 1
+        grown = replace(before, text=text, words=words, start=words[0].start, end=words[-1].end)
+        # its end moved: the turn as finally shown arrived now (latency counts from here)
+        fixed = CommittedTurn(updated, grown, asyncio.get_running_loop().time())
+        self.turns = [fixed if t is turn else t for t in self.turns]
 
     async def _commit(self, run: SpeakerTurn) -> None:
         kit = self.channel.require_kit()
@@ -700,6 +773,7 @@ class VoiceChannel(Channel):
         on_status: StatusCallback | None = None,
         early_commit: bool = True,
         provisional_speakers: bool = True,
+        provisional_changes: bool = True,
     ) -> None:
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None:
@@ -732,6 +806,10 @@ class VoiceChannel(Channel):
         self.provisional_speakers = provisional_speakers
         """Pipeline speakers: a word the stage has not decided yet takes the stage's provisional
         speaker at once when that continues the voice before it (latency)."""
+        self.provisional_changes = provisional_changes
+        """Pipeline speakers: a turn is committed as soon as the stage's provisional view hears
+        another voice on the next word (reopened in place if the decision says the voice went
+        on), instead of when the stage has decided that word (latency)."""
         self._sessions: dict[str, VoiceSession] = {}
         self._playing_until: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()

@@ -91,6 +91,7 @@ async def transcribe_audio(
     early_commit: bool = True,
     speaker_wait: float | None = None,
     provisional_speakers: bool = True,
+    provisional_changes: bool = True,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -105,7 +106,8 @@ async def transcribe_audio(
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
     channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer,
-                           early_commit=early_commit, provisional_speakers=provisional_speakers)
+                           early_commit=early_commit, provisional_speakers=provisional_speakers,
+                           provisional_changes=provisional_changes)
     if speaker_wait is not None:
         channel.speaker_wait = speaker_wait
     kit.register_channel(channel)
