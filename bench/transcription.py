@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-provisional-speakers", action="store_true",
                         help="pipeline speakers: every word waits for the stage's decided speaker "
                              "(the behaviour before provisional speakers)")
+    parser.add_argument("--no-voice-change-cuts", action="store_true",
+                        help="Whisper with pipeline speakers: do not end an utterance where the "
+                             "stage decided the voice changes (wait for a pause or the cap)")
     parser.add_argument("--no-provisional-changes", action="store_true",
                         help="pipeline speakers: a turn waits for the stage to decide the next "
                              "voice's first word (the behaviour before a provisional voice change "
@@ -185,6 +188,8 @@ def _stt(args: argparse.Namespace) -> Any:
         options["max_utterance"] = args.max_utterance
     if args.encoder_window is not None:
         options["encoder_window"] = args.encoder_window
+    if args.no_voice_change_cuts:
+        options["cut_at_voice_changes"] = False
     stt = WhisperSTT(args.whisper_model, **options)
     stt.model()  # load before timing: the RTF measures transcription, not the model load
     return stt

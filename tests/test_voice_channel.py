@@ -15,6 +15,7 @@ from models import RoomEvent
 from rooms import HookContext, HookResult, HookTrigger, RoomKit
 from server.testing.harness import eventually
 from tests.voice_helpers import (
+    DecidingStage,
     ProvisionalStage,
     ScriptedStage,
     UtteranceSTT,
@@ -531,3 +532,24 @@ async def test_V5_a_turn_ended_early_goes_on_in_place_when_the_voice_went_on() -
     assert events[0].metadata["end"] == 1.6
     assert [t.text for t in turns] == ["Ship it? No, wait."]
     assert session.corrections == 1
+
+
+async def test_V5_the_stt_is_told_where_the_stage_decided_one_voice_gave_way_to_another() -> None:
+    """Issue 10 (latency): where the stage has decided that one voice ended while another goes
+    on (overlapping, or after a pause too short to end the utterance), the STT is told once, at
+    the first voice's end, so Whisper can end its utterance there. A short voice inside a longer
+    one (a backchannel), a long pause, and what is not decided yet are not changes."""
+    stt = UtteranceSTT([])
+    stage = DecidingStage(SpeakerTimeline([
+        SpeakerSegment(0.0, 1.6, "Alice"), SpeakerSegment(1.3, 3.0, "Bob"),  # handover at 1.6
+        SpeakerSegment(1.8, 2.2, "Alice"),  # Alice's backchannel inside Bob's turn
+        SpeakerSegment(3.8, 5.0, "Alice"),  # after a 0.8 s pause: the VAD's to cut
+        SpeakerSegment(4.9, 5.8, "Bob"),  # Alice's end at 5.0: decided only after 6.0 s
+    ]), lag=1.0)
+    channel = VoiceChannel(stt=stt, pipeline_speakers=True, diarizer=stage)
+    await voice_room(channel)
+    session = await channel.start_session("room", "mic-1")
+    await stream(session, np.zeros(int(5.6 * 16000), np.float32), 16000, speed=8.0)
+    await eventually(lambda: stage.fed == int(5.6 * 16000), 30, "the stage heard the stream")
+    assert stt.voice_changes == [1.6]
+    await session.finish()

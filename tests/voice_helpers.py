@@ -141,16 +141,23 @@ class UtteranceSTT(SttProvider):
     def __init__(self, finals: list[tuple[float, list[tuple[str, float, float]], bool]]) -> None:
         """`finals`: (audio time it is sent at, [(word, start, end)], speech_final)."""
         self.finals = finals
+        self.voice_changes: list[float] = []
+        """Where the channel said the stage decided a voice change (connection seconds)."""
 
     async def connect(self) -> SttConnection:
-        return _UtteranceConnection(self.finals)
+        return _UtteranceConnection(self.finals, self.voice_changes)
 
 
 class _UtteranceConnection(SttConnection):
-    def __init__(self, finals: list[tuple[float, list[tuple[str, float, float]], bool]]) -> None:
+    def __init__(self, finals: list[tuple[float, list[tuple[str, float, float]], bool]],
+                 voice_changes: list[float]) -> None:
         self.waiting = list(finals)
         self.heard = 0.0
+        self.voice_changes = voice_changes
         self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
+
+    def voice_change(self, at: float) -> None:
+        self.voice_changes.append(at)
 
     async def send_audio(self, pcm16: bytes) -> None:
         self.heard += len(pcm16) / 2 / 16000

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import uuid
 from collections import deque
@@ -203,6 +204,8 @@ class VoiceSession:
         """The stage's provisional speakers of the frames it has heard but not decided (a stage
         with a `provisional()` method, like the embedded live stage); empty otherwise."""
         self._fed = 0
+        self._change_told = 0.0
+        """Session time of the last decided voice change told to the STT stream."""
         self._diar_task: asyncio.Task[None] | None = None
         self._diar_wake = asyncio.Event()
         self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
@@ -687,6 +690,31 @@ class VoiceSession:
             first = self._unassigned[0].start if self._unassigned else self.stt.final_until
             since = min(first, self.stt.final_until) - _TIMELINE_KEPT
             self._timeline, self._undecided = await asyncio.to_thread(_feed, stage, chunk, since)
+            self._tell_voice_changes()
+
+    def _tell_voice_changes(self) -> None:
+        """Tell the STT stream where the stage has *decided* that one voice ended and another
+        goes on (they overlap, or the pause between them is too short for the VAD to end the
+        utterance), once per change: a local engine (Whisper) ends its utterance there, so the
+        turn before the change is decoded then instead of at the next pause or the utterance
+        cap (latency). Only decided segments count (the provisional view flickers: cutting at
+        it split sentences of one voice, docs/benchmarks.md "Turn latency, third pass"), only
+        voices heard `_CHANGE_MIN_VOICE` each, and only where the first voice's segment ended
+        before the second's (a short voice inside a longer one is no handover)."""
+        told = self._change_told
+        heard = sorted((s for s in self._timeline.segments
+                        if s.end > told and s.duration >= _CHANGE_MIN_VOICE),
+                       key=lambda s: (s.start, s.end))
+        for before, after in itertools.pairwise(heard):
+            if after.speaker == before.speaker or after.start - before.end > _CHANGE_MAX_GAP:
+                continue
+            if after.end <= before.end:
+                continue  # the second voice ended first: the first one goes on
+            at = max(before.end, (before.end + after.start) / 2)
+            if at > told:
+                self.stt.voice_change(at)
+                told = at
+        self._change_told = told
 
 
 def _feed(stage: DiarizationStage, chunk: FloatAudio,
@@ -704,6 +732,12 @@ def _feed(stage: DiarizationStage, chunk: FloatAudio,
 
 
 _NOBODY = object()
+_CHANGE_MIN_VOICE = 0.3
+"""Seconds: a decided voice change is told to the STT only when the stage heard each voice at
+least this long."""
+_CHANGE_MAX_GAP = 0.3
+"""Seconds between one voice's end and the next one's start that make a change inside one
+utterance (a longer pause ends the utterance anyway)."""
 _TIMELINE_KEPT = 10.0
 """Seconds of the stage's decided timeline kept before the earliest word still to be placed."""
 _SAME_TIME = 0.05

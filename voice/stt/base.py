@@ -122,6 +122,12 @@ class SttConnection(abc.ABC):
         with contextlib.suppress(Exception):
             await self.close()
 
+    def voice_change(self, at: float) -> None:  # noqa: B027 - optional: only local engines cut
+        """A diarization stage decided that one voice gives way to another at `at` (seconds of
+        connection time). A provider that cuts its own utterances (Whisper) may end the one in
+        progress there, so the words before the change are decoded without waiting for the
+        next pause; a streaming provider ignores it."""
+
 
 class SttProvider(abc.ABC):
     """A speech-to-text engine behind one interface (rule S3)."""
@@ -305,6 +311,16 @@ class SttStream:
         """Queue 16 kHz mono float32 audio (it is logged in `audio` and sent in order)."""
         self.audio.append(samples)
         self._audio_ready.set()
+
+    def voice_change(self, at: float) -> None:
+        """Pass a decided voice change at `at` (session seconds) on to the live connection, in
+        its own time (`SttConnection.voice_change`)."""
+        current = self._current
+        if current is None or current.dropped:
+            return
+        local = at - current.offset_samples / STT_SAMPLE_RATE
+        if local > 0:
+            current.conn.voice_change(local)
 
     async def flush(self, wait_seconds: float = 30.0) -> None:
         """Send what is queued, ask for everything to be final, and wait for the answer. A

@@ -9,7 +9,11 @@ Latency (issue 10): a turn's words come back only when its utterance closes, so 
 capped at `max_utterance` (4 s; it was 8 s: a turn ending inside a long utterance waited for the
 rest of it). A capped utterance is cut at the quietest VAD frame of its last second (most often
 a gap between words), not at the cap itself, so the cap costs few split words. Whisper labels no speakers:
-speakers come from a diarization stage (`pipeline_speakers=True`, rule V5).
+speakers come from a diarization stage (`pipeline_speakers=True`, rule V5). Where that stage
+has *decided* that one voice ended while another goes on without a pause (overlapping speech at
+a turn change), the voice channel says so (`voice_change`) and the utterance is cut at the
+quietest frame within 0.3 s of it: the turn before the change is decoded then, not at the next
+pause or the cap, and the piece is not the end of speech (the next voice goes on).
 
 Decoding cost (issue 10): Whisper's encoder is trained on 30 s windows and faster-whisper always
 pads to one, so every decode paid for 30 s of encoder whatever the utterance's length (0.75-0.95
@@ -60,6 +64,15 @@ _TRANSCRIBE_LOCKS: dict[int, threading.Lock] = {}
 CUT_SEARCH_FRAMES = 31
 """VAD frames (32 ms each: about the last second) searched for the quietest point when an
 utterance reaches `max_utterance`."""
+CHANGE_SEARCH = 0.3
+"""Seconds each side of a decided voice change searched for the quietest VAD frame to cut the
+utterance at (the stage places a change within a word or two)."""
+CHANGE_PAD = 0.1
+"""Seconds of audio after a voice-change cut that the piece before it still hears (pause and cap
+cuts hear `pad`): less, so the next voice's first word is not decoded twice."""
+MIN_PIECE = 0.5
+"""Seconds: a voice change closer than this to the utterance's start cuts nothing (Whisper makes
+things up on very short pieces)."""
 
 
 def default_model_path() -> str:
@@ -114,6 +127,8 @@ class Utterance:
     """Seconds from the connection's first sample."""
     audio: FloatAudio
     finalize: bool = False
+    speech_final: bool = True
+    """False for a piece cut at a voice change while speech goes on (the next voice's)."""
 
 
 class WhisperSTT(SttProvider):
@@ -138,6 +153,7 @@ class WhisperSTT(SttProvider):
         encoder_window: float | None = 10.0,
         temperature: float = 0.0,
         max_tokens_per_second: float | None = 8.0,
+        cut_at_voice_changes: bool = True,
     ) -> None:
         self.model_name = model
         self.language = language
@@ -153,6 +169,9 @@ class WhisperSTT(SttProvider):
         self.temperature = temperature
         self.max_tokens_per_second = max_tokens_per_second
         """Decoded tokens allowed per second of audio (plus 8); None: no cap."""
+        self.cut_at_voice_changes = cut_at_voice_changes
+        """End the utterance in progress where a diarization stage decided the voice changes
+        (`SttConnection.voice_change`), so the turn before the change is decoded then."""
         self._model: Any = None
 
     def describe(self) -> str:
@@ -226,8 +245,11 @@ class WhisperConnection(SttConnection):
         self.speech_start: int | None = None
         self.last_speech: int = 0
         self.frames_scored = 0
-        self.recent: deque[tuple[int, float]] = deque(maxlen=CUT_SEARCH_FRAMES)
-        """(sample index, speech probability) of the latest frames of the utterance in progress."""
+        self.recent: deque[tuple[int, float]] = deque(maxlen=self._recent_frames())
+        """(sample index, speech probability) of the frames of the utterance in progress."""
+        self.changes: list[int] = []
+        """Decided voice changes (sample index) waiting for the VAD to score the frames around
+        them."""
         self.queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
         self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
         self.worker = asyncio.create_task(self._work())
@@ -239,6 +261,40 @@ class WhisperConnection(SttConnection):
         self.total += len(audio)
         probs = await asyncio.to_thread(self.vad.accept, audio)
         self._advance(probs)
+
+    def _recent_frames(self) -> int:
+        return int(self.provider.max_utterance * STT_SAMPLE_RATE) // self.frame + CUT_SEARCH_FRAMES
+
+    def voice_change(self, at: float) -> None:
+        """Cut the utterance in progress at the quietest frame near `at` (once the frames around
+        it are scored), so the words before the change come back without waiting for a pause."""
+        if self.provider.cut_at_voice_changes and not self.closed:
+            self.changes.append(round(at * STT_SAMPLE_RATE))
+            self.changes.sort()
+            self._apply_changes()
+
+    def _apply_changes(self) -> None:
+        search = round(CHANGE_SEARCH * STT_SAMPLE_RATE)
+        heard = self.frames_scored * self.frame
+        while self.changes and self.changes[0] + search <= heard:
+            self._cut_at_change(self.changes.pop(0), search)
+
+    def _cut_at_change(self, at: int, search: int) -> None:
+        start = self.speech_start
+        if start is None or at <= start:
+            return  # between utterances, or before this one: a pause cut there already
+        lo = max(at - search, start + round(MIN_PIECE * STT_SAMPLE_RATE))
+        frames = [(a, q) for a, q in self.recent if lo <= a and a + self.frame <= at + search]
+        if not frames:
+            return
+        quietest, _ = min(frames, key=lambda item: (item[1], abs(item[0] - at)))
+        cut = quietest + self.frame // 2
+        goes_on = self.last_speech > cut
+        self._cut(start, cut, end_pad=CHANGE_PAD, speech_final=not goes_on)
+        if goes_on:
+            self.speech_start = cut  # the next voice's words: an utterance of their own
+        self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
+                            maxlen=self._recent_frames())
 
     def _advance(self, probs: npt.NDArray[np.float32]) -> None:
         p = self.provider
@@ -265,7 +321,9 @@ class WhisperConnection(SttConnection):
                     self.speech_start = cut
                     self.last_speech = at + self.frame
                     self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
-                                        maxlen=CUT_SEARCH_FRAMES)
+                                        maxlen=self._recent_frames())
+        if self.changes:
+            self._apply_changes()
         if self.speech_start is None:
             self._trim(self.total - int(p.pad * STT_SAMPLE_RATE))
 
@@ -274,17 +332,20 @@ class WhisperConnection(SttConnection):
         frame (ties: the latest), or the cap when no frame was scored."""
         if not self.recent:
             return cap
-        at, _ = min(reversed(self.recent), key=lambda item: item[1])
+        latest = list(self.recent)[-CUT_SEARCH_FRAMES:]
+        at, _ = min(reversed(latest), key=lambda item: item[1])
         return at + self.frame // 2
 
-    def _cut(self, start: int, end: int, *, finalize: bool = False) -> None:
+    def _cut(self, start: int, end: int, *, finalize: bool = False,
+             end_pad: float | None = None, speech_final: bool = True) -> None:
         pad = int(self.provider.pad * STT_SAMPLE_RATE)
+        after = pad if end_pad is None else int(end_pad * STT_SAMPLE_RATE)
         a = max(start - pad, self.first_kept)
-        b = min(end + pad, self.total)
+        b = min(end + after, self.total)
         audio = self.kept[a - self.first_kept : b - self.first_kept].copy()
         self.speech_start = None
         if len(audio) >= int(0.1 * STT_SAMPLE_RATE) or finalize:
-            self.queue.put_nowait(Utterance(a / STT_SAMPLE_RATE, audio, finalize))
+            self.queue.put_nowait(Utterance(a / STT_SAMPLE_RATE, audio, finalize, speech_final))
         self._trim(end)
 
     def _trim(self, upto: int) -> None:
@@ -325,7 +386,7 @@ class WhisperConnection(SttConnection):
                                   len(item.audio) / STT_SAMPLE_RATE, item.start)
             if words or item.finalize:
                 self.out.put_nowait(RawResult(
-                    words, is_final=True, speech_final=True,
+                    words, is_final=True, speech_final=item.speech_final or item.finalize,
                     audio_end=item.start + len(item.audio) / STT_SAMPLE_RATE))
             if item.finalize:
                 self.out.put_nowait(RawFinalized())
