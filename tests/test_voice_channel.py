@@ -553,3 +553,22 @@ async def test_V5_the_stt_is_told_where_the_stage_decided_one_voice_gave_way_to_
     await eventually(lambda: stage.fed == int(5.6 * 16000), 30, "the stage heard the stream")
     assert stt.voice_changes == [1.6]
     await session.finish()
+
+
+async def test_V5_a_turn_cut_at_a_decided_handover_does_not_wait_for_the_next_piece() -> None:
+    """Issue 10: Whisper cut its utterance where the stage decided Alice handed over to Bob (a
+    piece that is not the end of speech: Bob talks on). Alice's run is the piece's last, and
+    nothing follows it until Bob's piece is decoded (seconds later); the decided handover right
+    after her last word closes her turn now."""
+    stt = UtteranceSTT([(1.7, SHIP_IT_NO[:2], False), (9.0, [("No,", 1.7, 2.0)], True)])
+    stage = DecidingStage(SpeakerTimeline([SpeakerSegment(0.0, 0.8, "Alice"),
+                                           SpeakerSegment(0.8, 8.0, "Bob")]), lag=1.0)
+    channel = VoiceChannel(stt=stt, pipeline_speakers=True, diarizer=stage, speaker_wait=30.0)
+    kit = await voice_room(channel)
+    session = await channel.start_session("room", "mic-1")
+    watching = asyncio.create_task(_first_turn_within(kit, 30.0))
+    await stream(session, np.zeros(int(3.0 * 16000), np.float32), 16000, speed=8.0)
+    assert await watching  # before Bob's piece (at 9 s of audio) was decoded
+    assert stt.voice_changes == [0.8]
+    assert [e.text for e in await kit.list_events("room")] == ["Ship it?"]
+    await session.finish()

@@ -206,6 +206,8 @@ class VoiceSession:
         self._fed = 0
         self._change_told = 0.0
         """Session time of the last decided voice change told to the STT stream."""
+        self._handovers: deque[tuple[float, str]] = deque(maxlen=8)
+        """The latest decided handovers: (where the voice ended, whose voice it was)."""
         self._diar_task: asyncio.Task[None] | None = None
         self._diar_wake = asyncio.Event()
         self._feed_lock = asyncio.Lock()  # the stage hears its audio once, in order
@@ -495,6 +497,8 @@ class VoiceSession:
                 self._pending.extend(assigned)
             if self._unassigned and not force:
                 await self._close_on_voice_change()
+        if self._diarizer is not None and self._handovers and not self._unassigned and not force:
+            await self._close_at_handover()
         done = not self._unassigned and (self._end_of_speech or force)
         await self._emit_pending(force=done)
         if done:
@@ -659,7 +663,8 @@ class VoiceSession:
             self._diar_wake.clear()
             while self.audio.total - self._fed >= step:
                 await self._feed_stage(stage, self.audio.total)
-                if self._unassigned:  # words waiting for the stage to place them
+                if self._unassigned or (self._pending and self._handovers):
+                    # words waiting for the stage to place them, or a run it may have ended
                     async with self._lock:
                         await self._advance(force=False)
 
@@ -713,8 +718,21 @@ class VoiceSession:
             at = max(before.end, (before.end + after.start) / 2)
             if at > told:
                 self.stt.voice_change(at)
+                self._handovers.append((at, before.speaker))
                 told = at
         self._change_told = told
+
+    async def _close_at_handover(self) -> None:
+        """The waiting run is over when the stage decided its voice handed over to another
+        right after its last word: a piece of an utterance cut at that handover is not the end
+        of speech (the next voice goes on), and the run must not wait for the next piece's
+        words (seconds, when the next voice talks on) to learn that its voice changed."""
+        if not self._pending:
+            return
+        last = self._pending[-1]
+        if any(voice == last.speaker and last.end <= at + _CHANGE_MAX_GAP
+               and last.end >= at - _HANDOVER_REACH for at, voice in self._handovers):
+            await self._emit_pending(force=True)
 
 
 def _feed(stage: DiarizationStage, chunk: FloatAudio,
@@ -738,6 +756,9 @@ least this long."""
 _CHANGE_MAX_GAP = 0.3
 """Seconds between one voice's end and the next one's start that make a change inside one
 utterance (a longer pause ends the utterance anyway)."""
+_HANDOVER_REACH = 1.5
+"""Seconds before a decided handover within which a run's last word must end for the handover
+to close it (its voice's last words; an older run is some other turn's)."""
 _TIMELINE_KEPT = 10.0
 """Seconds of the stage's decided timeline kept before the earliest word still to be placed."""
 _SAME_TIME = 0.05
