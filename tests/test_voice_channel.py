@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -26,7 +25,6 @@ from tests.voice_helpers import (
 from voice.audio import FrameSizeError, UnsupportedEncodingError, float_to_pcm16
 from voice.channel import SpeakerChangeEvent, TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
-from voice.stt.base import RawEvent, RawFinalized, SttConnection, SttProvider
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer, ScriptedWords, SpokenWord
 
@@ -410,33 +408,6 @@ async def test_V10_a_failing_hook_drops_its_turn_only() -> None:
     assert len(server.connections) == 1  # not mistaken for a dropped STT connection
 
 
-class SilentSTT(SttProvider):
-    """A local engine that hears no words (answers `finalize` and nothing else)."""
-
-    name = "silent"
-    diarizes = False
-    keepalive_interval = None
-
-    async def connect(self) -> SttConnection:
-        class Connection(SttConnection):
-            def __init__(self) -> None:
-                self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
-
-            async def send_audio(self, pcm16: bytes) -> None: ...
-
-            async def finalize(self) -> None:
-                self.out.put_nowait(RawFinalized())
-
-            async def close(self) -> None:
-                self.out.put_nowait(None)
-
-            async def events(self) -> AsyncIterator[RawEvent]:
-                while (event := await self.out.get()) is not None:
-                    yield event
-
-        return Connection()
-
-
 async def test_a_finished_session_frees_its_audio_without_waiting_for_the_collector() -> None:
     """Issue 10 (soak): a finished session sits in reference cycles (its STT stream calls back
     into it), so its audio log (about 5 MB a meeting) waited for a full garbage collection,
@@ -444,7 +415,7 @@ async def test_a_finished_session_frees_its_audio_without_waiting_for_the_collec
     import gc
     import weakref
 
-    channel = VoiceChannel(stt=SilentSTT())
+    channel = VoiceChannel(stt=UtteranceSTT([]))  # a local engine that hears no words
     await voice_room(channel)
     session = await channel.start_session("room", "mic-1")
     await stream(session, AUDIO, 16000, speed=0)
