@@ -424,28 +424,37 @@ class VoiceSession:
             return
         final = early.turn.words[: early.final_lead] + confirmed  # the lead was final already
         self.corrections += 1
-        kit = self.channel.require_kit()
-        event = early.committed.event
-        metadata = dict(event.metadata)
-        metadata["corrected"] = True
         if not confirmed:
             # The final heard none of it (interim words it dropped): keep the text, say so.
-            metadata["unconfirmed"] = True
             final = early.turn.words
-        metadata.update(VoiceTurn(early.turn.speaker, final[0].start, final[-1].end,
-                                  self.id).metadata())
         text = join_words(w.text for w in final)
         log.info("voice session %s: the final result corrected an early turn: %r -> %r",
                  self.id, early.turn.text, text)
+        await self._update_turn(early.committed, text, final, unconfirmed=not confirmed)
+
+    async def _update_turn(self, turn: CommittedTurn, text: str, words: tuple[Word, ...], *,
+                           unconfirmed: bool = False, settled_now: bool = False) -> bool:
+        """Replace a committed turn in place (`kit.update_event`, metadata `corrected: true`
+        and the words' times) with `text` and `words`; every channel of the room is told.
+        `settled_now`: the turn as finally shown arrived now (its end moved), so its
+        `committed_at` becomes now. False when the room dropped the event meanwhile."""
+        metadata = dict(turn.event.metadata)
+        metadata["corrected"] = True
+        if unconfirmed:
+            metadata["unconfirmed"] = True
+        metadata.update(VoiceTurn(turn.transcription.speaker, words[0].start, words[-1].end,
+                                  self.id).metadata())
         try:
-            updated = await kit.update_event(self.room_id, event.id, content=TextContent(body=text),
-                                             metadata=metadata)
+            updated = await self.channel.require_kit().update_event(
+                self.room_id, turn.event.id, content=TextContent(body=text), metadata=metadata)
         except KeyError:  # the room dropped it meanwhile
-            return
-        transcription = replace(early.committed.transcription, text=text, words=final,
-                                start=final[0].start, end=final[-1].end)
-        fixed = CommittedTurn(updated, transcription, early.committed.committed_at)
-        self.turns = [fixed if t is early.committed else t for t in self.turns]
+            return False
+        transcription = replace(turn.transcription, text=text, words=words,
+                                start=words[0].start, end=words[-1].end)
+        committed_at = asyncio.get_running_loop().time() if settled_now else turn.committed_at
+        fixed = CommittedTurn(updated, transcription, committed_at)
+        self.turns = [fixed if t is turn else t for t in self.turns]
+        return True
 
     async def _commit_quietly(self, run: SpeakerTurn) -> CommittedTurn | None:
         before = len(self.turns)
@@ -581,29 +590,17 @@ class VoiceSession:
         """Commit the run that a reopened turn began: the turn is updated in place with it."""
         turn, self._reopened = self._reopened, None
         assert turn is not None
-        kit = self.channel.require_kit()
         before = turn.transcription
         words = run.words
         text = join_words(w.text for w in words)
         if before.text != join_words(w.text for w in before.words):
             # a hook edited the turn's text: keep the edit, add the words that followed
             text = join_words([before.text, *(w.text for w in words[len(before.words):])])
-        metadata = dict(turn.event.metadata)
-        metadata["corrected"] = True
-        metadata.update(VoiceTurn(before.speaker, words[0].start, words[-1].end,
-                                  self.id).metadata())
         log.info("voice session %s: the voice went on after an early end: %r -> %r",
                  self.id, before.text, text)
-        try:
-            updated = await kit.update_event(self.room_id, turn.event.id,
-                                             content=TextContent(body=text), metadata=metadata)
-        except KeyError:  # the room dropped it meanwhile
-            return
-        self.corrections += 1
-        grown = replace(before, text=text, words=words, start=words[0].start, end=words[-1].end)
         # its end moved: the turn as finally shown arrived now (latency counts from here)
-        fixed = CommittedTurn(updated, grown, asyncio.get_running_loop().time())
-        self.turns = [fixed if t is turn else t for t in self.turns]
+        if await self._update_turn(turn, text, words, settled_now=True):
+            self.corrections += 1
 
     async def _commit(self, run: SpeakerTurn) -> None:
         kit = self.channel.require_kit()
@@ -730,8 +727,12 @@ class VoiceSession:
         if not self._pending:
             return
         last = self._pending[-1]
-        if any(voice == last.speaker and last.end <= at + _CHANGE_MAX_GAP
-               and last.end >= at - _HANDOVER_REACH for at, voice in self._handovers):
+        # a handover the waiting run already outlasts closes neither it nor a later run (runs
+        # end later and later): forget it, so a stream does not re-check it every step
+        while self._handovers and self._handovers[0][0] + _CHANGE_MAX_GAP < last.end:
+            self._handovers.popleft()
+        if any(voice == last.speaker and last.end >= at - _HANDOVER_REACH
+               for at, voice in self._handovers):
             await self._emit_pending(force=True)
 
 

@@ -265,6 +265,11 @@ class WhisperConnection(SttConnection):
     def _recent_frames(self) -> int:
         return int(self.provider.max_utterance * STT_SAMPLE_RATE) // self.frame + CUT_SEARCH_FRAMES
 
+    def _forget_frames_before(self, cut: int) -> None:
+        """The utterance goes on from `cut`: only its frames from there can be cut at again."""
+        self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
+                            maxlen=self._recent_frames())
+
     def voice_change(self, at: float) -> None:
         """Cut the utterance in progress at the quietest frame near `at` (once the frames around
         it are scored), so the words before the change come back without waiting for a pause."""
@@ -293,8 +298,7 @@ class WhisperConnection(SttConnection):
         self._cut(start, cut, end_pad=CHANGE_PAD, speech_final=not goes_on)
         if goes_on:
             self.speech_start = cut  # the next voice's words: an utterance of their own
-        self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
-                            maxlen=self._recent_frames())
+        self._forget_frames_before(cut)
 
     def _advance(self, probs: npt.NDArray[np.float32]) -> None:
         p = self.provider
@@ -320,8 +324,7 @@ class WhisperConnection(SttConnection):
                     self._cut(self.speech_start, cut)
                     self.speech_start = cut
                     self.last_speech = at + self.frame
-                    self.recent = deque(((a, q) for a, q in self.recent if a >= cut),
-                                        maxlen=self._recent_frames())
+                    self._forget_frames_before(cut)
         if self.changes:
             self._apply_changes()
         if self.speech_start is None:
