@@ -145,6 +145,19 @@ def speaker_changes(timeline: SpeakerTimeline) -> int:
     return sum(1 for a, b in itertools.pairwise(speakers) if a != b)
 
 
+def settings_with(items: list[str]) -> Any:
+    """The live defaults (`diarization.live.LiveSettings`) with `KEY=VALUE` overrides; a
+    ValueError names an unknown key or a bad value."""
+    from diarization.live import LiveSettings
+
+    base = LiveSettings()
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        overrides[key] = parse_value(base, key, value)
+    return replace(base, **overrides)
+
+
 def parse_value(settings: Any, key: str, value: str) -> Any:
     kinds = {f.name: f.type for f in fields(settings)}
     if key not in kinds:
@@ -207,18 +220,13 @@ def streams_cpu(recordings: list[Recording], settings: Any, counts: list[int],
 
 
 def run(args: argparse.Namespace) -> int:
-    from diarization.live import LiveSettings, ModelService
+    from diarization.live import ModelService
     from diarization.live_models import default_live_models
     from diarization.scoring import DerScore
 
     dirs = list(args.dirs) or [FIXTURES / d for d in DEFAULT_DIRS]
     try:
-        base = LiveSettings()
-        overrides = {}
-        for item in args.set:
-            key, _, value = item.partition("=")
-            overrides[key] = parse_value(base, key, value)
-        base = replace(base, **overrides)
+        base = settings_with(args.set)
         grid_axes: list[tuple[str, list[Any]]] = []
         for item in args.grid:
             key, _, values = item.partition("=")

@@ -146,23 +146,15 @@ SLOWEST_KEPT = 5
 
 def _embedded_stage(args: argparse.Namespace) -> Any:
     """The embedded stage with `--live-set` overrides of its live settings."""
-    from dataclasses import replace
-
-    from bench.diarization_live import parse_value
+    from bench.diarization_live import settings_with
     from diarization.embedded import EmbeddedStage
-    from diarization.live import LiveSettings
 
     if args.diarizer != "embedded":
         raise SystemExit("--live-set is for the embedded stage")
-    base = LiveSettings()
-    overrides: dict[str, Any] = {}
-    for item in args.live_set:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = parse_value(base, key, value)
-        except ValueError as exc:
-            raise SystemExit(f"--live-set {item}: {exc}") from exc
-    return EmbeddedStage(live=replace(base, **overrides))
+    try:
+        return EmbeddedStage(live=settings_with(args.live_set))
+    except ValueError as exc:
+        raise SystemExit(f"--live-set: {exc}") from exc
 
 
 def _local_deepgram(audio_dir: Path) -> str:

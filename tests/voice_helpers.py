@@ -100,9 +100,12 @@ class DecidingStage(ScriptedStage):
     """Decides each frame `lag` seconds after hearing it (as the embedded live stage does, about
     a second late), instead of a whole segment once it has ended."""
 
-    def _clipped(self, lo: float, hi: float) -> SpeakerTimeline:
+    def _clipped(self, lo: float, hi: float,
+                 timeline: SpeakerTimeline | None = None) -> SpeakerTimeline:
+        """`timeline` (default: the stage's own) between `lo` and `hi` seconds."""
         return SpeakerTimeline([SpeakerSegment(max(s.start, lo), min(s.end, hi), s.speaker)
-                                for s in self.timeline.segments if s.start < hi and s.end > lo])
+                                for s in (timeline or self.timeline).segments
+                                if s.start < hi and s.end > lo])
 
     def feed(self, audio: np.ndarray) -> SpeakerTimeline:
         self.fed += len(audio)
@@ -122,11 +125,7 @@ class ProvisionalStage(DecidingStage):
 
     def provisional(self) -> SpeakerTimeline:
         heard = self.fed / 16000
-        lo = max(0.0, heard - self.lag)
-        if self.guess is None:
-            return self._clipped(lo, heard)
-        return SpeakerTimeline([SpeakerSegment(max(s.start, lo), min(s.end, heard), s.speaker)
-                                for s in self.guess.segments if s.start < heard and s.end > lo])
+        return self._clipped(max(0.0, heard - self.lag), heard, self.guess)
 
 
 class UtteranceSTT(SttProvider):
