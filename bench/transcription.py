@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from voice.assembler import TurnPolicy
+
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
 
@@ -187,6 +189,15 @@ def _stt(args: argparse.Namespace) -> Any:
     return stt
 
 
+def _policy(args: argparse.Namespace) -> TurnPolicy:
+    """The turn rules: the defaults (or `--config`'s `[voice]`), with the flags' overrides."""
+    base = TurnPolicy()
+    return TurnPolicy(early_commit=base.early_commit and not args.no_early_commit,
+                      provisional_speakers=base.provisional_speakers and not args.no_provisional_speakers,
+                      provisional_changes=base.provisional_changes and not args.no_provisional_changes,
+                      speaker_wait=base.speaker_wait if args.speaker_wait is None else args.speaker_wait)
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -230,10 +241,7 @@ def run(args: argparse.Namespace) -> int:
                                               pipeline_speakers=args.pipeline_speakers,
                                               diarizer=diarizer,
                                               refine_speakers=args.refine_speakers,
-                                              early_commit=not args.no_early_commit,
-                                              speaker_wait=args.speaker_wait,
-                                              provisional_speakers=not args.no_provisional_speakers,
-                                              provisional_changes=not args.no_provisional_changes))
+                                              policy=_policy(args)))
         bar.close()
         hypothesis = " ".join(t.text for t in result.turns)
         entry: dict[str, Any] = {"turns": len(result.turns), "wall_s": round(result.elapsed, 2),

@@ -33,7 +33,7 @@ from diarization.models import (
     default_embedding_model,
     default_segmentation_model,
 )
-from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
+from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline, StageAbilities
 from voice.turns import letter_label
 from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, speech_regions
 
@@ -72,6 +72,9 @@ class EmbeddedStage:
     """The embedded stage. Implements `voice.diarization_stage.DiarizationStage` (P3)."""
 
     sample_rate = SAMPLE_RATE
+    abilities = StageAbilities(decides_late=True, recent_view=True, provisional_view=True)
+    """`voice.diarization_stage.LiveStage`: the live stream decides about a second late
+    (`flush`), can hand over its recent segments (`recent`) and its provisional view."""
 
     def __init__(
         self,

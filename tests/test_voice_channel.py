@@ -24,7 +24,7 @@ from tests.voice_helpers import (
 )
 from voice.audio import FrameSizeError, UnsupportedEncodingError, float_to_pcm16
 from voice.channel import SpeakerChangeEvent, TranscriptionEvent, VoiceChannel
-from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
+from voice.diarization_stage import SpeakerSegment, SpeakerTimeline, StageAbilities
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer, ScriptedWords, SpokenWord
 
@@ -189,6 +189,8 @@ class HoldingStage(ScriptedStage):
     """A stage that decides nothing while fed and everything at `flush()` (the embedded live
     stage holds its last second back until the stream ends)."""
 
+    abilities = StageAbilities(decides_late=True)
+
     def feed(self, audio: np.ndarray) -> SpeakerTimeline:
         self.fed += len(audio)
         return SpeakerTimeline([])
@@ -290,6 +292,8 @@ async def test_V5_a_turn_s_last_words_take_the_continuing_voice_before_the_stage
 class RecentStage(ScriptedStage):
     """A stage that can hand over only its segments ending after a time (the embedded live
     stage's `recent`); it records what the channel asked for and how much it handed over."""
+
+    abilities = StageAbilities(recent_view=True)
 
     def __init__(self, timeline: SpeakerTimeline) -> None:
         super().__init__(timeline)

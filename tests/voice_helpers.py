@@ -17,7 +17,7 @@ import soundfile as sf
 
 from rooms import RoomKit
 from voice.channel import CommittedTurn, VoiceChannel, VoiceSession, pcm16_frames
-from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
+from voice.diarization_stage import SpeakerSegment, SpeakerTimeline, StageAbilities
 from voice.stt.base import RawEvent, RawFinalized, RawResult, RawWord, SttConnection, SttProvider
 
 MEETING_DIR = Path(__file__).resolve().parents[1] / "examples" / "meeting"
@@ -117,6 +117,8 @@ class ProvisionalStage(DecidingStage):
     on the frames it heard but has not decided (the embedded live stage's `provisional()`): by
     default what it will decide, or `guess`, a timeline of its own (a provisional view that the
     decision will contradict)."""
+
+    abilities = StageAbilities(provisional_view=True)
 
     def __init__(self, timeline: SpeakerTimeline, lag: float = 0.0,
                  guess: SpeakerTimeline | None = None) -> None:

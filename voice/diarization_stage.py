@@ -144,6 +144,74 @@ class DiarizationStage(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StageAbilities:
+    """What a live stage can do beyond `DiarizationStage` (declared, never probed). Each ability
+    is a method the stage then implements (`DecidesLate`, `RecentView`, `ProvisionalView`)."""
+
+    decides_late: bool = False
+    """It holds decisions back while fed (the embedded stage decides about a second late):
+    `flush()` decides what it still holds, at the end of a stream."""
+    recent_view: bool = False
+    """`recent(since)`: only its decided segments that end after `since` (a long stream's whole
+    timeline grows with it; the voice channel needs the part near the words it still places)."""
+    provisional_view: bool = False
+    """`provisional()`: who it thinks speaks on the frames heard but not decided yet (may
+    change): a turn's last words need not wait for the decision when they continue the voice
+    before them."""
+
+
+NO_ABILITIES = StageAbilities()
+
+
+@runtime_checkable
+class LiveStage(DiarizationStage, Protocol):
+    """A stage that declares its optional abilities (`abilities`); a stage without the attribute
+    has none."""
+
+    abilities: StageAbilities
+
+
+@runtime_checkable
+class DecidesLate(Protocol):
+    def flush(self) -> SpeakerTimeline:
+        """End of stream: decide what is still held back; the whole decided timeline."""
+        ...
+
+
+@runtime_checkable
+class RecentView(Protocol):
+    def recent(self, since: float) -> SpeakerTimeline:
+        """The decided segments that end after `since` seconds."""
+        ...
+
+
+@runtime_checkable
+class ProvisionalView(Protocol):
+    def provisional(self) -> SpeakerTimeline:
+        """The provisional speakers of the frames heard but not decided yet."""
+        ...
+
+
+def abilities_of(stage: DiarizationStage) -> StageAbilities:
+    """The abilities `stage` declares (none when it declares nothing); a declared ability whose
+    method is missing is a `TypeError` here, once, not a surprise mid-stream."""
+    if not isinstance(stage, LiveStage):
+        return NO_ABILITIES
+    declared = stage.abilities
+    if not isinstance(declared, StageAbilities):
+        raise TypeError(f"{type(stage).__name__}.abilities must be a StageAbilities, "
+                        f"got {type(declared).__name__}")
+    needs: tuple[tuple[str, type, str], ...] = (("decides_late", DecidesLate, "flush()"),
+                                                ("recent_view", RecentView, "recent(since)"),
+                                                ("provisional_view", ProvisionalView,
+                                                 "provisional()"))
+    for ability, protocol, method in needs:
+        if getattr(declared, ability) and not isinstance(stage, protocol):
+            raise TypeError(f"{type(stage).__name__} declares {ability} but has no {method}")
+    return declared
+
+
 class KnownTimelineStage:
     """A stage whose whole timeline is already known: the result of a refinement pass over a whole
     recording (`stage.diarize(audio)`), handed out through the live interface.

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rooms import HookContext, HookResult, HookTrigger, RoomKit
+from voice.assembler import TurnPolicy
 from voice.audio import float_to_pcm16, resample
 from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import DiarizationStage, KnownTimelineStage
@@ -88,14 +89,11 @@ async def transcribe_audio(
     frame_seconds: float = 0.1,
     progress: Callable[[float], None] | None = None,
     refine_speakers: bool = False,
-    early_commit: bool = True,
-    speaker_wait: float | None = None,
-    provisional_speakers: bool = True,
-    provisional_changes: bool = True,
+    policy: TurnPolicy | None = None,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
-    `speed=None` pushes as fast as the STT takes it; `speed=1.0` paces frames in real time and
+    `policy`: the turn rules (`[voice]`; the defaults when None). `speed=None` pushes as fast as the STT takes it; `speed=1.0` paces frames in real time and
     fills `Turn.latency`. `progress(seconds)` is called as audio is transcribed.
     `refine_speakers=True` (a whole file is at hand): the diarization stage first diarizes the
     whole recording in batch mode, and the channel reads that timeline instead of the stage's live
@@ -106,10 +104,7 @@ async def transcribe_audio(
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
     channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer,
-                           early_commit=early_commit, provisional_speakers=provisional_speakers,
-                           provisional_changes=provisional_changes)
-    if speaker_wait is not None:
-        channel.speaker_wait = speaker_wait
+                           policy=policy, kept_turns=None)
     kit.register_channel(channel)
     await kit.attach_channel(room.id, channel.channel_id)
     names = dict(renames or {})
