@@ -1,6 +1,6 @@
 """Server configuration: one typed value built from a TOML file and environment variables.
 
-Owns every knob `chorus serve` has (STT, diarizer, realtime provider, speak policy, limits,
+Owns every knob `chorus serve` has (STT, diarizer, the turn rules, realtime provider, speak policy, limits,
 the store rooms are kept in, secret). The embedded default needs no file and no variable: local Whisper, the embedded
 diarizer, the recorder realtime session. Precedence is defaults < file < environment, and every
 field of every section can be set from the environment as `CHORUS_<SECTION>_<FIELD>` (for
@@ -24,6 +24,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from voice.assembler import TurnPolicy
 
 
 class _Section(BaseModel):
@@ -55,6 +57,30 @@ class DiarizerConfig(_Section):
     enroll: dict[str, str] = Field(default_factory=dict)
     """Known voices: {name: clip path} (`enroll = {Alice = "alice.wav"}`); every stream's stage
     names them from their first turn (V8). Read once when the server starts."""
+
+
+class VoiceConfig(_Section):
+    """`[voice]`: the turn rules (`voice.assembler.TurnPolicy`, docs/voice.md "When a turn
+    ends"), shared by `chorus serve`, `chorus transcribe --config`, `chorus agent` and the
+    benches. The defaults are the measured ones (docs/benchmarks.md)."""
+
+    early_commit: bool = True
+    """Commit a turn as soon as an interim result shows the next voice (streaming STT)."""
+    provisional_speakers: bool = True
+    """Pipeline speakers: a word the stage has not decided takes its provisional speaker at once
+    when that continues the voice before it."""
+    provisional_changes: bool = True
+    """Pipeline speakers: commit a turn when the stage's provisional view hears the next voice
+    (reopened in place if the decision says the voice went on)."""
+    speaker_wait: float = Field(default=2.0, ge=0)
+    """Pipeline speakers: seconds past a word the stage must have heard before a word it has not
+    placed takes whatever speaker it knows."""
+
+    def policy(self) -> TurnPolicy:
+        return TurnPolicy(early_commit=self.early_commit,
+                          provisional_speakers=self.provisional_speakers,
+                          provisional_changes=self.provisional_changes,
+                          speaker_wait=self.speaker_wait)
 
 
 class RealtimeConfig(_Section):
@@ -223,6 +249,7 @@ class ServerConfig(_Section):
     secret: str | None = None
     stt: SttConfig = Field(default_factory=SttConfig)
     diarizer: DiarizerConfig = Field(default_factory=DiarizerConfig)
+    voice: VoiceConfig = Field(default_factory=VoiceConfig)
     realtime: RealtimeConfig = Field(default_factory=RealtimeConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     chat: ChatConfig = Field(default_factory=ChatConfig)
@@ -240,6 +267,7 @@ class ConfigError(ValueError):
 _SECTIONS = (
     "stt",
     "diarizer",
+    "voice",
     "realtime",
     "policy",
     "chat",

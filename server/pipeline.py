@@ -12,7 +12,7 @@ to wire per stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,10 +82,11 @@ class VoicePipeline:
       connection through its voice session.
     - Streams whose speakers come from the STT (a diarizing STT on a shared mic) or need none
       (one person: a phone leg, a personal device) share one `VoiceChannel` per server.
-    - A shared-mic stream whose speakers come from the diarization stage (V5) gets a
-      `VoiceChannel` of its own with its own stage: a live stage follows one stream. Those
-      channels are pooled per room and reused (stage reset) when their stream ends, so a
-      long-running server does not grow a channel per connection.
+    - Shared-mic streams whose speakers come from the diarization stage (V5) share one more
+      `VoiceChannel` ("voice-diarized"), each session with a live stage of its own (a live stage
+      follows one stream). The stages are pooled per room and reused (reset) when their stream
+      ends, so a long-running server does not load a stage per connection.
+    - Every voice session follows the `[voice]` turn rules (`TurnPolicy`).
     - One chat model (`AIChannel` "chat-ai", `[chat]`) in every room when `chat.provider` is not
       `none`: it reads typed messages and spoken turns as one labelled conversation.
     - One external agent (`ACPAgentChannel` "agent", `[agent]`) when `agent.command` is set: one
@@ -102,15 +103,20 @@ class VoicePipeline:
         """Hear every stream's STT status (degraded, recovered, audio lost, ended: issue 10.1).
         The server appends one that tells the stream's device and counts it in its metrics;
         `VoiceSession.id` is the stream's `voice_session_id`."""
+        policy = config.voice.policy()
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
-                                         on_status=self._stream_status)
+                                         policy=policy, on_status=self._stream_status)
+        self.diarized_voice = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
+                                           stage_per_session=True, policy=policy,
+                                           on_status=self._stream_status)
+        """Shared-mic streams diarized by a stage of their own (one per session, pooled)."""
         self.realtime = realtime_channel(config)
         self.chat_ai = _chat_channel(config)
+        """The room's chat model (`[chat]`), reading typed and spoken turns alike; or None."""
         self.agent = _agent_channel(config)
         """The external ACP agent (`[agent]`), one session per room; or None."""
-        """The room's chat model (`[chat]`), reading typed and spoken turns alike; or None."""
-        self._pools: dict[str, list[VoiceChannel]] = {}
-        self._serial = 0
+        self._pools: dict[str, list[DiarizationStage]] = {}
+        """Idle live stages per room (reset before the next stream of that room)."""
         self._registered = False
         self._stage_lock = asyncio.Lock()
         self.enrollments: dict[str, Any] = {}
@@ -129,6 +135,8 @@ class VoicePipeline:
         if self._registered:
             return
         kit.register_channel(self.shared_voice)
+        if self.diarizes_with_stage:
+            kit.register_channel(self.diarized_voice)
         if self.realtime is not None:
             kit.register_channel(self.realtime)
         if self.chat_ai is not None:
@@ -140,6 +148,8 @@ class VoicePipeline:
     async def attach_room(self, kit: RoomKit, room_id: str) -> None:
         self._register(kit)
         await kit.attach_channel(room_id, self.shared_voice.channel_id)
+        if self.diarizes_with_stage:
+            await kit.attach_channel(room_id, self.diarized_voice.channel_id)
         if self.realtime is not None:
             await kit.attach_channel(room_id, self.realtime.channel_id)
         if self.chat_ai is not None:
@@ -150,25 +160,18 @@ class VoicePipeline:
             except Exception:  # the room works without its agent; the next turn tries again
                 log.exception("the ACP agent could not join room %s", room_id)
 
-    async def _diarized_channel(self, kit: RoomKit, room_id: str) -> VoiceChannel:
+    async def _stage_for(self, room_id: str) -> DiarizationStage:
+        """An idle stage of the room's pool (reset), or a new one."""
         pool = self._pools.setdefault(room_id, [])
         if pool:
-            channel = pool.pop()
-            assert channel.diarizer is not None
-            channel.diarizer.reset()
-            return channel
-        stage = await self._new_stage()
-        self._serial += 1
-        channel = VoiceChannel(
-            f"voice-{room_id}-{self._serial}",
-            stt=self.stt,
-            pipeline_speakers=True,
-            diarizer=stage,
-            on_status=self._stream_status,
-        )
-        kit.register_channel(channel)
-        await kit.attach_channel(room_id, channel.channel_id)
-        return channel
+            stage = pool.pop()
+            stage.reset()
+            return stage
+        return await self._new_stage()
+
+    def _idle(self, room_id: str, stage: DiarizationStage) -> None:
+        """A stream's stage is free again: back to its room's pool."""
+        self._pools.setdefault(room_id, []).append(stage)
 
     async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
         for listener in list(self.status_listeners):
@@ -203,7 +206,8 @@ class VoicePipeline:
 
     async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
         pooled = info.shared_mic and self.diarizes_with_stage
-        channel = await self._diarized_channel(kit, info.room_id) if pooled else self.shared_voice
+        channel = self.diarized_voice if pooled else self.shared_voice
+        stage = await self._stage_for(info.room_id) if pooled else None
         await kit.ensure_participant(
             info.room_id, channel.channel_id, info.participant, display_name=info.name
         )
@@ -215,26 +219,19 @@ class VoicePipeline:
                 encoding="mulaw" if info.encoding == "mulaw" else "pcm16",
                 channels=info.channels,
                 session_id=info.stream_id,
+                stage=stage,
             )
         except BaseException:
-            if pooled:
-                self._pools[info.room_id].append(channel)
+            if stage is not None:
+                self._idle(info.room_id, stage)
             raise
-        release = (lambda: self._pools[info.room_id].append(channel)) if pooled else None
+        release = None if stage is None else functools.partial(self._idle, info.room_id, stage)
         return VoiceStreamAudio(session, release)
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
-        """Close and drop the room's pooled voice channels (all idle: no stream is open).
-
-        The channels that stay registered (the realtime channel, the shared voice channel) let go
-        of the room themselves when the caller deletes it (`RoomKit.delete_room` → `on_detach`)."""
-        for channel in self._pools.pop(room_id, []):
-            try:
-                await channel.close()
-            except Exception:
-                log.exception("closing pooled voice channel %s failed", channel.channel_id)
-            with contextlib.suppress(KeyError):
-                kit.unregister_channel(channel.channel_id)
+        """Drop the room's idle stages (no stream is open). The channels let go of the room
+        themselves when the caller deletes it (`RoomKit.delete_room` → `on_detach`)."""
+        self._pools.pop(room_id, None)
 
     async def close(self) -> None:
         # The kit closes every registered channel; the shared STT provider is closed once here.

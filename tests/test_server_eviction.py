@@ -85,10 +85,6 @@ async def _one_stream(server: RunningServer, room: str, speech: bytes) -> Device
     return device
 
 
-def _pooled_ids(live: LiveRooms, room: str) -> list[str]:
-    return [c for c in live.kit._channels if c.startswith(f"voice-{room}-")]
-
-
 async def test_an_idle_room_is_evicted_and_a_returning_room_continues(
     server: RunningServer, speech: bytes
 ) -> None:
@@ -97,8 +93,8 @@ async def test_an_idle_room_is_evicted_and_a_returning_room_continues(
     watcher = await EventFeed.open(server.base, "idle", issue_token(SECRET, "idle"))
     first = await _one_stream(server, "idle", speech)
     assert "idle" in live.rooms
-    old_channels = _pooled_ids(live, "idle")
-    assert len(old_channels) == 1 and len(pipeline._pools["idle"]) == 1
+    old_stages = list(pipeline._pools["idle"])  # the stream's stage, idle again
+    assert len(old_stages) == 1
     stored_before = await live.kit.list_events("idle")
     participants_before = await live.kit.get_participants("idle")
     assert stored_before and participants_before
@@ -108,9 +104,8 @@ async def test_an_idle_room_is_evicted_and_a_returning_room_continues(
     await eventually(lambda: "idle" not in live.rooms, within_s=30, what="eviction")
     assert await _metric(server, "chorus_rooms_evicted_total") == 1
     assert await _metric(server, "chorus_rooms") == 0
-    # live state is freed: pooled channels, delivery queue, lock entries, the realtime session
+    # live state is freed: pooled stages, delivery queue, lock entries, the realtime session
     assert "idle" not in pipeline._pools
-    assert _pooled_ids(live, "idle") == []
     assert "idle" not in live.kit._deliveries
     assert live._room_locks == {}
     assert pipeline.realtime is not None
@@ -123,12 +118,12 @@ async def test_an_idle_room_is_evicted_and_a_returning_room_continues(
     status, _ = await server.http_get("/healthz")
     assert status == 200
 
-    # the room comes back: new live state, a new pooled channel, its new turns after the old ones
+    # the room comes back: new live state, a new pooled stage, its new turns after the old ones
     watcher = await EventFeed.open(server.base, "idle", issue_token(SECRET, "idle"))
     second = await _one_stream(server, "idle", speech)
     assert "idle" in live.rooms and await _metric(server, "chorus_rooms") == 1
-    new_channels = _pooled_ids(live, "idle")
-    assert len(new_channels) == 1 and new_channels != old_channels
+    new_stages = pipeline._pools["idle"]
+    assert len(new_stages) == 1 and new_stages[0] is not old_stages[0]
     events = await live.kit.list_events("idle")
     assert events[: len(stored_before)] == stored_before
     voice_ids = [e.id for e in events if e.source.channel_type == "voice"]
