@@ -62,9 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pace of the latency pass, as a multiple of real time (default 1)")
     parser.add_argument("--skip-latency", action="store_true", help="only the fast pass")
     parser.add_argument("--latency-only", action="store_true", help="only the real-time pass")
+    parser.add_argument("--config", type=Path, default=None, metavar="chorus.toml",
+                        help="the turn rules from this file's [voice] section (as `chorus serve` "
+                             "reads them); the flags below override them")
     parser.add_argument("--speaker-wait", type=float, default=None,
                         help="pipeline speakers: seconds a word waits for the stage to place it "
-                             "(default: the channel's, 2)")
+                             "(default: [voice] speaker_wait, 2)")
     parser.add_argument("--no-early-commit", action="store_true",
                         help="streaming STT: wait for final results before committing a turn "
                              "(the behaviour before early commit from interim results)")
@@ -190,8 +193,10 @@ def _stt(args: argparse.Namespace) -> Any:
 
 
 def _policy(args: argparse.Namespace) -> TurnPolicy:
-    """The turn rules: the defaults (or `--config`'s `[voice]`), with the flags' overrides."""
-    base = TurnPolicy()
+    """The turn rules: `--config`'s `[voice]` (the defaults without one), the flags' overrides."""
+    from server.config import load_config
+
+    base = load_config(args.config).voice.policy()
     return TurnPolicy(early_commit=base.early_commit and not args.no_early_commit,
                       provisional_speakers=base.provisional_speakers and not args.no_provisional_speakers,
                       provisional_changes=base.provisional_changes and not args.no_provisional_changes,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from livekit_worker.participants import Speaker, speaker_of
 from models import RoomEvent
 from realtime import RealtimeChannel
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
+from voice.assembler import TurnPolicy
 from voice.audio import STT_SAMPLE_RATE, resample
 from voice.channel import TranscriptionEvent, VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
@@ -147,6 +149,7 @@ class ChorusRoomAgent:
         livekit: LiveKitConfig | None = None,
         realtime: RealtimeChannel | None = None,
         stage_factory: Callable[[], DiarizationStage] | None = None,
+        policy: TurnPolicy | None = None,
         local: LocalParticipantLike | None = None,
         kit: RoomKit | None = None,
     ) -> None:
@@ -155,7 +158,11 @@ class ChorusRoomAgent:
         self.config = livekit or LiveKitConfig()
         self.stt = stt
         self.kit = kit or RoomKit()
-        self.voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False, on_play=self._play)
+        self.voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False, policy=policy,
+                                  on_play=self._play)
+        self.diarized = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
+                                     stage_per_session=True, policy=policy, on_play=self._play)
+        """Shared-mic tracks, each session with a diarization stage of its own (pooled)."""
         self.realtime = realtime
         self.stage_factory = stage_factory
         self._local = local
@@ -166,7 +173,9 @@ class ChorusRoomAgent:
         self._track_locks: dict[str, asyncio.Lock] = {}
         self._sessions: dict[str, _SessionInfo] = {}
         """voice_session_id → who and which track (for naming and publishing)."""
-        self._pool: list[VoiceChannel] = []
+        self._pool: list[DiarizationStage] = []
+        """Idle stages, reset before the next shared-mic track."""
+        self._diarized_attached = False
         self._serial = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
@@ -287,21 +296,23 @@ class ChorusRoomAgent:
     def diarizes_with_stage(self) -> bool:
         return self.stage_factory is not None
 
-    async def _channel_for(self, speaker: Speaker) -> tuple[VoiceChannel, Callable[[], None] | None]:
+    async def _channel_for(
+        self, speaker: Speaker
+    ) -> tuple[VoiceChannel, DiarizationStage | None, Callable[[], None] | None]:
+        """The channel a track's session runs on, its stage (shared mic, diarized by a stage) and
+        how the stage goes back to the pool when the track ends."""
         if not (speaker.shared_mic and self.stage_factory is not None):
-            return self.voice, None
+            return self.voice, None, None
         if self._pool:
-            channel = self._pool.pop()
-            assert channel.diarizer is not None
-            channel.diarizer.reset()
+            stage = self._pool.pop()
+            stage.reset()
         else:
             stage = await asyncio.to_thread(self.stage_factory)
-            self._serial += 1
-            channel = VoiceChannel(f"voice-{self._serial}", stt=self.stt, pipeline_speakers=True,
-                                   diarizer=stage)
-            self.kit.register_channel(channel)
-            await self.kit.attach_channel(self.room_name, channel.channel_id)
-        return channel, lambda: self._pool.append(channel)
+        if not self._diarized_attached:
+            self.kit.register_channel(self.diarized)
+            await self.kit.attach_channel(self.room_name, self.diarized.channel_id)
+            self._diarized_attached = True
+        return self.diarized, stage, functools.partial(self._pool.append, stage)
 
     async def open_track(
         self, track: rtc.Track, track_sid: str, participant: rtc.Participant
@@ -311,7 +322,7 @@ class ChorusRoomAgent:
             if track_sid in self._feeds or self.closed:
                 return None
             speaker = speaker_of(participant, self.config.shared_mic_names)
-            channel, release = await self._channel_for(speaker)
+            channel, stage, release = await self._channel_for(speaker)
             await self.kit.ensure_participant(
                 self.room_name, channel.channel_id, speaker.identity, display_name=speaker.name
             )
@@ -321,7 +332,7 @@ class ChorusRoomAgent:
             try:
                 session = await channel.start_session(
                     self.room_name, speaker.identity, sample_rate=STT_SAMPLE_RATE,
-                    encoding="pcm16", channels=1, session_id=session_id,
+                    encoding="pcm16", channels=1, session_id=session_id, stage=stage,
                 )
             except BaseException:
                 if release is not None:

@@ -71,6 +71,7 @@ async def build_room_agent(
         livekit=livekit,
         realtime=realtime_channel(config),
         stage_factory=stage_factory(config, provider),
+        policy=config.voice.policy(),
         local=local,
     )
     await agent.start()

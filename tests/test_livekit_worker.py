@@ -299,7 +299,8 @@ async def test_a_shared_mic_is_split_by_the_diarization_stage_when_the_stt_does_
                                                  ((0, 4.45), (4.45, 9.05), (9.05, 12.9), (12.9, 15.7))]
             assert names[0] == names[3] and len({names[0], names[1], names[2]}) == 3
             assert [s.attributes["chorus.speaker"] for s in local.streams] == names
-            assert agent._pool == [session.channel]  # back in the room's pool for the next mic
+            assert session.stage is not None
+            assert agent._pool == [session.stage.stage]  # back in the room's pool for the next mic
         finally:
             await agent.aclose()
             await player.aclose()

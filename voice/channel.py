@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
@@ -43,255 +41,21 @@ import numpy.typing as npt
 
 from models import RoomEvent, VoiceTurn
 from rooms import Channel, RoomContext
-from voice.assembler import TurnAssembler, TurnPolicy
-from voice.audio import (
-    STT_SAMPLE_RATE,
-    AudioError,
-    AudioLog,
-    Encoding,
-    FrameDecoder,
-    StreamFormat,
-    float_to_pcm16,
-    resample,
-)
+from voice.assembler import TurnPolicy
+from voice.audio import STT_SAMPLE_RATE, Encoding, StreamFormat, float_to_pcm16, resample
 from voice.diarization_stage import DiarizationStage, abilities_of
 from voice.events import CommittedTurn, SpeakerChangeEvent, TranscriptionEvent
-from voice.speakers import SpeakerContinuity, VoiceEmbedder
-from voice.stage_driver import StageDriver
-from voice.stt.base import (
-    AudioLost,
-    StreamError,
-    SttDegraded,
-    SttEvent,
-    SttProvider,
-    SttRecovered,
-    SttStatus,
-    SttStream,
-    Transcript,
-    UtteranceEnd,
-)
-from voice.turn_writer import KEPT_PER_SESSION, TurnWriter
-from voice.turns import Word
+from voice.session import KEPT_TURNS, StatusCallback, VoiceSession
+from voice.speakers import VoiceEmbedder
+from voice.stt.base import SttProvider, SttStatus
+from voice.turn_writer import KEPT_PER_SESSION
 
 log = logging.getLogger(__name__)
 
 FloatAudio = npt.NDArray[np.float32]
 
-
-class VoiceSession:
-    """One audio stream in one room: I/O glue around its `TurnAssembler`. Create with
-    `VoiceChannel.start_session`."""
-
-    def __init__(
-        self,
-        channel: VoiceChannel,
-        room_id: str,
-        participant_id: str,
-        fmt: StreamFormat,
-        session_id: str | None = None,
-        stage: DiarizationStage | None = None,
-    ) -> None:
-        self.channel = channel
-        self.room_id = room_id
-        self.participant_id = participant_id
-        self.format = fmt
-        self.id = session_id or uuid.uuid4().hex[:12]
-        self.decoder = FrameDecoder(fmt, STT_SAMPLE_RATE)
-        self.audio = AudioLog()
-        self.paused = False
-        self.finished = False
-        self.skipped_frames: deque[str] = deque(maxlen=KEPT_PER_SESSION)
-        """Why the latest bad frames were skipped (bounded: a client may send only bad frames)."""
-        self.skipped_count = 0
-        self.gated_seconds = 0.0
-        self.interim: tuple[Word, ...] = ()
-        self._lock = asyncio.Lock()
-        self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
-        self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
-        self.assembler = TurnAssembler(channel.policy, pipeline=stage is not None)
-        self.writer = TurnWriter(self, self.assembler, channel.kept_turns)
-        """Applies the assembler's decisions: hooks, posts, corrections in place."""
-        self.stage: StageDriver | None = None
-        """Feeds the stream's diarization stage (pipeline speakers, V5); None otherwise."""
-        if stage is not None:
-            self.stage = StageDriver(stage, self.audio, step=channel.diarize_step,
-                                     since=self._placing_since,
-                                     on_view=self.assembler.stage_heard,
-                                     on_handover=self._handover)
-        self.error: str | None = None
-        self.status: deque[SttStatus] = deque(maxlen=STATUS_KEPT)
-        """The stream's latest status events (outages, recoveries, lost audio), oldest first."""
-
-    @property
-    def turns(self) -> list[CommittedTurn]:
-        """The session's committed turns, oldest first (the latest `VoiceChannel.kept_turns`)."""
-        return self.writer.turns
-
-    @property
-    def corrections(self) -> int:
-        """Committed turns corrected in place (early commits the final corrected, turns whose
-        voice went on after an early end)."""
-        return self.writer.corrections
-
-    @property
-    def blocked(self) -> deque[TranscriptionEvent]:
-        """The latest turns a hook blocked."""
-        return self.writer.blocked
-
-    # -- audio in --------------------------------------------------------------------------
-
-    def push(self, frame: bytes) -> int:
-        """Accept one live frame (any size). Returns the 16 kHz samples it produced.
-
-        A bad frame raises an `AudioError` naming the problem; it is skipped and logged, and the
-        session goes on (rule V10)."""
-        if self.finished:
-            raise RuntimeError(f"voice session {self.id} is finished")
-        if self.paused:
-            self.decoder.skip(frame)
-            return 0
-        try:
-            samples = self.decoder.decode(frame)
-        except AudioError as exc:
-            self.skipped_frames.append(str(exc))
-            self.skipped_count += 1
-            if self.skipped_count == 1 or self.skipped_count % 1000 == 0:
-                log.warning("voice session %s: skipped a frame (%d so far): %s", self.id,
-                            self.skipped_count, exc)
-            raise
-        if len(samples) == 0:
-            return 0
-        return self._accept(samples)
-
-    def push_audio(self, audio: FloatAudio, sample_rate: int = STT_SAMPLE_RATE) -> int:
-        """Accept float32 mono audio directly (files, tests): same path as `push` after decoding."""
-        if self.finished:
-            raise RuntimeError(f"voice session {self.id} is finished")
-        samples = resample(np.asarray(audio, np.float32), sample_rate, STT_SAMPLE_RATE)
-        if not np.all(np.isfinite(samples)):
-            raise AudioError("audio holds NaN or infinite samples")
-        return self._accept(samples) if not self.paused else 0
-
-    def _accept(self, samples: FloatAudio) -> int:
-        if self.channel.is_playing(self.room_id):
-            self.gated_seconds += len(samples) / STT_SAMPLE_RATE
-            samples = np.zeros_like(samples)  # V9: the agent's own voice is not a participant
-        self.stt.push(samples)  # also appends to self.audio
-        if self.stage is not None:
-            self.stage.wake()
-        return len(samples)
-
-    def pause(self) -> None:
-        """Stop accepting audio (frames pushed while paused are dropped); pending speech is
-        finalized in the background."""
-        self.paused = True
-        task = asyncio.get_running_loop().create_task(self.flush())
-        self.channel._tasks.add(task)
-        task.add_done_callback(self.channel._tasks.discard)
-
-    def resume(self) -> None:
-        self.paused = False
-
-    # -- lifecycle -------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        if self.stage is not None:
-            self.stage.start(self._stage_stepped)
-        await self.stt.start()
-
-    async def flush(self) -> None:
-        """Make everything heard so far final and commit its turns."""
-        await self.stt.flush()
-        async with self._lock:
-            await self._advance(force=True)
-
-    async def finish(self) -> list[CommittedTurn]:
-        """End the stream: flush, close the STT connection, return the session's turns."""
-        if self.finished:
-            return self.turns
-        tail = self.decoder.flush()  # the resampler's last samples (ends the decoder)
-        if len(tail) and not self.paused:
-            self._accept(tail)
-        if self.stage is not None:
-            # before the STT's flush force-assigns the last words: what the stage still holds
-            # back (the embedded live stage decides up to a second late) must be decided first,
-            # or the stream's last words fall back to the stream owner
-            await self.stage.flush(self.id)
-        await self.flush()
-        self.finished = True
-        await self.stt.aclose()
-        async with self._lock:
-            await self._advance(force=True)
-        if self.stage is not None:
-            await self.stage.stop()
-        self.channel._sessions.pop(self.id, None)
-        self.audio.release()  # nothing reads a finished session's audio (turn_audio: None)
-        return self.turns
-
-    # -- STT events and stage decisions → the assembler ------------------------------------
-
-    async def _on_stt_event(self, event: SttEvent) -> None:
-        if isinstance(event, StreamError | SttDegraded | SttRecovered | AudioLost):
-            if isinstance(event, StreamError):
-                self.error = event.message
-                log.error("voice session %s: %s", self.id, event.message)
-            self.status.append(event)
-            await self.channel._report_status(self, event)
-            return
-        async with self._lock:
-            if isinstance(event, UtteranceEnd):
-                self.assembler.end_of_speech()
-                await self._advance(force=False)
-                return
-            if not isinstance(event, Transcript):
-                return
-            if not event.is_final:
-                self.interim = event.words
-                if self.stage is not None and self.assembler.wants_decided_hints:
-                    await self.stage.feed_quietly(self.id)  # the stage's latest decisions first
-                await self.writer.apply(self.assembler.interim(event.words, event.hints,
-                                                         final_until=self.stt.final_until))
-                return
-            self.interim = ()
-            await self.writer.apply(self.assembler.final(event.words, speech_final=event.speech_final))
-            await self._advance(force=False)
-
-    async def _advance(self, *, force: bool) -> None:
-        """Words the stage must place first hear its latest decisions; then the assembler moves
-        final words on and its decisions are applied."""
-        if self.stage is not None and self.assembler.unplaced:
-            await self.stage.feed_quietly(self.id)
-        await self.writer.apply(self.assembler.advance(force=force))
-
-    async def _stage_stepped(self) -> None:
-        if self.assembler.waiting_on_stage:
-            # words waiting for the stage to place them, or a run it may have ended
-            async with self._lock:
-                await self._advance(force=False)
-
-    def _placing_since(self) -> float:
-        """From when the stage's decided timeline is still needed: the first word waiting to be
-        placed, or those the STT has yet to make final (after its last final word)."""
-        first = self.assembler.first_unplaced_start
-        final_until = self.stt.final_until
-        return min(final_until if first is None else first, final_until)
-
-    def _handover(self, at: float, speaker: str) -> None:
-        """The stage decided a handover: a local engine (Whisper) ends its utterance there, so the
-        turn before it is decoded then instead of at the next pause or the utterance cap."""
-        self.stt.voice_change(at)
-        self.assembler.handover(at, speaker)
-
-
-STATUS_KEPT = 64
-"""Status events a session keeps (an endless flapping connection cannot grow memory)."""
-KEPT_TURNS = 1000
-"""Committed turns a session keeps by default (`VoiceChannel(kept_turns=…)`; the room's store
-holds them all)."""
 KEPT_PLAYED = 256
 """`VoiceChannel.played` entries kept (the newest)."""
-
-StatusCallback = Callable[["VoiceSession", SttStatus], Awaitable[None]]
 
 
 def _check_stage(stage: DiarizationStage) -> None:

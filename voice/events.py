@@ -10,7 +10,7 @@ from models import RoomEvent
 from voice.turns import Word
 
 if TYPE_CHECKING:
-    from voice.channel import VoiceSession
+    from voice.session import VoiceSession
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from voice.events import CommittedTurn, SpeakerChangeEvent, TranscriptionEvent
 from voice.turns import SpeakerTurn, Word, join_words
 
 if TYPE_CHECKING:
-    from voice.channel import VoiceSession
+    from voice.session import VoiceSession
 
 log = logging.getLogger(__name__)
 

@@ -54,6 +54,9 @@ def register(subparsers: Any) -> None:
                         help="replay the turns into a realtime session and print what it was sent")
     parser.add_argument("--output", "-o", type=Path, default=None, help="write here instead of stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--config", type=Path, default=None, metavar="chorus.toml",
+                        help="the turn rules from this file's [voice] section, as `chorus serve` "
+                             "reads them (CHORUS_VOICE_* variables too)")
     parser.set_defaults(run=run)
 
 
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
+    from server.config import ConfigError, load_config
     from voice.audio import AudioError, read_audio
     from voice.transcribe import format_turns, parse_renames, transcribe_audio
 
@@ -78,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
         check_count(args.num_speakers, "--num-speakers")
         check_writable(args.output, "--output")
     except UsageError as exc:
+        print(f"chorus transcribe: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        policy = load_config(args.config).voice.policy()
+    except ConfigError as exc:
         print(f"chorus transcribe: error: {exc}", file=sys.stderr)
         return 2
     try:
@@ -113,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(transcribe_audio(
             audio, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
-            renames=renames, progress=progress, refine_speakers=not args.live_diarization))
+            renames=renames, progress=progress, refine_speakers=not args.live_diarization,
+            policy=policy))
     except (ConnectionError, OSError) as exc:
         bar.close()
         print(f"chorus transcribe: error: {args.stt}: {exc}", file=sys.stderr)
