@@ -40,6 +40,7 @@ from diarization.models import (
     SegmentationModel,
     fbank,
 )
+from voice.centroids import l2_normalize
 from voice.diarization_stage import SpeakerSegment
 from voice.embedding import CAMPPLUS_DIM, FBANK_LENGTH, FBANK_SHIFT
 
@@ -178,13 +179,6 @@ def analyse(
     return Analysis(len(wav) / SAMPLE_RATE, starts, decisions, embeddings, clean_frames)
 
 
-def _l2(x: FloatArray) -> FloatArray:
-    out: FloatArray = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)).astype(
-        np.float32
-    )
-    return out
-
-
 def cluster_embeddings(
     train: FloatArray,
     settings: BatchSettings,
@@ -233,7 +227,7 @@ def _merge_apart(
         ids = np.unique(labels)
         if len(ids) < 2:
             return labels
-        cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in ids]))
+        cents = l2_normalize(np.stack([train[labels == c].mean(axis=0) for c in ids]))
         heard = [set(windows[labels == c].tolist()) for c in ids]
         best: tuple[float, int, int] | None = None
         for i in range(len(ids)):
@@ -282,11 +276,11 @@ def _fold_small(
     if keep is not None:
         large = sorted(set(large) | {int(c) for c in order[:keep]})
     if large and fold_below < 2.0:
-        big = _l2(np.stack([train[labels == c].mean(axis=0) for c in large]))
+        big = l2_normalize(np.stack([train[labels == c].mean(axis=0) for c in large]))
         for c in ids:
             if int(c) in large:
                 continue
-            centroid = _l2(train[labels == c].mean(axis=0))
+            centroid = l2_normalize(train[labels == c].mean(axis=0))
             if float(np.min(np.linalg.norm(big - centroid, axis=1))) >= fold_below:
                 large.append(int(c))
         large.sort()
@@ -294,7 +288,7 @@ def _fold_small(
         return np.zeros(len(labels), np.int64)
     if len(large) == len(ids):
         return labels
-    cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in large]))
+    cents = l2_normalize(np.stack([train[labels == c].mean(axis=0) for c in large]))
     out = labels.copy()
     for i in np.where(~np.isin(labels, large))[0]:
         out[i] = large[int(np.argmax(cents @ train[i]))]
@@ -336,7 +330,7 @@ def cluster_analysis(
     assignment = np.full((windows, MAX_LOCAL_SPEAKERS), -1, np.int64)
     if not valid.any():
         return Clustering(np.zeros((0, CAMPPLUS_DIM), np.float32), assignment)
-    train = _l2(analysis.embeddings[trains])
+    train = l2_normalize(analysis.embeddings[trains])
     labels = cluster_embeddings(
         train,
         settings,
@@ -346,14 +340,14 @@ def cluster_analysis(
         max_speakers=max_speakers,
     )
     k = int(labels.max()) + 1
-    cents = _l2(np.stack([train[labels == c].mean(axis=0) for c in range(k)]))
+    cents = l2_normalize(np.stack([train[labels == c].mean(axis=0) for c in range(k)]))
     limit = num_speakers or min(max_speakers or settings.max_speakers, settings.max_speakers)
     active: npt.NDArray[np.bool_] = analysis.decisions.sum(axis=1) > 0  # (windows, 3)
     for w in range(windows):
         speakers = [s for s in range(MAX_LOCAL_SPEAKERS) if active[w, s] and valid[w, s]]
         if not speakers:
             continue
-        vectors = _l2(analysis.embeddings[w, speakers])
+        vectors = l2_normalize(analysis.embeddings[w, speakers])
         scores = vectors @ cents.T  # (speakers, k)
         rows, cols = linear_sum_assignment(-scores)
         for r, c in zip(rows, cols, strict=True):

@@ -54,6 +54,8 @@ import numpy.typing as npt
 
 from diarization.live_models import LiveModels, default_live_models
 from diarization.models import FRAME_DURATION
+from voice.centroids import SpeakerCentroid as _Speaker
+from voice.centroids import unit_or_none
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
 from voice.embedding import fbank, release_freed_memory
 from voice.turns import letter_label
@@ -421,27 +423,6 @@ def _pooling_masks(activity: Activity) -> FloatArray:
 # --------------------------------------------------------------------------- the stream's stage
 
 
-@dataclass
-class _Speaker:
-    name: str
-    total: FloatArray | None
-    enrolled: bool = False
-
-    @property
-    def centroid(self) -> FloatArray | None:
-        if self.total is None:
-            return None
-        norm = float(np.linalg.norm(self.total))
-        return None if norm < 1e-8 else (self.total / norm).astype(np.float32)
-
-
-def _unit(vector: FloatArray) -> FloatArray | None:
-    if not np.all(np.isfinite(vector)):
-        return None
-    norm = float(np.linalg.norm(vector))
-    return None if norm < 1e-8 else (vector / norm).astype(np.float32)
-
-
 class LiveDiarizer:
     """One stream's live diarization on a shared `ModelService` (module docstring).
 
@@ -694,7 +675,7 @@ class LiveDiarizer:
         locals_: list[int] = []
         vectors: list[FloatArray] = []
         for j in range(activity.shape[1]):
-            unit = _unit(embeddings[j]) if heard[j] >= self._min_frames else None
+            unit = unit_or_none(embeddings[j]) if heard[j] >= self._min_frames else None
             if unit is not None:
                 locals_.append(j)
                 vectors.append(unit)
@@ -735,11 +716,12 @@ class LiveDiarizer:
                     mapping[j] = max(scored)[1]
                 taken.add(mapping[j])
             for r, j in enumerate(locals_):
-                if j in mapping and alone[j] >= self.settings.rho_update * frames:
-                    speaker = self._speakers[mapping[j]]
-                    speaker.total = vectors[r].copy() if speaker.total is None else speaker.total + vectors[r]
-                elif j in mapping and self._speakers[mapping[j]].total is None:
-                    self._speakers[mapping[j]].total = vectors[r].copy()
+                # a speaker's first embedding always counts, later ones when it talks alone enough
+                if j in mapping and (
+                    alone[j] >= self.settings.rho_update * frames
+                    or self._speakers[mapping[j]].total is None
+                ):
+                    self._speakers[mapping[j]].add(vectors[r])
         # too little speech for an embedding: keep what overlap stitching says
         for j, prev_local in stitched.items():
             if j not in mapping and prev_local in self._previous_map:

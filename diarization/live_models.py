@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diarization.models import POWERSET, SegmentationModel, default_segmentation_model
+from voice.centroids import unit_or_none
 from voice.diarization_stage import Audio
 from voice.embedding import default_cache_dir, fbank, onnx_session, package_file
 
@@ -173,11 +174,10 @@ class LiveModels:
             raise ValueError("the enrollment clip holds NaN or infinite samples")
         frames = self.frame_features(clip[None, :])[0]
         emb = self.pool(frames, np.ones((1, frames.shape[1]), dtype=np.float32))[0]
-        norm = float(np.linalg.norm(emb))
-        if not np.isfinite(norm) or norm < 1e-8:
+        voiceprint = unit_or_none(emb)
+        if voiceprint is None:
             raise ValueError("the enrollment clip gave no usable voiceprint")
-        out: FloatArray = (emb / norm).astype(np.float32)
-        return out
+        return voiceprint
 
 
 _EXPORT_LOCK = threading.Lock()

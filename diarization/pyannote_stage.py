@@ -52,6 +52,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from voice.centroids import SpeakerCentroid, unit_or_none
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
 from voice.turns import letter_label
 
@@ -163,31 +164,6 @@ class _Run:
         return list(seen)
 
 
-@dataclass
-class _Voice:
-    """A speaker of the live session: its name and the running sum of its embeddings."""
-
-    name: str
-    total: Vector | None = None
-    enrolled: bool = False
-
-    @property
-    def centroid(self) -> Vector | None:
-        return None if self.total is None else _normalise(self.total)
-
-    def add(self, embedding: Vector | None) -> None:
-        if embedding is not None:
-            self.total = embedding.copy() if self.total is None else self.total + embedding
-
-
-def _normalise(vector: npt.NDArray[Any]) -> Vector | None:
-    v = np.asarray(vector, dtype=np.float32).reshape(-1)
-    norm = float(np.linalg.norm(v))
-    if not np.all(np.isfinite(v)) or norm < 1e-8:
-        return None
-    return (v / norm).astype(np.float32)
-
-
 def _mono(audio: Audio | npt.NDArray[Any], what: str) -> Audio:
     samples = np.asarray(audio)
     if samples.ndim == 2 and 1 in samples.shape:
@@ -268,7 +244,7 @@ class PyannoteStage:
     _commit_until: float
     _committed: list[SpeakerSegment]
     _tail: list[SpeakerSegment]
-    _voices: dict[str, _Voice]
+    _voices: dict[str, SpeakerCentroid]
     _letters: int
 
     def __init__(
@@ -478,7 +454,7 @@ class PyannoteStage:
         raw = getattr(output, "speaker_embeddings", None)
         if raw is not None:
             for label, row in zip(overlapping.labels(), np.asarray(raw), strict=False):
-                vec = _normalise(row)
+                vec = unit_or_none(row)
                 if vec is not None:
                     embeddings[str(label)] = vec
         return _Run(turns(exclusive), turns(overlapping), embeddings)
@@ -570,7 +546,9 @@ class PyannoteStage:
                 names[label] = letter_label(self._letters)
                 self._letters += 1
             name = names[label]
-            voice = self._voices.setdefault(name, _Voice(name, enrolled=name in self._enrolled))
+            voice = self._voices.setdefault(
+                name, SpeakerCentroid(name, enrolled=name in self._enrolled)
+            )
             voice.add(run.embeddings.get(label))
         return names
 
@@ -601,7 +579,7 @@ class PyannoteStage:
             )
         with self._lock:
             embedding = model(waveform)
-        vector = _normalise(np.asarray(embedding)[0])
+        vector = unit_or_none(np.asarray(embedding)[0])
         if vector is None:
             raise ValueError(f"enroll {name!r}: the embedding model gave no usable embedding")
         self._enrolled[name] = vector

@@ -15,6 +15,7 @@ from diarization.batch import Analysis, BatchSettings, Clustering
 from diarization.models import CAMPPLUS_DIM, FRAME_STEP
 from diarization.scoring import score
 from voice.audio import read_audio_16k
+from voice.centroids import l2_normalize
 from voice.diarization_stage import SpeakerTimeline
 
 FRAMES = 589
@@ -31,7 +32,7 @@ def _voices(n: int, per: int, seed: int = 0, noise: float = 0.2) -> tuple[np.nda
         * np.sqrt(1 / CAMPPLUS_DIM)
         * np.linalg.norm(centres, axis=1).mean()
     )
-    return batch._l2(points.astype(np.float32)), who
+    return l2_normalize(points.astype(np.float32)), who
 
 
 def test_P1_clustering_finds_the_voices_and_honours_speaker_counts() -> None:

@@ -1,10 +1,10 @@
 """Voice: shared-microphone audio → per-speaker turns (rules V1–V6, V9, V10, S1–S3).
 
 Owns audio I/O and codecs (`voice.audio`), VAD (`voice.vad`), speaker embeddings
-(`voice.embedding`), STT providers behind one interface (`voice.stt`), words and turns
-(`voice.turns`), speaker labels across reconnects (`voice.speakers`), the diarization stage
-interface (`voice.diarization_stage`), the `VoiceChannel` (`voice.channel`), file transcription
-through the live path (`voice.transcribe`) and a local Deepgram-protocol server for tests
-(`voice.testing`).
+(`voice.embedding`) with their one normaliser and centroid type (`voice.centroids`), STT
+providers behind one interface (`voice.stt`), words and turns (`voice.turns`), speaker labels
+across reconnects (`voice.speakers`), the diarization stage interface (`voice.diarization_stage`),
+the `VoiceChannel` (`voice.channel`), file transcription through the live path
+(`voice.transcribe`) and a local Deepgram-protocol server for tests (`voice.testing`).
 May import: models, attribution, rooms. Never imports diarization, realtime or server.
 """

@@ -27,15 +27,11 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from voice.centroids import l2_normalize
+
 SAMPLE_RATE = 16000
 
 FloatArray = npt.NDArray[np.float32]
-
-
-def _l2(x: FloatArray, axis: int = -1) -> FloatArray:
-    norm = np.linalg.norm(x, axis=axis, keepdims=True)
-    out: FloatArray = (x / np.maximum(norm, 1e-12)).astype(np.float32)
-    return out
 
 
 def _checked(audio: FloatArray) -> FloatArray:
@@ -51,7 +47,7 @@ def _checked(audio: FloatArray) -> FloatArray:
 
 def cosine(a: FloatArray, b: FloatArray) -> float:
     """Cosine similarity of two voiceprints."""
-    return float(np.dot(a, b) / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-12))
+    return float(np.dot(l2_normalize(a), l2_normalize(b)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,7 +351,7 @@ class EmbeddingModel:
         embedding = self.embed_features([fbank(wav)])[0]
         if not np.all(np.isfinite(embedding)):
             raise ValueError("audio too short for a voiceprint (at least 0.1 s is needed)")
-        return _l2(embedding)
+        return l2_normalize(embedding)
 
 
 _DEFAULT_MODEL: EmbeddingModel | None = None

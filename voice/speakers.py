@@ -24,6 +24,7 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
+from voice.centroids import unit_or_none
 from voice.turns import SpeakerLetters
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,7 @@ class SpeakerContinuity:
             reps = int(np.ceil(MIN_EMBED_SECONDS * 16000 / len(audio)))
             audio = np.tile(audio, reps)
         self.embedded += 1
-        vec = np.asarray(embedder.voiceprint(audio), np.float32)
-        norm = float(np.linalg.norm(vec))
-        return vec / norm if norm > 0 else None
+        return unit_or_none(embedder.voiceprint(audio))
 
     def _voice(self, spans: list[Span], audio: AudioBetween) -> FloatAudio | None:
         pieces = [audio(a, b) for a, b in spans]
