@@ -211,7 +211,7 @@ class TurnAssembler:
             if hints:
                 self._commit_early(words, hints, final_until)
         elif not self._unplaced:
-            words, hints = self.decided_hints(words)
+            words, hints = decided_hints(words, self._decided)
             if words:
                 self._commit_early(words, hints, final_until)
         return self._take()
@@ -299,21 +299,6 @@ class TurnAssembler:
             last = self._last_speaker
             previous = None if last is _NOBODY else last  # type: ignore[assignment]
         return previous is not None and both.speaker_over(word.start, word.end) == previous
-
-    def decided_hints(self, words: tuple[Word, ...]) -> tuple[tuple[Word, ...], tuple[str | None, ...]]:
-        """Pipeline mode: the interim words up to the last one the stage's decided timeline
-        places, with the decided speaker of each (None for a word it has not placed). Words
-        after the last placed one are left out: not decided is not a change of voice, so only
-        a run followed by another decided voice is closed early. Provisional speakers are not
-        used here: they change as more windows vote, and an early turn they closed would be
-        split from its own voice's next words."""
-        timeline = self._decided
-        speakers = assign_speakers(words, timeline)
-        hints = tuple(s.speaker if overlapped(timeline, w) or no_duration(w) else None
-                      for w, s in zip(words, speakers, strict=True))
-        last = max((i for i, (w, h) in enumerate(zip(words, hints, strict=True))
-                    if h is not None and not no_duration(w)), default=-1)
-        return words[: last + 1], hints[: last + 1]
 
     # -- early commit from interim results -------------------------------------------------------
 
@@ -458,6 +443,22 @@ class TurnAssembler:
     def _take(self) -> list[Decision]:
         out, self._out = self._out, []
         return out
+
+
+def decided_hints(words: tuple[Word, ...], timeline: SpeakerTimeline,
+              ) -> tuple[tuple[Word, ...], tuple[str | None, ...]]:
+    """Pipeline mode: the interim words up to the last one the stage's decided timeline
+    places, with the decided speaker of each (None for a word it has not placed). Words
+    after the last placed one are left out: not decided is not a change of voice, so only
+    a run followed by another decided voice is closed early. Provisional speakers are not
+    used here: they change as more windows vote, and an early turn they closed would be
+    split from its own voice's next words."""
+    speakers = assign_speakers(words, timeline)
+    hints = tuple(s.speaker if overlapped(timeline, w) or no_duration(w) else None
+                  for w, s in zip(words, speakers, strict=True))
+    last = max((i for i, (w, h) in enumerate(zip(words, hints, strict=True))
+                if h is not None and not no_duration(w)), default=-1)
+    return words[: last + 1], hints[: last + 1]
 
 
 def no_duration(word: Word) -> bool:

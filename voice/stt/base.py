@@ -242,6 +242,21 @@ class _Connection:
     dropped: bool = False
 
 
+async def _watch(receiver: asyncio.Task[None], *helpers: asyncio.Task[None]) -> None:
+    """Until the receive loop ends; a send or keepalive that fails ends the connection too
+    (its error is raised), so a socket that refuses audio is never waited on forever."""
+    running = {receiver, *helpers}
+    while True:
+        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        if receiver in done:
+            receiver.result()
+            return
+        for task in done:
+            running.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                task.result()  # raises: the connection is dead
+
+
 @dataclass
 class SttStream:
     """One voice session's STT stream: the base that owns keepalive, reconnect and labels."""
@@ -267,10 +282,6 @@ class SttStream:
     """Drops seen (each one an outage, however short)."""
     lost_seconds: float = field(default=0.0, init=False)
     """Audio never transcribed because an outage outlasted the carry-over buffer."""
-    final_until: float = field(default=0.0, init=False)
-    """Session time of the end of the last final word."""
-    covered_until: float = field(default=0.0, init=False)
-    """Session time up to which the provider has answered with final results (words or not)."""
 
     def __post_init__(self) -> None:
         if self.start_attempts < 1:
@@ -285,12 +296,22 @@ class SttStream:
         self._closing = False
         self._closing_event = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
-        self._recent_finals: list[tuple[int, Word]] = []
-        """Final words of the last 30 s with the connection that reported them (for dedup)."""
+        self.results = ResultReader(self.provider, self.speakers, self.audio)
+        """Provider results → session words: times, labels, duplicates, what is final."""
         self._connected = asyncio.Event()
         self.error: str | None = None
 
     # -- public API ------------------------------------------------------------------------
+
+    @property
+    def final_until(self) -> float:
+        """Session time of the end of the last final word."""
+        return self.results.final_until
+
+    @property
+    def covered_until(self) -> float:
+        """Session time up to which the provider has answered with final results (words or not)."""
+        return self.results.covered_until
 
     async def start(self) -> None:
         """Open the first connection (raises if the provider cannot be reached at all)."""
@@ -421,7 +442,7 @@ class SttStream:
     async def _lose(self, start: int, end: int) -> None:
         lost = AudioLost(start / STT_SAMPLE_RATE, end / STT_SAMPLE_RATE)
         self.lost_seconds += lost.seconds
-        self.covered_until = max(self.covered_until, lost.end)
+        self.results.covered_until = max(self.results.covered_until, lost.end)
         log.warning("%s: audio from %.2f s to %.2f s was lost (an outage outlasted the %.0f s "
                     "carry-over buffer)", self.provider.name, lost.start, lost.end, self.max_carry)
         await self._emit(lost)
@@ -465,7 +486,7 @@ class SttStream:
             keeper = asyncio.create_task(self._keepalive_loop(current))
             receiver = asyncio.create_task(self._receive_loop(current))
             try:
-                await self._watch(receiver, sender, keeper)
+                await _watch(receiver, sender, keeper)
             except Exception as exc:
                 reason = str(exc) or type(exc).__name__
                 log.warning("%s: connection %d dropped: %s", name, current.generation, exc)
@@ -492,21 +513,6 @@ class SttStream:
                 await self._emit(StreamError(self.error))
                 break
             await self._pause(self.backoff.delay(max(1, attempts)))
-
-    @staticmethod
-    async def _watch(receiver: asyncio.Task[None], *helpers: asyncio.Task[None]) -> None:
-        """Until the receive loop ends; a send or keepalive that fails ends the connection too
-        (its error is raised), so a socket that refuses audio is never waited on forever."""
-        running = {receiver, *helpers}
-        while True:
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            if receiver in done:
-                receiver.result()
-                return
-            for task in done:
-                running.discard(task)
-                if not task.cancelled() and task.exception() is not None:
-                    task.result()  # raises: the connection is dead
 
     async def _send_loop(self, current: _Connection) -> None:
         chunk = int(SEND_CHUNK * STT_SAMPLE_RATE)
@@ -547,25 +553,52 @@ class SttStream:
             elif isinstance(event, RawUtteranceEnd):
                 await self._emit(UtteranceEnd(event.last_word_end + offset))
             elif isinstance(event, RawResult):
-                await self._on_result(current, event, offset)
+                await self._emit(await self.results.read(current.generation, event, offset))
                 if event.from_finalize:
                     self._finalized.set()
         if not self._closing:
             raise ConnectionError("the provider closed the connection")
 
-    async def _on_result(self, current: _Connection, result: RawResult, offset: float) -> None:
+    async def _emit(self, event: SttEvent) -> None:
+        """Hand an event to the consumer. A consumer failure (a hook, a diarization stage) is
+        logged and never mistaken for a dropped connection: the stream goes on."""
+        try:
+            await self.on_event(event)
+        except Exception:
+            log.exception("%s: the consumer of an STT event failed", self.provider.name)
+
+
+class ResultReader:
+    """A stream's provider results in session terms: connection times shifted to session time,
+    raw speaker ids turned into the session's labels (V3, V4: `SpeakerContinuity`, embedding a
+    reconnected stream's new voices off the loop), words an earlier connection already made final
+    dropped (replayed audio), and how far the provider has answered."""
+
+    def __init__(self, provider: SttProvider, speakers: SpeakerContinuity, audio: AudioLog) -> None:
+        self.provider = provider
+        self.speakers = speakers
+        self.audio = audio
+        self.final_until = 0.0
+        """Session time of the end of the last final word."""
+        self.covered_until = 0.0
+        """Session time up to which the provider has answered with final results (words or not)."""
+        self._recent_finals: list[tuple[int, Word]] = []
+        """Final words of the last 30 s with the connection that reported them (for dedup)."""
+
+    async def read(self, generation: int, result: RawResult, offset: float) -> Transcript:
+        """One provider result of connection `generation` (whose time 0 is session time
+        `offset`) as session words."""
         raw = [(w, w.start + offset, w.end + offset) for w in result.words]
         if not result.is_final:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
             hints: tuple[str | None, ...] = ()
             if self.provider.diarizes:
                 hints = tuple(None if w.speaker is None
-                              else self.speakers.letters.get((current.generation, w.speaker))
+                              else self.speakers.letters.get((generation, w.speaker))
                               for w, _, _ in raw)
-            await self._emit(Transcript(words, False, False, current.generation, hints))
-            return
+            return Transcript(words, False, False, generation, hints)
         kept = [(w, s, e) for w, s, e in raw
-                if not self._is_duplicate(w.text, s, current.generation)]
+                if not self._is_duplicate(w.text, s, generation)]
         labels: dict[object, str] = {}
         if self.provider.diarizes and any(w.speaker is not None for w, _, _ in kept):
             spans: dict[object, list[tuple[float, float]]] = {}
@@ -573,11 +606,11 @@ class SttStream:
                 if w.speaker is not None:
                     spans.setdefault(w.speaker, []).append((s, e))
             try:
-                labels = await self._resolve_speakers(current.generation, spans)
+                labels = await self._resolve_speakers(generation, spans)
             except Exception:
                 log.exception("%s: matching voices failed; labels follow this connection's ids",
                               self.provider.name)
-                labels = {k: self.speakers.letters.label((current.generation, k)) for k in spans}
+                labels = {k: self.speakers.letters.label((generation, k)) for k in spans}
         words = tuple(
             Word(w.text, s, e, w.confidence,
                  labels.get(w.speaker) if w.speaker is not None else None)
@@ -588,10 +621,10 @@ class SttStream:
         if words:
             self.final_until = max(self.final_until, max(w.end for w in words))
             self.covered_until = max(self.covered_until, self.final_until)
-            self._recent_finals.extend((current.generation, w) for w in words)
+            self._recent_finals.extend((generation, w) for w in words)
             horizon = self.final_until - 30.0
             self._recent_finals = [(g, w) for g, w in self._recent_finals if w.end >= horizon]
-        await self._emit(Transcript(words, True, result.speech_final, current.generation))
+        return Transcript(words, True, result.speech_final, generation)
 
     async def _resolve_speakers(self, generation: int,
                                 spans: dict[object, list[tuple[float, float]]]) -> dict[object, str]:
@@ -619,11 +652,3 @@ class SttStream:
             g < generation and _norm(w.text) == key and abs(w.start - start) <= DUPLICATE_TOLERANCE
             for g, w in reversed(self._recent_finals)
         )
-
-    async def _emit(self, event: SttEvent) -> None:
-        """Hand an event to the consumer. A consumer failure (a hook, a diarization stage) is
-        logged and never mistaken for a dropped connection: the stream goes on."""
-        try:
-            await self.on_event(event)
-        except Exception:
-            log.exception("%s: the consumer of an STT event failed", self.provider.name)
