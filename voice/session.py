@@ -58,7 +58,6 @@ StatusCallback = Callable[["VoiceSession", SttStatus], Awaitable[None]]
 """Hears a session's stream status (`VoiceChannel(on_status=…)`)."""
 
 
-
 class VoiceSession:
     """One audio stream in one room: I/O glue around its `TurnAssembler`. Create with
     `VoiceChannel.start_session`."""
