@@ -2,8 +2,8 @@
 
 Why shaped so: LiveKit's `AgentSession` takes an `stt.STT` whose stream turns pushed frames into
 `SpeechEvent`s, and its multi-speaker support is a cloud STT's `speaker_id` passed through. Chorus
-already turns audio into speaker turns in one place (`VoiceChannel`: STT words, speaker labels from
-the STT or from a diarization stage, runs of one speaker, `ON_TRANSCRIPTION` hooks), so the
+already turns audio into speaker turns (`VoiceChannel` and its sessions: STT words, speaker labels
+from the STT or from a diarization stage, the turn assembler's rules, `ON_TRANSCRIPTION` hooks), so the
 adapter does not re-implement any of it: each stream is one `VoiceSession` in a room of its own in
 the adapter's `RoomKit` (`adapter.kit`, where applications add their `ON_TRANSCRIPTION` hooks to
 rename voices), and each committed turn becomes one speaker run in LiveKit's terms:

@@ -1,10 +1,11 @@
-"""Words with speakers → speaker turns: the one place a turn's boundaries are decided.
+"""Words with speakers → runs of one speaker: the one rule a turn's words follow (V3, V5).
 
 Why a module of its own: the STT path (Deepgram's per-word speaker labels, rule V3) and the
-pipeline path (the diarization stage's timeline, rule V5) must cut turns the same way: a turn is a
-run of consecutive words by one speaker, never a majority vote over an utterance. Both paths hand
-this module a list of `Word`s and get `SpeakerTurn`s back; the CLI, the bench and the
-`VoiceChannel` all go through it.
+pipeline path (the diarization stage's timeline, rule V5) must split words the same way: a turn is
+a run of consecutive words by one speaker, never a majority vote over an utterance. Both paths
+hand this module a list of `Word`s and get `SpeakerTurn`s back. *When* a run is over (the end of
+speech, an interim voice change, a decided handover) is the turn assembler's to decide
+(`voice.assembler`), which cuts its runs here.
 """
 
 from __future__ import annotations
