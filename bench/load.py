@@ -48,6 +48,7 @@ from typing import Any
 from tqdm import tqdm
 
 from server.client import DeviceStream
+from server.config import load_config
 from server.metrics import percentile
 from server.protocol import FeedMessage, StartMessage, TurnMessage
 
@@ -97,11 +98,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "whisper, none: the latency without pipeline speakers)",
     )
     parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="chorus.toml",
+        help="the turn rules from this file's [voice] section, written into the server's config "
+        "(an older checkout given with --server-repo may not know the section)",
+    )
+    parser.add_argument(
         "--server-repo",
         action="append",
         default=None,
         help="checkout whose `chorus serve` to measure (repeatable; default: this one)",
     )
+
+
+def voice_section(path: Path | None) -> str:
+    """`path`'s `[voice]` table (the turn rules, validated as the server will) as TOML lines."""
+    if path is None:
+        return ""
+    voice = load_config(path, environ={}).voice
+    lines = [f"{key} = {json.dumps(value)}" for key, value in voice.model_dump().items()]
+    return "[voice]\n" + "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- processes
@@ -726,6 +744,7 @@ async def _one_server(
     )
     config.write_text(
         stt
+        + voice_section(args.config)
         + f'[diarizer]\nkind = "{args.diarizer}"\n'
         '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"

@@ -82,3 +82,31 @@ def test_load_bench_serves_this_checkout_and_an_older_one(tmp_path: Path) -> Non
     (tmp_path / "server").mkdir()
     (tmp_path / "server" / "cli.py").write_text("")
     assert serve_module(tmp_path) == "server.cli"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Full dotted names of every absolute import in `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_turn_assembler_is_pure() -> None:
+    """Issue 26: when a turn ends is decided without asyncio, threads, the room kit or hooks;
+    within voice it reads only words, runs and timelines."""
+    names = imported_modules(REPO / "voice" / "assembler.py")
+    assert not {n.split(".")[0] for n in names} & {"asyncio", "threading", "concurrent", "rooms",
+                                                    "models", "attribution", "server"}
+    assert {n for n in names if n.startswith("voice")} <= {"voice.turns", "voice.diarization_stage"}
+
+
+def test_the_stage_driver_does_not_reach_into_sessions_or_rooms() -> None:
+    names = imported_modules(REPO / "voice" / "stage_driver.py")
+    assert not {n.split(".")[0] for n in names} & {"rooms", "models", "server"}
+    assert {n for n in names if n.startswith("voice")} <= {
+        "voice.assembler", "voice.audio", "voice.diarization_stage"}

@@ -165,3 +165,15 @@ async def test_the_channel_keeps_its_latest_play_calls() -> None:
         await channel.play("room", b"\0\0" * (i + 1), 16000)
     assert len(channel.played) == KEPT_PLAYED
     assert channel.played[-1] == ("room", 2 * (KEPT_PLAYED + 10), 16000)
+
+
+def test_the_load_bench_hands_the_voice_section_to_the_server(tmp_path: Path) -> None:
+    from bench.load import voice_section
+
+    given = tmp_path / "given.toml"
+    given.write_text("[voice]\nprovisional_changes = false\nspeaker_wait = 1.5\n[stt]\nprovider = 'whisper'\n")
+    written = tmp_path / "server.toml"
+    written.write_text(voice_section(given))
+    assert load_config(written, environ={}).voice.policy() == TurnPolicy(
+        provisional_changes=False, speaker_wait=1.5)
+    assert voice_section(None) == ""
