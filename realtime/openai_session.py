@@ -6,7 +6,8 @@ derives `wss://…/v1/realtime?model=…` from the base URL (or `websocket_base_
 server (`realtime.testing.OpenAIRealtimeServer`) or a proxy is reached by configuration alone.
 The SDK's own reconnect is left off: after a drop the service holds an empty conversation, and
 only the base class knows what to replay. Client events are built from `realtime.openai_wire`
-models and sent as the JSON the SDK would send; server events are parsed with the same models.
+models (by `realtime.openai_events`, shared with the recorder) and sent as the JSON the SDK would
+send; server events are parsed with the same models. The `openai` package is the `openai` extra.
 """
 
 from __future__ import annotations
