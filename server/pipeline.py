@@ -270,6 +270,11 @@ class VoiceStreamAudio:
                 self._release = None
 
 
+CHAT_EXTRA = ("openai", "the OpenAI chat provider ([chat] provider)")
+AGENT_EXTRA = ("acp", "the ACP agent ([agent] command)")
+"""(extra, what needs it) of the chat model and the external agent, for `require`."""
+
+
 def require_extras(config: ServerConfig) -> None:
     """Raise `models.extras.MissingExtra` (one line: the extra to install) when a part the
     configuration asks for comes with a pip extra that is not installed.
@@ -282,9 +287,9 @@ def require_extras(config: ServerConfig) -> None:
         require("deepgram", "the Deepgram STT provider")
     require_provider(config.realtime.provider)
     if config.chat.provider != "none":
-        require("openai", "the OpenAI chat provider ([chat] provider)")
+        require(*CHAT_EXTRA)
     if config.agent.command:
-        require("acp", "the ACP agent ([agent] command)")
+        require(*AGENT_EXTRA)
     if (config.store.url or "").split(":", 1)[0].lower() in ("postgresql", "postgres"):
         require("postgres", "the Postgres store")
 
@@ -342,7 +347,7 @@ def _chat_channel(config: ServerConfig) -> AIChannel | None:
     chat = config.chat
     if chat.provider == "none":
         return None
-    require("openai", "the OpenAI chat provider ([chat] provider)")
+    require(*CHAT_EXTRA)
     from rooms.providers.openai_chat import DEFAULT_MODEL, OpenAIChatProvider
 
     provider = OpenAIChatProvider(
@@ -360,7 +365,7 @@ def _agent_channel(config: ServerConfig) -> ACPAgentChannel | None:
     agent = config.agent
     if not agent.command:
         return None
-    require("acp", "the ACP agent ([agent] command)")
+    require(*AGENT_EXTRA)
     from rooms.acp import ACPAgentChannel
 
     return ACPAgentChannel(
