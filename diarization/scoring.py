@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from models.extras import require
 from voice.diarization_stage import SpeakerTimeline
 
 os.environ.setdefault("PYANNOTE_METRICS_ENABLED", "0")
@@ -100,6 +101,7 @@ def score(
 ) -> DerScore:
     """DER of `hypothesis` against `reference` over `uem` (or [0, duration], or the extent of
     both timelines), overlap scored."""
+    require("bench", "DER scoring")
     from pyannote.core import Segment, Timeline
     from pyannote.metrics.diarization import DiarizationErrorRate
 

@@ -1,7 +1,8 @@
 """Realtime LLM sessions in rooms (spec voice.md R1–R6, attribution.md G1, G3, G6).
 
 Owns: realtime model sessions behind one interface (`RealtimeSession`: OpenAI Realtime through the
-`openai` package, Gemini Live through `google-genai`, and the key-less `RecorderSession`), the
+`openai` package, Gemini Live through `google-genai` (the `openai` and `gemini` extras), and the
+key-less `RecorderSession`, which needs neither), the
 `RealtimeChannel` that feeds them labelled lines and diarized audio turns from a room and posts
 their replies back, speak policies, `replay_turns` (used by `chorus transcribe --realtime` and the
 demo), and local servers speaking the providers' wire formats for tests (`realtime.testing`).

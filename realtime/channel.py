@@ -36,7 +36,7 @@ from attribution import Register
 from attribution.session import CorrectionWording, SessionLabels, SessionLine, correction_note
 from models import Participant, RoomEvent, TextContent, VoiceTurn
 from realtime.policy import SpeakPolicy, SpeakTurn, default_policy
-from realtime.providers import make_session
+from realtime.providers import make_session, require_provider
 from realtime.session import (
     ContextItem,
     RealtimeSession,
@@ -95,7 +95,8 @@ class RealtimeChannel(Channel):
     """`RealtimeChannel("rt", provider="openai", assistant_name="Chorus", model=..., base_url=...)`.
 
     - `provider`: `"recorder"` (default, no key), `"openai"`, `"gemini"`, or a factory
-      `Callable[[SessionOptions], RealtimeSession]`; `provider_options` go to the session.
+      `Callable[[SessionOptions], RealtimeSession]`; `provider_options` go to the session. A
+      provider whose SDK is not installed fails here, with the extra to install.
     - `policy`: a `SpeakPolicy`; default: answer when addressed by `assistant_name`, or always
       while the room holds a single speaker.
     - `audio_mode`: R3 (see the module docstring); `instructions`: the session's instructions.
@@ -122,6 +123,8 @@ class RealtimeChannel(Channel):
         **provider_options: Any,
     ) -> None:
         super().__init__(channel_id)
+        if isinstance(provider, str):
+            require_provider(provider)  # at start: the sessions open later, one per room
         self.provider = provider
         self.provider_options = provider_options
         self.assistant_name = assistant_name

@@ -6,7 +6,8 @@ derives `wss://…/v1/realtime?model=…` from the base URL (or `websocket_base_
 server (`realtime.testing.OpenAIRealtimeServer`) or a proxy is reached by configuration alone.
 The SDK's own reconnect is left off: after a drop the service holds an empty conversation, and
 only the base class knows what to replay. Client events are built from `realtime.openai_wire`
-models and sent as the JSON the SDK would send; server events are parsed with the same models.
+models (by `realtime.openai_events`, shared with the recorder) and sent as the JSON the SDK would
+send; server events are parsed with the same models. The `openai` package is the `openai` extra.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed
 
 from realtime import openai_wire as wire
+from realtime.openai_events import client_item_event, response_create_event, session_config
 from realtime.session import (
     ContextItem,
     RealtimeSession,
@@ -36,49 +38,6 @@ from realtime.session import (
 )
 
 DEFAULT_MODEL = "gpt-realtime"
-
-
-def session_config(options: SessionOptions, model: str | None = None) -> wire.SessionConfig:
-    """The `session.update` body for these options.
-
-    Audio mode sets `audio.input.turn_detection` to `null` (the model's own turn detection off,
-    R3) and the input format to 24 kHz PCM; text mode leaves turn detection alone (the model
-    gets no audio).
-    """
-    config = wire.SessionConfig(type="realtime")
-    if model is not None:
-        config.model = model
-    if options.instructions is not None:
-        config.instructions = options.instructions
-    config.output_modalities = ["audio"] if options.output_audio else ["text"]
-    audio: wire.AudioConfig | None = None
-    if options.audio_input or options.voice is not None:
-        audio = wire.AudioConfig()
-        if options.audio_input:
-            audio.input = wire.AudioInputConfig(
-                format=wire.AudioFormat(type="audio/pcm", rate=wire.INPUT_SAMPLE_RATE),
-                turn_detection=None,
-            )
-        if options.voice is not None:
-            audio.output = wire.AudioOutputConfig(voice=options.voice)
-        config.audio = audio
-    return config
-
-
-def client_item_event(item: ContextItem) -> wire.ConversationItemCreate:
-    if item.role == "user":
-        message = wire.user_text_item(item.text)
-    elif item.role == "system":
-        message = wire.system_text_item(item.text)
-    else:
-        message = wire.assistant_text_item(item.text)
-    return wire.ConversationItemCreate(item=message)
-
-
-def response_create_event(number: int) -> wire.ResponseCreate:
-    """The n-th `response.create` of a session. Its `event_id` comes back in an `error` that
-    refuses it, so a refused request does not leave a response "in flight" forever."""
-    return wire.ResponseCreate(event_id=f"chorus_response_{number}")
 
 
 class _ReplyAssembler:

@@ -1,15 +1,29 @@
 """Realtime providers by name: `make_session("openai" | "gemini" | "recorder", options, **kw)`.
 
-Adding a provider is one module with a `RealtimeSession` subclass and one line here.
+Adding a provider is one module with a `RealtimeSession` subclass and one line here (two when
+its SDK comes with a pip extra: `EXTRAS`). A channel opens its sessions per room, so whoever
+builds one calls `require_provider` first: a missing extra then fails at start, not in a room.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from models.extras import require
 from realtime.session import RealtimeSession, SessionOptions
 
 PROVIDERS = ("recorder", "openai", "gemini")
+
+EXTRAS = {"openai": ("openai", "the OpenAI realtime provider"),
+          "gemini": ("gemini", "the Gemini Live realtime provider")}
+"""Provider → (the pip extra its SDK comes with, what to call it in the install hint)."""
+
+
+def require_provider(provider: str) -> None:
+    """Raise `models.extras.MissingExtra` (one line: what to install) when `provider`'s SDK is
+    not installed; nothing for the recorder, which needs none."""
+    if provider in EXTRAS:
+        require(*EXTRAS[provider])
 
 
 def make_session(
@@ -21,6 +35,7 @@ def make_session(
     every provider; the recorder ignores connection options (it connects nowhere).
     """
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    require_provider(provider)
     if provider == "recorder":
         for name in ("api_key", "base_url", "websocket_base_url", "ssl", "client"):
             kwargs.pop(name, None)

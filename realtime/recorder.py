@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from realtime import openai_wire as wire
-from realtime.openai_session import client_item_event, response_create_event, session_config
+from realtime.openai_events import client_item_event, response_create_event, session_config
 from realtime.session import (
     ContextItem,
     RealtimeSession,

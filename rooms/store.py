@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 from pydantic import BaseModel, ConfigDict, Field
 
 from models import CompositeContent, Content, Participant, RoomEvent
+from models.extras import require
 from rooms.locks import InProcessLocks, RoomLockManager
 
 
@@ -428,6 +429,7 @@ async def open_store(url: str) -> OpenedStore:
         sqlite = await SQLiteStore.open(sqlite_path(url))
         return OpenedStore(url, sqlite, InProcessLocks(), [sqlite.close])
     if scheme in ("postgresql", "postgres"):
+        require("postgres", "the Postgres store")
         from rooms.postgres import PostgresAdvisoryLocks, PostgresStore
 
         postgres = await PostgresStore.connect(url)

@@ -17,17 +17,22 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from diarization import enroll_voices, load_stage
+from models.extras import require
 from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
+from realtime.providers import require_provider
 from rooms import AIChannel, RoomKit, SlidingWindowMemory
-from rooms.acp import ACPAgentChannel
 from server.config import ServerConfig
 from voice.audio import AudioError
 from voice.channel import StatusCallback, VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
+from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
+
+if TYPE_CHECKING:
+    from rooms.acp import ACPAgentChannel
 
 log = logging.getLogger(__name__)
 
@@ -262,22 +267,43 @@ class VoiceStreamAudio:
                 self._release = None
 
 
+CHAT_EXTRA = ("openai", "the OpenAI chat provider ([chat] provider)")
+AGENT_EXTRA = ("acp", "the ACP agent ([agent] command)")
+"""(extra, what needs it) of the chat model and the external agent, for `require`."""
+
+
+def require_extras(config: ServerConfig) -> None:
+    """Raise `models.extras.MissingExtra` (one line: the extra to install) when a part the
+    configuration asks for comes with a pip extra that is not installed.
+
+    `chorus serve` and `chorus agent` call it as soon as the configuration is read, and
+    `build_pipeline` first: a missing extra stops the server before the store opens or a model
+    loads, never at a room's first stream. The factories below check again for callers that
+    build one part alone."""
+    if config.stt.provider == "deepgram":
+        require("deepgram", "the Deepgram STT provider")
+    require_provider(config.realtime.provider)
+    if config.chat.provider != "none":
+        require(*CHAT_EXTRA)
+    if config.agent.command:
+        require(*AGENT_EXTRA)
+    if (config.store.url or "").split(":", 1)[0].lower() in ("postgresql", "postgres"):
+        require("postgres", "the Postgres store")
+
+
 def stt_provider(config: ServerConfig) -> SttProvider:
     """The configured STT provider (`[stt]`); `chorus serve` and `chorus agent` both build it here."""
     stt = config.stt
     if stt.provider == "deepgram":
-        from voice.stt.deepgram import DeepgramSTT
-
-        return DeepgramSTT(
-            stt.deepgram_api_key,
+        return load_stt(
+            "deepgram",
+            api_key=stt.deepgram_api_key,
             url=stt.deepgram_url,
             model=stt.model or "nova-3",
             language=stt.language or "en",
             diarize=stt.diarize,
         )
-    from voice.stt.whisper import WhisperSTT
-
-    return WhisperSTT(stt.model, language=stt.language or "en")
+    return load_stt("whisper", model=stt.model, language=stt.language or "en")
 
 
 def speak_policy(config: ServerConfig) -> SpeakPolicy:
@@ -318,6 +344,7 @@ def _chat_channel(config: ServerConfig) -> AIChannel | None:
     chat = config.chat
     if chat.provider == "none":
         return None
+    require(*CHAT_EXTRA)
     from rooms.providers.openai_chat import DEFAULT_MODEL, OpenAIChatProvider
 
     provider = OpenAIChatProvider(
@@ -335,6 +362,9 @@ def _agent_channel(config: ServerConfig) -> ACPAgentChannel | None:
     agent = config.agent
     if not agent.command:
         return None
+    require(*AGENT_EXTRA)
+    from rooms.acp import ACPAgentChannel
+
     return ACPAgentChannel(
         "agent", agent.command, cwd=agent.cwd, prompt_timeout=agent.prompt_timeout
     )
@@ -347,6 +377,7 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
     Modules are imported here on the loop's thread, never inside worker threads: importing in
     two threads at once trips a CPython 3.11 bug in the ast module (seen under pytest).
     """
+    require_extras(config)
     stt = stt_provider(config)
     if config.diarizer.kind == "embedded":
         import torch.onnx  # noqa: F401  (the first start exports CAM++ to ONNX)

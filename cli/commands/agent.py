@@ -37,12 +37,17 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from models.extras import MissingExtra, require
+
+    require("livekit", "the LiveKit Agents worker")  # cli.main prints the hint
     from livekit_worker.config import load_agent_config
     from livekit_worker.worker import CONFIG_ENV, missing_credentials, serve
+    from server.pipeline import require_extras
 
     try:
-        _, livekit = load_agent_config(args.config)  # a bad file fails here, not in each job
-    except (ConfigError, ValueError) as exc:
+        config, livekit = load_agent_config(args.config)  # a bad file fails here, not in each job
+        require_extras(config)
+    except (ConfigError, ValueError, MissingExtra) as exc:
         print(f"chorus agent: {exc}", file=sys.stderr)
         return 2
     missing = missing_credentials()

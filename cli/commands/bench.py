@@ -1,13 +1,17 @@
-"""`chorus bench NAME …`: runs a benchmark module from `bench/` (the same code path users run)."""
+"""`chorus bench NAME …`: runs a benchmark module from `bench/` (the same code path users run).
+
+Every bench needs the `bench` extra (jiwer, pyannote.metrics, matplotlib); each is checked at start."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import pkgutil
+from collections.abc import Callable
 from typing import Any
 
 import bench
+from models.extras import require
 
 
 def register(subparsers: Any) -> None:
@@ -30,9 +34,22 @@ def subparsers_for_benches(parser: argparse.ArgumentParser) -> list[str]:
         doc = (module.__doc__ or "").strip().splitlines()
         sub = benches.add_parser(info.name, help=doc[0] if doc else None)
         add_arguments(sub)
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=_with_bench_extra(info.name, run))
         names.append(info.name)
     return names
+
+
+def _with_bench_extra(
+    name: str, run: Callable[[argparse.Namespace], int]
+) -> Callable[[argparse.Namespace], int]:
+    """`run` after checking the `bench` extra (WER, DER scoring, plots), so a missing one stops
+    the bench at its start with the install hint rather than after the measuring."""
+
+    def checked(args: argparse.Namespace) -> int:
+        require("bench", f"the {name} bench")
+        return run(args)
+
+    return checked
 
 
 def _no_bench(parser: argparse.ArgumentParser, names: list[str]) -> int:

@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"chorus diarize: error: {exc}", file=sys.stderr)
         return 2
+    if args.reference is not None or args.plot is not None:
+        from models.extras import require
+
+        # before the diarizing, not after it (cli.main prints the hint)
+        require("bench", "scoring and plotting (--reference, --plot)")
     enrollments: list[tuple[str, Path]] = []
     for item in args.enroll:
         name, sep, clip = item.partition("=")

@@ -21,6 +21,7 @@ import socket
 import sys
 from typing import Any
 
+from models.extras import MissingExtra
 from rooms import OpenedStore, RoomKit, open_store
 from server.auth import check_secret, generate_secret
 from server.config import ConfigError, ServerConfig, load_config
@@ -79,10 +80,13 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from server.pipeline import require_extras
+
     try:
         config = load_config(args.config)
+        require_extras(config)  # a missing extra fails here, before the store opens
         secret = settle_secret(config, args.host)
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, ValueError, MissingExtra) as exc:
         print(f"chorus serve: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve(config, secret, args.host, args.port))

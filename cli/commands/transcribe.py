@@ -61,10 +61,11 @@ def register(subparsers: Any) -> None:
 
 
 def _stt(args: argparse.Namespace) -> Any:
-    if args.stt == "deepgram":
-        from voice.stt.deepgram import DeepgramSTT
+    from voice.stt import load_stt
 
-        return DeepgramSTT(os.environ.get("DEEPGRAM_API_KEY"), url=os.environ.get("DEEPGRAM_URL"))
+    if args.stt == "deepgram":  # without the `deepgram` extra: MissingExtra, its one line
+        return load_stt("deepgram", api_key=os.environ.get("DEEPGRAM_API_KEY"),
+                        url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
     return WhisperSTT(args.whisper_model)
@@ -91,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         renames = parse_renames(args.rename)
+        if args.realtime:
+            from realtime.providers import require_provider
+
+            require_provider(args.realtime)  # before the transcription, not after it
         audio, rate = read_audio(args.audio)
         stt = _stt(args)
         diarizer = None

@@ -1,10 +1,12 @@
 """Speech-to-text providers behind one interface (rule S3): `voice.stt.base` owns keepalive,
-reconnect and labels; each provider module speaks one protocol. `load_stt(kind)` builds one by name."""
+reconnect and labels; each provider module speaks one protocol. `load_stt(kind)` builds one by name
+(Deepgram's SDK comes with the `deepgram` extra: without it `load_stt` says what to install)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from models.extras import require
 from voice.stt.base import SttProvider, SttStream
 
 
@@ -15,6 +17,7 @@ def load_stt(kind: str = "whisper", **options: Any) -> SttProvider:
 
         return WhisperSTT(**options)
     if kind == "deepgram":
+        require("deepgram", "the Deepgram STT provider")
         from voice.stt.deepgram import DeepgramSTT
 
         return DeepgramSTT(**options)
