@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,8 +24,9 @@ from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from rooms import AIChannel, RoomKit, SlidingWindowMemory
 from rooms.acp import ACPAgentChannel
 from server.config import ServerConfig
+from server.framing import StreamDeclaration
 from voice.audio import AudioError
-from voice.channel import StatusCallback, VoiceChannel, VoiceSession
+from voice.channel import VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider, SttStatus
 
@@ -34,14 +35,27 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StreamInfo:
+    """One stream to open: where it is, and what its protocol declared (unchanged)."""
+
     room_id: str
     stream_id: str
-    participant: str
-    name: str | None
-    shared_mic: bool
-    sample_rate: int
-    encoding: str
-    channels: int
+    declaration: StreamDeclaration
+
+    @property
+    def participant(self) -> str:
+        return self.declaration.participant
+
+    @property
+    def name(self) -> str | None:
+        return self.declaration.name
+
+    @property
+    def shared_mic(self) -> bool:
+        return self.declaration.shared_mic
+
+
+StreamStatusCallback = Callable[[SttStatus], Awaitable[None]]
+"""Hears one stream's STT status (degraded, recovered, audio lost, ended: issue 10.1)."""
 
 
 class StreamAudio(Protocol):
@@ -62,7 +76,12 @@ class StreamAudio(Protocol):
 class Pipeline(Protocol):
     async def attach_room(self, kit: RoomKit, room_id: str) -> None: ...
 
-    async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio: ...
+    async def open_stream(
+        self, kit: RoomKit, info: StreamInfo, on_status: StreamStatusCallback | None = None
+    ) -> StreamAudio:
+        """The stream's audio session; `on_status` hears this stream's STT status, and only
+        this stream's, until it finishes."""
+        ...
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """The room is being evicted (no stream is open in it): drop what the pipeline keeps
@@ -98,10 +117,9 @@ class VoicePipeline:
     def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
         self.config = config
         self.stt = stt
-        self.status_listeners: list[StatusCallback] = []
-        """Hear every stream's STT status (degraded, recovered, audio lost, ended: issue 10.1).
-        The server appends one that tells the stream's device and counts it in its metrics;
-        `VoiceSession.id` is the stream's `voice_session_id`."""
+        self._on_status: dict[str, StreamStatusCallback] = {}
+        """Each open stream's status callback (`open_stream(on_status=…)`), by its session id
+        (the stream id); dropped when the stream finishes."""
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
                                          on_status=self._stream_status)
         self.realtime = realtime_channel(config)
@@ -171,11 +189,14 @@ class VoicePipeline:
         return channel
 
     async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
-        for listener in list(self.status_listeners):
-            try:
-                await listener(session, status)
-            except Exception:
-                log.exception("stream %s: a status listener failed", session.id)
+        """Every voice channel's status callback: routes a session's status to its stream's."""
+        callback = self._on_status.get(session.id)
+        if callback is None:
+            return
+        try:
+            await callback(status)
+        except Exception:
+            log.exception("stream %s: its status callback failed", session.id)
 
     async def _new_stage(self) -> DiarizationStage:
         """A fresh live stage for one more pooled stream. The loaded models are shared: the
@@ -201,27 +222,35 @@ class VoicePipeline:
                 await asyncio.to_thread(enroll_voices, stage, self.enrollments)
             return stage
 
-    async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
+    async def open_stream(
+        self, kit: RoomKit, info: StreamInfo, on_status: StreamStatusCallback | None = None
+    ) -> StreamAudio:
         pooled = info.shared_mic and self.diarizes_with_stage
         channel = await self._diarized_channel(kit, info.room_id) if pooled else self.shared_voice
         await kit.ensure_participant(
             info.room_id, channel.channel_id, info.participant, display_name=info.name
         )
+        fmt = info.declaration.format
+        if on_status is not None:
+            self._on_status[info.stream_id] = on_status
         try:
             session = await channel.start_session(
                 info.room_id,
                 info.participant,
-                sample_rate=info.sample_rate,
-                encoding="mulaw" if info.encoding == "mulaw" else "pcm16",
-                channels=info.channels,
+                sample_rate=fmt.sample_rate,
+                encoding=fmt.encoding,
+                channels=fmt.channels,
                 session_id=info.stream_id,
             )
         except BaseException:
+            self._on_status.pop(info.stream_id, None)
             if pooled:
                 self._pools[info.room_id].append(channel)
             raise
         release = (lambda: self._pools[info.room_id].append(channel)) if pooled else None
-        return VoiceStreamAudio(session, release)
+        return VoiceStreamAudio(
+            session, release, forget=lambda: self._on_status.pop(session.id, None)
+        )
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """Close and drop the room's pooled voice channels (all idle: no stream is open).
@@ -244,10 +273,17 @@ class VoicePipeline:
 class VoiceStreamAudio:
     """A `StreamAudio` over one `VoiceSession`."""
 
-    def __init__(self, session: VoiceSession, release: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        session: VoiceSession,
+        release: Callable[[], None] | None,
+        forget: Callable[[], object] | None = None,
+    ) -> None:
         self.session = session
         self.session_id = session.id
         self._release = release
+        self._forget = forget
+        """Drops the stream's status callback once it has finished."""
         self.skipped = 0
 
     async def push(self, frame: bytes) -> None:
@@ -260,6 +296,9 @@ class VoiceStreamAudio:
         try:
             await self.session.finish()  # its last turns were delivered with their audio (R3)
         finally:
+            if self._forget is not None:
+                self._forget()
+                self._forget = None
             if self._release is not None:
                 self._release()
                 self._release = None
