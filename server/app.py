@@ -11,13 +11,13 @@ uvicorn with its `websockets` implementation:
   typed messages (`chat` grant, server.chat), the Teams and WhatsApp webhooks (server.ingress)
 
 A stream protocol module turns its socket's messages into one `server.framing.StreamDeclaration`
-plus audio; here every stream then runs the same way (`_stream`: open in `server.live`, read
-audio under the rate cap, write turns and replies, flush and close). Every websocket refusal is
-a close code from `protocol.CloseCode` with the problem in the reason, sent before any audio is
-read; it only ever ends the offending socket. Oversized messages are cut off by the websockets
-protocol under uvicorn (`ws_max_size`, close code 1009) from the frame header, before the
-payload is buffered. A socket is read only as fast as its handler takes messages (uvicorn's
-`ws_max_queue` then TCP), so a flooding client backs up on its own connection only.
+plus audio; the route here checks its token and limits, then every stream runs the same way
+(`server.streaming.run_stream`). Every websocket refusal is a close code from
+`protocol.CloseCode` with the problem in the reason, sent before any audio is read; it only ever
+ends the offending socket. Oversized messages are cut off by the websockets protocol under
+uvicorn (`ws_max_size`, close code 1009) from the frame header, before the payload is buffered.
+A socket is read only as fast as its handler takes messages (uvicorn's `ws_max_queue` then TCP),
+so a flooding client backs up on its own connection only.
 Model work never runs here: the pipeline's voice channel does it off the loop.
 """
 
@@ -42,8 +42,6 @@ from server.events import serve_feed
 from server.framing import (
     Refusal,
     StoppedBeforeStart,
-    StreamDeclaration,
-    StreamFraming,
     check_participant,
 )
 from server.http import HttpRoutes, problem_response
@@ -51,11 +49,10 @@ from server.ingress.serve import build_webhooks
 from server.live import LiveRooms, StreamLimitError
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
-from server.protocol import ROOM_ID, CloseCode, ErrorMessage, dump
-from server.room_state import LiveStream, StreamTooFastError
+from server.protocol import ROOM_ID, CloseCode
 from server.sockets import REFUSAL_WAIT_S, KeepServerSend, Socket, SocketClosed
+from server.streaming import run_stream
 from server.twilio import TwilioFraming, TwilioOpening
-from voice.audio import AudioError
 
 log = logging.getLogger("chorus.server")
 
@@ -224,7 +221,7 @@ class ChorusServer:
             if room is None:
                 await handler(ws)
             else:
-                await handler(ws, room, self._token(websocket))
+                await handler(ws, room, ws.token())
         except Refusal as refusal:
             await self._refuse(ws, refusal)
         except SocketClosed:
@@ -240,27 +237,7 @@ class ChorusServer:
         """Say why, close with the code; a peer that does not read is cut off (bounded)."""
         self.metrics.refused_total[refusal.metric] += 1
         log.info("refused %s: %s (%d)", ws.remote, refusal.reason, refusal.code)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + REFUSAL_WAIT_S
-        try:
-            async with asyncio.timeout_at(deadline):
-                await ws.send(dump(ErrorMessage(code=int(refusal.code), reason=refusal.reason)))
-        except (TimeoutError, SocketClosed):
-            ws.abort()
-            return
-        await ws.close(
-            refusal.code, refusal.reason[:120], within_s=max(0.1, deadline - loop.time())
-        )
-
-    @staticmethod
-    def _token(websocket: WebSocket) -> str | None:
-        token = websocket.query_params.get("token")
-        if token:
-            return token
-        auth = websocket.headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            return auth[7:].strip()
-        return None
+        await ws.refuse(refusal.code, refusal.reason)
 
     def _authorize(self, token: str | None, room: str, need: Grant) -> RoomGrant:
         try:
@@ -318,7 +295,7 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return
         check_participant(grant, declaration.participant)
-        await self._stream(ws, room, framing, declaration)
+        await run_stream(ws, self.rooms, room, framing, declaration, self._draining)
 
     # ------------------------------------------------------------------ Twilio leg
 
@@ -333,7 +310,9 @@ class ChorusServer:
         grant = self._authorize(opening.token, opening.room, Grant.STREAM)
         declaration = framing.declare(opening)
         check_participant(grant, declaration.participant)
-        await self._stream(ws, opening.room, framing, declaration)
+        await run_stream(
+            ws, self.rooms, opening.room, framing, declaration, self._draining
+        )
 
     @contextlib.contextmanager
     def _unauthenticated(self, ws: Socket) -> Iterator[None]:
@@ -377,96 +356,6 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return None
         return opening
-
-    # ------------------------------------------------------------------ every stream
-
-    async def _stream(
-        self, ws: Socket, room: str, framing: StreamFraming, declaration: StreamDeclaration
-    ) -> None:
-        """Open the declared stream, greet the socket, then pump audio in and messages out."""
-        try:
-            stream = await self.rooms.open_stream(
-                room, kind=framing.kind, declaration=declaration, reply_audio=framing.reply_audio
-            )
-        except StreamLimitError as exc:
-            raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc
-        except AudioError as exc:  # a declared format the voice channel cannot take (V10)
-            raise Refusal(CloseCode.BAD_MESSAGE, str(exc)[:120], "bad_format") from exc
-        except Exception as exc:  # the STT or model behind the stream is unavailable
-            log.exception("could not open a %s stream in room %s", framing.kind, room)
-            raise Refusal(
-                CloseCode.INTERNAL_ERROR, f"stream could not start: {exc}"[:120], "pipeline_error"
-            ) from exc
-        for message in framing.greeting(room, stream.id):
-            stream.send(message)
-        log.info(
-            "%s stream %s opened in room %s for %s",
-            framing.kind, stream.id, room, declaration.participant,
-        )
-        await self._pump(ws, stream, self._read_audio(ws, stream, framing))
-
-    async def _read_audio(self, ws: Socket, stream: LiveStream, framing: StreamFraming) -> None:
-        """Audio out of each message, into the room, until the framing says the stream ended."""
-        async for message in ws.messages():
-            audio = framing.audio(message)
-            if audio is None:
-                return
-            if audio:
-                await self.rooms.push_audio(stream, audio)
-
-    async def _pump(self, ws: Socket, stream: LiveStream, reader: Awaitable[None]) -> None:
-        """Run the reader and the writer of one stream; always flush and close the stream.
-
-        A drain (shutdown) stops the reader where it is; the stream is then flushed like a
-        `stop`, its last turns are sent, and the device hears `4503` instead of `1000`."""
-        writer = asyncio.create_task(self._write(ws, stream))
-        reading = asyncio.ensure_future(reader)
-        draining = asyncio.create_task(self._draining.wait())
-        closed_cleanly = False
-        drained = False
-        too_fast: StreamTooFastError | None = None
-        try:
-            await asyncio.wait({reading, draining}, return_when=asyncio.FIRST_COMPLETED)
-            if reading.done():
-                try:
-                    reading.result()  # a refusal or a broken socket propagates
-                except StreamTooFastError as exc:
-                    too_fast = exc  # refused, but only after its last turns went out
-                closed_cleanly = True
-            else:
-                drained = closed_cleanly = True
-        finally:
-            for task in (reading, draining):
-                task.cancel()
-            await asyncio.gather(reading, draining, return_exceptions=True)
-            await self.rooms.close_stream(stream)  # flushes the last turns into the outbox
-            if closed_cleanly:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._drained(stream), 5)
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await writer
-        if too_fast is not None:
-            raise Refusal(CloseCode.TOO_MANY_STREAMS, str(too_fast), "stream_too_fast")
-        if drained:
-            await ws.close(CloseCode.SHUTTING_DOWN, "server is shutting down")
-        else:
-            await ws.close(CloseCode.NORMAL, "stream stopped")
-
-    @staticmethod
-    async def _drained(stream: LiveStream) -> None:
-        await stream.outbox.join()
-
-    @staticmethod
-    async def _write(ws: Socket, stream: LiveStream) -> None:
-        while True:
-            message = await stream.outbox.get()
-            try:
-                await ws.send(message)
-            except SocketClosed:
-                return
-            finally:
-                stream.outbox.task_done()
 
     # ------------------------------------------------------------------ event feed
 

@@ -42,7 +42,6 @@ from server.framing import Outgoing, StreamDeclaration, StreamKind
 from server.metrics import ServerMetrics
 from server.output import ServerOutput
 from server.pipeline import Pipeline, StreamInfo
-from server.protocol import StreamEventMessage, dump
 from server.renames import RoomRenames
 from server.room_state import KeyLock, LiveRoom, LiveStream, StreamPacer, held
 from voice.stt.base import SttStatus
@@ -264,11 +263,11 @@ class LiveRooms:
         )
         live.streams[stream.id] = stream
         live.touch()
+
+        async def on_status(status: SttStatus) -> None:
+            await self.output.stt_status(stream, status)
+
         try:
-
-            async def on_status(status: SttStatus) -> None:
-                await self.output.stt_status(stream, status)
-
             stream.audio = await self.pipeline.open_stream(self.kit, info, on_status)
         except BaseException:
             live.streams.pop(stream.id, None)
@@ -278,50 +277,25 @@ class LiveRooms:
         self._sessions[stream.audio.session_id] = stream
         self.metrics.streams_active[kind] += 1
         self.metrics.streams_total[kind] += 1
-        live.feed.publish(
-            dump(
-                StreamEventMessage(
-                    type="stream_started",
-                    room=room_id,
-                    stream=stream.id,
-                    participant=declaration.participant,
-                    name=declaration.name,
-                    kind=kind,
-                )
-            )
-        )
+        live.feed.publish(stream.event_message("stream_started"))
         return stream
 
     async def push_audio(self, stream: LiveStream, pcm_or_mulaw: bytes) -> None:
         """Admit a piece of the stream's audio (whole samples) under its rate cap; it reaches
         the pipeline once `limits.min_push_ms` of audio has gathered. Raises
         `StreamTooFastError` for a stream that stays over the cap."""
+        self.metrics.audio_seconds_total += await stream.admit(pcm_or_mulaw)
         fmt = stream.declaration.format
-        width = fmt.bytes_per_frame
-        seconds = len(pcm_or_mulaw) / (width * fmt.sample_rate)
-        if stream.pacer is not None:
-            await stream.pacer.admit(seconds)
-        stream.note_audio(seconds)
-        self.metrics.audio_seconds_total += seconds
-        stream.pending += pcm_or_mulaw
-        min_bytes = int(self.config.limits.min_push_ms / 1000 * fmt.sample_rate) * width
-        if len(stream.pending) >= min_bytes:
-            await self._push_pending(stream)
-
-    async def _push_pending(self, stream: LiveStream) -> None:
-        if not stream.pending:
-            return
-        data = bytes(stream.pending)
-        stream.pending.clear()
-        assert stream.audio is not None
-        await stream.audio.push(data)
+        min_bytes = int(self.config.limits.min_push_ms / 1000 * fmt.sample_rate)
+        if len(stream.pending) >= min_bytes * fmt.bytes_per_frame:
+            await stream.push_pending()
 
     async def close_stream(self, stream: LiveStream) -> None:
         """Flush the stream's last turns, then forget it. Safe to call once per stream."""
         live = self.rooms.get(stream.room_id)
         try:
             if stream.audio is not None:
-                await self._push_pending(stream)
+                await stream.push_pending()
                 await stream.audio.finish()
         except Exception:
             log.exception("closing stream %s failed", stream.id)
@@ -332,18 +306,7 @@ class LiveRooms:
                 live.touch()
                 self._stream_count -= 1
                 self.metrics.streams_active[stream.kind] -= 1
-                live.feed.publish(
-                    dump(
-                        StreamEventMessage(
-                            type="stream_stopped",
-                            room=stream.room_id,
-                            stream=stream.id,
-                            participant=stream.declaration.participant,
-                            name=stream.declaration.name,
-                            kind=stream.kind,
-                        )
-                    )
-                )
+                live.feed.publish(stream.event_message("stream_stopped"))
 
     # ------------------------------------------------------------------ chat
 

@@ -15,10 +15,12 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from server.feed import RenameBook, RoomFeed
 from server.framing import Outgoing, StreamDeclaration, StreamKind
 from server.pipeline import StreamAudio, StreamInfo
+from server.protocol import StreamEventMessage, dump
 
 OUTBOX_SIZE = 1024
 
@@ -94,6 +96,40 @@ class LiveStream:
     @property
     def room_id(self) -> str:
         return self.info.room_id
+
+    def event_message(self, type: Literal["stream_started", "stream_stopped"]) -> str:
+        """The feed's message that this stream joined or left its room."""
+        declared = self.declaration
+        return dump(
+            StreamEventMessage(
+                type=type,
+                room=self.room_id,
+                stream=self.id,
+                participant=declared.participant,
+                name=declared.name,
+                kind=self.kind,
+            )
+        )
+
+    async def admit(self, audio: bytes) -> float:
+        """Take `audio` (whole sample frames) under the rate cap into `pending`; its seconds.
+        Raises `StreamTooFastError` for a stream that stays over the cap."""
+        fmt = self.declaration.format
+        seconds = len(audio) / (fmt.bytes_per_frame * fmt.sample_rate)
+        if self.pacer is not None:
+            await self.pacer.admit(seconds)
+        self.note_audio(seconds)
+        self.pending += audio
+        return seconds
+
+    async def push_pending(self) -> None:
+        """Hand the audio gathered so far to the stream's session."""
+        if not self.pending:
+            return
+        data = bytes(self.pending)
+        self.pending.clear()
+        assert self.audio is not None
+        await self.audio.push(data)
 
     def send(self, message: Outgoing) -> bool:
         """Queue a message for the socket; False (and counted) when it stopped reading."""

@@ -1,9 +1,10 @@
 """One accepted websocket as the server's handlers use it, and the ASGI plumbing it needs.
 
-Owns `Socket` (text/bytes messages in and out, one `SocketClosed` for a peer that is gone, a close
-that cuts off a peer that does not take it within a bound, and `abort`), the outermost ASGI layer
-that keeps uvicorn's own `send` reachable for that abort, and keeping room tokens out of
-uvicorn's request-line logs. The protocol code above it reads like the protocol.
+Owns `Socket` (text/bytes messages in and out, one `SocketClosed` for a peer that is gone, the
+token it presented, a close and a refusal that cut off a peer that does not take them within a
+bound, and `abort`), the outermost ASGI layer that keeps uvicorn's own `send` reachable for that
+abort, and keeping room tokens out of uvicorn's request-line logs. The protocol code above it
+reads like the protocol.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import AsyncIterator
 from fastapi import WebSocket
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from server.protocol import ErrorMessage, dump
 
 REFUSAL_WAIT_S = 3.0
 """How long a refused peer gets to take the error and the close frame before it is cut off."""
@@ -56,6 +59,16 @@ class Socket:
         self.ws = ws
         self.remote = ws.client.host if ws.client is not None else "?"
         self.closed_cleanly = False
+
+    def token(self) -> str | None:
+        """The room token the client presented: `?token=`, else `Authorization: Bearer …`."""
+        token = self.ws.query_params.get("token")
+        if token:
+            return token
+        auth = self.ws.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return None
 
     async def recv(self) -> str | bytes:
         """The next message; `SocketClosed` when the peer is gone (`closed_cleanly` tells how)."""
@@ -102,6 +115,19 @@ class Socket:
                     await self.ws.close(code, reason)
         except TimeoutError:
             self.abort()
+
+    async def refuse(self, code: int, reason: str) -> None:
+        """Say why (an `error` message), then close with `code`, all within `REFUSAL_WAIT_S`; a
+        peer that does not read is cut off."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REFUSAL_WAIT_S
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.send(dump(ErrorMessage(code=int(code), reason=reason)))
+        except (TimeoutError, SocketClosed):
+            self.abort()
+            return
+        await self.close(code, reason[:120], within_s=max(0.1, deadline - loop.time()))
 
     def abort(self) -> None:
         """Drop the TCP connection now (a peer that stopped reading cannot take a close frame).
