@@ -7,7 +7,7 @@ uvicorn with its `websockets` implementation:
 - `/v1/twilio`                        a phone bridge leg (`server.twilio`: Media Streams framing)
 - `/v1/rooms/{room}/events?token=…`  the live JSON feed of a room (renames and typed messages
                                       from the page)
-- the HTTP routes (`server.http`): the page, `/healthz`, `/metrics`, transcripts, room deletion,
+- the HTTP routes (`server.routes`): the page, `/healthz`, `/metrics`, transcripts, room deletion,
   typed messages (`chat` grant, server.chat), the Teams and WhatsApp webhooks (server.ingress)
 
 A stream protocol module turns its socket's messages into one `server.framing.StreamDeclaration`
@@ -39,17 +39,13 @@ from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.config import ServerConfig
 from server.device import DeviceFraming
 from server.events import serve_feed
-from server.framing import (
-    Refusal,
-    StoppedBeforeStart,
-    check_participant,
-)
-from server.http import HttpRoutes, problem_response
+from server.framing import Refusal, StoppedBeforeStart, check_participant
 from server.ingress.serve import build_webhooks
 from server.live import LiveRooms, StreamLimitError
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
 from server.protocol import ROOM_ID, CloseCode
+from server.routes import HttpRoutes, problem_response
 from server.sockets import REFUSAL_WAIT_S, KeepServerSend, Socket, SocketClosed
 from server.streaming import run_stream
 from server.twilio import TwilioFraming, TwilioOpening
@@ -310,9 +306,7 @@ class ChorusServer:
         grant = self._authorize(opening.token, opening.room, Grant.STREAM)
         declaration = framing.declare(opening)
         check_participant(grant, declaration.participant)
-        await run_stream(
-            ws, self.rooms, opening.room, framing, declaration, self._draining
-        )
+        await run_stream(ws, self.rooms, opening.room, framing, declaration, self._draining)
 
     @contextlib.contextmanager
     def _unauthenticated(self, ws: Socket) -> Iterator[None]:
