@@ -27,14 +27,16 @@ from server.protocol import (
     RenameRequest,
     StartMessage,
     StopMessage,
+    dump,
+    parse_server_message,
+)
+from server.twilio import (
     TwilioConnected,
     TwilioMedia,
     TwilioMediaPayload,
     TwilioStart,
     TwilioStartInfo,
     TwilioStop,
-    dump,
-    parse_server_message,
 )
 
 OnMessage = Callable[[FeedMessage], Awaitable[None] | None]

@@ -1,13 +1,10 @@
-"""Live rooms: what the server holds per room while devices, phone legs and feeds are connected.
+"""Live rooms: the registry of what the server holds per room while its sockets are connected.
 
-Owns the wiring between sockets and the room runtime: one `RoomKit` for the whole server, a room
-per room id (created on first use, with the pipeline's channels attached), the streams open in
-each room, the live event feed, speaker renames, stream limits and turn latency.
-
-Turns and replies come back through one `ServerOutput` channel attached to every room: the kit
-delivers every committed event to it in commit order, and as an `AudioSink` it receives the
-assistant's reply audio (R5). Nothing here awaits a client: messages go to bounded per-socket
-queues, so a slow device or page never stalls audio handling or another room.
+Owns one `RoomKit` for the whole server, a room per room id (created on first use, with the
+pipeline's channels, the server's output and the chat input attached), the streams open in each
+room and their limits, each room's feed consumers, and idle eviction. What the rooms say goes out
+through `server.output` (turns, replies, speaker changes, STT status), and renames through
+`server.renames`; both read the registry's `rooms` and its open streams and never change them.
 
 The kit's store is the server's `[store]` (SQLite by default, see `server.config.StoreConfig`),
 so rooms outlive the process: a room id the store knows is taken up where it was (its turns,
@@ -24,199 +21,42 @@ connection arriving meanwhile either keeps the room or takes it up afresh.
 Typed messages (`post_message`, from `POST /v1/rooms/{room}/messages` or the feed) enter through
 the `ChatInput` channel attached to every room and are published to the feed as `message`s in
 commit order with the turns (server.chat).
-
-Renames from the page go through `ON_TRANSCRIPTION` (V6) exactly as an application hook's
-rename would: the server's own hook rewrites `sender_name` of the matching voice's turns. Renames
-that outlive a stream (a label in every stream, a one-person stream's participant) are kept in
-the store as the room's memory state `server.renames`; a rename of one voice of one shared-mic
-stream lives as long as that stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
 
 from models import InboundMessage, RoomEvent, TextContent
-from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
+from rooms import HookTrigger, RoomKit
 from server.chat import ChatInput
 from server.config import ServerConfig
-from server.feed import FeedConsumer, RenameBook, RoomFeed
+from server.feed import FeedConsumer, RoomFeed
+from server.framing import Outgoing, StreamDeclaration, StreamKind
 from server.metrics import ServerMetrics
-from server.pipeline import Pipeline, StreamAudio, StreamInfo
-from server.protocol import (
-    ChatMessage,
-    RenamedMessage,
-    ReplyMessage,
-    SpeakerChangeMessage,
-    StreamEventMessage,
-    SttStatusMessage,
-    TurnMessage,
-    dump,
-)
-from voice.channel import VoiceSession
-from voice.stt.base import AudioLost, SttDegraded, SttRecovered, SttStatus
+from server.output import ServerOutput
+from server.pipeline import Pipeline, StreamInfo
+from server.renames import RoomRenames
+from server.room_state import KeyLock, LiveRoom, LiveStream, StreamPacer, held
+from voice.stt.base import SttStatus
 
 log = logging.getLogger(__name__)
-
-StreamKind = Literal["device", "twilio"]
-Outgoing = str | bytes
-OUTBOX_SIZE = 1024
-ONE_PERSON = "\x00one-person"
-"""Rename key for a one-person stream: its one voice, whatever label an STT gave it."""
 
 
 class StreamLimitError(Exception):
     """No room for another stream (server-wide or in this room)."""
 
 
-class StreamTooFastError(Exception):
-    """A stream kept sending faster than `limits.max_stream_rate` for `limits.max_throttled_s`."""
-
-
-MIN_MESSAGE_S = 0.005
-"""Every message is charged at least this much audio against the rate cap, so a flood of tiny
-frames is held back like a flood of audio (per-message work is bounded too)."""
-
-
-class StreamPacer:
-    """The rate cap of one stream: audio is admitted at most `rate` times real time after a
-    `burst`; a stream ahead of that waits (and, since its socket is not read meanwhile, its
-    client is held back by TCP alone). Waiting longer than `max_throttled_s` in total raises
-    `StreamTooFastError` so the client hears why instead of stalling forever."""
-
-    def __init__(self, rate: float, burst_s: float, max_throttled_s: float) -> None:
-        self.rate = rate
-        self.burst_s = burst_s
-        self.max_throttled_s = max_throttled_s
-        self.admitted_s = 0.0
-        self.throttled_s = 0.0
-        self._began = time.monotonic()
-
-    def delay_for(self, seconds: float, now: float | None = None) -> float:
-        """How long audio of `seconds` must wait before it may be admitted (0: now)."""
-        elapsed = (time.monotonic() if now is None else now) - self._began
-        ahead = self.admitted_s + max(seconds, MIN_MESSAGE_S) - self.burst_s - self.rate * elapsed
-        return max(0.0, ahead / self.rate)
-
-    async def admit(self, seconds: float) -> None:
-        delay = self.delay_for(seconds)
-        if delay > 0:
-            if self.throttled_s + delay > self.max_throttled_s:
-                raise StreamTooFastError(
-                    f"stream sends faster than {self.rate:g}x real time "
-                    f"(held back {self.throttled_s:.0f} s)"
-                )
-            self.throttled_s += delay
-            await asyncio.sleep(delay)
-        self.admitted_s += max(seconds, MIN_MESSAGE_S)
-
-
-@dataclass(eq=False)
-class LiveStream:
-    """One open audio stream: a conference-room device or a phone leg."""
-
-    info: StreamInfo
-    kind: StreamKind
-    reply_audio: Callable[[bytes, int], list[Outgoing]]
-    """Turns reply audio (pcm16 at a rate) into what this socket sends (binary or Twilio media)."""
-    outbox: asyncio.Queue[Outgoing] = field(default_factory=lambda: asyncio.Queue(OUTBOX_SIZE))
-    audio: StreamAudio | None = None
-    received_s: float = 0.0
-    _clock_audio: list[float] = field(default_factory=list)
-    _clock_wall: list[float] = field(default_factory=list)
-    dropped_messages: int = 0
-    pacer: StreamPacer | None = None
-    pending: bytearray = field(default_factory=bytearray)
-    """Audio read but not yet pushed (tiny frames are coalesced up to `limits.min_push_ms`)."""
-
-    @property
-    def id(self) -> str:
-        return self.info.stream_id
-
-    @property
-    def room_id(self) -> str:
-        return self.info.room_id
-
-    def send(self, message: Outgoing) -> bool:
-        """Queue a message for the socket; False (and counted) when it stopped reading."""
-        try:
-            self.outbox.put_nowait(message)
-        except asyncio.QueueFull:
-            self.dropped_messages += 1
-            return False
-        return True
-
-    def note_audio(self, seconds: float) -> None:
-        """Record when the audio up to `received_s` arrived (for turn latency)."""
-        self.received_s += seconds
-        self._clock_audio.append(self.received_s)
-        self._clock_wall.append(time.monotonic())
-        if len(self._clock_audio) > 20_000:  # keep the last ~10 minutes of 30 ms frames
-            del self._clock_audio[:10_000]
-            del self._clock_wall[:10_000]
-
-    def latency_of(self, turn_end_s: float) -> float | None:
-        """Seconds between receiving the audio up to `turn_end_s` and now."""
-        i = bisect.bisect_left(self._clock_audio, turn_end_s - 1e-6)
-        if i >= len(self._clock_audio):
-            i = len(self._clock_audio) - 1
-        if i < 0:
-            return None
-        return max(0.0, time.monotonic() - self._clock_wall[i])
-
-
-@dataclass(eq=False)
-class LiveRoom:
-    room_id: str
-    feed: RoomFeed
-    streams: dict[str, LiveStream] = field(default_factory=dict)
-    renames: RenameBook = field(default_factory=RenameBook)
-    """(stream id or None for every stream, raw speaker label) → name."""
-    participant_names: dict[str, str] = field(default_factory=dict)
-    """A one-person stream's participant id → the name it was renamed to (kept in the store)."""
-    last_active: float = field(default_factory=time.monotonic)
-    """When a stream or a feed consumer last came or went (idle eviction counts from here)."""
-
-    def touch(self) -> None:
-        self.last_active = time.monotonic()
-
-
-@dataclass(eq=False)
-class _RoomLock:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    users: int = 0
-
-
-class ServerOutput(Channel):
-    """The server's own channel in every room: sees every committed event, plays reply audio."""
-
-    channel_type: ClassVar[str] = "server"
-
-    def __init__(self, hub: LiveRooms) -> None:
-        super().__init__("chorus-server")
-        self.hub = hub
-
-    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
-        await self.hub.committed(event)
-
-    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
-        await self.hub.committed(event, corrected=True)
-
-    async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
-        self.hub.play_reply(room_id, pcm16, sample_rate)
-
-
 class LiveRooms:
+    """The server's rooms and their open streams: `room(id)`, `open_stream`, `push_audio`,
+    `close_stream`, `subscribe`, `evict`, `delete`, `post_message`."""
+
     def __init__(
         self,
         config: ServerConfig,
@@ -230,27 +70,26 @@ class LiveRooms:
         self.kit = kit or RoomKit()
         """The server's one kit; its store and locks come from `[store]` (`chorus serve`)."""
         self.rooms: dict[str, LiveRoom] = {}
-        self.output = ServerOutput(self)
+        self._sessions: dict[str, LiveStream] = {}
+        """Open streams by the `voice_session_id` their turns carry."""
+        self.output = ServerOutput(self.rooms, self._sessions, metrics)
+        """What the rooms say, to their feeds and streams (turns, replies, STT status)."""
         self.kit.register_channel(self.output)
         self.chat = ChatInput()
         """Typed messages (`post_message`) enter every room through this channel."""
         self.kit.register_channel(self.chat)
-        self._sessions: dict[str, LiveStream] = {}
-        self._room_locks: dict[str, _RoomLock] = {}
+        self.renames = RoomRenames(self.kit, self.rooms, self._sessions)
+        """Renames from the feed (`rename`), applied to turns by an ON_TRANSCRIPTION hook."""
+        self._room_locks: dict[str, KeyLock] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._stream_count = 0
         self._serial = itertools.count(1)
-        self._saves: set[asyncio.Task[None]] = set()
-        self._save_locks: dict[str, asyncio.Lock] = {}
         self.kit.hooks.add(
-            HookTrigger.ON_TRANSCRIPTION, self._apply_rename, priority=1000, name="server-rename"
+            HookTrigger.ON_TRANSCRIPTION, self.renames.apply, priority=1000, name="server-rename"
         )
         self.kit.hooks.add(
-            HookTrigger.ON_SPEAKER_CHANGE, self._speaker_changed, name="server-speaker-change"
+            HookTrigger.ON_SPEAKER_CHANGE, self.output.speaker_changed, name="server-speaker-change"
         )
-        listeners = getattr(pipeline, "status_listeners", None)
-        if listeners is not None:
-            listeners.append(self._stt_status)
 
     # ------------------------------------------------------------------ rooms
 
@@ -279,7 +118,7 @@ class LiveRooms:
                     on_drop=self._feed_dropped,
                 ),
             )
-            await self._load_renames(live)
+            await self.renames.load(live)
             self.rooms[room_id] = live
             return live
 
@@ -287,17 +126,8 @@ class LiveRooms:
     async def _room_lock(self, room_id: str) -> AsyncIterator[None]:
         """The server's lock for creating and evicting one room. Its entry lives only while
         someone holds or waits for it, so the map does not grow with every room ever seen."""
-        entry = self._room_locks.get(room_id)
-        if entry is None:
-            entry = self._room_locks[room_id] = _RoomLock()
-        entry.users += 1
-        try:
-            async with entry.lock:
-                yield
-        finally:
-            entry.users -= 1
-            if entry.users == 0 and self._room_locks.get(room_id) is entry:
-                del self._room_locks[room_id]
+        async with held(self._room_locks, room_id):
+            yield
 
     # ------------------------------------------------------------------ idle rooms
 
@@ -404,14 +234,11 @@ class LiveRooms:
         room_id: str,
         *,
         kind: StreamKind,
-        participant: str,
-        name: str | None,
-        shared_mic: bool,
-        sample_rate: int,
-        encoding: str,
-        channels: int,
+        declaration: StreamDeclaration,
         reply_audio: Callable[[bytes, int], list[Outgoing]],
     ) -> LiveStream:
+        """Open a declared stream in the room (created if need be), within the stream limits
+        (`StreamLimitError`); its STT status reaches `server.output` through its own callback."""
         limits = self.config.limits
         if self._stream_count >= limits.max_streams:
             raise StreamLimitError(f"the server already has {limits.max_streams} streams")
@@ -424,12 +251,7 @@ class LiveRooms:
         info = StreamInfo(
             room_id=room_id,
             stream_id=f"{kind}-{next(self._serial)}-{uuid.uuid4().hex[:6]}",
-            participant=participant,
-            name=name,
-            shared_mic=shared_mic,
-            sample_rate=sample_rate,
-            encoding=encoding,
-            channels=channels,
+            declaration=declaration,
         )
         stream = LiveStream(
             info=info,
@@ -441,8 +263,12 @@ class LiveRooms:
         )
         live.streams[stream.id] = stream
         live.touch()
+
+        async def on_status(status: SttStatus) -> None:
+            await self.output.stt_status(stream, status)
+
         try:
-            stream.audio = await self.pipeline.open_stream(self.kit, info)
+            stream.audio = await self.pipeline.open_stream(self.kit, info, on_status)
         except BaseException:
             live.streams.pop(stream.id, None)
             live.touch()
@@ -451,50 +277,25 @@ class LiveRooms:
         self._sessions[stream.audio.session_id] = stream
         self.metrics.streams_active[kind] += 1
         self.metrics.streams_total[kind] += 1
-        live.feed.publish(
-            dump(
-                StreamEventMessage(
-                    type="stream_started",
-                    room=room_id,
-                    stream=stream.id,
-                    participant=participant,
-                    name=name,
-                    kind=kind,
-                )
-            )
-        )
+        live.feed.publish(stream.event_message("stream_started"))
         return stream
 
     async def push_audio(self, stream: LiveStream, pcm_or_mulaw: bytes) -> None:
         """Admit a piece of the stream's audio (whole samples) under its rate cap; it reaches
         the pipeline once `limits.min_push_ms` of audio has gathered. Raises
         `StreamTooFastError` for a stream that stays over the cap."""
-        info = stream.info
-        width = (2 if info.encoding == "pcm16" else 1) * info.channels
-        seconds = len(pcm_or_mulaw) / (width * info.sample_rate)
-        if stream.pacer is not None:
-            await stream.pacer.admit(seconds)
-        stream.note_audio(seconds)
-        self.metrics.audio_seconds_total += seconds
-        stream.pending += pcm_or_mulaw
-        min_bytes = int(self.config.limits.min_push_ms / 1000 * info.sample_rate) * width
-        if len(stream.pending) >= min_bytes:
-            await self._push_pending(stream)
-
-    async def _push_pending(self, stream: LiveStream) -> None:
-        if not stream.pending:
-            return
-        data = bytes(stream.pending)
-        stream.pending.clear()
-        assert stream.audio is not None
-        await stream.audio.push(data)
+        self.metrics.audio_seconds_total += await stream.admit(pcm_or_mulaw)
+        fmt = stream.declaration.format
+        min_bytes = int(self.config.limits.min_push_ms / 1000 * fmt.sample_rate)
+        if len(stream.pending) >= min_bytes * fmt.bytes_per_frame:
+            await stream.push_pending()
 
     async def close_stream(self, stream: LiveStream) -> None:
         """Flush the stream's last turns, then forget it. Safe to call once per stream."""
         live = self.rooms.get(stream.room_id)
         try:
             if stream.audio is not None:
-                await self._push_pending(stream)
+                await stream.push_pending()
                 await stream.audio.finish()
         except Exception:
             log.exception("closing stream %s failed", stream.id)
@@ -505,18 +306,7 @@ class LiveRooms:
                 live.touch()
                 self._stream_count -= 1
                 self.metrics.streams_active[stream.kind] -= 1
-                live.feed.publish(
-                    dump(
-                        StreamEventMessage(
-                            type="stream_stopped",
-                            room=stream.room_id,
-                            stream=stream.id,
-                            participant=stream.info.participant,
-                            name=stream.info.name,
-                            kind=stream.kind,
-                        )
-                    )
-                )
+                live.feed.publish(stream.event_message("stream_stopped"))
 
     # ------------------------------------------------------------------ chat
 
@@ -542,220 +332,9 @@ class LiveRooms:
         )
         return result.event
 
-    # ------------------------------------------------------------------ what the room says
-
-    def _stream_of(self, metadata: dict[str, Any]) -> LiveStream | None:
-        session = metadata.get("voice_session_id")
-        return self._sessions.get(str(session)) if session is not None else None
-
-    async def committed(self, event: RoomEvent, *, corrected: bool = False) -> None:
-        """Every committed event of every room, in commit order (from `ServerOutput.deliver`).
-        `corrected`: a voice turn replaced in place (an early turn the final result corrected):
-        it goes out again as a `turn` with the same `event_id` and `corrected: true`, for the
-        device and the feed to show instead of the first version; it is not counted again."""
-        live = self.rooms.get(event.room_id)
-        if live is None or event.kind != "message":
-            return
-        meta = event.metadata
-        voice = meta.get("source") == "voice" or event.source.channel_type == "voice"
-        if corrected and not voice:
-            return  # only voice turns are corrected in place; nothing else is re-sent
-        if voice:
-            stream = self._stream_of(meta)
-            end = float(meta.get("end", 0.0))
-            speaker = meta.get("sender_name")
-            if not speaker:  # no stamped name: the participant record names the turn (B2)
-                speaker = await self.kit.label_for(event.room_id, event)
-            turn = TurnMessage(
-                room=event.room_id,
-                speaker=str(speaker),
-                text=event.text,
-                start=float(meta.get("start", 0.0)),
-                end=end,
-                participant=event.source.participant_id,
-                label=meta.get("speaker_label")
-                if stream is None or stream.info.shared_mic
-                else None,
-                stream=stream.id if stream else None,
-                event_id=event.id,
-                corrected=corrected,
-            )
-            if corrected:
-                self.metrics.turn_corrections_total += 1
-            else:
-                self.metrics.turns_total += 1
-                latency = stream.latency_of(end) if stream is not None else None
-                if latency is not None:
-                    self.metrics.turn_latency.observe(latency)
-            text = dump(turn)
-            live.feed.publish(text)
-            if stream is not None:
-                self._send(stream, text)
-        elif event.source.channel_type == "chat":
-            speaker = await self.kit.label_for(event.room_id, event)
-            live.feed.publish(
-                dump(
-                    ChatMessage(
-                        room=event.room_id,
-                        speaker=speaker,
-                        text=event.text,
-                        participant=event.source.participant_id,
-                        channel=event.source.channel_id,
-                        event_id=event.id,
-                    )
-                )
-            )
-        elif event.source.channel_type in ("realtime", "ai"):
-            self.metrics.replies_total += 1
-            text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))
-            live.feed.publish(text)
-            for stream in list(live.streams.values()):
-                self._send(stream, text)
-
-    def _send(self, stream: LiveStream, message: Outgoing) -> None:
-        if not stream.send(message):
-            self.metrics.stream_messages_dropped_total += 1
-
-    def play_reply(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
-        live = self.rooms.get(room_id)
-        if live is None:
-            return
-        for stream in list(live.streams.values()):
-            for message in stream.reply_audio(pcm16, sample_rate):
-                self._send(stream, message)
-
-    def _stream_of_value(self, value: Any, ctx: HookContext) -> LiveStream | None:
-        """The stream a voice hook value (`TranscriptionEvent`, `SpeakerChangeEvent`) came from."""
-        session = getattr(getattr(value, "session", None), "id", None)
-        if session is None:
-            session = ctx.extra.get("voice_session_id")
-        return self._sessions.get(str(session)) if session is not None else None
-
-    async def _stt_status(self, session: VoiceSession, status: SttStatus) -> None:
-        """A stream's STT connection changed state (issue 10.1): count it, and tell the stream's
-        device (a phone leg has no message for it; its count still shows in `/metrics`)."""
-        if isinstance(status, SttDegraded):
-            self.metrics.stt_outages_total += 1
-            message = SttStatusMessage(stream="", status="degraded", reason=status.reason)
-        elif isinstance(status, SttRecovered):
-            self.metrics.stt_recoveries_total += 1
-            message = SttStatusMessage(stream="", status="recovered")
-        elif isinstance(status, AudioLost):
-            self.metrics.stt_audio_lost_seconds_total += status.seconds
-            message = SttStatusMessage(
-                stream="", status="audio_lost", start=status.start, end=status.end
-            )
-        else:
-            self.metrics.stt_stream_errors_total += 1
-            message = SttStatusMessage(stream="", status="ended", reason=status.message)
-        stream = self._sessions.get(session.id)
-        if stream is None:
-            return
-        log.warning("stream %s: STT %s %s", stream.id, message.status, message.reason or "")
-        if stream.kind == "device":
-            self._send(stream, dump(message.model_copy(update={"stream": stream.id})))
-
-    def _speaker_changed(self, value: Any, ctx: HookContext) -> None:
-        live = self.rooms.get(ctx.room_id)
-        if live is None:
-            return
-        stream = self._stream_of_value(value, ctx)
-        previous = getattr(value, "previous_speaker", None)
-        if stream is not None and not stream.info.shared_mic:
-            if previous is not None:
-                return  # one person per stream: only its first turn is a change
-            speaker = stream.info.name or stream.info.participant
-        else:
-            speaker = getattr(value, "sender_name", None) or getattr(value, "speaker", None) or "?"
-        message = SpeakerChangeMessage(
-            room=ctx.room_id,
-            speaker=str(speaker),
-            previous=str(previous) if previous is not None else None,
-            is_new_speaker=bool(getattr(value, "is_new_speaker", False)),
-            participant=getattr(value, "participant_id", None) or ctx.participant_id,
-            stream=stream.id if stream else None,
-        )
-        self.metrics.speaker_changes_total += 1
-        text = dump(message)
-        live.feed.publish(text)
-        if stream is not None:
-            self._send(stream, text)
-
-    # ------------------------------------------------------------------ renames
-
     def rename(self, room_id: str, label: str, name: str, stream_id: str | None = None) -> None:
         """From now on turns of `label` (in `stream_id`, or any stream) read `name` (V6 path)."""
-        live = self.rooms.get(room_id)
-        if live is None:
-            return
-        stream = live.streams.get(stream_id) if stream_id is not None else None
-        if stream is not None and not stream.info.shared_mic:
-            live.renames[(stream.id, ONE_PERSON)] = name  # one voice, whatever its label
-            live.participant_names[stream.info.participant] = name
-        else:
-            live.renames[(stream_id, label)] = name
-        if stream_id is None or (stream is not None and not stream.info.shared_mic):
-            self._save_renames(live)
-        live.feed.publish(
-            dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
-        )
-
-    def _apply_rename(self, value: Any, ctx: HookContext) -> HookResult[Any] | None:
-        """ON_TRANSCRIPTION: page renames, and one-person streams named by their participant."""
-        live = self.rooms.get(ctx.room_id)
-        if live is None:
-            return None
-        stream = self._stream_of_value(value, ctx)
-        label = str(getattr(value, "speaker", None))
-        name: str | None = None
-        if stream is not None:
-            name = live.renames.get((stream.id, label))
-        if name is None:
-            name = live.renames.get((None, label))
-        if stream is not None and not stream.info.shared_mic:
-            # One person per stream (a phone leg): whatever labels the STT put on the voice,
-            # the turn is the participant's. Unless renamed, no stamped name: the participant
-            # record names it (B2).
-            name = live.renames.get((stream.id, ONE_PERSON))
-            if name is None:  # renamed in an earlier stream (or before a restart)
-                name = live.participant_names.get(stream.info.participant)
-            if name == getattr(value, "sender_name", None):
-                return None
-            return HookResult.modify(dataclasses.replace(value, sender_name=name))
-        if name is None or name == getattr(value, "sender_name", None):
-            return None
-        return HookResult.modify(dataclasses.replace(value, sender_name=name))
-
-    RENAMES_KEY: ClassVar[str] = "server.renames"
-
-    async def _load_renames(self, live: LiveRoom) -> None:
-        saved = await self.kit.store.get_memory_state(live.room_id, self.RENAMES_KEY) or {}
-        labels = saved.get("labels", {})
-        people = saved.get("participants", {})
-        if isinstance(labels, dict):
-            for label, name in labels.items():
-                live.renames[(None, str(label))] = str(name)
-        if isinstance(people, dict):
-            live.participant_names.update({str(k): str(v) for k, v in people.items()})
-
-    def _save_renames(self, live: LiveRoom) -> None:
-        """Keep the room's lasting renames in the store (in order: the last rename wins)."""
-        lock = self._save_locks.setdefault(live.room_id, asyncio.Lock())
-
-        async def save() -> None:
-            async with lock:
-                value = {
-                    "labels": {label: n for (sid, label), n in live.renames.items() if sid is None},
-                    "participants": dict(live.participant_names),
-                }
-                try:
-                    await self.kit.store.put_memory_state(live.room_id, self.RENAMES_KEY, value)
-                except Exception:
-                    log.exception("keeping the renames of room %s failed", live.room_id)
-
-        task = asyncio.get_running_loop().create_task(save(), name=f"chorus-renames-{live.room_id}")
-        self._saves.add(task)
-        task.add_done_callback(self._saves.discard)
+        self.renames.rename(room_id, label, name, stream_id)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -768,7 +347,6 @@ class LiveRooms:
         for live in list(self.rooms.values()):
             for stream in list(live.streams.values()):
                 await self.close_stream(stream)
-        if self._saves:
-            await asyncio.gather(*list(self._saves), return_exceptions=True)
+        await self.renames.flush()
         await self.kit.close()
         await self.pipeline.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,8 +25,9 @@ from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
 from realtime.providers import require_provider
 from rooms import AIChannel, RoomKit, SlidingWindowMemory
 from server.config import ServerConfig
+from server.framing import StreamDeclaration
 from voice.audio import AudioError
-from voice.channel import StatusCallback, VoiceChannel, VoiceSession
+from voice.channel import VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
@@ -39,14 +40,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StreamInfo:
+    """One stream to open: where it is, and what its protocol declared (unchanged)."""
+
     room_id: str
     stream_id: str
-    participant: str
-    name: str | None
-    shared_mic: bool
-    sample_rate: int
-    encoding: str
-    channels: int
+    declaration: StreamDeclaration
+
+
+StreamStatusCallback = Callable[[SttStatus], Awaitable[None]]
+"""Hears one stream's STT status (degraded, recovered, audio lost, ended: issue 10.1)."""
 
 
 class StreamAudio(Protocol):
@@ -67,7 +69,12 @@ class StreamAudio(Protocol):
 class Pipeline(Protocol):
     async def attach_room(self, kit: RoomKit, room_id: str) -> None: ...
 
-    async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio: ...
+    async def open_stream(
+        self, kit: RoomKit, info: StreamInfo, on_status: StreamStatusCallback | None = None
+    ) -> StreamAudio:
+        """The stream's audio session; `on_status` hears this stream's STT status, and only
+        this stream's, until it finishes."""
+        ...
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """The room is being evicted (no stream is open in it): drop what the pipeline keeps
@@ -104,10 +111,9 @@ class VoicePipeline:
     def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
         self.config = config
         self.stt = stt
-        self.status_listeners: list[StatusCallback] = []
-        """Hear every stream's STT status (degraded, recovered, audio lost, ended: issue 10.1).
-        The server appends one that tells the stream's device and counts it in its metrics;
-        `VoiceSession.id` is the stream's `voice_session_id`."""
+        self._on_status: dict[str, StreamStatusCallback] = {}
+        """Each open stream's status callback (`open_stream(on_status=…)`), by its session id
+        (the stream id); dropped when the stream finishes."""
         policy = config.voice.policy()
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
                                          policy=policy, on_status=self._stream_status)
@@ -179,11 +185,14 @@ class VoicePipeline:
         self._pools.setdefault(room_id, []).append(stage)
 
     async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
-        for listener in list(self.status_listeners):
-            try:
-                await listener(session, status)
-            except Exception:
-                log.exception("stream %s: a status listener failed", session.id)
+        """Every voice channel's status callback: routes a session's status to its stream's."""
+        callback = self._on_status.get(session.id)
+        if callback is None:
+            return
+        try:
+            await callback(status)
+        except Exception:
+            log.exception("stream %s: its status callback failed", session.id)
 
     async def _new_stage(self) -> DiarizationStage:
         """A fresh live stage for one more pooled stream. The loaded models are shared: the
@@ -209,29 +218,35 @@ class VoicePipeline:
                 await asyncio.to_thread(enroll_voices, stage, self.enrollments)
             return stage
 
-    async def open_stream(self, kit: RoomKit, info: StreamInfo) -> StreamAudio:
-        pooled = info.shared_mic and self.diarizes_with_stage
+    async def open_stream(
+        self, kit: RoomKit, info: StreamInfo, on_status: StreamStatusCallback | None = None
+    ) -> StreamAudio:
+        declared = info.declaration
+        pooled = declared.shared_mic and self.diarizes_with_stage
         channel = self.diarized_voice if pooled else self.shared_voice
         stage = await self._stage_for(info.room_id) if pooled else None
         await kit.ensure_participant(
-            info.room_id, channel.channel_id, info.participant, display_name=info.name
+            info.room_id, channel.channel_id, declared.participant, display_name=declared.name
         )
+        if on_status is not None:
+            self._on_status[info.stream_id] = on_status
         try:
             session = await channel.start_session(
                 info.room_id,
-                info.participant,
-                sample_rate=info.sample_rate,
-                encoding="mulaw" if info.encoding == "mulaw" else "pcm16",
-                channels=info.channels,
+                declared.participant,
+                fmt=declared.format,
                 session_id=info.stream_id,
                 stage=stage,
             )
         except BaseException:
+            self._on_status.pop(info.stream_id, None)
             if stage is not None:
                 self._idle(info.room_id, stage)
             raise
         release = None if stage is None else functools.partial(self._idle, info.room_id, stage)
-        return VoiceStreamAudio(session, release)
+        return VoiceStreamAudio(
+            session, release, forget=lambda: self._on_status.pop(session.id, None)
+        )
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """Drop the room's idle stages (no stream is open). The channels let go of the room
@@ -246,10 +261,17 @@ class VoicePipeline:
 class VoiceStreamAudio:
     """A `StreamAudio` over one `VoiceSession`."""
 
-    def __init__(self, session: VoiceSession, release: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        session: VoiceSession,
+        release: Callable[[], None] | None,
+        forget: Callable[[], object] | None = None,
+    ) -> None:
         self.session = session
         self.session_id = session.id
         self._release = release
+        self._forget = forget
+        """Drops the stream's status callback once it has finished."""
         self.skipped = 0
 
     async def push(self, frame: bytes) -> None:
@@ -262,6 +284,9 @@ class VoiceStreamAudio:
         try:
             await self.session.finish()  # its last turns were delivered with their audio (R3)
         finally:
+            if self._forget is not None:
+                self._forget()
+                self._forget = None
             if self._release is not None:
                 self._release()
                 self._release = None

@@ -1,15 +1,14 @@
-"""Wire messages of the server: the device stream protocol, the live event feed, and Twilio Media
-Streams framing — typed pydantic values with a `Literal` discriminator.
+"""Chorus's own wire messages: the device stream protocol and the live event feed — typed
+pydantic values with a `Literal` discriminator.
 
-Owns every JSON shape that crosses the server's sockets, so the server, the demo, the load
+Owns every JSON shape of the server's own sockets (the device stream and the event feed share
+what the server sends: turns, speaker changes, replies, STT status, errors), the close codes of
+every socket, and the id grammar of rooms and participants, so the server, the demo, the load
 benchmark and the tests build and parse the same values and cannot drift apart. Client → server
-messages are parsed through discriminated unions (`parse_device_message`, `parse_twilio_message`);
-server → client messages are built as models and sent with `dump`.
-
-Twilio shapes follow Twilio's Media Streams WebSocket messages: `connected`, `start` (with
-`start.streamSid`, `callSid`, `customParameters`, `mediaFormat`), `media` (base64 8 kHz µ-law in
-`media.payload`), `mark`, `dtmf`, `stop`; to Twilio: `media`, `mark`, `clear` on the same
-`streamSid`.
+messages are parsed through discriminated unions (`parse_device_message`, `parse_feed_request`);
+server → client messages are built as models and sent with `dump`. Reading a device's framing
+into a stream declaration is `server.device`'s; Twilio's framing, messages included, is
+`server.twilio`'s.
 """
 
 from __future__ import annotations
@@ -54,6 +53,8 @@ Encoding = Literal["pcm16", "mulaw"]
 SUPPORTED_ENCODINGS: tuple[str, ...] = ("pcm16", "mulaw")
 
 _ID = r"^[A-Za-z0-9_.:@+-]{1,64}$"
+ROOM_ID = r"[A-Za-z0-9_.:-]{1,64}"
+"""A room id (in a route, or in a phone leg's `customParameters.room`)."""
 
 
 class _Wire(BaseModel):
@@ -237,6 +238,8 @@ class RenameRequest(_Wire):
 
 
 PARTICIPANT_ID = r"^[A-Za-z0-9_.:@+-]{1,64}$"
+ROOM_ID = r"[A-Za-z0-9_.:-]{1,64}"
+"""A room id (in a route, or in a phone leg's `customParameters.room`)."""
 
 
 class MessageRequest(_Wire):
@@ -261,123 +264,6 @@ def parse_feed_request(text: str | bytes) -> FeedRequest:
     if kind == "message":
         return MessageRequest.model_validate_json(text)
     return RenameRequest.model_validate_json(text)
-
-
-# --- Twilio Media Streams ----------------------------------------------------------------------
-
-
-class _Twilio(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
-
-
-class TwilioMediaFormat(_Twilio):
-    encoding: str = "audio/x-mulaw"
-    sampleRate: int = 8000
-    channels: int = 1
-
-
-class TwilioStartInfo(_Twilio):
-    accountSid: str = ""
-    streamSid: str
-    callSid: str
-    tracks: list[str] = Field(default_factory=lambda: ["inbound"])
-    customParameters: dict[str, str] = Field(default_factory=dict)
-    mediaFormat: TwilioMediaFormat = Field(default_factory=TwilioMediaFormat)
-
-
-class TwilioConnected(_Twilio):
-    event: Literal["connected"] = "connected"
-    protocol: str = "Call"
-    version: str = "1.0.0"
-
-
-class TwilioStart(_Twilio):
-    event: Literal["start"] = "start"
-    sequenceNumber: str = "1"
-    start: TwilioStartInfo
-    streamSid: str
-
-
-class TwilioMediaPayload(_Twilio):
-    track: str = "inbound"
-    chunk: str = "1"
-    timestamp: str = "0"
-    payload: str
-
-
-class TwilioMedia(_Twilio):
-    event: Literal["media"] = "media"
-    sequenceNumber: str = "0"
-    media: TwilioMediaPayload
-    streamSid: str
-
-
-class TwilioMarkName(_Twilio):
-    name: str
-
-
-class TwilioMark(_Twilio):
-    event: Literal["mark"] = "mark"
-    sequenceNumber: str = "0"
-    streamSid: str
-    mark: TwilioMarkName
-
-
-class TwilioDtmfDigit(_Twilio):
-    track: str = "inbound_track"
-    digit: str
-
-
-class TwilioDtmf(_Twilio):
-    event: Literal["dtmf"] = "dtmf"
-    sequenceNumber: str = "0"
-    streamSid: str
-    dtmf: TwilioDtmfDigit
-
-
-class TwilioStopInfo(_Twilio):
-    accountSid: str = ""
-    callSid: str = ""
-
-
-class TwilioStop(_Twilio):
-    event: Literal["stop"] = "stop"
-    sequenceNumber: str = "0"
-    streamSid: str
-    stop: TwilioStopInfo = Field(default_factory=TwilioStopInfo)
-
-
-TwilioInbound = TwilioConnected | TwilioStart | TwilioMedia | TwilioMark | TwilioDtmf | TwilioStop
-_twilio_adapter: TypeAdapter[TwilioInbound] = TypeAdapter(
-    Annotated[TwilioInbound, Field(discriminator="event")]
-)
-
-
-def parse_twilio_message(text: str | bytes) -> TwilioInbound:
-    return _twilio_adapter.validate_json(text)
-
-
-class TwilioOutboundMediaPayload(_Twilio):
-    payload: str
-
-
-class TwilioOutboundMedia(_Twilio):
-    """Audio to play to the caller: base64 8 kHz µ-law on the leg's `streamSid`."""
-
-    event: Literal["media"] = "media"
-    streamSid: str
-    media: TwilioOutboundMediaPayload
-
-
-class TwilioOutboundMark(_Twilio):
-    event: Literal["mark"] = "mark"
-    streamSid: str
-    mark: TwilioMarkName
-
-
-class TwilioClear(_Twilio):
-    event: Literal["clear"] = "clear"
-    streamSid: str
 
 
 def dump(message: BaseModel) -> str:

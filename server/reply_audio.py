@@ -1,25 +1,17 @@
 """Reply audio on the way out: the assistant's pcm16 turned into what each socket plays.
 
-Owns the two output framings: a device gets binary frames in the encoding and sample rate it
-declared in `start`; a phone leg gets Twilio `media` messages (base64 8 kHz µ-law) on its own
-`streamSid`, followed by a `mark` so the bridge can report when playback finished. Codecs and
-resampling come from `voice.audio`, the one place audio formats are converted.
+Owns converting the reply to a socket's rate and encoding (`convert_reply`) and the device's
+framing of it: a device gets binary frames in the encoding and sample rate it declared in
+`start`. A phone leg's `media` messages are built from the same conversion by `server.twilio`.
+Codecs and resampling come from `voice.audio`, the one place audio formats are converted.
 """
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 
 import numpy as np
 
-from server.protocol import (
-    TwilioMarkName,
-    TwilioOutboundMark,
-    TwilioOutboundMedia,
-    TwilioOutboundMediaPayload,
-    dump,
-)
 from voice.audio import float_to_pcm16, mulaw_encode, pcm16_to_float, resample
 
 FRAME_SECONDS = 0.2
@@ -28,7 +20,7 @@ FRAME_SECONDS = 0.2
 PHONE_RATE = 8000
 
 
-def _convert(pcm16: bytes, from_rate: int, to_rate: int, encoding: str) -> bytes:
+def convert_reply(pcm16: bytes, from_rate: int, to_rate: int, encoding: str) -> bytes:
     usable = len(pcm16) - len(pcm16) % 2
     audio = pcm16_to_float(pcm16[:usable])
     audio = resample(audio, from_rate, to_rate)
@@ -42,22 +34,7 @@ def device_reply_frames(
     pcm16: bytes, rate: int, device_rate: int, encoding: str
 ) -> Iterator[bytes]:
     """Binary frames for a device: its own rate and encoding, mono."""
-    data = _convert(pcm16, rate, device_rate, encoding)
+    data = convert_reply(pcm16, rate, device_rate, encoding)
     step = int(device_rate * FRAME_SECONDS) * (2 if encoding == "pcm16" else 1)
     for i in range(0, len(data), step):
         yield data[i : i + step]
-
-
-def twilio_reply_messages(stream_sid: str, pcm16: bytes, rate: int) -> Iterator[str]:
-    """Twilio `media` messages (8 kHz µ-law) for one reply, then a `mark` naming it."""
-    data = _convert(pcm16, rate, PHONE_RATE, "mulaw")
-    step = int(PHONE_RATE * FRAME_SECONDS)
-    for i in range(0, len(data), step):
-        payload = base64.b64encode(data[i : i + step]).decode("ascii")
-        yield dump(
-            TwilioOutboundMedia(
-                streamSid=stream_sid, media=TwilioOutboundMediaPayload(payload=payload)
-            )
-        )
-    if data:
-        yield dump(TwilioOutboundMark(streamSid=stream_sid, mark=TwilioMarkName(name="reply")))

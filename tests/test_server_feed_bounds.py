@@ -7,9 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from rooms import RoomKit
 from server.feed import MAX_RENAMES_PER_ROOM, RenameBook, RoomFeed
 from server.live import LiveRoom
 from server.protocol import RenameRequest, parse_feed_request
+from server.renames import RoomRenames
 
 
 def test_a_flood_of_renames_keeps_a_bounded_book_per_room() -> None:
@@ -49,3 +51,21 @@ def test_a_rename_naming_an_absurdly_long_stream_is_refused() -> None:
         parse_feed_request('{"type": "rename", "label": "A", "name": "B", "stream": "' + "x" * 100_000 + '"}')
     with pytest.raises(ValidationError, match="stream"):
         parse_feed_request('{"type": "rename", "label": "A", "name": "B", "stream": ""}')
+
+
+async def test_saving_renames_keeps_no_lock_for_a_room_once_its_saves_are_done() -> None:
+    """Issue 26.7: one save lock per room ever renamed would grow without bound; a lock lives
+    only while a save of its room is pending, and saves of one room still land in order."""
+    kit = RoomKit()
+    rooms = {f"r{i}": LiveRoom(f"r{i}", RoomFeed(queue_size=8, history=8)) for i in range(50)}
+    for room_id in rooms:
+        await kit.create_room(room_id=room_id)
+    renames = RoomRenames(kit, rooms, {})
+    for room_id in rooms:
+        renames.rename(room_id, "Speaker A", "Alice")
+        renames.rename(room_id, "Speaker A", "Ann")  # the last rename wins
+    await renames.flush()
+    assert renames._save_locks == {}
+    for room_id in rooms:
+        saved = await kit.store.get_memory_state(room_id, RoomRenames.RENAMES_KEY)
+        assert saved == {"labels": {"Speaker A": "Ann"}, "participants": {}}

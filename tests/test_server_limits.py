@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 
 from server.auth import issue_token
 from server.client import DeviceStream, EventFeed
-from server.protocol import CloseCode, StartMessage, TwilioConnected, dump
+from server.protocol import CloseCode, StartMessage, dump
 from server.testing.harness import (
     SECRET,
     RunningServer,
@@ -26,6 +26,7 @@ from server.testing.harness import (
     running_server_with_local_stt,
     tone,
 )
+from server.twilio import TwilioConnected
 from voice.audio import float_to_pcm16, read_audio_16k
 from voice.testing.deepgram_server import MeetingWords
 

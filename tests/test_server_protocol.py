@@ -11,14 +11,16 @@ from server.protocol import (
     StartMessage,
     StopMessage,
     TurnMessage,
-    TwilioConnected,
-    TwilioMedia,
-    TwilioStart,
-    TwilioStop,
     dump,
     error_location,
     parse_device_message,
     parse_server_message,
+)
+from server.twilio import (
+    TwilioConnected,
+    TwilioMedia,
+    TwilioStart,
+    TwilioStop,
     parse_twilio_message,
 )
 

@@ -277,4 +277,4 @@ async def test_a_dropped_device_is_closed_and_forgotten(
     )
     assert server.server.metrics.streams_active["device"] == 1  # the bystander's
     live = await server.server.rooms.room("calm")
-    assert [s.info.participant for s in live.streams.values()] == ["steady"]
+    assert [s.info.declaration.participant for s in live.streams.values()] == ["steady"]

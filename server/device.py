@@ -1,0 +1,106 @@
+"""The device stream protocol (`/v1/rooms/{room}/stream`): a conference-room device's framing.
+
+Owns reading that framing into a `server.framing.StreamDeclaration` plus audio: the first
+message is a JSON `start` (`server.protocol.StartMessage`: participant, name, shared mic, rate,
+encoding, channels), binary frames of raw audio follow, a JSON `stop` ends the stream. Frames
+may split a sample; they are realigned here, so the room only ever gets whole sample frames.
+To the device go `started`, then its turns, replies and their audio as binary frames in its own
+format (`server.reply_audio`). The room and the token are in the URL, so the server checks the
+token before the first message is read.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import ValidationError
+
+from server.framing import (
+    Outgoing,
+    Refusal,
+    StoppedBeforeStart,
+    StreamDeclaration,
+    StreamKind,
+    bad_message,
+    declared_format,
+)
+from server.protocol import (
+    CloseCode,
+    StartedMessage,
+    StartMessage,
+    StopMessage,
+    dump,
+    error_location,
+    parse_device_message,
+)
+from server.reply_audio import device_reply_frames
+
+
+def parse(text: str) -> StartMessage | StopMessage:
+    """A device's JSON message, or the refusal for it (an unknown encoding is told apart)."""
+    try:
+        return parse_device_message(text)
+    except ValidationError as exc:
+        if error_location(list(exc.errors()))[-1:] == ("encoding",):
+            raise Refusal(
+                CloseCode.UNSUPPORTED_ENCODING,
+                "unsupported encoding (use pcm16 or mulaw)",
+                "unsupported_encoding",
+            ) from exc
+        raise bad_message(exc) from exc
+
+
+def declaration_of(start: StartMessage) -> StreamDeclaration:
+    return StreamDeclaration(
+        participant=start.participant,
+        name=start.name,
+        shared_mic=start.shared_mic,
+        format=declared_format(start.sample_rate, start.encoding, start.channels),
+    )
+
+
+class DeviceFraming:
+    """One device socket: `start` → declaration, then binary audio until `stop`."""
+
+    kind: ClassVar[StreamKind] = "device"
+
+    def __init__(self) -> None:
+        self.declaration: StreamDeclaration | None = None
+        self._carry = b""
+
+    def start(self, message: str | bytes) -> StreamDeclaration:
+        """The first message: a `start` declares the stream. Audio first is refused; a `stop`
+        raises `StoppedBeforeStart`."""
+        if isinstance(message, bytes):
+            raise Refusal(CloseCode.AUDIO_BEFORE_START, "audio before start", "audio_before_start")
+        parsed = parse(message)
+        if isinstance(parsed, StopMessage):
+            raise StoppedBeforeStart
+        self.declaration = declaration_of(parsed)
+        return self.declaration
+
+    def audio(self, message: str | bytes) -> bytes | None:
+        """Whole sample frames of a binary message (a split sample waits for the next); None
+        at `stop`; a second `start` is refused."""
+        if isinstance(message, bytes):
+            width = self._declared().format.bytes_per_frame
+            data = self._carry + message
+            cut = len(data) - len(data) % width
+            self._carry = data[cut:]
+            return data[:cut]
+        if isinstance(parse(message), StopMessage):
+            return None
+        raise Refusal(CloseCode.BAD_MESSAGE, "stream already started", "bad_message")
+
+    def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
+        participant = self._declared().participant
+        return [dump(StartedMessage(room=room, stream=stream_id, participant=participant))]
+
+    def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
+        fmt = self._declared().format
+        return list(device_reply_frames(pcm16, sample_rate, fmt.sample_rate, fmt.encoding))
+
+    def _declared(self) -> StreamDeclaration:
+        if self.declaration is None:
+            raise RuntimeError("the device stream has not started")
+        return self.declaration

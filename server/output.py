@@ -1,0 +1,199 @@
+"""What the server says: every room's committed turns, replies and speaker changes, fanned out to
+the room's feed and its streams, and each stream's STT status told to its device.
+
+Owns the server's own channel in every room (`ServerOutput`): the kit delivers every committed
+event to it in commit order, and as an `AudioSink` it receives the assistant's reply audio (R5),
+which each stream gets in its own framing. It also speaks for the `ON_SPEAKER_CHANGE` hook
+(`speaker_changed`, a typed `voice.channel.SpeakerChangeEvent`) and for each stream's STT status
+(`stt_status`, the per-stream callback the stream was opened with). It never awaits a client:
+messages go to the feed's and the streams' bounded queues, and a full one drops the message
+(counted). Which rooms and streams exist is the registry's (`server.live`); this only reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from models import RoomEvent
+from rooms import Channel, HookContext, RoomContext
+from server.framing import Outgoing
+from server.metrics import ServerMetrics
+from server.protocol import (
+    ChatMessage,
+    ReplyMessage,
+    SpeakerChangeMessage,
+    SttStatusMessage,
+    TurnMessage,
+    dump,
+)
+from server.room_state import LiveRoom, LiveStream
+from voice.channel import SpeakerChangeEvent
+from voice.stt.base import AudioLost, SttDegraded, SttRecovered, SttStatus
+
+log = logging.getLogger(__name__)
+
+
+class ServerOutput(Channel):
+    """The server's own channel in every room: sees every committed event, plays reply audio."""
+
+    channel_type: ClassVar[str] = "server"
+
+    def __init__(
+        self,
+        rooms: Mapping[str, LiveRoom],
+        streams: Mapping[str, LiveStream],
+        metrics: ServerMetrics,
+    ) -> None:
+        super().__init__("chorus-server")
+        self.rooms = rooms
+        """The registry's live rooms, by room id."""
+        self.streams = streams
+        """The registry's open streams, by the `voice_session_id` their turns carry."""
+        self.metrics = metrics
+
+    async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        await self.committed(event)
+
+    async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+        await self.committed(event, corrected=True)
+
+    async def play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
+        self.play_reply(room_id, pcm16, sample_rate)
+
+    def _stream_of(self, metadata: dict[str, Any]) -> LiveStream | None:
+        session = metadata.get("voice_session_id")
+        return self.streams.get(str(session)) if session is not None else None
+
+    async def committed(self, event: RoomEvent, *, corrected: bool = False) -> None:
+        """Every committed event of every room, in commit order (from `deliver`).
+        `corrected`: a voice turn replaced in place (an early turn the final result corrected):
+        it goes out again as a `turn` with the same `event_id` and `corrected: true`, for the
+        device and the feed to show instead of the first version; it is not counted again."""
+        live = self.rooms.get(event.room_id)
+        if live is None or event.kind != "message":
+            return
+        meta = event.metadata
+        voice = meta.get("source") == "voice" or event.source.channel_type == "voice"
+        if corrected and not voice:
+            return  # only voice turns are corrected in place; nothing else is re-sent
+        if voice:
+            await self._turn(live, event, corrected)
+        elif event.source.channel_type == "chat":
+            speaker = await self.require_kit().label_for(event.room_id, event)
+            live.feed.publish(
+                dump(
+                    ChatMessage(
+                        room=event.room_id,
+                        speaker=speaker,
+                        text=event.text,
+                        participant=event.source.participant_id,
+                        channel=event.source.channel_id,
+                        event_id=event.id,
+                    )
+                )
+            )
+        elif event.source.channel_type in ("realtime", "ai"):
+            self.metrics.replies_total += 1
+            text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))
+            live.feed.publish(text)
+            for stream in list(live.streams.values()):
+                self._send(stream, text)
+
+    async def _turn(self, live: LiveRoom, event: RoomEvent, corrected: bool) -> None:
+        """A voice turn: to the feed and to the stream it came from, its latency observed."""
+        meta = event.metadata
+        stream = self._stream_of(meta)
+        end = float(meta.get("end", 0.0))
+        speaker = meta.get("sender_name")
+        if not speaker:  # no stamped name: the participant record names the turn (B2)
+            speaker = await self.require_kit().label_for(event.room_id, event)
+        turn = TurnMessage(
+            room=event.room_id,
+            speaker=str(speaker),
+            text=event.text,
+            start=float(meta.get("start", 0.0)),
+            end=end,
+            participant=event.source.participant_id,
+            label=meta.get("speaker_label")
+            if stream is None or stream.declaration.shared_mic
+            else None,
+            stream=stream.id if stream else None,
+            event_id=event.id,
+            corrected=corrected,
+        )
+        if corrected:
+            self.metrics.turn_corrections_total += 1
+        else:
+            self.metrics.turns_total += 1
+            latency = stream.latency_of(end) if stream is not None else None
+            if latency is not None:
+                self.metrics.turn_latency.observe(latency)
+        text = dump(turn)
+        live.feed.publish(text)
+        if stream is not None:
+            self._send(stream, text)
+
+    def _send(self, stream: LiveStream, message: Outgoing) -> None:
+        if not stream.send(message):
+            self.metrics.stream_messages_dropped_total += 1
+
+    def play_reply(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
+        live = self.rooms.get(room_id)
+        if live is None:
+            return
+        for stream in list(live.streams.values()):
+            for message in stream.reply_audio(pcm16, sample_rate):
+                self._send(stream, message)
+
+    async def stt_status(self, stream: LiveStream, status: SttStatus) -> None:
+        """The stream's STT connection changed state (issue 10.1): count it, and tell the
+        stream's device (a phone leg has no message for it; its count still shows in
+        `/metrics`). Heard from the stream's own callback (`Pipeline.open_stream(on_status=…)`)."""
+        if isinstance(status, SttDegraded):
+            self.metrics.stt_outages_total += 1
+            message = SttStatusMessage(stream="", status="degraded", reason=status.reason)
+        elif isinstance(status, SttRecovered):
+            self.metrics.stt_recoveries_total += 1
+            message = SttStatusMessage(stream="", status="recovered")
+        elif isinstance(status, AudioLost):
+            self.metrics.stt_audio_lost_seconds_total += status.seconds
+            message = SttStatusMessage(
+                stream="", status="audio_lost", start=status.start, end=status.end
+            )
+        else:
+            self.metrics.stt_stream_errors_total += 1
+            message = SttStatusMessage(stream="", status="ended", reason=status.message)
+        if stream.audio is None or self.streams.get(stream.audio.session_id) is not stream:
+            return  # not open yet (its `started` goes first), or already forgotten
+        log.warning("stream %s: STT %s %s", stream.id, message.status, message.reason or "")
+        if stream.kind == "device":
+            self._send(stream, dump(message.model_copy(update={"stream": stream.id})))
+
+    def speaker_changed(self, value: object, ctx: HookContext) -> None:
+        """ON_SPEAKER_CHANGE: a one-person stream's first turn, or a new voice on a shared mic."""
+        live = self.rooms.get(ctx.room_id)
+        if live is None or not isinstance(value, SpeakerChangeEvent):
+            return
+        stream = self.streams.get(value.session.id)
+        previous = value.previous_speaker
+        if stream is not None and not stream.declaration.shared_mic:
+            if previous is not None:
+                return  # one person per stream: only its first turn is a change
+            speaker = stream.declaration.name or stream.declaration.participant
+        else:
+            speaker = value.sender_name or value.speaker or "?"
+        message = SpeakerChangeMessage(
+            room=ctx.room_id,
+            speaker=speaker,
+            previous=previous,
+            is_new_speaker=value.is_new_speaker,
+            participant=value.participant_id or ctx.participant_id,
+            stream=stream.id if stream else None,
+        )
+        self.metrics.speaker_changes_total += 1
+        text = dump(message)
+        live.feed.publish(text)
+        if stream is not None:
+            self._send(stream, text)

@@ -1,0 +1,123 @@
+"""Speaker renames from the page: one rename path for a live room, kept across streams and restarts.
+
+Owns turning a feed's `rename` request into names on the room's turns. Renames go through
+`ON_TRANSCRIPTION` (V6) exactly as an application hook's rename would: the server's own hook
+(`RoomRenames.apply`, a typed `voice.channel.TranscriptionEvent`) rewrites `sender_name` of the
+matching voice's turns. Renames that outlive a stream (a label in every stream, a one-person
+stream's participant) are kept in the store as the room's memory state `server.renames` and
+read back when the room is taken up again; a rename of one voice of one shared-mic stream lives
+as long as that stream. Saves of one room run in order under a lock whose entry lives only while
+a save of that room is pending, so the locks do not grow with every room ever renamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import ClassVar
+
+from rooms import HookContext, HookResult, RoomKit
+from server.protocol import RenamedMessage, dump
+from server.room_state import KeyLock, LiveRoom, LiveStream, held
+from voice.channel import TranscriptionEvent
+
+log = logging.getLogger(__name__)
+
+ONE_PERSON = "\x00one-person"
+"""Rename key for a one-person stream: its one voice, whatever label an STT gave it."""
+
+
+class RoomRenames:
+    """The renames of every live room: made from the feed, applied by the ON_TRANSCRIPTION hook."""
+
+    RENAMES_KEY: ClassVar[str] = "server.renames"
+
+    def __init__(
+        self, kit: RoomKit, rooms: Mapping[str, LiveRoom], streams: Mapping[str, LiveStream]
+    ) -> None:
+        self.kit = kit
+        self.rooms = rooms
+        """The registry's live rooms, by room id."""
+        self.streams = streams
+        """The registry's open streams, by the `voice_session_id` their turns carry."""
+        self._saves: set[asyncio.Task[None]] = set()
+        self._save_locks: dict[str, KeyLock] = {}
+
+    def rename(self, room_id: str, label: str, name: str, stream_id: str | None = None) -> None:
+        """From now on turns of `label` (in `stream_id`, or any stream) read `name` (V6 path)."""
+        live = self.rooms.get(room_id)
+        if live is None:
+            return
+        stream = live.streams.get(stream_id) if stream_id is not None else None
+        if stream is not None and not stream.declaration.shared_mic:
+            live.renames[(stream.id, ONE_PERSON)] = name  # one voice, whatever its label
+            live.participant_names[stream.declaration.participant] = name
+        else:
+            live.renames[(stream_id, label)] = name
+        if stream_id is None or (stream is not None and not stream.declaration.shared_mic):
+            self._save(live)
+        live.feed.publish(
+            dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
+        )
+
+    def apply(self, value: object, ctx: HookContext) -> HookResult[TranscriptionEvent] | None:
+        """ON_TRANSCRIPTION: page renames, and one-person streams named by their participant."""
+        live = self.rooms.get(ctx.room_id)
+        if live is None or not isinstance(value, TranscriptionEvent):
+            return None
+        stream = self.streams.get(value.session.id)
+        label = str(value.speaker)
+        name: str | None = None
+        if stream is not None:
+            name = live.renames.get((stream.id, label))
+        if name is None:
+            name = live.renames.get((None, label))
+        if stream is not None and not stream.declaration.shared_mic:
+            # One person per stream (a phone leg): whatever labels the STT put on the voice,
+            # the turn is the participant's. Unless renamed, no stamped name: the participant
+            # record names it (B2).
+            name = live.renames.get((stream.id, ONE_PERSON))
+            if name is None:  # renamed in an earlier stream (or before a restart)
+                name = live.participant_names.get(stream.declaration.participant)
+            if name == value.sender_name:
+                return None
+            return HookResult.modify(dataclasses.replace(value, sender_name=name))
+        if name is None or name == value.sender_name:
+            return None
+        return HookResult.modify(dataclasses.replace(value, sender_name=name))
+
+    async def load(self, live: LiveRoom) -> None:
+        """The room's lasting renames, as the store kept them (a room taken up again)."""
+        saved = await self.kit.store.get_memory_state(live.room_id, self.RENAMES_KEY) or {}
+        labels = saved.get("labels", {})
+        people = saved.get("participants", {})
+        if isinstance(labels, dict):
+            for label, name in labels.items():
+                live.renames[(None, str(label))] = str(name)
+        if isinstance(people, dict):
+            live.participant_names.update({str(k): str(v) for k, v in people.items()})
+
+    def _save(self, live: LiveRoom) -> None:
+        """Keep the room's lasting renames in the store (in order: the last rename wins)."""
+
+        async def save() -> None:
+            async with held(self._save_locks, live.room_id):
+                value = {
+                    "labels": {label: n for (sid, label), n in live.renames.items() if sid is None},
+                    "participants": dict(live.participant_names),
+                }
+                try:
+                    await self.kit.store.put_memory_state(live.room_id, self.RENAMES_KEY, value)
+                except Exception:
+                    log.exception("keeping the renames of room %s failed", live.room_id)
+
+        task = asyncio.get_running_loop().create_task(save(), name=f"chorus-renames-{live.room_id}")
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
+
+    async def flush(self) -> None:
+        """Wait for the saves still running (shutdown)."""
+        if self._saves:
+            await asyncio.gather(*list(self._saves), return_exceptions=True)

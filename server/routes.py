@@ -1,0 +1,402 @@
+"""The server's HTTP surface: declared routes with pydantic bodies, and their errors as problems.
+
+Owns every HTTP route of `chorus serve` (the transcript page, `/healthz`, `/metrics`, a room's
+transcript, deleting a room, typed messages, the Teams and WhatsApp webhooks, and the `426` a
+plain GET of a websocket route gets) and their error shape: JSON `{"problem": …, "detail": …}`
+with the problem names the metrics and the websocket close reasons use. JSON bodies are pydantic
+models, so `/openapi.json` describes every route. The websockets are `server.app`'s: it builds
+this app and adds its socket routes after these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Header, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
+from server.chat import ChatPost, ChatPosted
+from server.ingress.base import WebhookAnswer
+from server.ingress.serve import Webhooks
+from server.live import LiveRooms
+from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from server.metrics import ServerMetrics
+from server.protocol import ROOM_ID, error_location
+from voice.transcribe import Turn, format_turns
+
+
+class Problem(BaseModel):
+    """Every HTTP error: a stable problem name (the same names the metrics and close reasons use)
+    and a sentence for people."""
+
+    problem: str
+    detail: str
+
+
+class Health(BaseModel):
+    status: Literal["ok", "closing"]
+    """`ok`, or `closing` while the server drains (then the status code is 503)."""
+    rooms: int
+    streams: int
+
+
+class TranscriptTurn(BaseModel):
+    """One committed speaker turn, as `chorus transcribe --format json` writes it."""
+
+    speaker: str | None
+    text: str
+    start: float
+    end: float
+
+
+class WebhookAccepted(BaseModel):
+    """A provider webhook taken: how many messages became room events."""
+
+    accepted: int
+
+
+WEBHOOK_MAX_BYTES = 1024 * 1024
+"""Largest provider webhook body read; a bigger one is refused (413) before it is buffered."""
+
+
+async def _webhook_body(request: Request) -> bytes:
+    """The raw body (signatures cover the exact bytes), at most `WEBHOOK_MAX_BYTES`."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > WEBHOOK_MAX_BYTES:
+        raise ProblemError(413, "body_too_large", f"webhook bodies are at most {WEBHOOK_MAX_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > WEBHOOK_MAX_BYTES:
+            raise ProblemError(
+                413, "body_too_large", f"webhook bodies are at most {WEBHOOK_MAX_BYTES} bytes"
+            )
+    return bytes(body)
+
+
+def _webhook_answer(answer: WebhookAnswer) -> WebhookAccepted:
+    if answer.status != 200:
+        problem = "bad_signature" if answer.status == 401 else "bad_request"
+        raise ProblemError(answer.status, problem, str(answer.body.get("error", "refused")))
+    return WebhookAccepted(accepted=len(answer.events))
+
+
+class RoomDeleted(BaseModel):
+    room: str
+    deleted: Literal[True] = True
+
+
+TranscriptFormat = Literal["json", "text", "srt", "vtt", "rttm"]
+_TRANSCRIPT_TYPES: dict[str, str] = {
+    "json": "application/json",
+    "text": "text/plain; charset=utf-8",
+    "srt": "application/x-subrip; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+    "rttm": "text/plain; charset=utf-8",
+}
+_TOKEN_STATUS = {
+    TokenProblem.WRONG_ROOM: 403,
+    TokenProblem.NOT_GRANTED: 403,
+    TokenProblem.WRONG_PARTICIPANT: 403,
+}
+"""HTTP status of a token problem (default 401: the bearer is not authenticated)."""
+
+
+class ProblemError(Exception):
+    """An HTTP request refused with a status and a problem name (answered as `Problem` JSON)."""
+
+    def __init__(self, status: int, problem: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.problem = problem
+        self.detail = detail
+
+
+ROOM_PATTERN = rf"^{ROOM_ID}$"
+RoomId = Annotated[str, PathParam(pattern=ROOM_PATTERN, description="the room id")]
+TokenQuery = Annotated[
+    str | None, Query(description="room token (or send `Authorization: Bearer …`)")
+]
+AuthorizationHeader = Annotated[str | None, Header(include_in_schema=False)]
+_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "Token missing, malformed, badly signed or expired"},
+    403: {"model": Problem, "description": "Token for another room, or without the grant"},
+}
+
+
+def _page() -> bytes:
+    return resources.files("server").joinpath("page.html").read_bytes()
+
+
+def problem_response(status: int, problem: str, detail: str) -> JSONResponse:
+    return JSONResponse(
+        Problem(problem=problem, detail=detail).model_dump(),
+        status_code=status,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+_HTTP_PROBLEMS = {404: "not_found", 405: "method_not_allowed", 426: "upgrade_required"}
+
+
+
+class HttpRoutes:
+    """The HTTP routes of one server; `app(websocket_paths)` builds the FastAPI app with them."""
+
+    def __init__(
+        self,
+        rooms: LiveRooms,
+        metrics: ServerMetrics,
+        webhooks: Webhooks,
+        secret: str,
+        closing: Callable[[], bool],
+    ) -> None:
+        self.rooms = rooms
+        self.metrics = metrics
+        self.webhooks = webhooks
+        self.secret = secret
+        self.closing = closing
+        """Whether the server is draining (health says `closing`, messages are refused)."""
+        self._page = _page()
+
+    def app(self, websocket_paths: tuple[str, ...]) -> FastAPI:
+        """The app with every HTTP route; a plain GET of a `websocket_paths` route is a 426."""
+        app = FastAPI(
+            title="Chorus",
+            summary="Voice-first realtime rooms: device streams, phone legs, live feeds.",
+            docs_url=None,
+            redoc_url=None,
+            responses={404: {"model": Problem, "description": "No such route or room"}},
+        )
+
+        @app.exception_handler(StarletteHTTPException)
+        async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+            problem = _HTTP_PROBLEMS.get(exc.status_code, "http_error")
+            return problem_response(exc.status_code, problem, str(exc.detail))
+
+        @app.exception_handler(ProblemError)
+        async def problem_error(request: Request, exc: ProblemError) -> Response:
+            return problem_response(exc.status, exc.problem, exc.detail)
+
+        @app.exception_handler(RequestValidationError)
+        async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+            where = ".".join(error_location(list(exc.errors()))) or "request"
+            return problem_response(422, "bad_request", f"bad request at {where}")
+
+        @app.get("/", response_class=HTMLResponse, summary="The live transcript page")
+        async def page() -> Response:
+            return HTMLResponse(self._page, headers={"Cache-Control": "no-store"})
+
+        @app.get("/index.html", include_in_schema=False)
+        async def index() -> Response:
+            return HTMLResponse(self._page, headers={"Cache-Control": "no-store"})
+
+        @app.get(
+            "/healthz",
+            response_model=Health,
+            responses={503: {"model": Health, "description": "The server is draining"}},
+            summary="Liveness, rooms and streams",
+        )
+        async def healthz() -> JSONResponse:
+            health = Health(
+                status="closing" if self.closing() else "ok",
+                rooms=len(self.rooms.rooms),
+                streams=sum(self.metrics.streams_active.values()),
+            )
+            return JSONResponse(
+                health.model_dump(),
+                status_code=503 if self.closing() else 200,
+                headers={"Cache-Control": "no-store"},
+            )
+
+        @app.get(
+            "/metrics",
+            response_class=PlainTextResponse,
+            summary="Prometheus metrics (text exposition format)",
+        )
+        async def metrics() -> Response:
+            return Response(
+                self.metrics.render(len(self.rooms.rooms)),
+                media_type=METRICS_CONTENT_TYPE,
+                headers={"Cache-Control": "no-store"},
+            )
+
+        @app.get(
+            "/v1/rooms/{room}/transcript",
+            response_model=list[TranscriptTurn],
+            responses={
+                **_AUTH_RESPONSES,
+                200: {
+                    "description": "The room's committed turns, oldest first (json: a list of "
+                    "turns; text, srt, vtt, rttm: as `chorus transcribe` writes them)",
+                    "content": {t: {} for t in set(_TRANSCRIPT_TYPES.values())},
+                },
+            },
+            summary="The room's transcript (needs the `feed` grant)",
+        )
+        async def transcript(
+            room: RoomId,
+            format: Annotated[TranscriptFormat, Query()] = "json",
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> Response:
+            self._authorize(token, authorization, room, Grant.FEED)
+            turns = await self._transcript(room)
+            return Response(
+                format_turns(turns, format, file_id=room),
+                media_type=_TRANSCRIPT_TYPES[format],
+                headers={"Cache-Control": "no-store"},
+            )
+
+        @app.delete(
+            "/v1/rooms/{room}",
+            response_model=RoomDeleted,
+            responses={
+                **_AUTH_RESPONSES,
+                409: {"model": Problem, "description": "A stream or feed is still connected"},
+            },
+            summary="Delete a room and everything stored about it (needs the `admin` grant)",
+        )
+        async def delete_room(
+            room: RoomId, token: TokenQuery = None, authorization: AuthorizationHeader = None
+        ) -> RoomDeleted:
+            self._authorize(token, authorization, room, Grant.ADMIN)
+            deleted = await self.rooms.delete(room)
+            if deleted is None:
+                raise ProblemError(
+                    409, "room_in_use", "the room has an open stream or feed; close them first"
+                )
+            if not deleted:
+                raise ProblemError(404, "unknown_room", f"no room {room!r}")
+            return RoomDeleted(room=room)
+
+        @app.post(
+            "/v1/rooms/{room}/messages",
+            response_model=ChatPosted,
+            status_code=201,
+            responses={
+                **_AUTH_RESPONSES,
+                409: {"model": Problem, "description": "A hook blocked the message"},
+                503: {"model": Problem, "description": "The server is draining"},
+            },
+            summary="Type a message into the room (needs the `chat` grant)",
+        )
+        async def post_message(
+            room: RoomId,
+            body: ChatPost,
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> ChatPosted:
+            grant = self._authorize(token, authorization, room, Grant.CHAT)
+            if grant.participant is not None and grant.participant != body.participant:
+                raise ProblemError(
+                    403,
+                    f"token_{TokenProblem.WRONG_PARTICIPANT.value}",
+                    "token is for another participant",
+                )
+            if self.closing():
+                raise ProblemError(503, "shutting_down", "server is shutting down")
+            event = await self.rooms.post_message(room, body.participant, body.name, body.text)
+            if event is None:
+                raise ProblemError(409, "blocked", "a hook blocked the message")
+            return ChatPosted(room=room, event_id=event.id)
+
+        @app.post(
+            "/v1/webhooks/teams",
+            response_model=WebhookAccepted,
+            responses={
+                400: {"model": Problem, "description": "Not a Bot Framework activity"},
+                401: {"model": Problem, "description": "Bot Framework token missing or rejected"},
+                404: {"model": Problem, "description": "Teams is not configured"},
+                413: {"model": Problem, "description": "Body over 1 MiB"},
+            },
+            summary="Microsoft Teams activities (Bot Framework messaging endpoint)",
+        )
+        async def teams_webhook(request: Request) -> WebhookAccepted:
+            if self.webhooks.teams is None:
+                raise ProblemError(404, "not_configured", "teams is not enabled on this server")
+            answer = await self.webhooks.teams.handle(
+                dict(request.headers), await _webhook_body(request)
+            )
+            return _webhook_answer(answer)
+
+        @app.post(
+            "/v1/webhooks/whatsapp",
+            response_model=WebhookAccepted,
+            responses={
+                400: {"model": Problem, "description": "Not a WhatsApp Cloud API webhook"},
+                401: {"model": Problem, "description": "X-Hub-Signature-256 missing or wrong"},
+                404: {"model": Problem, "description": "WhatsApp is not configured"},
+                413: {"model": Problem, "description": "Body over 1 MiB"},
+            },
+            summary="WhatsApp Cloud API webhooks (signed with the app secret)",
+        )
+        async def whatsapp_webhook(request: Request) -> WebhookAccepted:
+            if self.webhooks.whatsapp is None:
+                raise ProblemError(404, "not_configured", "whatsapp is not enabled on this server")
+            answer = await self.webhooks.whatsapp.handle(
+                dict(request.headers), await _webhook_body(request)
+            )
+            return _webhook_answer(answer)
+
+        @app.get(
+            "/v1/webhooks/whatsapp",
+            response_class=PlainTextResponse,
+            summary="WhatsApp webhook subscription handshake (echoes hub.challenge)",
+        )
+        async def whatsapp_handshake(request: Request) -> Response:
+            if self.webhooks.whatsapp is None:
+                raise ProblemError(404, "not_configured", "whatsapp is not enabled on this server")
+            status, text = self.webhooks.whatsapp.handshake(dict(request.query_params))
+            if status != 200:
+                raise ProblemError(status, "handshake_refused", text)
+            return PlainTextResponse(text)
+
+        for path in websocket_paths:
+            app.add_api_route(path, _websocket_only, methods=["GET"], include_in_schema=False)
+        return app
+
+    def _authorize(
+        self, token: str | None, authorization: str | None, room: str, need: Grant
+    ) -> RoomGrant:
+        """The token of an HTTP request (`?token=` or `Authorization: Bearer`), or a problem."""
+        if not token and authorization and authorization.lower().startswith("bearer "):
+            token = authorization[7:].strip()
+        try:
+            return verify_token(self.secret, token, room, need=need)
+        except TokenError as exc:
+            status = _TOKEN_STATUS.get(exc.problem, 401)
+            raise ProblemError(status, f"token_{exc.problem.value}", str(exc)) from exc
+
+    async def _transcript(self, room: str) -> list[Turn]:
+        """The room's committed voice turns, oldest first, named as the feed named them."""
+        kit = self.rooms.kit
+        if await kit.get_room(room) is None:
+            raise ProblemError(404, "unknown_room", f"no room {room!r}")
+        turns: list[Turn] = []
+        for event in await kit.list_events(room):
+            meta = event.metadata
+            if event.kind != "message" or meta.get("source") != "voice":
+                continue
+            speaker = meta.get("sender_name") or await kit.label_for(room, event)
+            turns.append(
+                Turn(
+                    speaker=str(speaker),
+                    text=event.text,
+                    start=float(meta.get("start", 0.0)),
+                    end=float(meta.get("end", 0.0)),
+                    label=meta.get("speaker_label"),
+                )
+            )
+        return turns
+
+
+async def _websocket_only() -> Response:
+    return problem_response(426, "upgrade_required", "this route is a websocket")

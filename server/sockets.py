@@ -1,0 +1,156 @@
+"""One accepted websocket as the server's handlers use it, and the ASGI plumbing it needs.
+
+Owns `Socket` (text/bytes messages in and out, one `SocketClosed` for a peer that is gone, the
+token it presented, a close and a refusal that cut off a peer that does not take them within a
+bound, and `abort`), the outermost ASGI layer that keeps uvicorn's own `send` reachable for that
+abort, and keeping room tokens out of uvicorn's request-line logs. The protocol code above it
+reads like the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator
+
+from fastapi import WebSocket
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from server.protocol import ErrorMessage, dump
+
+REFUSAL_WAIT_S = 3.0
+"""How long a refused peer gets to take the error and the close frame before it is cut off."""
+
+
+class _RedactTokens(logging.Filter):
+    """uvicorn logs each websocket's request line, query included: keep tokens out of logs."""
+
+    _TOKEN = re.compile(r"(token=)[^&\s\"]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = tuple(
+                self._TOKEN.sub(r"\1…", a) if isinstance(a, str) else a for a in args
+            )
+        return True
+
+
+_REDACT_TOKENS = _RedactTokens()
+for _name in ("uvicorn.error", "uvicorn.access"):
+    if _REDACT_TOKENS not in logging.getLogger(_name).filters:
+        logging.getLogger(_name).addFilter(_REDACT_TOKENS)
+
+
+class SocketClosed(Exception):
+    """The peer went away without a clean close (or the socket broke under us)."""
+
+
+class Socket:
+    """One accepted websocket, as the route handlers use it: `recv`, `send`, `close`.
+
+    A thin layer over Starlette's `WebSocket` that speaks in text/bytes messages and one
+    exception for a peer that is gone, so the protocol code reads like the protocol."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self.remote = ws.client.host if ws.client is not None else "?"
+        self.closed_cleanly = False
+
+    def token(self) -> str | None:
+        """The room token the client presented: `?token=`, else `Authorization: Bearer …`."""
+        token = self.ws.query_params.get("token")
+        if token:
+            return token
+        auth = self.ws.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return None
+
+    async def recv(self) -> str | bytes:
+        """The next message; `SocketClosed` when the peer is gone (`closed_cleanly` tells how)."""
+        if self.ws.client_state is WebSocketState.DISCONNECTED:
+            raise SocketClosed("already closed")
+        try:
+            message = await self.ws.receive()
+        except RuntimeError as exc:  # receive after the close frame
+            raise SocketClosed(str(exc)) from exc
+        if message["type"] == "websocket.disconnect":
+            self.closed_cleanly = message.get("code", 1000) in (1000, 1001)
+            raise SocketClosed(f"peer closed ({message.get('code')})")
+        data = message.get("bytes")
+        if data is not None:
+            return bytes(data)
+        return str(message.get("text") or "")
+
+    async def messages(self) -> AsyncIterator[str | bytes]:
+        """Messages until the peer closes cleanly; a broken connection raises `SocketClosed`."""
+        while True:
+            try:
+                yield await self.recv()
+            except SocketClosed:
+                if self.closed_cleanly:
+                    return
+                raise
+
+    async def send(self, message: str | bytes) -> None:
+        try:
+            if isinstance(message, bytes):
+                await self.ws.send_bytes(message)
+            else:
+                await self.ws.send_text(message)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise SocketClosed(str(exc)) from exc
+
+    async def close(self, code: int, reason: str = "", *, within_s: float = REFUSAL_WAIT_S) -> None:
+        """Send the close frame; a peer that does not take it within `within_s` is cut off."""
+        if self.ws.application_state is WebSocketState.DISCONNECTED:
+            return
+        try:
+            async with asyncio.timeout(within_s):
+                with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                    await self.ws.close(code, reason)
+        except TimeoutError:
+            self.abort()
+
+    async def refuse(self, code: int, reason: str) -> None:
+        """Say why (an `error` message), then close with `code`, all within `REFUSAL_WAIT_S`; a
+        peer that does not read is cut off."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REFUSAL_WAIT_S
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.send(dump(ErrorMessage(code=int(code), reason=reason)))
+        except (TimeoutError, SocketClosed):
+            self.abort()
+            return
+        await self.close(code, reason[:120], within_s=max(0.1, deadline - loop.time()))
+
+    def abort(self) -> None:
+        """Drop the TCP connection now (a peer that stopped reading cannot take a close frame).
+
+        ASGI has no message for this; uvicorn's protocol object (the owner of the server's own
+        `send` callable, kept in the scope by `KeepServerSend`) holds the transport."""
+        owner = getattr(self.ws.scope.get(SERVER_SEND_KEY), "__self__", None)
+        transport = getattr(owner, "transport", None)
+        if isinstance(transport, asyncio.BaseTransport) and hasattr(transport, "abort"):
+            transport.abort()
+
+
+SERVER_SEND_KEY = "chorus.server_send"
+
+
+class KeepServerSend:
+    """Outermost ASGI layer: keeps the server's own `send` in the scope (the framework wraps
+    the one handlers see), so a socket whose peer stopped reading can be cut off (`abort`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            scope[SERVER_SEND_KEY] = send
+        await self.app(scope, receive, send)

@@ -1,0 +1,247 @@
+"""Each stream protocol module reads its framing into one `StreamDeclaration` plus audio
+(issue 26.4): a table of messages in, declarations, audio and refusals out, no socket."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from server.device import DeviceFraming
+from server.framing import Refusal, StoppedBeforeStart, StreamDeclaration, StreamFraming
+from server.protocol import CloseCode, StartMessage, dump, parse_server_message
+from server.twilio import TwilioFraming, TwilioOpening
+from voice.audio import StreamFormat
+
+
+def _refused(call: Any, *args: Any) -> tuple[int, str, str]:
+    with pytest.raises(Refusal) as info:
+        call(*args)
+    return int(info.value.code), info.value.metric, info.value.reason
+
+
+# --------------------------------------------------------------------------- device
+
+
+@pytest.mark.parametrize(
+    ("start", "declared"),
+    [
+        (
+            {"type": "start", "participant": "desk"},
+            StreamDeclaration("desk", None, True, StreamFormat(16000, "pcm16", 1)),
+        ),
+        (
+            {"type": "start", "participant": "ann", "name": "Ann", "shared_mic": False,
+             "sample_rate": 8000, "encoding": "mulaw"},
+            StreamDeclaration("ann", "Ann", False, StreamFormat(8000, "mulaw", 1)),
+        ),
+        (
+            {"type": "start", "participant": "array", "sample_rate": 48000, "channels": 4},
+            StreamDeclaration("array", None, True, StreamFormat(48000, "pcm16", 4)),
+        ),
+    ],
+)
+def test_a_device_start_is_its_declaration(start: dict[str, Any], declared: StreamDeclaration) -> None:
+    assert DeviceFraming().start(json.dumps(start)) == declared
+
+
+@pytest.mark.parametrize(
+    ("first", "code", "metric"),
+    [
+        (b"\x00\x00", CloseCode.AUDIO_BEFORE_START, "audio_before_start"),
+        ("]]", CloseCode.BAD_MESSAGE, "bad_json"),
+        ('{"type": "hello"}', CloseCode.BAD_MESSAGE, "bad_message"),
+        ('{"type": "start"}', CloseCode.BAD_MESSAGE, "bad_message"),
+        ('{"type": "start", "participant": "a b"}', CloseCode.BAD_MESSAGE, "bad_message"),
+        ('{"type": "start", "participant": "a", "channels": 9}', CloseCode.BAD_MESSAGE,
+         "bad_message"),
+        ('{"type": "start", "participant": "a", "encoding": "opus"}',
+         CloseCode.UNSUPPORTED_ENCODING, "unsupported_encoding"),
+        ('{"type": "start", "participant": "a", "encoding": "mulaw"}', CloseCode.BAD_MESSAGE,
+         "bad_message"),  # µ-law is 8 kHz
+    ],
+)
+def test_a_bad_device_start_is_refused(first: str | bytes, code: int, metric: str) -> None:
+    assert _refused(DeviceFraming().start, first)[:2] == (code, metric)
+
+
+def test_a_device_stop_before_start_ends_quietly() -> None:
+    with pytest.raises(StoppedBeforeStart):
+        DeviceFraming().start('{"type": "stop"}')
+
+
+def test_device_frames_are_realigned_to_whole_samples_until_stop() -> None:
+    device = DeviceFraming()
+    device.start(dump(StartMessage(participant="array", channels=2)))  # 4-byte sample frames
+    assert [device.audio(frame) for frame in (b"\x01\x02\x03", b"\x04\x05", b"\x06\x07\x08")] == [
+        b"",
+        b"\x01\x02\x03\x04",
+        b"\x05\x06\x07\x08",
+    ]
+    assert device.audio('{"type": "stop"}') is None
+
+
+def test_a_second_device_start_is_refused() -> None:
+    device = DeviceFraming()
+    device.start(dump(StartMessage(participant="desk")))
+    assert _refused(device.audio, dump(StartMessage(participant="desk"))) == (
+        CloseCode.BAD_MESSAGE, "bad_message", "stream already started"
+    )
+
+
+def test_the_device_hears_started_and_replies_in_its_own_format() -> None:
+    device = DeviceFraming()
+    device.start(dump(StartMessage(participant="ann", sample_rate=8000, encoding="mulaw")))
+    [greeting] = device.greeting("r1", "device-1")
+    assert parse_server_message(greeting).model_dump() == {
+        "type": "started", "room": "r1", "stream": "device-1", "participant": "ann"
+    }
+    one_second_at_16k = b"\x00\x00" * 16000
+    frames = device.reply_audio(one_second_at_16k, 16000)
+    assert all(isinstance(f, bytes) for f in frames)
+    assert sum(len(f) for f in frames) == 8000  # 8 kHz µ-law: one byte a sample
+
+
+# --------------------------------------------------------------------------- Twilio
+
+
+def _twilio_start(params: dict[str, str], media_format: dict[str, Any] | None = None) -> str:
+    start: dict[str, Any] = {"streamSid": "MZ1", "callSid": "CA1", "customParameters": params}
+    if media_format is not None:
+        start["mediaFormat"] = media_format
+    return json.dumps({"event": "start", "streamSid": "MZ1", "start": start})
+
+
+def _opened(params: dict[str, str], media_format: dict[str, Any] | None = None) -> TwilioFraming:
+    leg = TwilioFraming()
+    opening = leg.opening(_twilio_start(params, media_format))
+    assert opening is not None
+    leg.declare(opening)
+    return leg
+
+
+@pytest.mark.parametrize(
+    ("params", "declared"),
+    [
+        ({"room": "r1"}, StreamDeclaration("call-CA1", None, False, StreamFormat(8000, "mulaw"))),
+        (
+            {"room": "r1", "participant": "p-dana", "name": "Dana", "shared_mic": "yes"},
+            StreamDeclaration("p-dana", "Dana", True, StreamFormat(8000, "mulaw")),
+        ),
+        ({"room": "r1", "name": "N" * 100},
+         StreamDeclaration("call-CA1", "N" * 80, False, StreamFormat(8000, "mulaw"))),
+        ({"room": "r1", "name": "", "shared_mic": " TRUE "},
+         StreamDeclaration("call-CA1", None, True, StreamFormat(8000, "mulaw"))),
+    ],
+)
+def test_a_twilio_start_is_its_opening_and_declaration(
+    params: dict[str, str], declared: StreamDeclaration
+) -> None:
+    leg = TwilioFraming()
+    opening = leg.opening(_twilio_start({**params, "token": "t0"}))
+    assert isinstance(opening, TwilioOpening) and (opening.room, opening.token) == ("r1", "t0")
+    assert leg.declare(opening) == declared
+    assert leg.stream_sid == "MZ1"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"event": "connected", "protocol": "Call", "version": "1.0.0"},
+        {"event": "mark", "streamSid": "MZ1", "mark": {"name": "m"}},
+        {"event": "dtmf", "streamSid": "MZ1", "dtmf": {"digit": "5"}},
+    ],
+)
+def test_messages_before_a_twilio_start_are_read_past(message: dict[str, Any]) -> None:
+    assert TwilioFraming().opening(json.dumps(message)) is None
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "metric"),
+    [
+        (b"\x00", CloseCode.BAD_MESSAGE, "bad_message"),
+        ("]]", CloseCode.BAD_MESSAGE, "bad_json"),
+        ('{"event": "hello"}', CloseCode.BAD_MESSAGE, "bad_message"),
+        ('{"event": "media", "streamSid": "MZ1", "media": {"payload": "AAAA"}}',
+         CloseCode.AUDIO_BEFORE_START, "audio_before_start"),
+        (_twilio_start({}), CloseCode.BAD_MESSAGE, "bad_message"),
+        (_twilio_start({"room": "no/slash"}), CloseCode.BAD_MESSAGE, "bad_message"),
+    ],
+)
+def test_a_bad_twilio_opening_is_refused(message: str | bytes, code: int, metric: str) -> None:
+    assert _refused(TwilioFraming().opening, message)[:2] == (code, metric)
+
+
+@pytest.mark.parametrize(
+    ("params", "media_format", "code", "metric"),
+    [
+        ({"room": "r1"}, {"encoding": "audio/l16", "sampleRate": 16000, "channels": 1},
+         CloseCode.UNSUPPORTED_ENCODING, "unsupported_encoding"),
+        ({"room": "r1"}, {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 2},
+         CloseCode.UNSUPPORTED_ENCODING, "unsupported_encoding"),
+        ({"room": "r1"}, {"encoding": "audio/x-mulaw", "sampleRate": 16000, "channels": 1},
+         CloseCode.BAD_MESSAGE, "bad_format"),  # µ-law is 8 kHz (V10)
+        ({"room": "r1", "participant": "has space"}, None, CloseCode.BAD_MESSAGE, "bad_message"),
+    ],
+)
+def test_a_twilio_start_that_cannot_be_declared_is_refused(
+    params: dict[str, str], media_format: dict[str, Any] | None, code: int, metric: str
+) -> None:
+    leg = TwilioFraming()
+    opening = leg.opening(_twilio_start(params, media_format))
+    assert _refused(leg.declare, opening)[:2] == (code, metric)
+
+
+def test_a_twilio_stop_before_start_ends_quietly() -> None:
+    with pytest.raises(StoppedBeforeStart):
+        TwilioFraming().opening('{"event": "stop", "streamSid": "MZ1"}')
+
+
+def _media(payload: str, track: str = "inbound") -> str:
+    return json.dumps(
+        {"event": "media", "streamSid": "MZ1", "media": {"track": track, "payload": payload}}
+    )
+
+
+def test_twilio_media_is_the_callers_audio_until_stop() -> None:
+    leg = _opened({"room": "r1"})
+    audio = bytes(range(160))
+    payload = base64.b64encode(audio).decode()
+    assert leg.audio(_media(payload)) == audio
+    assert leg.audio(_media(payload, track="inbound_track")) == audio
+    assert leg.audio(_media(payload, track="outbound")) == b""  # not the caller
+    assert leg.audio('{"event": "mark", "streamSid": "MZ1", "mark": {"name": "reply"}}') == b""
+    assert leg.audio('{"event": "stop", "streamSid": "MZ1"}') is None
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (_media("not base64!"), "media payload is not base64"),
+        (_twilio_start({"room": "r1"}), "stream already started"),
+        (b"\x00", "twilio frames are JSON text"),
+    ],
+)
+def test_a_bad_twilio_media_message_is_refused(message: str | bytes, reason: str) -> None:
+    assert _refused(_opened({"room": "r1"}).audio, message) == (
+        CloseCode.BAD_MESSAGE, "bad_message", reason
+    )
+
+
+def test_the_caller_hears_nothing_on_start_and_replies_as_media_on_its_stream() -> None:
+    leg = _opened({"room": "r1"})
+    assert leg.greeting("r1", "twilio-1") == []
+    *media, mark = (json.loads(m) for m in leg.reply_audio(b"\x00\x00" * 16000, 16000))
+    assert {m["event"] for m in media} == {"media"} and mark["event"] == "mark"
+    assert {m["streamSid"] for m in (*media, mark)} == {"MZ1"}
+    assert sum(len(base64.b64decode(m["media"]["payload"])) for m in media) == 8000
+
+
+# --------------------------------------------------------------------------- one shape
+
+
+def test_both_protocols_have_the_shape_the_server_runs() -> None:
+    framings: list[StreamFraming] = [DeviceFraming(), TwilioFraming()]
+    assert [f.kind for f in framings] == ["device", "twilio"]
