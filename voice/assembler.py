@@ -335,35 +335,9 @@ class TurnAssembler:
             self._early.append(_Early(turn, self._commit(turn), len(before)))
 
     def _settle(self, words: tuple[Word, ...]) -> tuple[Word, ...]:
-        """Final words arrived: those over early-committed turns confirm or correct them; the
-        rest go on as usual."""
-        rest: list[Word] = []
-        for w in words:
-            mid = (w.start + w.end) / 2
-            owner = next((p for p in self._early
-                          if p.start - SAME_TIME <= mid <= p.end + SAME_TIME
-                          and (w.speaker is None or w.speaker == p.turn.speaker)), None)
-            if owner is None:
-                rest.append(w)  # not said in an early turn: a turn of its own, as usual
-            else:
-                owner.confirmed.append(w)
-        final_end = max((w.end for w in words), default=0.0)
-        settled = [p for p in self._early if p.end <= final_end + SAME_TIME]
-        for early in settled:
-            self._correct(early, tuple(early.confirmed))
-        self._early = [p for p in self._early if p not in settled]
-        return tuple(rest)
-
-    def _correct(self, early: _Early, confirmed: tuple[Word, ...]) -> None:
-        said = [(w.text, w.speaker) for w in early.interim_words]
-        if [(w.text, w.speaker) for w in confirmed] == said:
-            return
-        if not confirmed:
-            # The final heard none of it (interim words it dropped): keep the text, say so.
-            self._out.append(Revise(early.key, early.turn.words, "unconfirmed"))
-            return
-        final = early.turn.words[: early.final_lead] + confirmed  # the lead was final already
-        self._out.append(Revise(early.key, final, "final"))
+        rest, self._early, revised = settle(self._early, words)
+        self._out += revised
+        return rest
 
     # -- closing a waiting run ---------------------------------------------------------------------
 
@@ -443,6 +417,40 @@ class TurnAssembler:
     def _take(self) -> list[Decision]:
         out, self._out = self._out, []
         return out
+
+
+def settle(early: list[_Early], words: tuple[Word, ...],
+           ) -> tuple[tuple[Word, ...], list[_Early], list[Revise]]:
+    """Final words arrived: those over early-committed turns confirm or correct them (the
+    revisions), the rest go on as usual. Returns (the rest, the early turns still waiting, the
+    revisions)."""
+    rest: list[Word] = []
+    for w in words:
+        mid = (w.start + w.end) / 2
+        owner = next((p for p in early
+                      if p.start - SAME_TIME <= mid <= p.end + SAME_TIME
+                      and (w.speaker is None or w.speaker == p.turn.speaker)), None)
+        if owner is None:
+            rest.append(w)  # not said in an early turn: a turn of its own, as usual
+        else:
+            owner.confirmed.append(w)
+    final_end = max((w.end for w in words), default=0.0)
+    settled = [p for p in early if p.end <= final_end + SAME_TIME]
+    revised = [r for r in (correction(p, tuple(p.confirmed)) for p in settled) if r is not None]
+    return tuple(rest), [p for p in early if p not in settled], revised
+
+
+def correction(early: _Early, confirmed: tuple[Word, ...]) -> Revise | None:
+    """What the final words over an early turn's interim words change: nothing when they agree
+    (same words, same voices), else a revision."""
+    said = [(w.text, w.speaker) for w in early.interim_words]
+    if [(w.text, w.speaker) for w in confirmed] == said:
+        return None
+    if not confirmed:
+        # The final heard none of it (interim words it dropped): keep the text, say so.
+        return Revise(early.key, early.turn.words, "unconfirmed")
+    final = early.turn.words[: early.final_lead] + confirmed  # the lead was final already
+    return Revise(early.key, final, "final")
 
 
 def decided_hints(words: tuple[Word, ...], timeline: SpeakerTimeline,
