@@ -122,6 +122,11 @@ class ChatConfig(_Section):
     """Default: `policy.system_prompt`."""
     history: int = Field(default=50, ge=1)
     """Turns of the room the model reads per answer (its memory window)."""
+    answer: Literal["policy", "always"] = "policy"
+    """When the model answers: `policy`, by the `[policy]` section, as the realtime session does
+    (when addressed by `assistant_name`, or while the room holds one speaker; only the
+    `answer_only` people when set); `always`, every typed message and spoken turn (in a meeting:
+    a reply to every utterance)."""
 
 
 class AgentConfig(_Section):

@@ -380,6 +380,8 @@ def _chat_channel(config: ServerConfig) -> AIChannel | None:
         provider,
         chat.system_prompt or config.policy.system_prompt,
         memory=SlidingWindowMemory(chat.history),
+        policy=None if chat.answer == "always" else speak_policy(config),
+        assistant_name=config.policy.assistant_name,
     )
 
 

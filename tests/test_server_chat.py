@@ -53,7 +53,9 @@ def server_config(chat_model: ChatServer) -> dict[str, Any]:
         "stt": {"diarize": True},  # Speaker A, B, C (G2)
         "realtime": {"provider": "recorder"},
         "policy": {"answer_only": ["Dana"]},  # the realtime session stays quiet
-        "chat": {"provider": "openai", "base_url": chat_model.base_url, "api_key": "t"},
+        # the chat model answers every turn (`answer = "policy"`, the default, is tested apart)
+        "chat": {"provider": "openai", "base_url": chat_model.base_url, "api_key": "t",
+                 "answer": "always"},
     }
 
 
