@@ -48,12 +48,14 @@ class Health(BaseModel):
 
 
 class TranscriptTurn(BaseModel):
-    """One committed speaker turn, as `chorus transcribe --format json` writes it."""
+    """One line of the room: a committed speaker turn, as `chorus transcribe --format json`
+    writes it, or a typed message (`kind: "typed"`, its times where it fell among the turns)."""
 
     speaker: str | None
     text: str
     start: float
     end: float
+    kind: Literal["spoken", "typed"]
 
 
 class WebhookAccepted(BaseModel):
@@ -101,6 +103,8 @@ _TRANSCRIPT_TYPES: dict[str, str] = {
     "vtt": "text/vtt; charset=utf-8",
     "rttm": "text/plain; charset=utf-8",
 }
+_REPLIES = frozenset({"ai", "realtime", "server"})
+"""Channel types whose messages are the models' (or the server's own), not the people's."""
 _TOKEN_STATUS = {
     TokenProblem.WRONG_ROOM: 403,
     TokenProblem.NOT_GRANTED: 403,
@@ -376,25 +380,33 @@ class HttpRoutes:
             raise ProblemError(status, f"token_{exc.problem.value}", str(exc)) from exc
 
     async def _transcript(self, room: str) -> list[Turn]:
-        """The room's committed voice turns, oldest first, named as the feed named them."""
+        """The whole meeting, in commit order, named as the feed named it: the committed voice
+        turns and the people's typed lines (the room's chat, Teams, WhatsApp; not the models'
+        replies), a typed line at the end of the last spoken turn before it."""
         kit = self.rooms.kit
         if await kit.get_room(room) is None:
             raise ProblemError(404, "unknown_room", f"no room {room!r}")
         turns: list[Turn] = []
+        said_until = 0.0
         for event in await kit.list_events(room):
             meta = event.metadata
-            if event.kind != "message" or meta.get("source") != "voice":
+            if event.kind != "message" or event.source.channel_type in _REPLIES:
+                continue
+            if meta.get("source") != "voice":
+                speaker = await kit.label_for(room, event)
+                turns.append(Turn(speaker=speaker, text=event.text, start=said_until,
+                                  end=said_until, typed=True))
                 continue
             speaker = meta.get("sender_name") or await kit.label_for(room, event)
-            turns.append(
-                Turn(
-                    speaker=str(speaker),
-                    text=event.text,
-                    start=float(meta.get("start", 0.0)),
-                    end=float(meta.get("end", 0.0)),
-                    label=meta.get("speaker_label"),
-                )
+            turn = Turn(
+                speaker=str(speaker),
+                text=event.text,
+                start=float(meta.get("start", 0.0)),
+                end=float(meta.get("end", 0.0)),
+                label=meta.get("speaker_label"),
             )
+            said_until = turn.end
+            turns.append(turn)
         return turns
 
 

@@ -15,8 +15,10 @@ import httpx
 import pytest
 from test_openai_chat import ChatServer
 
+from server.auth import Grant, issue_token
 from server.ingress.testing import LocalProviderServer
 from server.ingress.whatsapp import signature_of
+from server.testing.harness import SECRET as HARNESS_SECRET
 from server.testing.harness import RunningServer, eventually, local_deepgram_stt, running_server
 
 DATA = Path(__file__).resolve().parent / "data" / "ingress"
@@ -46,7 +48,9 @@ async def served(model: ChatServer) -> AsyncIterator[Served]:
             "stt": NO_STT,
             "diarizer": {"kind": "none"},
             "realtime": {"provider": "none"},
-            "chat": {"provider": "openai", "base_url": model.base_url, "api_key": "t"},
+            # the model answers every line here ("policy", the default: tests/test_chat_policy.py)
+            "chat": {"provider": "openai", "base_url": model.base_url, "api_key": "t",
+                     "answer": "always"},
             "teams": {
                 "enabled": True,
                 "app_id": APP_ID,
@@ -141,6 +145,12 @@ async def test_whatsapp_webhook_over_http_checks_the_signature(served: Served) -
     assert users[1].startswith('Bob: "Alice: I would rather ship Thursday."')
     await eventually(lambda: len(served.provider.received) == 2, 60, "two replies to the group")
     assert {r.body["to"] for r in served.provider.received} == {"120363025246125486"}
+    # the group's lines are the room's transcript, typed, without the model's replies (issue 24.3)
+    [room] = [r for r in served.server.server.rooms.rooms if r.startswith("whatsapp-")]
+    token = issue_token(HARNESS_SECRET, room, grants=[Grant.FEED])
+    transcript = await served.http.get(f"/v1/rooms/{room}/transcript?token={token}")
+    assert [(t["speaker"], t["kind"]) for t in transcript.json()] == [
+        ("Alice", "typed"), ("Bob", "typed")]
 
 
 async def test_whatsapp_subscription_handshake_over_http(served: Served) -> None:

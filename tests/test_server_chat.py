@@ -136,6 +136,21 @@ async def test_typed_and_spoken_turns_are_one_labelled_conversation(
         f'{people[-1]}\n\n{NOTE}',
     ]
     assert [m["content"] for m in last if m["role"] == "assistant"] == ["Noted."] * 5
+    # the room's transcript is the whole meeting: spoken and typed lines in commit order, typed
+    # ones marked and placed after the turn before them, the models' replies left out (24.3)
+    spoken = [e for e in committed if e.metadata.get("source") == "voice"]
+    got = (await http.get(f"/v1/rooms/{ROOM}/transcript",
+                          headers={"Authorization": f"Bearer {token}"})).json()
+    assert [(t["speaker"], t["kind"]) for t in got] == [
+        ("Speaker A", "spoken"), ("Speaker B", "spoken"), ("Erin", "typed"),
+        ("Speaker C", "spoken"), ("Speaker A", "spoken"), ("Alice", "typed")]
+    assert got[2]["start"] == got[2]["end"] == round(spoken[1].metadata["end"], 3)
+    text = (await http.get(f"/v1/rooms/{ROOM}/transcript?format=text",
+                           headers={"Authorization": f"Bearer {token}"})).text
+    assert 'Erin (typed): "I can review the notes tonight."' in text
+    rttm = (await http.get(f"/v1/rooms/{ROOM}/transcript?format=rttm",
+                           headers={"Authorization": f"Bearer {token}"})).text
+    assert len(rttm.splitlines()) == 4  # speech only
 
 
 async def test_chat_post_refuses_bad_tokens_and_bodies_and_changes_nothing(

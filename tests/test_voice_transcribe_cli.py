@@ -26,7 +26,7 @@ def test_text_format_is_one_turn_per_line() -> None:
 
 def test_json_srt_vtt_rttm_formats() -> None:
     assert json.loads(format_turns(TURNS, "json"))[0] == {
-        "speaker": "Alice", "text": 'She said "hi"', "start": 1.2, "end": 3.9}
+        "speaker": "Alice", "text": 'She said "hi"', "start": 1.2, "end": 3.9, "kind": "spoken"}
     assert "2\n00:00:04,000 --> 00:01:05,250\nSpeaker B: Yes.\n" in format_turns(TURNS, "srt")
     vtt = format_turns(TURNS, "vtt")
     assert vtt.startswith("WEBVTT\n") and "00:00:01.200 --> 00:00:03.900\n<v Alice>She said" in vtt

@@ -43,10 +43,20 @@ class Turn:
     latency: float | None = None
     """Seconds from the end of the turn's speech (as streamed) to its room event (paced runs)."""
     words: tuple[Word, ...] = ()
+    typed: bool = False
+    """A typed line of the room (its chat, Teams, WhatsApp), not speech: `start` = `end` = where
+    it fell among the spoken turns (the end of the last one before it)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"speaker": self.speaker, "text": self.text, "start": round(self.start, 3),
-                "end": round(self.end, 3)}
+                "end": round(self.end, 3), "kind": "typed" if self.typed else "spoken"}
+
+    @property
+    def shown_speaker(self) -> str | None:
+        """The speaker as the text, SRT and WebVTT formats show it (`Erin (typed)`)."""
+        if self.typed:
+            return f"{self.speaker or 'someone'} (typed)"
+        return self.speaker
 
 
 @dataclass
@@ -180,9 +190,10 @@ def format_turns(turns: Sequence[Turn], fmt: str, *, file_id: str = "audio") -> 
     if fmt == "text":
         lines = []
         for t in turns:
-            span = f"[{clock(t.start)}–{clock(t.end)}]"
+            span = f"[{clock(t.start)}]" if t.typed else f"[{clock(t.start)}–{clock(t.end)}]"
             quoted = json.dumps(t.text, ensure_ascii=False)
-            lines.append(f"{span} {t.speaker}: {quoted}" if t.speaker else f"{span} {quoted}")
+            who = t.shown_speaker
+            lines.append(f"{span} {who}: {quoted}" if who else f"{span} {quoted}")
         return "\n".join(lines) + ("\n" if lines else "")
     if fmt == "json":
         return json.dumps([t.as_json() for t in turns], ensure_ascii=False, indent=2) + "\n"
@@ -191,13 +202,14 @@ def format_turns(turns: Sequence[Turn], fmt: str, *, file_id: str = "audio") -> 
         for n, t in enumerate(turns, 1):
             span = (f"{clock(t.start, sep=',', hours=True, digits=3)} --> "
                     f"{clock(t.end, sep=',', hours=True, digits=3)}")
-            blocks.append(f"{n}\n{span}\n{t.speaker + ': ' if t.speaker else ''}{t.text}\n")
+            who = t.shown_speaker
+            blocks.append(f"{n}\n{span}\n{who + ': ' if who else ''}{t.text}\n")
         return "\n".join(blocks)
     if fmt == "vtt":
         blocks = ["WEBVTT\n"]
         for t in turns:
             span = f"{clock(t.start, hours=True, digits=3)} --> {clock(t.end, hours=True, digits=3)}"
-            voice = f"<v {t.speaker}>" if t.speaker else ""
+            voice = f"<v {t.shown_speaker}>" if t.shown_speaker else ""
             blocks.append(f"{span}\n{voice}{t.text}\n")
         return "\n".join(blocks)
     if fmt == "rttm":
@@ -205,5 +217,6 @@ def format_turns(turns: Sequence[Turn], fmt: str, *, file_id: str = "audio") -> 
             f"SPEAKER {file_id} 1 {t.start:.3f} {max(0.0, t.end - t.start):.3f} <NA> <NA> "
             f"{(t.speaker or 'unknown').replace(' ', '_')} <NA> <NA>\n"
             for t in turns
+            if not t.typed  # speech only: a typed line has no speaking time
         )
     raise ValueError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
