@@ -23,7 +23,6 @@ import asyncio
 from pathlib import Path
 
 from diarization.pyannote_stage import PyannoteStage
-from rooms import RoomKit
 from server.config import ServerConfig
 from server.pipeline import VoicePipeline, stt_provider
 
@@ -36,17 +35,13 @@ async def test_pooled_pyannote_stages_share_one_pipeline(pyannote_pipeline_dir: 
         }
     )
     pipeline = VoicePipeline(config, stt_provider(config))
-    kit = RoomKit()
-    await kit.create_room(room_id="r1")
-    await kit.create_room(room_id="r2")
-    # Three streams at once (two in one room, so the pool cannot reuse a channel), opened
+    # Three streams at once (two in one room, so the pool cannot reuse a stage), opened
     # concurrently: exactly one pipeline is loaded, and every stage is a stage of its own.
-    channels = await asyncio.gather(
-        pipeline._diarized_channel(kit, "r1"),
-        pipeline._diarized_channel(kit, "r1"),
-        pipeline._diarized_channel(kit, "r2"),
+    stages = await asyncio.gather(
+        pipeline._stage_for("r1"),
+        pipeline._stage_for("r1"),
+        pipeline._stage_for("r2"),
     )
-    stages = [c.diarizer for c in channels]
     assert all(isinstance(s, PyannoteStage) for s in stages)
     assert len({id(s) for s in stages}) == 3
     pipelines = {id(s.pipeline) for s in stages if isinstance(s, PyannoteStage)}
