@@ -109,8 +109,9 @@ async def test_a_slow_chat_model_does_not_hold_a_turn_or_the_device() -> None:
     kit, voice, device = await room(AIChannel("ai", provider))
     await voice.say("r", "first")
     await provider.asked_one.wait()  # the model is working on "first" and will not return yet
-    await voice.say("r", "second")
-    await voice.say("r", "third")
+    async with asyncio.timeout(10):  # a commit held by the model would never return
+        await voice.say("r", "second")
+        await voice.say("r", "third")
     assert texts(device) == ["first", "second", "third"]  # each had it when its commit returned
     provider.release.set()
     await kit.drain()
@@ -123,8 +124,9 @@ async def test_a_chat_model_that_never_answers_holds_nothing_but_itself() -> Non
     provider = HeldProvider()  # never released
     other = QueuedRecorder("other")
     kit, voice, device = await room(AIChannel("ai", provider), other)
-    for n in range(5):
-        await voice.say("r", f"turn {n}")
+    async with asyncio.timeout(10):
+        for n in range(5):
+            await voice.say("r", f"turn {n}")
     await provider.asked_one.wait()
     await until(lambda: len(other.got) == 5)  # the other queued channel keeps up
     assert other.got == texts(device) == [f"turn {n}" for n in range(5)]
@@ -292,8 +294,9 @@ async def test_voice_turns_are_not_held_by_a_stalled_chat_completions_server(
     kit, voice, device = await room(AIChannel("ai", provider, attribution=False))
     await voice.say("r", "first")
     assert await asyncio.to_thread(stalling_server.received.wait, 10)
-    for text in ("second", "third"):  # the server holds "first": the turns still commit
-        await voice.say("r", text)
+    async with asyncio.timeout(10):  # the server holds "first": the turns still commit
+        for text in ("second", "third"):
+            await voice.say("r", text)
     assert texts(device) == ["first", "second", "third"]
     assert len(stalling_server.requests) == 1
     stalling_server.release.set()  # the model answers now, every turn in order
@@ -309,8 +312,9 @@ async def test_a_chat_completions_server_that_never_answers_holds_no_turn(
     kit, voice, device = await room(AIChannel("ai", provider, attribution=False))
     await voice.say("r", "first")
     assert await asyncio.to_thread(stalling_server.received.wait, 10)
-    for n in range(20):
-        await voice.say("r", f"turn {n}")
+    async with asyncio.timeout(10):
+        for n in range(20):
+            await voice.say("r", f"turn {n}")
     assert len(texts(device)) == 21
     assert kit.delivery_stats()["ai"].waiting == 20
     await kit.close()
