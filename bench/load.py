@@ -23,7 +23,11 @@ conversation): issue 10's latency measurement; `--diarizer none` measures it wit
 speakers. A turn re-sent corrected counts from its settled version (`settled_versions`).
 `--server-repo PATH` (repeatable) runs everything against the `chorus serve` of another
 checkout too (e.g. an older commit), in the same run, one server after the other, so old and
-new are measured by the same command on the same machine state.
+new are measured by the same command on the same machine state. `--chat-delay SECONDS` measures
+each server twice, without a chat model and then with `[chat]` pointed at a local Chat Completions
+stand-in that answers every turn after SECONDS (`bench.slow_chat`; issue 24.1: a slow chat model
+must not hold the voice turns back); each row also counts the turns that reached the device while
+it was still streaming and the model's replies it got.
 
 Everything stays on 127.0.0.1 and every loop is bounded (`--streams`, `--seconds`, `--soak`).
 """
@@ -50,7 +54,7 @@ from tqdm import tqdm
 from server.client import DeviceStream
 from server.config import load_config
 from server.metrics import percentile
-from server.protocol import FeedMessage, StartMessage, TurnMessage
+from server.protocol import FeedMessage, ReplyMessage, StartMessage, TurnMessage
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_AUDIO = REPO / "examples" / "meeting" / "meeting.wav"
@@ -106,11 +110,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(an older checkout given with --server-repo may not know the section)",
     )
     parser.add_argument(
+        "--chat-delay",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="measure each server without a chat model, then with [chat] (answer: always) on a "
+        "local Chat Completions stand-in that takes SECONDS per answer",
+    )
+    parser.add_argument(
         "--server-repo",
         action="append",
         default=None,
         help="checkout whose `chorus serve` to measure (repeatable; default: this one)",
     )
+
+
+def chat_section(chat: tuple[int | None, float] | None, repo: Path = REPO) -> str:
+    """`[chat]` on the stand-in at `chat`'s port, answering every turn; nothing for None. The
+    `answer` key only for a checkout that knows it: before issue 24.2 the chat model answered
+    every turn anyway."""
+    if chat is None:
+        return ""
+    knows_answer = "answer:" in (repo / "server" / "config.py").read_text()
+    return (
+        '[chat]\nprovider = "openai"\n'
+        f'base_url = "http://127.0.0.1:{chat[0]}/v1"\nmodel = "bench"\napi_key = "bench"\n'
+        + ('answer = "always"\n' if knows_answer else "")
+    )
+
+
+def chat_server_command(python: str, port_file: Path, delay: float) -> list[str]:
+    """The stand-in chat model in its own process (`bench.slow_chat`)."""
+    return [
+        python,
+        "-c",
+        f"import bench.slow_chat as c; c.serve({str(port_file)!r}, {delay!r})",
+    ]
 
 
 def voice_section(path: Path | None) -> str:
@@ -234,6 +269,10 @@ class StreamResult:
     """Turns re-sent corrected (`corrected: true`); each counts from its settled version."""
     slowest: list[dict[str, Any]] = field(default_factory=list)
     """The `SLOWEST_KEPT` turns with the largest strict latency (where a tail comes from)."""
+    turns_while_streaming: int = 0
+    """Turns (first versions) that reached the device before its last frame was sent."""
+    replies: int = 0
+    """The assistant's replies (`reply` messages) the device got."""
     error: str | None = None
 
 
@@ -306,6 +345,8 @@ async def _one_device(
     def on_message(message: FeedMessage) -> None:
         if isinstance(message, TurnMessage):
             versions.append((time.monotonic(), message))
+        elif isinstance(message, ReplyMessage):
+            result.replies += 1
 
     start = StartMessage(participant=f"dev-{room}", name=room, sample_rate=16000, shared_mic=True)
     try:
@@ -340,6 +381,10 @@ async def _one_device(
         ]
     result.turns = len(received)
     result.corrected = sum(1 for _, m in versions if m.corrected)
+    if sent_wall:
+        result.turns_while_streaming = sum(
+            1 for now, m in versions if not m.corrected and now <= sent_wall[-1]
+        )
     return result
 
 
@@ -367,6 +412,10 @@ class StepResult:
     rss_peak_mib: float
     rss_per_stream_mib: float
     errors: list[str]
+    turns_while_streaming: int = 0
+    """Turns that reached their device while it was still streaming."""
+    replies: int = 0
+    """The chat model's (or realtime session's) replies the devices got."""
 
     @property
     def holds(self) -> bool:
@@ -417,6 +466,8 @@ async def _step(
         rss_peak_mib=round(peak, 1),
         rss_per_stream_mib=round((peak - rss_before) / n, 1),
         errors=[r.error for r in results if r.error],
+        turns_while_streaming=sum(r.turns_while_streaming for r in results),
+        replies=sum(r.replies for r in results),
     )
 
 
@@ -639,6 +690,8 @@ class ServerRun:
     steps: list[StepResult]
     soak: dict[str, Any] | None
     flood: FloodResult | None
+    chat_delay_s: float | None = None
+    """Seconds the stand-in chat model took per answer; None: the server had no chat model."""
 
     @property
     def largest(self) -> int:
@@ -672,7 +725,15 @@ async def _run(args: argparse.Namespace) -> int:
     meeting_dir = _resolve(args.audio).parent
     repos = [_resolve(r) for r in (args.server_repo or [str(REPO)])]
     runs: list[ServerRun] = []
+    chat_delays: list[float | None] = [None] if args.chat_delay is None else [None, args.chat_delay]
     with contextlib.ExitStack() as stack:
+        chat_port = None
+        if args.chat_delay is not None:
+            chat_file = workdir / "chat.port"
+            chat = stack.enter_context(
+                _process(chat_server_command(py, chat_file, args.chat_delay), env, workdir / "chat.log")
+            )
+            chat_port = await _wait_file(chat_file, chat, "chat completions stand-in")
         dg_port = None
         if args.stt == "deepgram":
             dg = stack.enter_context(
@@ -682,11 +743,13 @@ async def _run(args: argparse.Namespace) -> int:
             )
             dg_port = await _wait_file(port_file, dg, "deepgram-protocol server")
         for k, repo in enumerate(repos):
-            runs.append(
-                await _one_server(
-                    args, repo, workdir / f"server-{k}", dg_port, audio, counts, seconds, env
-                )
-            )
+            for c, delay in enumerate(chat_delays):
+                runs.append(
+                    await _one_server(
+                        args, repo, workdir / f"server-{k}-{c}", dg_port, audio, counts, seconds,
+                        env, chat=None if delay is None else (chat_port, delay),
+                    )
+                )  # fmt: skip
     for run in runs:
         _print_run(run, len(runs) > 1)
     if args.json:
@@ -694,6 +757,7 @@ async def _run(args: argparse.Namespace) -> int:
             {
                 "repo": r.repo,
                 "commit": r.commit,
+                "chat_delay_s": r.chat_delay_s,
                 # decided on each step's strict p95 (from each turn's own end), not the
                 # completion p95 (`p95_latency_s`), which forgives the wait early commit cuts
                 "largest_streams_under_target": r.largest,
@@ -726,7 +790,10 @@ async def _one_server(
     counts: list[int],
     seconds: float,
     env: dict[str, str],
+    chat: tuple[int | None, float] | None = None,
 ) -> ServerRun:
+    """One checkout's server through the ramp (and the flood and soak when asked); `chat`: the
+    stand-in chat model's port and delay, for a server with `[chat]` answering every turn."""
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     py = sys.executable
     steps: list[StepResult] = []
@@ -747,7 +814,8 @@ async def _one_server(
         + voice_section(args.config)
         + f'[diarizer]\nkind = "{args.diarizer}"\n'
         '[realtime]\nprovider = "recorder"\n'
-        f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"
+        + chat_section(chat, repo)
+        + f"[limits]\nmax_streams = {max([*counts, args.soak_streams, args.flood_streams]) + 4}\n"
     )
     serve = [py, "-m", serve_module(repo), "serve", "--port", str(port), "--config", str(config),
              "--log-level", "WARNING"]  # fmt: skip
@@ -782,23 +850,28 @@ async def _one_server(
             n_soak = args.soak_streams or (max(held) if held else 1)
             await tokens.mint(*(f"soak-{i}" for i in range(n_soak)))
             soak = await _soak(base, probe, audio, n_soak, args.soak, tokens)
-    return ServerRun(str(repo), _commit_of(repo), steps, soak, flood)
+    return ServerRun(
+        str(repo), _commit_of(repo), steps, soak, flood, None if chat is None else chat[1]
+    )
 
 
 def _print_run(run: ServerRun, named: bool) -> None:
     print()
     if named:
-        print(f"### {run.repo} ({run.commit})\n")
+        model = "" if run.chat_delay_s is None else f", chat model taking {run.chat_delay_s:g} s"
+        print(f"### {run.repo} ({run.commit}){model}\n")
     print(
         "| streams | turns | p50 latency (s) | p95 latency (s) | p95 by turn end (s) "
-        "| corrected | CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) |"
+        "| corrected | CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) | turns while streaming "
+        "| replies |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in run.steps:
         print(
             f"| {s.streams} | {s.turns} | {s.p50_latency_s:.2f} | {s.p95_latency_s:.2f} | "
             f"{s.p95_strict_latency_s:.2f} | {s.corrected} | "
-            f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} |"
+            f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} | "
+            f"{s.turns_while_streaming} | {s.replies} |"
         )
     print(
         f"\nlargest N with strict p95 latency (the p95 by turn end column) < "

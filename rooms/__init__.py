@@ -13,7 +13,7 @@ from rooms.ai import AIChannel, AIProvider, AIResponse, MockAIProvider
 from rooms.channel import AudioSink, Channel, RoomContext, TextChannel, TurnAudioSource
 from rooms.delegation import Delegation, TaskWorker, delegate_task
 from rooms.hooks import HookContext, HookResult, HookTrigger
-from rooms.kit import InboundResult, RoomKit, RoutingError
+from rooms.kit import ChannelDeliveryStats, InboundResult, RoomKit, RoutingError
 from rooms.locks import InProcessLocks, RoomLockManager
 from rooms.memory import (
     CompactingMemory,
@@ -57,6 +57,7 @@ __all__ = [
     "Backoff",
     "Channel",
     "ChannelBinding",
+    "ChannelDeliveryStats",
     "CompactingMemory",
     "Delegation",
     "HookContext",

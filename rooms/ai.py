@@ -35,6 +35,16 @@ from rooms.policy import SpeakPolicy, SpeakTurn
 log = logging.getLogger(__name__)
 
 
+def up_to(events: list[RoomEvent], trigger: RoomEvent) -> list[RoomEvent]:
+    """`events` (oldest first) up to and including `trigger`: what the room held when it came. The
+    channel's queue may come to a turn after later ones were committed (`rooms.kit`); the model
+    answers the turn, not the room's latest line. Unchanged when `trigger` is not among them."""
+    for index in range(len(events) - 1, -1, -1):
+        if events[index].id == trigger.id:
+            return events[: index + 1]
+    return events
+
+
 class AIResponse(BaseModel):
     text: str
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -70,6 +80,11 @@ class AIChannel(Channel):
     """
 
     channel_type: ClassVar[str] = "ai"
+    inline_delivery: ClassVar[bool] = False
+    """A model call takes seconds: the channel gets its events through its own queue per room
+    (`rooms.kit`), so it never holds a voice turn's commit, the device, the feed or another
+    channel. A model that fell behind still reads each turn's room as it stood at that turn: the
+    window ends at the turn it answers (`up_to`)."""
 
     def __init__(
         self,
@@ -106,7 +121,7 @@ class AIChannel(Channel):
         participants = await kit.get_participants(ctx.room_id)
         register = await kit.get_register(ctx.room_id) or Register.new()
         recall = await memory.recall(
-            await kit.list_events(ctx.room_id),
+            up_to(await kit.list_events(ctx.room_id), trigger),
             self.channel_id,
             room_id=ctx.room_id,
             store=kit.store,
@@ -153,7 +168,7 @@ class AIChannel(Channel):
         if isinstance(self.memory, SummarizingMemory):
             return await self._build_summarized_context(self.memory, trigger, ctx)
         kit = ctx.kit
-        window = await self.memory.retrieve(kit.store, ctx.room_id, self.channel_id)
+        window = up_to(await self.memory.retrieve(kit.store, ctx.room_id, self.channel_id), trigger)
         if self.attribution:
             participants = await kit.get_participants(ctx.room_id)
             register = await kit.get_register(ctx.room_id) or Register.new()

@@ -35,6 +35,14 @@ class RoomContext:
 
 class Channel(ABC):  # noqa: B024 - every method has a working default
     channel_type: ClassVar[str] = "custom"
+    inline_delivery: ClassVar[bool] = True
+    """Delivered by the room's own deliverer, before the commit returns (a transport, the server's
+    output, a channel whose `deliver` only hands the event to its own queue). False: the channel
+    gets its events through its own bounded queue per room and worker task (a chat model that
+    takes seconds), so it never holds the commit or another channel (`rooms.kit`)."""
+    settles_commits: ClassVar[bool] = False
+    """`RoomKit.post_event` from this channel also waits until the queued channels took the event
+    (a host's or a test's channel that wants the room's answers when its post returns)."""
 
     def __init__(self, channel_id: str) -> None:
         self.channel_id = channel_id
@@ -85,9 +93,10 @@ class TurnAudioSource(Protocol):
     A channel that needs a turn's audio (the realtime channel in audio mode, R3) asks the channel
     that posted the turn (`event.source.channel_id`) when the turn is delivered, instead of being
     fed every frame ahead of time: only turn audio is ever converted, once, to the rate the asker
-    wants. Reading at delivery time is safe because `RoomKit.post_event` returns only after the
-    event was delivered, so a source that keeps a stream's audio until its last `post_event`
-    returned has every turn's audio when asked.
+    wants. Reading at delivery time is safe for an `inline_delivery` channel (the realtime channel
+    is one): `RoomKit.post_event` returns only after the inline channels had the event, so a source
+    that keeps a stream's audio until its last `post_event` returned has every turn's audio when
+    asked. A queued channel must not count on it.
     """
 
     def turn_audio(self, turn: VoiceTurn, sample_rate: int) -> bytes | None:
@@ -101,10 +110,12 @@ class TextChannel(Channel):
     """A transport channel for hosts, webhooks and tests that feed `process_inbound` themselves.
 
     Whatever the room delivers to it is kept in `delivered` (and passed to `on_deliver`); a
-    replaced event (`RoomKit.update_event`) takes its old version's place there.
+    replaced event (`RoomKit.update_event`) takes its old version's place there. What it posts
+    settles: `post_event` from it returns once the queued channels (a chat model) took the event.
     """
 
     channel_type: ClassVar[str] = "text"
+    settles_commits: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -6,10 +6,28 @@ keeps it. Then it is delivered to the other channels of the room in commit order
 AFTER_BROADCAST observers see it.
 
 Delivery order is kept per room by a queue with one deliverer at a time. An event committed while
-the room is delivering (an AI reply posted from inside `deliver`) joins the queue and is delivered
+the room is delivering (a reply posted from inside `deliver`) joins the queue and is delivered
 right after the current one, by the same deliverer; any other caller waits until its own event has
-been delivered, so `await kit.process_inbound(...)` returns once the room has seen the message and
-everything it set off.
+been delivered to the room's inline channels.
+
+Why two kinds of channel: the room deliverer is the commit's audience (the server's output, which
+feeds the device and the feed, must see every turn at once and in order), so it must never wait on
+a consumer that takes seconds. A channel that says `inline_delivery = False` (the chat model's
+`AIChannel`) gets each event through its own bounded queue per room with its own worker task: a
+slow or never-answering model holds only its own queue, never the commit, the device, the feed or
+another channel. Per channel, order is commit order, and an event's update (`update_event`) goes
+through the same queue after the event. A queue over `delivery_queue_limit` skips its oldest
+waiting delivery (never the one in progress; an event skipped takes its waiting updates with it),
+logs it and counts it in `delivery_stats()`: the channel misses that turn as a trigger, the room's
+store still holds it for its memory.
+
+Who waits: `post_event` and `update_event` return once the inline channels had the event (the
+voice session's commit is never held by a chat model); a channel that `settles_commits`
+(`TextChannel`, a host's or a test's) and `process_inbound` also wait until the queued channels
+took it, so `await kit.process_inbound(...)` returns once the room has seen the message and
+everything it set off. Nothing posted from inside a queued channel's worker waits for queued
+channels (two agents answering each other cannot wait on each other). `drain()` waits until every
+queue is empty.
 """
 
 from __future__ import annotations
@@ -55,12 +73,50 @@ class InboundResult:
     reason: str | None = None
 
 
+DELIVERY_QUEUE_LIMIT = 256
+"""How many deliveries may wait in one queued channel's queue for one room (`RoomKit`'s
+`delivery_queue_limit`): a chat model answering every turn of a busy room falls behind by minutes
+before it skips a turn."""
+
+
+@dataclass
+class ChannelDeliveryStats:
+    """The counters of one queued channel, over all rooms (`RoomKit.delivery_stats`): what a server
+    exports as metrics. `waiting` is the deliveries queued now, not yet started."""
+
+    channel_id: str
+    delivered: int = 0
+    failed: int = 0
+    """Deliveries whose `deliver` / `deliver_update` raised (the queue goes on)."""
+    dropped: int = 0
+    """Deliveries skipped because the queue was full (or the room was deleted before them)."""
+    waiting: int = 0
+
+
+@dataclass
+class _Queued:
+    event: RoomEvent
+    update: bool
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _ChannelQueue:
+    """One queued channel's deliveries in one room, taken in order by one worker task."""
+
+    channel: Channel
+    items: deque[_Queued] = field(default_factory=deque)
+    worker: asyncio.Task[None] | None = None
+
+
 @dataclass
 class _Delivery:
     event: RoomEvent
     update: bool = False
     """A replaced event (`update_event`): channels get it through `deliver_update`."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    queued: list[_Queued] = field(default_factory=list)
+    """What the queued channels were handed (a settling committer waits for them)."""
 
 
 @dataclass
@@ -72,6 +128,9 @@ class _RoomDelivery:
 _current_deliverer: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "chorus_current_deliverer", default=None
 )
+_in_queue_worker: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "chorus_in_queue_worker", default=False
+)
 
 
 class RoomKit:
@@ -81,13 +140,19 @@ class RoomKit:
         store: RoomStore | None = None,
         locks: RoomLockManager | None = None,
         attribution: bool = True,
+        delivery_queue_limit: int = DELIVERY_QUEUE_LIMIT,
     ) -> None:
+        if delivery_queue_limit < 1:
+            raise ValueError("delivery_queue_limit must be at least 1")
         self.store = store or InMemoryStore()
         self.locks = locks or InProcessLocks()
         self.attribution = attribution
         self.hooks = HookRegistry()
         self._channels: dict[str, Channel] = {}
         self._deliveries: dict[str, _RoomDelivery] = {}
+        self.delivery_queue_limit = delivery_queue_limit
+        self._queues: dict[tuple[str, str], _ChannelQueue] = {}
+        self._stats: dict[str, ChannelDeliveryStats] = {}
 
     # ----------------------------------------------------------------- rooms and channels
 
@@ -112,6 +177,7 @@ class RoomKit:
             attached = await self.channels_in(room_id)
             await self.store.delete_room(room_id)
             self._deliveries.pop(room_id, None)
+            self._drop_queues(room_id)
         for channel in attached:
             try:
                 await channel.on_detach(room_id)
@@ -247,7 +313,7 @@ class RoomKit:
             content=message.content,
             metadata=dict(message.metadata),
         )
-        committed, reason = await self._commit(event)
+        committed, reason = await self._commit(event, settle=True)
         return InboundResult(room_id=room_id, event=committed, blocked=committed is None, reason=reason)
 
     async def _route(self, message: InboundMessage) -> str:
@@ -288,7 +354,9 @@ class RoomKit:
     ) -> RoomEvent | None:
         """Commit an event a channel produced itself (a voice turn, an AI reply, a notice).
 
-        Returns the stored event, or None when a BEFORE_BROADCAST hook blocked it."""
+        Returns the stored event, or None when a BEFORE_BROADCAST hook blocked it, once the room's
+        inline channels had it; when the posting channel `settles_commits`, also once the queued
+        channels took it (see the module docstring)."""
         await self._require_room(room_id)
         channel = self.get_channel(channel_id)
         event = RoomEvent(
@@ -301,7 +369,7 @@ class RoomKit:
             metadata=dict(metadata or {}),
             visibility=visibility,
         )
-        committed, _ = await self._commit(event)
+        committed, _ = await self._commit(event, settle=channel.settles_commits)
         return committed
 
     async def update_event(
@@ -315,7 +383,8 @@ class RoomKit:
         """Replace an event's content and/or metadata. The replaced event loses its author record
         and is ranked against the register when read (D3). The other channels of the room are
         told through `Channel.deliver_update`, in the same order as deliveries (a device that
-        showed an early voice turn shows its corrected text); returns once they were."""
+        showed an early voice turn shows its corrected text); returns once the inline channels
+        were (a queued channel gets it through its queue, after the event itself)."""
         async with self.locks.lock(room_id):
             event = await self.store.get_event(room_id, event_id)
             if event is None:
@@ -358,7 +427,9 @@ class RoomKit:
         timeline = [e for e in await self.store.list_events(room_id) if e.kind == "message"]
         return rebuild_register(timeline, await self.store.get_participants(room_id))
 
-    async def _commit(self, event: RoomEvent) -> tuple[RoomEvent | None, str | None]:
+    async def _commit(
+        self, event: RoomEvent, *, settle: bool = False
+    ) -> tuple[RoomEvent | None, str | None]:
         room_id = event.room_id
         ctx = HookContext(room_id, event.source.channel_id, self, event.source.participant_id)
         async with self.locks.lock(room_id):
@@ -379,16 +450,21 @@ class RoomKit:
             await self.store.add_event(event)
             delivery = _Delivery(event)
             self._deliveries.setdefault(room_id, _RoomDelivery()).queue.append(delivery)
-        await self._deliver_through(room_id, delivery)
+        delivered = await self._deliver_through(room_id, delivery)
+        if settle and delivered and not _in_queue_worker.get():
+            for queued in delivery.queued:
+                await queued.done.wait()
         return event, None
 
-    async def _deliver_through(self, room_id: str, delivery: _Delivery) -> None:
+    async def _deliver_through(self, room_id: str, delivery: _Delivery) -> bool:
+        """Deliver the room's queue until `delivery` was delivered; False when committed from
+        inside a delivery (the running deliverer takes it next, after this caller returns)."""
         state = self._deliveries[room_id]
         if state.deliverer is not None:
             if _current_deliverer.get() is state.deliverer:
-                return  # committed from inside a delivery: the running deliverer takes it next
+                return False
             await delivery.done.wait()
-            return
+            return True
         token = object()
         state.deliverer = token
         reset = _current_deliverer.set(token)
@@ -396,17 +472,22 @@ class RoomKit:
             while state.queue:
                 current = state.queue.popleft()
                 try:
-                    await self._deliver(current.event, update=current.update)
+                    await self._deliver(current)
                 finally:
                     current.done.set()
         finally:
             state.deliverer = None
             _current_deliverer.reset(reset)
+        return True
 
-    async def _deliver(self, event: RoomEvent, *, update: bool = False) -> None:
+    async def _deliver(self, delivery: _Delivery) -> None:
+        event, update = delivery.event, delivery.update
         ctx = RoomContext(event.room_id, self)
         for channel in await self.channels_in(event.room_id):
             if channel.channel_id == event.source.channel_id or not event.visible_to(channel.channel_id):
+                continue
+            if not channel.inline_delivery:
+                delivery.queued.append(self._enqueue(event.room_id, channel, event, update))
                 continue
             try:
                 if update:
@@ -422,6 +503,106 @@ class RoomKit:
             event,
             HookContext(event.room_id, event.source.channel_id, self, event.source.participant_id),
         )
+
+    # ----------------------------------------------------------------- queued channels
+
+    def delivery_stats(self) -> dict[str, ChannelDeliveryStats]:
+        """A snapshot of every queued channel's counters, by channel id (delivered, failed,
+        dropped since the kit started; waiting now): the hook a server reads to export metrics."""
+        waiting: dict[str, int] = {}
+        for (_, channel_id), queue in self._queues.items():
+            waiting[channel_id] = waiting.get(channel_id, 0) + len(queue.items)
+        return {
+            channel_id: ChannelDeliveryStats(
+                channel_id,
+                delivered=stats.delivered,
+                failed=stats.failed,
+                dropped=stats.dropped,
+                waiting=waiting.get(channel_id, 0),
+            )
+            for channel_id, stats in self._stats.items()
+        }
+
+    def _stats_of(self, channel_id: str) -> ChannelDeliveryStats:
+        stats = self._stats.get(channel_id)
+        if stats is None:
+            stats = self._stats[channel_id] = ChannelDeliveryStats(channel_id)
+        return stats
+
+    def _enqueue(self, room_id: str, channel: Channel, event: RoomEvent, update: bool) -> _Queued:
+        key = (room_id, channel.channel_id)
+        queue = self._queues.get(key)
+        if queue is None or queue.channel is not channel:
+            queue = self._queues[key] = _ChannelQueue(channel)
+        if len(queue.items) >= self.delivery_queue_limit:
+            self._skip_oldest(room_id, queue)
+        item = _Queued(event, update)
+        queue.items.append(item)
+        if queue.worker is None:
+            queue.worker = asyncio.create_task(
+                self._work(key, queue), name=f"deliver-{channel.channel_id}-{room_id}"
+            )
+        return item
+
+    def _skip_oldest(self, room_id: str, queue: _ChannelQueue) -> None:
+        """The overflow policy: the oldest waiting delivery goes, with the waiting updates of the
+        event it carried (the channel never saw that event, so it has nothing to correct)."""
+        oldest = queue.items.popleft()
+        skipped = [oldest]
+        if not oldest.update:
+            skipped += [i for i in queue.items if i.update and i.event.id == oldest.event.id]
+            gone = {id(i) for i in skipped}
+            queue.items = deque(i for i in queue.items if id(i) not in gone)
+        for item in skipped:
+            item.done.set()
+        self._stats_of(queue.channel.channel_id).dropped += len(skipped)
+        log.warning(
+            "channel %s fell %d deliveries behind in room %s: skipped event %s",
+            queue.channel.channel_id, self.delivery_queue_limit, room_id, oldest.event.id,
+        )
+
+    async def _work(self, key: tuple[str, str], queue: _ChannelQueue) -> None:
+        _current_deliverer.set(None)  # this task's own context: it delivers for no room loop
+        _in_queue_worker.set(True)
+        room_id = key[0]
+        channel = queue.channel
+        stats = self._stats_of(channel.channel_id)
+        try:
+            while queue.items:
+                item = queue.items.popleft()
+                ctx = RoomContext(room_id, self)
+                try:
+                    if item.update:
+                        await channel.deliver_update(item.event, ctx)
+                    else:
+                        await channel.deliver(item.event, ctx)
+                except Exception:
+                    stats.failed += 1
+                    log.exception("channel %s failed to take event %s", channel.channel_id, item.event.id)
+                else:
+                    stats.delivered += 1
+                finally:
+                    item.done.set()
+        finally:
+            queue.worker = None
+            for item in queue.items:  # cancelled (the room was deleted, the kit closed)
+                item.done.set()
+            if self._queues.get(key) is queue and not queue.items:
+                del self._queues[key]
+
+    def _drop_queues(self, room_id: str | None = None) -> None:
+        """Stop the workers of a room's queues (all rooms: None); what waited is dropped."""
+        current = asyncio.current_task()
+        for key, queue in list(self._queues.items()):
+            if room_id is not None and key[0] != room_id:
+                continue
+            del self._queues[key]
+            self._stats_of(queue.channel.channel_id).dropped += len(queue.items)
+            for item in queue.items:
+                item.done.set()
+            queue.items.clear()
+            if queue.worker is not None and queue.worker is not current:
+                queue.worker.cancel()
 
     # ----------------------------------------------------------------- hooks
 
@@ -443,11 +624,27 @@ class RoomKit:
         self.hooks.emit(trigger, value, ctx)
 
     async def drain(self) -> None:
-        """Wait for observer hooks still running (tests, shutdown)."""
-        await self.hooks.drain()
+        """Wait until every queued channel's queue is empty and no observer hook still runs
+        (tests, shutdown); what those set off is waited for too."""
+        current = asyncio.current_task()
+        while True:
+            workers = [
+                q.worker for q in self._queues.values() if q.worker is not None and q.worker is not current
+            ]
+            if workers:
+                await asyncio.wait(workers)
+            await self.hooks.drain()
+            if not any(
+                q.worker is not None and q.worker is not current for q in self._queues.values()
+            ):
+                return
 
     async def close(self) -> None:
-        await self.drain()
+        """Stop the queued channels' workers (what they had not delivered is dropped and counted:
+        a model that never answers cannot hold a shutdown), wait for observer hooks, close every
+        channel."""
+        self._drop_queues()
+        await self.hooks.drain()
         for channel in list(self._channels.values()):
             try:
                 await channel.close()

@@ -79,6 +79,7 @@ class ChorusServer:
         self.secret = secret
         self.metrics = ServerMetrics()
         self.rooms = LiveRooms(config, self.metrics, pipeline, kit)
+        self.metrics.delivery = self.rooms.kit.delivery_stats
         self._closing = False
         self._draining = asyncio.Event()
         """Set on shutdown: streams stop reading, flush and close with 4503."""

@@ -1,5 +1,5 @@
 """Prometheus metrics for `/metrics`, through `prometheus_client`: streams, turns, replies,
-refusals, feed drops and the turn-latency histogram.
+refusals, feed drops, the queued channels' deliveries and the turn-latency histogram.
 
 Owns the counters the server keeps about itself. The server updates plain integers on its one
 event loop (no locks, nothing to register per increment); a per-server `CollectorRegistry` turns
@@ -15,11 +15,13 @@ up to a turn's end, to the moment the turn was committed to the room.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from rooms import ChannelDeliveryStats
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -68,6 +70,9 @@ class ServerMetrics(Collector):
         self.stt_audio_lost_seconds_total = 0.0
         self.stt_stream_errors_total = 0
         self.rooms = 0
+        self.delivery: Callable[[], dict[str, ChannelDeliveryStats]] = dict
+        """The room kit's queued channels' counters (`RoomKit.delivery_stats`), read at scrape
+        time; the server sets it to its kit's."""
         self.turn_latency = LatencyHistogram(self.registry)
         self.registry.register(self)
 
@@ -144,11 +149,35 @@ class ServerMetrics(Collector):
             "Streams whose STT ended for good (could not connect, or gave up).",
             self.stt_stream_errors_total,
         )
+        yield from _delivery_families(self.delivery())
 
     def render(self, rooms: int) -> str:
         """The Prometheus text exposition of every metric of this server."""
         self.rooms = rooms
         return generate_latest(self.registry).decode()
+
+
+def _delivery_families(stats: dict[str, ChannelDeliveryStats]) -> Iterator[Metric]:
+    """A queued channel's deliveries (the chat model: `rooms.kit`, issue 24.1): how many it took,
+    failed or skipped (its queue was full), and how many wait now, by channel id."""
+    deliveries = CounterMetricFamily(
+        "chorus_channel_deliveries",
+        "Events handed to a queued channel (the chat model) through its own queue, by channel and "
+        "outcome: delivered, failed (it raised), dropped (skipped: the queue was full).",
+        labels=["channel", "outcome"],
+    )
+    waiting = GaugeMetricFamily(
+        "chorus_channel_deliveries_waiting",
+        "Deliveries waiting in a queued channel's queues now, over all rooms, by channel.",
+        labels=["channel"],
+    )
+    for channel_id, counts in sorted(stats.items()):
+        deliveries.add_metric([channel_id, "delivered"], counts.delivered)
+        deliveries.add_metric([channel_id, "failed"], counts.failed)
+        deliveries.add_metric([channel_id, "dropped"], counts.dropped)
+        waiting.add_metric([channel_id], counts.waiting)
+    yield deliveries
+    yield waiting
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
