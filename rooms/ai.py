@@ -35,14 +35,36 @@ from rooms.policy import SpeakPolicy, SpeakTurn
 log = logging.getLogger(__name__)
 
 
-def up_to(events: list[RoomEvent], trigger: RoomEvent) -> list[RoomEvent]:
+def up_to(events: list[RoomEvent], trigger: RoomEvent, own: str | None = None) -> list[RoomEvent]:
     """`events` (oldest first) up to and including `trigger`: what the room held when it came. The
     channel's queue may come to a turn after later ones were committed (`rooms.kit`); the model
-    answers the turn, not the room's latest line. Unchanged when `trigger` is not among them."""
+    answers the turn, not the room's latest line. Unchanged when `trigger` is not among them.
+
+    The replies of channel `own` to earlier turns stay in the window even when they were committed
+    after `trigger` (the model was still answering turn N when turn N+1 came): each is placed right
+    after the turn it answers (`in_reply_to`), so the model always reads what it said, in the order
+    it said it, and `trigger` stays the last line."""
     for index in range(len(events) - 1, -1, -1):
         if events[index].id == trigger.id:
-            return events[: index + 1]
-    return events
+            break
+    else:
+        return events
+    window = events[: index + 1]
+    if own is None:
+        return window
+    late: dict[str, list[RoomEvent]] = {}
+    kept = {event.id for event in window[:-1]}
+    for event in events[index + 1 :]:
+        answers = event.metadata.get("in_reply_to")
+        if event.source.channel_id == own and isinstance(answers, str) and answers in kept:
+            late.setdefault(answers, []).append(event)
+    if not late:
+        return window
+    placed: list[RoomEvent] = []
+    for event in window:
+        placed.append(event)
+        placed.extend(late.get(event.id, ()))
+    return placed  # `trigger` answers nothing kept: it stays last
 
 
 class AIResponse(BaseModel):
@@ -84,7 +106,7 @@ class AIChannel(Channel):
     """A model call takes seconds: the channel gets its events through its own queue per room
     (`rooms.kit`), so it never holds a voice turn's commit, the device, the feed or another
     channel. A model that fell behind still reads each turn's room as it stood at that turn: the
-    window ends at the turn it answers (`up_to`)."""
+    window ends at the turn it answers, with its own replies to earlier turns (`up_to`)."""
 
     def __init__(
         self,
@@ -121,7 +143,7 @@ class AIChannel(Channel):
         participants = await kit.get_participants(ctx.room_id)
         register = await kit.get_register(ctx.room_id) or Register.new()
         recall = await memory.recall(
-            up_to(await kit.list_events(ctx.room_id), trigger),
+            up_to(await kit.list_events(ctx.room_id), trigger, self.channel_id),
             self.channel_id,
             room_id=ctx.room_id,
             store=kit.store,
@@ -168,7 +190,9 @@ class AIChannel(Channel):
         if isinstance(self.memory, SummarizingMemory):
             return await self._build_summarized_context(self.memory, trigger, ctx)
         kit = ctx.kit
-        window = up_to(await self.memory.retrieve(kit.store, ctx.room_id, self.channel_id), trigger)
+        window = up_to(
+            await self.memory.retrieve(kit.store, ctx.room_id, self.channel_id), trigger, self.channel_id
+        )
         if self.attribution:
             participants = await kit.get_participants(ctx.room_id)
             register = await kit.get_register(ctx.room_id) or Register.new()

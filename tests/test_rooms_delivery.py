@@ -120,6 +120,44 @@ async def test_a_slow_chat_model_does_not_hold_a_turn_or_the_device() -> None:
     assert kit.delivery_stats()["ai"].delivered == 3
 
 
+class RecordingHeldProvider(HeldProvider):
+    """A `HeldProvider` that keeps each context it was asked with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts: list[AIContext] = []
+
+    async def generate(self, context: AIContext) -> AIResponse:
+        self.contexts.append(context.model_copy(deep=True))
+        return await super().generate(context)
+
+
+async def test_a_model_that_fell_behind_still_reads_its_own_earlier_replies() -> None:
+    # the reply to "first" is committed after "second" and "third" (the model was still working):
+    # answering "second", the model reads first, its reply, second — not a room with its own
+    # words cut out because they came after the turn it now answers
+    provider = RecordingHeldProvider()
+    kit, voice, _ = await room(AIChannel("ai", provider, attribution=False))
+    await voice.say("r", "first")
+    await provider.asked_one.wait()
+    await voice.say("r", "second")
+    await voice.say("r", "third")
+    provider.release.set()
+    await kit.drain()
+    committed = [e.text for e in await kit.list_events("r")]
+    assert committed == ["first", "second", "third", "re: first", "re: second", "re: third"]
+    windows = [[(m.role, m.content) for m in c.messages] for c in provider.contexts]
+    assert windows == [
+        [("user", "first")],
+        [("user", "first"), ("assistant", "re: first"), ("user", "second")],
+        [
+            ("user", "first"), ("assistant", "re: first"),
+            ("user", "second"), ("assistant", "re: second"),
+            ("user", "third"),
+        ],
+    ]
+
+
 async def test_a_chat_model_that_never_answers_holds_nothing_but_itself() -> None:
     provider = HeldProvider()  # never released
     other = QueuedRecorder("other")
