@@ -29,7 +29,23 @@ from voice.assembler import TurnPolicy
 
 
 class _Section(BaseModel):
+    """A table of the config. An empty string for a field that may be unset (`str | None`) means
+    unset, in a file as in the environment: `pipeline = ""` is the default pipeline, not a
+    pipeline named ""."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        optional = {
+            name
+            for name, field in cls.model_fields.items()
+            if field.annotation == (str | None) and field.default is None
+        }
+        return {k: v for k, v in data.items() if not (k in optional and v == "")}
 
 
 class SttConfig(_Section):
@@ -57,6 +73,16 @@ class DiarizerConfig(_Section):
     enroll: dict[str, str] = Field(default_factory=dict)
     """Known voices: {name: clip path} (`enroll = {Alice = "alice.wav"}`); every stream's stage
     names them from their first turn (V8). Read once when the server starts."""
+
+    @model_validator(mode="after")
+    def _pyannote_keys_need_pyannote(self) -> DiarizerConfig:
+        """Refused when the config is read, not by every stream that opens later."""
+        given = [k for k in ("pipeline", "hf_token") if getattr(self, k) is not None]
+        if given and self.kind != "pyannote":
+            keys = " and ".join(given)
+            verb = "are" if len(given) > 1 else "is"
+            raise ValueError(f'{keys} {verb} for kind = "pyannote" (kind is {self.kind!r})')
+        return self
 
 
 class VoiceConfig(_Section):
