@@ -32,10 +32,12 @@ class ServeProcess:
 
     @classmethod
     async def start(cls, config: Path, site: Path | None = None,
-                    secret: str | None = SECRET) -> ServeProcess:
+                    secret: str | None = SECRET,
+                    env: dict[str, str] | None = None) -> ServeProcess:
         """`site`: a directory put first on the process's PYTHONPATH (a `sitecustomize.py`);
-        `secret=None`: no `CHORUS_SECRET` (the server makes one, read from its output)."""
-        env = {**os.environ, "CHORUS_SECRET": secret or ""}
+        `secret=None`: no `CHORUS_SECRET` (the file's, or the server makes one, read from its
+        output); `env`: more variables for the process."""
+        env = {**os.environ, **(env or {}), "CHORUS_SECRET": secret or ""}
         if secret is None:
             env.pop("CHORUS_SECRET")
         if site is not None:
