@@ -4,14 +4,14 @@ Owns: the `chorus agent` worker (a livekit-agents 1.x `AgentServer` whose `rtc_s
 one Chorus room per LiveKit room: every subscribed remote audio track a voice session, shared
 microphones split into speakers, SIP callers and one-person participants named, each turn
 published back on `lk.transcription`, the realtime channel's reply audio published as the agent's
-track), and the pieces a LiveKit `AgentSession` can use directly: `DiarizingSTT` (a
+track, the chat model's and ACP agent's answers on `lk.chat`, the room kept in the `[store]`), and the pieces a LiveKit `AgentSession` can use directly: `DiarizingSTT` (a
 `livekit.agents.stt.STT` around any Chorus STT and diarization stage, one `SpeechEvent` per speaker
 run with `speaker_id` set) and `AttributedAgent` / `attributed_chat_context` (the LLM reads chat
 history rendered by the attribution engine).
 
 Sits on top like `server`: imports models, attribution, rooms, voice, diarization, realtime and
-`server.config` and `server.pipeline` (the same config file and the same STT and realtime builders
-as `chorus serve`); nothing imports it but the
+`server.config` and `server.pipeline` (the same config file and the same STT, realtime, chat,
+agent and enrollment builders as `chorus serve`); nothing imports it but the
 `chorus agent` command. Named `livekit_worker`, not `livekit`, which would shadow the library.
 """
 

@@ -24,6 +24,11 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   published as the agent's own audio track. In audio mode (`realtime.audio = true`) the realtime
   channel reads each turn's audio from the voice channel that posted it (the track's session, as
   it accepted the audio after the gate) when the turn is delivered: nothing is pushed per frame.
+- the text assistants of the config (`[chat]`'s chat model, `[agent]`'s ACP agent) attached to
+  the room as in `chorus serve`: they read the labelled turns, and what they answer is published
+  on `lk.chat` (the room's text chat) as the agent;
+- the room lives in the configured `[store]`: a later job for the same LiveKit room takes it up
+  where it was (its turns, participants and labels), as `chorus serve` does after a restart.
 
 The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
 (`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
@@ -37,7 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -58,6 +63,9 @@ from voice.stt.base import SttProvider
 log = logging.getLogger(__name__)
 
 TOPIC_TRANSCRIPTION = "lk.transcription"
+TOPIC_CHAT = "lk.chat"
+"""The room's text chat (livekit-agents `TOPIC_CHAT`): the chat model's and the ACP agent's
+replies are published there, as the agent."""
 ATTRIBUTE_TRACK_ID = "lk.transcribed_track_id"
 ATTRIBUTE_FINAL = "lk.transcription_final"
 ATTRIBUTE_SEGMENT_ID = "lk.segment_id"
@@ -91,6 +99,7 @@ class PublishedTranscription:
     text: str
     sender_identity: str
     attributes: dict[str, str]
+    topic: str = TOPIC_TRANSCRIPTION
 
 
 @dataclass
@@ -116,7 +125,9 @@ class _TranscriptionOut(Channel):
         self.agent = agent
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
-        if event.metadata.get("source") == "voice":
+        if event.metadata.get("source") == "voice" or (
+            event.kind == "message" and event.source.channel_id in self.agent.assistant_ids
+        ):
             self.agent._queue.put_nowait(event)
 
     async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
@@ -138,6 +149,11 @@ class ChorusRoomAgent:
       come from the stage (None: shared mics take the STT's labels).
     - `local`: where transcriptions and the reply track are published (default: the room's
       local participant, once connected).
+    - `assistants`: text channels that answer in the room (`[chat]`'s chat model, `[agent]`'s ACP
+      agent); they read the room's turns as in `chorus serve`, and their replies are published
+      on `lk.chat` as the agent.
+    - `kit`: the kit on the configured `[store]` (default: one in memory). A room the store
+      already holds (an earlier job for the same LiveKit room) is taken up where it was.
     """
 
     def __init__(
@@ -152,6 +168,7 @@ class ChorusRoomAgent:
         policy: TurnPolicy | None = None,
         local: LocalParticipantLike | None = None,
         kit: RoomKit | None = None,
+        assistants: Sequence[Channel] = (),
     ) -> None:
         self.room = room
         self.room_name = room_name
@@ -164,6 +181,8 @@ class ChorusRoomAgent:
                                      stage_per_session=True, policy=policy, on_play=self._play)
         """Shared-mic tracks, each session with a diarization stage of its own (pooled)."""
         self.realtime = realtime
+        self.assistants = list(assistants)
+        self.assistant_ids = frozenset(c.channel_id for c in self.assistants)
         self.stage_factory = stage_factory
         self._local = local
         self._out = _TranscriptionOut(self)
@@ -200,13 +219,18 @@ class ChorusRoomAgent:
         """Create the Chorus room, publish the reply track, follow the room's events and take
         the audio tracks already subscribed."""
         kit = self.kit
-        await kit.create_room(room_id=self.room_name)
+        if await kit.get_room(self.room_name) is None:
+            with contextlib.suppress(ValueError):  # another job on the store made it meanwhile
+                await kit.create_room(room_id=self.room_name)
         kit.register_channel(self.voice)
         kit.register_channel(self._out)
         await kit.attach_channel(self.room_name, self.voice.channel_id)
         if self.realtime is not None:
             kit.register_channel(self.realtime)
             await kit.attach_channel(self.room_name, self.realtime.channel_id)
+        for assistant in self.assistants:
+            kit.register_channel(assistant)
+            await kit.attach_channel(self.room_name, assistant.channel_id)
         await kit.attach_channel(self.room_name, self._out.channel_id)
         kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_one_person, priority=-1000,
                       name="livekit-one-person")
@@ -405,6 +429,9 @@ class ChorusRoomAgent:
                 self._queue.task_done()
 
     async def _publish(self, event: RoomEvent) -> None:
+        if event.source.channel_id in self.assistant_ids:
+            await self._publish_reply(event)
+            return
         info = self._sessions.get(str(event.metadata.get("voice_session_id")))
         label = await self.kit.label_for(self.room_name, event)
         identity = info.speaker.identity if info else (event.source.participant_id or "")
@@ -421,6 +448,17 @@ class ChorusRoomAgent:
         await writer.write(event.text)
         await writer.aclose()
         self.published.append(PublishedTranscription(event.text, identity, attributes))
+
+    async def _publish_reply(self, event: RoomEvent) -> None:
+        """A chat model's or ACP agent's reply, as the agent, on the room's text chat."""
+        attributes = {self.config.transcription_attribute: await self.kit.label_for(
+            self.room_name, event)}
+        writer = await self.local.stream_text(topic=TOPIC_CHAT, attributes=attributes)
+        await writer.write(event.text)
+        await writer.aclose()
+        self.published.append(
+            PublishedTranscription(event.text, "", attributes, topic=TOPIC_CHAT)
+        )
 
     async def _play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
         """The realtime channel's reply audio (already gating the voice sessions): queued for

@@ -2,8 +2,9 @@
 
 Why shaped so: LiveKit dispatches one job per room to the least loaded registered worker, and
 runs each job in its own process (the default executor), so everything a job needs is built in
-the job from the same configuration `chorus serve` reads: its STT provider, diarization stage and
-realtime channel (`build_room_agent`). The configuration reaches job processes as the path in
+the job from the same configuration `chorus serve` reads: its STT provider, diarization stage
+(with the enrolled voices), realtime channel, chat model, ACP agent and store
+(`build_room_agent`, `run_job`). The configuration reaches job processes as the path in
 `CHORUS_AGENT_CONFIG` (job processes inherit the worker's environment); `LIVEKIT_URL`,
 `LIVEKIT_API_KEY` and `LIVEKIT_API_SECRET` are read by `AgentServer` itself. The worker
 registers with `agent_name="chorus"` (configurable) so rooms get it only by explicit dispatch.
@@ -20,11 +21,18 @@ from typing import Any
 from livekit import agents, rtc
 from livekit.agents.worker import ServerEnvOption
 
-from diarization import load_stage
+from diarization import enroll_voices, load_stage
 from livekit_worker.config import LiveKitConfig, load_agent_config
 from livekit_worker.room_agent import ChorusRoomAgent, LocalParticipantLike
+from rooms import Channel, RoomKit, open_kit
 from server.config import ServerConfig
-from server.pipeline import realtime_channel, stt_provider
+from server.pipeline import (
+    agent_channel,
+    chat_channel,
+    read_enrollments,
+    realtime_channel,
+    stt_provider,
+)
 from voice.diarization_stage import DiarizationStage
 from voice.stt.base import SttProvider
 
@@ -34,16 +42,23 @@ CONFIG_ENV = "CHORUS_AGENT_CONFIG"
 """Path of the config file, as `chorus agent --config` set it for the job processes."""
 
 
-def stage_factory(config: ServerConfig, stt: SttProvider) -> Any:
+def stage_factory(
+    config: ServerConfig, stt: SttProvider, enrollments: dict[str, Any] | None = None
+) -> Any:
     """A builder of diarization stages for shared mics, or None when the STT's own labels are
-    used (a diarizing STT with `stt.diarize`) or `diarizer.kind = "none"`."""
+    used (a diarizing STT with `stt.diarize`) or `diarizer.kind = "none"`. Each stage knows the
+    `[diarizer] enroll` voices (`enrollments`: name → 16 kHz audio) from its first turn (V8)."""
     cfg = config.diarizer
     if cfg.kind == "none" or (stt.diarizes and config.stt.diarize):
         return None
 
     def build() -> DiarizationStage:
-        return load_stage(cfg.kind, num_speakers=cfg.num_speakers, max_speakers=cfg.max_speakers,
-                          pipeline=cfg.pipeline, hf_token=cfg.hf_token)
+        stage = load_stage(cfg.kind, num_speakers=cfg.num_speakers,
+                           max_speakers=cfg.max_speakers, pipeline=cfg.pipeline,
+                           hf_token=cfg.hf_token)
+        if enrollments:
+            enroll_voices(stage, enrollments)
+        return stage
 
     return build
 
@@ -56,9 +71,18 @@ async def build_room_agent(
     *,
     stt: SttProvider | None = None,
     local: LocalParticipantLike | None = None,
+    kit: RoomKit | None = None,
 ) -> ChorusRoomAgent:
-    """A started `ChorusRoomAgent` for one LiveKit room, built from the configuration."""
+    """A started `ChorusRoomAgent` for one LiveKit room, built from the configuration: every
+    section `chorus serve` reads means the same here (`[stt]`, `[diarizer]` with its `enroll`
+    voices, `[voice]`, `[realtime]`, `[policy]`, `[chat]`, `[agent]`; `[store]` through `kit`)."""
     provider = stt or stt_provider(config)
+    enrollments: dict[str, Any] = {}
+    if config.diarizer.enroll:
+        enrollments = await asyncio.to_thread(read_enrollments, config)
+    assistants: list[Channel] = [
+        c for c in (chat_channel(config), agent_channel(config)) if c is not None
+    ]
     if config.diarizer.kind == "embedded":
         import diarization.embedded  # noqa: F401  (imported on the loop's thread, not a worker's)
     load = getattr(provider, "load", None)
@@ -70,9 +94,11 @@ async def build_room_agent(
         stt=provider,
         livekit=livekit,
         realtime=realtime_channel(config),
-        stage_factory=stage_factory(config, provider),
+        stage_factory=stage_factory(config, provider, enrollments),
         policy=config.voice.policy(),
         local=local,
+        kit=kit,
+        assistants=assistants,
     )
     await agent.start()
     return agent
@@ -86,18 +112,29 @@ async def run_job(
     stt: SttProvider | None = None,
     local: LocalParticipantLike | None = None,
 ) -> ChorusRoomAgent:
-    """Connect (audio only), start the room's agent, and close it when the job shuts down."""
+    """Connect (audio only), open the `[store]`, start the room's agent, and close them when the
+    job shuts down."""
     await ctx.connect(auto_subscribe=agents.AutoSubscribe.AUDIO_ONLY)
     room_name = ctx.room.name or ctx.job.room.name
     provider = stt or stt_provider(config)
-    agent = await build_room_agent(ctx.room, room_name, config, livekit, stt=provider, local=local)
+    kit, opened = await open_kit(config.store.resolved_url())
+    try:
+        agent = await build_room_agent(
+            ctx.room, room_name, config, livekit, stt=provider, local=local, kit=kit
+        )
+    except BaseException:
+        await opened.close()
+        raise
 
     async def shutdown(reason: str = "") -> None:
         log.info("room %s: job ends (%s)", room_name, reason or "shutdown")
         try:
             await agent.aclose()
         finally:
-            await provider.aclose()
+            try:
+                await provider.aclose()
+            finally:
+                await opened.close()
 
     ctx.add_shutdown_callback(shutdown)
     return agent

@@ -13,7 +13,7 @@ from rooms.ai import AIChannel, AIProvider, AIResponse, MockAIProvider
 from rooms.channel import AudioSink, Channel, RoomContext, TextChannel, TurnAudioSource
 from rooms.delegation import Delegation, TaskWorker, delegate_task
 from rooms.hooks import HookContext, HookResult, HookTrigger
-from rooms.kit import ChannelDeliveryStats, InboundResult, RoomKit, RoutingError
+from rooms.kit import ChannelDeliveryStats, InboundResult, RoomKit, RoutingError, open_kit
 from rooms.locks import InProcessLocks, RoomLockManager
 from rooms.memory import (
     CompactingMemory,
@@ -87,5 +87,6 @@ __all__ = [
     "TextChannel",
     "TurnAudioSource",
     "delegate_task",
+    "open_kit",
     "open_store",
 ]

@@ -54,7 +54,7 @@ from models import (
 from rooms.channel import Channel, RoomContext
 from rooms.hooks import HookContext, HookFn, HookRegistry, HookResult, HookTrigger
 from rooms.locks import InProcessLocks, RoomLockManager
-from rooms.store import ChannelBinding, InMemoryStore, Room, RoomStore
+from rooms.store import ChannelBinding, InMemoryStore, OpenedStore, Room, RoomStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -650,3 +650,11 @@ class RoomKit:
                 await channel.close()
             except Exception:
                 log.exception("closing channel %s failed", channel.channel_id)
+
+
+async def open_kit(url: str, **options: Any) -> tuple[RoomKit, OpenedStore]:
+    """A kit on the store `url` names (`open_store`: memory, SQLite, Postgres) with that store's
+    room locks; close the `OpenedStore` after the kit. `chorus serve` and `chorus agent` both
+    open their `[store]` here; `options` go to `RoomKit`."""
+    opened = await open_store(url)
+    return RoomKit(store=opened.store, locks=opened.locks, **options), opened

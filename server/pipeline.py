@@ -122,9 +122,9 @@ class VoicePipeline:
                                            on_status=self._stream_status)
         """Shared-mic streams diarized by a stage of their own (one per session, pooled)."""
         self.realtime = realtime_channel(config)
-        self.chat_ai = _chat_channel(config)
+        self.chat_ai = chat_channel(config)
         """The room's chat model (`[chat]`), reading typed and spoken turns alike; or None."""
-        self.agent = _agent_channel(config)
+        self.agent = agent_channel(config)
         """The external ACP agent (`[agent]`), one session per room; or None."""
         self._pools: dict[str, list[DiarizationStage]] = {}
         """Idle live stages per room (reset before the next stream of that room)."""
@@ -365,7 +365,9 @@ def realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
     )
 
 
-def _chat_channel(config: ServerConfig) -> AIChannel | None:
+def chat_channel(config: ServerConfig) -> AIChannel | None:
+    """The configured chat model (`[chat]`, its speak policy from `[policy]`), or None for
+    `none`; `chorus serve` and `chorus agent` both build it here."""
     chat = config.chat
     if chat.provider == "none":
         return None
@@ -385,7 +387,9 @@ def _chat_channel(config: ServerConfig) -> AIChannel | None:
     )
 
 
-def _agent_channel(config: ServerConfig) -> ACPAgentChannel | None:
+def agent_channel(config: ServerConfig) -> ACPAgentChannel | None:
+    """The configured external ACP agent (`[agent]`), or None without a command; `chorus serve`
+    and `chorus agent` both build it here."""
     agent = config.agent
     if not agent.command:
         return None
@@ -424,11 +428,11 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
         await load()  # Whisper: the model, in a worker thread
     pipeline = VoicePipeline(config, stt)
     if config.diarizer.enroll:
-        pipeline.enrollments = await asyncio.to_thread(_read_enrollments, config)
+        pipeline.enrollments = await asyncio.to_thread(read_enrollments, config)
     return pipeline
 
 
-def _read_enrollments(config: ServerConfig) -> dict[str, Any]:
+def read_enrollments(config: ServerConfig) -> dict[str, Any]:
     """The `[diarizer] enroll` clips as 16 kHz audio; a missing or unreadable clip is a
     ConfigError naming the key."""
     from server.config import ConfigError

@@ -59,6 +59,7 @@ def config_for(url: str) -> ServerConfig:
         "stt": {"provider": "deepgram", "deepgram_url": url, "deepgram_api_key": "k"},
         "diarizer": {"kind": "embedded"},
         "realtime": {"provider": "recorder"},
+        "store": {"url": "memory://"},  # each test's rooms are its own (the default is SQLite)
     })
 
 

@@ -3,7 +3,9 @@
 The worker registers with the LiveKit server named by `LIVEKIT_URL` (credentials
 `LIVEKIT_API_KEY`, `LIVEKIT_API_SECRET`) under `agent_name = "chorus"` and takes one job per room
 it is dispatched to (`livekit_worker`, docs/livekit.md). It reads the same config file as
-`chorus serve` (STT, diarizer, realtime, policy) plus its `[livekit]` section. The import of
+`chorus serve` (every section means the same: STT, diarizer with its enrolled voices, voice, realtime,
+policy, chat, agent, store) plus its `[livekit]` section. What a job would fail on is checked
+before the worker registers: the file, the extras, the enrollment clips, the store. The import of
 `livekit_worker` waits until the command runs, so `chorus --help` stays fast.
 """
 
@@ -42,13 +44,20 @@ def run(args: argparse.Namespace) -> int:
     require("livekit", "the LiveKit Agents worker")  # cli.main prints the hint
     from livekit_worker.config import load_agent_config
     from livekit_worker.worker import CONFIG_ENV, missing_credentials, serve
-    from server.pipeline import require_extras
+    from server.pipeline import read_enrollments, require_extras
 
     try:
         config, livekit = load_agent_config(args.config)  # a bad file fails here, not in each job
         require_extras(config)
+        read_enrollments(config)  # a clip that cannot be read
     except (ConfigError, ValueError, MissingExtra) as exc:
         print(f"chorus agent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_check_store(config.store.resolved_url()))
+    except Exception as exc:  # a file that cannot be created, a database that is not there
+        reason = " ".join(str(exc).split())  # one line (libpq's errors span two)
+        print(f"chorus agent: cannot open the store: {reason}", file=sys.stderr)
         return 2
     missing = missing_credentials()
     if missing:
@@ -70,3 +79,11 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+async def _check_store(url: str) -> None:
+    """Open the store each job will open, and close it again."""
+    from rooms import open_store
+
+    opened = await open_store(url)
+    await opened.close()

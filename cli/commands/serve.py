@@ -22,7 +22,8 @@ import sys
 from typing import Any
 
 from models.extras import MissingExtra
-from rooms import OpenedStore, RoomKit, open_store
+from rooms import OpenedStore, RoomKit
+from rooms import open_kit as rooms_open_kit
 from server.auth import check_secret, generate_secret
 from server.config import ConfigError, ServerConfig, load_config
 
@@ -94,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def open_kit(config: ServerConfig) -> tuple[RoomKit, OpenedStore]:
     """The server's kit on the configured store (`[store] url`, SQLite by default)."""
-    opened = await open_store(config.store.resolved_url())
-    return RoomKit(store=opened.store, locks=opened.locks), opened
+    return await rooms_open_kit(config.store.resolved_url())
 
 
 def settle_heap() -> int:
