@@ -20,14 +20,33 @@ from pathlib import Path
 from typing import Any
 
 
+def chat_completion(model: str, content: str, number: int) -> dict[str, Any]:
+    """The body of one answer as the `openai` SDK's own `ChatCompletion` serialises it (the
+    stand-ins of the bench and the tests answer with it)."""
+    from openai.types.chat import ChatCompletion
+    from openai.types.chat.chat_completion import Choice
+    from openai.types.chat.chat_completion_message import ChatCompletionMessage
+
+    completion = ChatCompletion(
+        id=f"chatcmpl-{number}",
+        object="chat.completion",
+        created=int(time.time()),
+        model=model,
+        choices=[
+            Choice(
+                index=0,
+                finish_reason="stop",
+                message=ChatCompletionMessage(role="assistant", content=content),
+            )
+        ],
+    )
+    return completion.model_dump(mode="json", exclude_none=True)
+
+
 class SlowChatServer:
     """`SlowChatServer(delay)`: `start()`, `base_url`, `requests` (how many were answered)."""
 
     def __init__(self, delay: float) -> None:
-        from openai.types.chat import ChatCompletion
-        from openai.types.chat.chat_completion import Choice
-        from openai.types.chat.chat_completion_message import ChatCompletionMessage
-
         self.delay = delay
         self.requests = 0
         server = self
@@ -41,20 +60,7 @@ class SlowChatServer:
                 request = json.loads(body)
                 time.sleep(server.delay)  # the model thinking: the point of this server
                 server.requests += 1
-                completion = ChatCompletion(
-                    id=f"chatcmpl-{server.requests}",
-                    object="chat.completion",
-                    created=int(time.time()),
-                    model=request["model"],
-                    choices=[
-                        Choice(
-                            index=0,
-                            finish_reason="stop",
-                            message=ChatCompletionMessage(role="assistant", content="Noted."),
-                        )
-                    ],
-                )
-                self._reply(200, completion.model_dump(mode="json", exclude_none=True))
+                self._reply(200, chat_completion(request["model"], "Noted.", server.requests))
 
             def _reply(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()

@@ -68,6 +68,17 @@ def with_sections(url: str, **sections: dict[str, Any]) -> ServerConfig:
     return ServerConfig.model_validate(data)
 
 
+async def start_job(
+    config: ServerConfig, livekit: LiveKitConfig | None = None
+) -> tuple[ChorusRoomAgent, FakeRoom, RecordingLocalParticipant, JobContext]:
+    """`run_job` for the LiveKit room "standup", as livekit-agents starts a job."""
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config, livekit or LiveKitConfig(), local=local)
+    return agent, room, local, ctx
+
+
 async def end_job(ctx: JobContext) -> None:
     """What livekit-agents does when a job ends: its shutdown callbacks, in order."""
     for callback in ctx._shutdown_callbacks:  # the list `add_shutdown_callback` fills
@@ -102,10 +113,7 @@ async def test_the_chat_model_reads_the_turns_and_answers_on_the_room_chat(
         chat={"provider": "openai", "base_url": chat_model.base_url, "api_key": "t",
               "answer": "always"},
     )  # fmt: skip
-    local = RecordingLocalParticipant()
-    room = FakeRoom("standup", local)
-    with fake_job_context(room=room) as ctx:
-        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    agent, room, local, ctx = await start_job(config)
     try:
         await alice_speaks(agent, room)
         await until(lambda: any(s.topic == "lk.chat" for s in local.streams), limit=30)
@@ -137,10 +145,7 @@ async def test_the_acp_agent_is_prompted_with_the_turns_and_answers_on_the_room_
         deepgram.url, agent={"command": [sys.executable, str(AGENT), str(log)],
                              "cwd": str(tmp_path)},
     )  # fmt: skip
-    local = RecordingLocalParticipant()
-    room = FakeRoom("standup", local)
-    with fake_job_context(room=room) as ctx:
-        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    agent, room, local, ctx = await start_job(config)
     try:
         await alice_speaks(agent, room)
         await until(lambda: any(s.topic == "lk.chat" for s in local.streams), limit=60)
@@ -162,10 +167,7 @@ async def test_the_room_lives_in_the_configured_store_and_a_later_job_takes_it_u
 ) -> None:
     db = tmp_path / "rooms.db"
     config = with_sections(deepgram.url, store={"url": f"sqlite:///{db}"})
-    local = RecordingLocalParticipant()
-    room = FakeRoom("standup", local)
-    with fake_job_context(room=room) as ctx:
-        agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+    agent, room, _, ctx = await start_job(config)
     try:
         await alice_speaks(agent, room)
         first = [e.text for e in await voice_events(agent)]
@@ -173,9 +175,7 @@ async def test_the_room_lives_in_the_configured_store_and_a_later_job_takes_it_u
         await end_job(ctx)
     assert first == [meeting_text(*ALICE)] and db.exists()
     # the next job for the same LiveKit room (a restart, another dispatch) continues the room
-    again = FakeRoom("standup", RecordingLocalParticipant())
-    with fake_job_context(room=again) as ctx:
-        later = await run_job(ctx, config, LiveKitConfig(), local=again.fake_local)
+    later, _, _, ctx = await start_job(config)
     try:
         assert [e.text for e in await voice_events(later)] == first
         participants = await later.kit.get_participants("standup")
@@ -194,11 +194,7 @@ async def test_every_shared_mic_stage_knows_the_enrolled_voices(
     sf.write(alice, clip(meeting_pcm(), *ALICE).astype(np.float32) / 32768.0, RATE)
     config = with_sections(deepgram.url, stt={"diarize": False},
                            diarizer={"enroll": {"Alice": str(alice)}})
-    local = RecordingLocalParticipant()
-    room = FakeRoom("standup", local)
-    with fake_job_context(room=room) as ctx:
-        agent = await run_job(ctx, config, LiveKitConfig(shared_mic_names=["conference*"]),
-                              local=local)
+    agent, room, _, ctx = await start_job(config, LiveKitConfig(shared_mic_names=["conference*"]))
     tables = [TrackPlayer(f"table-{n}") for n in (1, 2)]
     try:
         for n, player in enumerate(tables, 1):

@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 import pytest
-from openai.types.chat import ChatCompletion
-from openai.types.chat.chat_completion import Choice
-from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
+from bench.slow_chat import chat_completion
 from models import AIContext, RoomEvent, TextContent
 from rooms import AIChannel, AIProvider, AIResponse, Channel, RoomContext, RoomKit, TextChannel
 from rooms.providers.openai_chat import OpenAIChatProvider
@@ -278,20 +275,8 @@ class StallingChatServer:
                 server.release.wait()
                 last = request["messages"][-1]["content"]
                 text = last if isinstance(last, str) else last[0]["text"]
-                completion = ChatCompletion(
-                    id=f"chatcmpl-{len(server.requests)}",
-                    object="chat.completion",
-                    created=int(time.time()),
-                    model=request["model"],
-                    choices=[
-                        Choice(
-                            index=0,
-                            finish_reason="stop",
-                            message=ChatCompletionMessage(role="assistant", content=f"re: {text}"),
-                        )
-                    ],
-                )
-                data = json.dumps(completion.model_dump(mode="json", exclude_none=True)).encode()
+                body = chat_completion(request["model"], f"re: {text}", len(server.requests))
+                data = json.dumps(body).encode()
                 try:
                     self.send_response(200)
                     self.send_header("content-type", "application/json")
@@ -314,24 +299,35 @@ class StallingChatServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
+    def __enter__(self) -> StallingChatServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
 
 @pytest.fixture
 def stalling_server() -> Iterator[StallingChatServer]:
-    server = StallingChatServer()
-    server.thread.start()
-    yield server
-    server.release.set()
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    with StallingChatServer() as server:
+        yield server
+
+
+async def stalled_room(server: StallingChatServer) -> tuple[RoomKit, VoiceTurns, TextChannel]:
+    """A room with a chat model on `server`, which holds the room's first turn ("first")."""
+    provider = OpenAIChatProvider("gpt-test", api_key="sk-test", base_url=server.base_url)
+    kit, voice, device = await room(AIChannel("ai", provider, attribution=False))
+    await voice.say("r", "first")
+    assert await asyncio.to_thread(server.received.wait, 10)
+    return kit, voice, device
 
 
 async def test_voice_turns_are_not_held_by_a_stalled_chat_completions_server(
     stalling_server: StallingChatServer,
 ) -> None:
-    provider = OpenAIChatProvider("gpt-test", api_key="sk-test", base_url=stalling_server.base_url)
-    kit, voice, device = await room(AIChannel("ai", provider, attribution=False))
-    await voice.say("r", "first")
-    assert await asyncio.to_thread(stalling_server.received.wait, 10)
+    kit, voice, device = await stalled_room(stalling_server)
     async with asyncio.timeout(10):  # the server holds "first": the turns still commit
         for text in ("second", "third"):
             await voice.say("r", text)
@@ -346,10 +342,7 @@ async def test_voice_turns_are_not_held_by_a_stalled_chat_completions_server(
 async def test_a_chat_completions_server_that_never_answers_holds_no_turn(
     stalling_server: StallingChatServer,
 ) -> None:
-    provider = OpenAIChatProvider("gpt-test", api_key="sk-test", base_url=stalling_server.base_url)
-    kit, voice, device = await room(AIChannel("ai", provider, attribution=False))
-    await voice.say("r", "first")
-    assert await asyncio.to_thread(stalling_server.received.wait, 10)
+    kit, voice, device = await stalled_room(stalling_server)
     async with asyncio.timeout(10):
         for n in range(20):
             await voice.say("r", f"turn {n}")

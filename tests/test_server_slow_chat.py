@@ -32,12 +32,8 @@ SPOKEN_TURNS = 4
 
 @pytest.fixture
 def chat_model() -> Iterator[StallingChatServer]:
-    server = StallingChatServer()
-    server.thread.start()
-    yield server
-    server.release.set()
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    with StallingChatServer() as server:
+        yield server
 
 
 @pytest.fixture
