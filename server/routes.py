@@ -18,7 +18,7 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
@@ -66,21 +66,38 @@ class WebhookAccepted(BaseModel):
 
 WEBHOOK_MAX_BYTES = 1024 * 1024
 """Largest provider webhook body read; a bigger one is refused (413) before it is buffered."""
+CHAT_MAX_BYTES = 64 * 1024
+"""Largest typed-message body read (4000 characters of text, JSON-escaped, fit in it); a bigger
+one is refused (413) before it is buffered, and only once the token was checked."""
+
+
+async def _read_body(request: Request, limit: int, what: str) -> bytes:
+    """The raw body, at most `limit` bytes: refused (413) by its declared length, or as soon as
+    more than `limit` bytes arrived, never buffered whole."""
+    declared = request.headers.get("content-length")
+    too_large = ProblemError(413, "body_too_large", f"{what} bodies are at most {limit} bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
 
 
 async def _webhook_body(request: Request) -> bytes:
     """The raw body (signatures cover the exact bytes), at most `WEBHOOK_MAX_BYTES`."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > WEBHOOK_MAX_BYTES:
-        raise ProblemError(413, "body_too_large", f"webhook bodies are at most {WEBHOOK_MAX_BYTES} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > WEBHOOK_MAX_BYTES:
-            raise ProblemError(
-                413, "body_too_large", f"webhook bodies are at most {WEBHOOK_MAX_BYTES} bytes"
-            )
-    return bytes(body)
+    return await _read_body(request, WEBHOOK_MAX_BYTES, "webhook")
+
+
+def _chat_post(body: bytes) -> ChatPost:
+    """The typed message of a body already size-checked, or a 422 naming the first bad field."""
+    try:
+        return ChatPost.model_validate_json(body)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+        raise RequestValidationError(errors) from exc
 
 
 def _webhook_answer(answer: WebhookAnswer) -> WebhookAccepted:
@@ -288,17 +305,24 @@ class HttpRoutes:
             responses={
                 **_AUTH_RESPONSES,
                 409: {"model": Problem, "description": "A hook blocked the message"},
+                413: {"model": Problem, "description": f"Body over {CHAT_MAX_BYTES} bytes"},
                 503: {"model": Problem, "description": "The server is draining"},
             },
+            openapi_extra={"requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ChatPost.model_json_schema()}},
+            }},
             summary="Type a message into the room (needs the `chat` grant)",
         )
         async def post_message(
             room: RoomId,
-            body: ChatPost,
+            request: Request,
             token: TokenQuery = None,
             authorization: AuthorizationHeader = None,
         ) -> ChatPosted:
+            # the token first: nothing of the body is read for a request that may not post
             grant = self._authorize(token, authorization, room, Grant.CHAT)
+            body = _chat_post(await _read_body(request, CHAT_MAX_BYTES, "message"))
             if grant.participant is not None and grant.participant != body.participant:
                 raise ProblemError(
                     403,

@@ -11,7 +11,7 @@ real HTTP.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,42 @@ async def test_chat_post_refuses_bad_tokens_and_bodies_and_changes_nothing(
     assert not_json.status_code == 422
     assert ROOM not in rooms.rooms or await rooms.kit.list_events(ROOM) == []
     assert chat_model.requests == []
+
+
+async def test_a_chat_post_is_authorized_before_its_body_is_read_and_the_body_is_capped(
+    server: RunningServer, chat_model: ChatServer, http: httpx.AsyncClient
+) -> None:
+    """Issue 25.1: a request without a token is refused 401 whatever its body (it used to be
+    read and parsed first: 422, gigabytes buffered); with a token, a body over CHAT_MAX_BYTES is
+    413 by its declared length or, streamed without one, as soon as it has sent too much."""
+    from server.routes import CHAT_MAX_BYTES
+
+    url = f"/v1/rooms/{ROOM}/messages"
+    big = {"participant": "u-alice", "text": "x" * (2 * CHAT_MAX_BYTES)}
+    answer = await http.post(url, json=big)
+    assert (answer.status_code, answer.json()["problem"]) == (401, "token_missing")
+    headers = {"Authorization": f"Bearer {issue_token(SECRET, ROOM)}"}
+    answer = await http.post(url, json=big, headers=headers)
+    assert (answer.status_code, answer.json()["problem"]) == (413, "body_too_large")
+
+    sent = 0
+
+    async def endless() -> AsyncIterator[bytes]:  # chunked: no content-length to refuse by
+        nonlocal sent
+        yield b'{"participant": "u-alice", "text": "'
+        while sent < 100 * CHAT_MAX_BYTES:
+            sent += 8192
+            yield b"x" * 8192
+
+    answer = await http.post(url, content=endless(), headers=headers)
+    assert (answer.status_code, answer.json()["problem"]) == (413, "body_too_large")
+    assert await server.server.rooms.kit.list_events(ROOM) == []
+    # a message of the longest text allowed, in the widest escaping, still fits
+    widest = json.dumps({"participant": "u-alice", "text": "\U0001f600" * 4000}).encode()
+    assert len(widest) > 48_000  # each character sent as a surrogate pair of escapes
+    answer = await http.post(url, content=widest, headers={
+        **headers, "Content-Type": "application/json"})
+    assert answer.status_code == 201, answer.text
 
 
 async def test_feed_message_needs_the_chat_grant(server: RunningServer) -> None:
