@@ -14,10 +14,9 @@ into a stream declaration is `server.device`'s; Twilio's framing, messages inclu
 from __future__ import annotations
 
 import enum
-import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 
 class CloseCode(enum.IntEnum):
@@ -255,11 +254,18 @@ class MessageRequest(_Wire):
 FeedRequest = RenameRequest | MessageRequest
 
 
+class _FeedKind(_Wire):
+    """Only a feed request's `type`, read by pydantic-core's parser (bounded nesting: a deeply
+    nested request is a validation error, never a RecursionError as from `json.loads`)."""
+
+    type: object = None
+
+
 def parse_feed_request(text: str | bytes) -> FeedRequest:
     """A `message` request, or a rename (whose `type` may be left out, as before)."""
     try:
-        kind = json.loads(text).get("type")
-    except (ValueError, AttributeError):
+        kind = _FeedKind.model_validate_json(text).type
+    except ValidationError:
         kind = None
     if kind == "message":
         return MessageRequest.model_validate_json(text)

@@ -18,13 +18,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from pydantic import ValidationError
 from test_openai_chat import ChatServer
 
 from attribution import NOTE
 from realtime import RealtimeChannel
 from server.auth import Grant, issue_token
 from server.client import DeviceStream, EventFeed
-from server.protocol import StartMessage, parse_feed_request
+from server.protocol import CloseCode, StartMessage, parse_feed_request
 from server.testing.harness import (
     SECRET,
     RunningServer,
@@ -230,6 +231,23 @@ async def test_feed_message_needs_the_chat_grant(server: RunningServer) -> None:
     assert "chat grant" in error.reason
     assert await server.server.rooms.kit.list_events(ROOM) == []
     await feed.close()
+
+
+async def test_a_deeply_nested_feed_request_is_refused_as_a_bad_message(server: RunningServer) -> None:
+    """Issue 25.14: `json.loads` raised RecursionError on deep nesting (1011 and a traceback);
+    the request is a bad message (4400) and the room goes on serving its feeds."""
+    deep = '{"type": ' + "[" * 5_000 + "]" * 5_000 + "}"  # 10 KB, within the frame limit
+    with pytest.raises(ValidationError, match="recursion limit"):
+        parse_feed_request(deep)
+    token = issue_token(SECRET, ROOM)
+    feed = await EventFeed.open(server.base, ROOM, token)
+    await feed.ws.send(deep)
+    await feed.ws.wait_closed()
+    assert (feed.ws.close_code, feed.ws.close_reason) == (CloseCode.BAD_MESSAGE, "bad feed request")
+    again = await EventFeed.open(server.base, ROOM, token)
+    await again.rename("Speaker A", "Alice")
+    await eventually(lambda: any(m.type == "renamed" for m in again.received), 60, "the rename")
+    await again.close()
 
 
 def test_feed_message_request_and_rename_parse_apart() -> None:
