@@ -202,6 +202,15 @@ async def test_ingress_teams_service_url_must_match_the_token(room: TeamsRoom) -
     assert answer.status == 401
 
 
+async def test_ingress_teams_a_token_without_a_service_url_claim_is_refused(room: TeamsRoom) -> None:
+    """Issue 25.13: a signed token with no `serviceurl` claim made the server trust the activity's
+    `serviceUrl`, where the bot's connector token would be sent. A missing claim is a 401."""
+    answer = await room.post(room.activity(), token=room.provider.bot_token(APP_ID))
+    assert (answer.status, answer.events) == (401, ())
+    assert "serviceUrl" in str(answer.body)
+    assert room.ingress.channels == {} and room.ai.calls == [] and room.provider.received == []
+
+
 async def test_ingress_teams_without_a_validator_must_be_declared() -> None:
     kit = RoomKit()
 

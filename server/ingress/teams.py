@@ -181,7 +181,8 @@ class BotFrameworkTokenValidator:
     """Checks the `Authorization: Bearer` JWT Bot Framework sends with every activity.
 
     Signature (RS256, key from `jwks_url` by its `kid`), issuer, audience (the bot's app id),
-    expiry, and that the token's `serviceUrl` claim (when present) matches the activity's.
+    expiry, and that the token has a `serviceUrl` claim equal to the activity's (replies carry the
+    bot's connector token to that URL).
     """
 
     def __init__(
@@ -215,8 +216,12 @@ class BotFrameworkTokenValidator:
             )
         except (jwt.PyJWTError, jwt.PyJWKClientError) as exc:
             raise IngressError(401, f"Bot Framework token rejected: {exc}") from exc
+        # the bot's connector token is later sent to the activity's serviceUrl: only a token that
+        # names that very URL may bring it (a token without the claim is refused, as botbuilder does)
         service_url = claims.get("serviceurl") or claims.get("serviceUrl")
-        if service_url and activity.service_url and service_url != activity.service_url:
+        if not service_url:
+            raise IngressError(401, "Bot Framework token has no serviceUrl claim")
+        if service_url != activity.service_url:
             raise IngressError(401, "token serviceUrl does not match the activity")
 
 
