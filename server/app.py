@@ -48,7 +48,7 @@ from server.protocol import ROOM_ID, CloseCode
 from server.routes import HttpRoutes, problem_response
 from server.sockets import REFUSAL_WAIT_S, KeepServerSend, Socket, SocketClosed
 from server.streaming import run_stream
-from server.twilio import TwilioFraming, TwilioOpening
+from server.twilio import SIGNATURE_HEADER, TwilioFraming, TwilioOpening, TwilioSignatures
 
 log = logging.getLogger("chorus.server")
 
@@ -91,6 +91,12 @@ class ChorusServer:
         self._unauthenticated_by_address: dict[str, int] = {}
         self._stream_handlers: set[asyncio.Task[Any]] = set()
         self._feed_handlers: set[asyncio.Task[Any]] = set()
+        self._twilio_signatures = (
+            TwilioSignatures(config.twilio.auth_token, config.twilio.stream_url)
+            if config.twilio.auth_token
+            else None
+        )
+        """With `[twilio] auth_token`: only legs Twilio signed are accepted (at the upgrade)."""
         self.webhooks = build_webhooks(config, self.rooms.kit, self._open_conversation_room)
         """Teams and WhatsApp conversations (`[teams]`, `[whatsapp]`), when configured."""
         self.app = self._build_app()
@@ -192,6 +198,16 @@ class ChorusServer:
         await self._serve_socket(websocket, room, self._event_feed)
 
     async def _twilio_route(self, websocket: WebSocket) -> None:
+        signatures = self._twilio_signatures
+        if signatures is not None:
+            if not signatures.signed(websocket.headers.get(SIGNATURE_HEADER), str(websocket.url)):
+                self.metrics.refused_total["bad_twilio_signature"] += 1
+                await websocket.send_denial_response(problem_response(
+                    403, "bad_signature", "missing or wrong X-Twilio-Signature"
+                ))
+                return
+            await self._serve_socket(websocket, None, self._signed_twilio_leg)
+            return
         await self._serve_socket(websocket, None, self._twilio_leg)
 
     # ------------------------------------------------------------------ websocket plumbing
@@ -296,11 +312,12 @@ class ChorusServer:
 
     # ------------------------------------------------------------------ Twilio leg
 
-    async def _twilio_leg(self, ws: Socket) -> None:
-        """`connected`, then `start` carrying room/token/name, then `media` until `stop`."""
+    async def _twilio_leg(self, ws: Socket, *, signed: bool = False) -> None:
+        """`connected`, then `start` carrying room/token/name, then `media` until `stop`. A leg
+        whose upgrade Twilio signed is not counted as waiting to authenticate."""
         self._check_capacity()
         framing = TwilioFraming()
-        with self._unauthenticated(ws):
+        with contextlib.nullcontext() if signed else self._unauthenticated(ws):
             opening = await self._twilio_opening(ws, framing)
         if opening is None:
             return
@@ -308,6 +325,9 @@ class ChorusServer:
         declaration = framing.declare(opening)
         check_participant(grant, declaration.participant)
         await run_stream(ws, self.rooms, opening.room, framing, declaration, self._draining)
+
+    async def _signed_twilio_leg(self, ws: Socket) -> None:
+        await self._twilio_leg(ws, signed=True)
 
     @contextlib.contextmanager
     def _unauthenticated(self, ws: Socket) -> Iterator[None]:

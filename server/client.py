@@ -172,9 +172,19 @@ class TwilioLeg:
         cls,
         base: str,
         parameters: dict[str, str],
+        *,
+        auth_token: str | None = None,
         **connect_options: Any,
     ) -> TwilioLeg:
-        ws = await connect(f"{base}/v1/twilio", **connect_options)
+        """With `auth_token`, the upgrade carries `X-Twilio-Signature` as Twilio signs it (the
+        Twilio SDK's `RequestValidator` over the stream URL, the `twilio` extra)."""
+        url = f"{base}/v1/twilio"
+        if auth_token is not None:
+            from twilio.request_validator import RequestValidator
+
+            signature = RequestValidator(auth_token).compute_signature(url, {})
+            connect_options.setdefault("additional_headers", {})["X-Twilio-Signature"] = signature
+        ws = await connect(url, **connect_options)
         leg = cls(ws=ws, stream_sid="MZ" + uuid.uuid4().hex, call_sid="CA" + uuid.uuid4().hex)
         with contextlib.suppress(ConnectionClosed):  # a refusal is read by the reader
             await ws.send(dump(TwilioConnected()))

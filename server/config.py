@@ -210,6 +210,20 @@ class WhatsAppConfig(_Section):
         return self
 
 
+class TwilioConfig(_Section):
+    """Twilio Media Streams legs (`/v1/twilio`, docs/server.md)."""
+
+    auth_token: str | None = None
+    """The Twilio account's auth token. Set, every leg's upgrade must carry a valid
+    `X-Twilio-Signature` (HMAC-SHA1 of the stream URL with this token, as Twilio signs it) or is
+    refused with HTTP 403 before it is accepted, so only Twilio's own legs take a slot.
+    Needs the `twilio` extra."""
+    stream_url: str | None = None
+    """The stream URL exactly as the TwiML `<Stream url=…>` gives it (what Twilio signs), for a
+    server behind a proxy that changes scheme, host or path; unset: the URL the request reached,
+    as `wss://` and as `ws://`."""
+
+
 class LimitsConfig(_Section):
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     """Largest websocket message accepted (audio or JSON); bigger closes with 1009."""
@@ -287,6 +301,7 @@ class ServerConfig(_Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     teams: TeamsConfig = Field(default_factory=TeamsConfig)
     whatsapp: WhatsAppConfig = Field(default_factory=WhatsAppConfig)
+    twilio: TwilioConfig = Field(default_factory=TwilioConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 
@@ -305,6 +320,7 @@ _SECTIONS = (
     "agent",
     "teams",
     "whatsapp",
+    "twilio",
     "limits",
     "store",
 )

@@ -314,6 +314,8 @@ def require_extras(config: ServerConfig) -> None:
         require(*AGENT_EXTRA)
     if (config.store.url or "").split(":", 1)[0].lower() in ("postgresql", "postgres"):
         require("postgres", "the Postgres store")
+    if config.twilio.auth_token:
+        require("twilio", "checking Twilio signatures (twilio.auth_token)")
 
 
 def stt_provider(config: ServerConfig) -> SttProvider:

@@ -21,6 +21,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from models.extras import require
 from server.framing import (
     Outgoing,
     Refusal,
@@ -266,3 +267,34 @@ class TwilioFraming:
 
     def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
         return list(twilio_reply_messages(self.stream_sid, pcm16, sample_rate))
+
+
+# --- the upgrade's signature ------------------------------------------------------------------
+
+SIGNATURE_HEADER = "x-twilio-signature"
+
+
+class TwilioSignatures:
+    """Whether a leg's upgrade comes from Twilio: Twilio signs each Media Streams websocket
+    request with `X-Twilio-Signature`, the base64 HMAC-SHA1 of the stream URL keyed with the
+    account's auth token. Checked by the Twilio SDK's `RequestValidator` (the `twilio` extra),
+    which also tries the URL with and without its port, as Twilio's own signing varies."""
+
+    def __init__(self, auth_token: str, stream_url: str | None = None) -> None:
+        require("twilio", "checking Twilio signatures (twilio.auth_token)")
+        from twilio.request_validator import RequestValidator
+
+        self._validator = RequestValidator(auth_token)
+        self.stream_url = stream_url
+
+    def signed(self, signature: str | None, url: str) -> bool:
+        """True when `signature` signs the configured stream URL, or else `url` (the URL the
+        request reached) as `wss://` or `ws://` (a TLS proxy in front changes the scheme)."""
+        if not signature:
+            return False
+        if self.stream_url is not None:
+            candidates = [self.stream_url]
+        else:
+            rest = url.split("://", 1)[-1]
+            candidates = [f"wss://{rest}", f"ws://{rest}"]
+        return any(bool(self._validator.validate(u, {}, signature)) for u in candidates)
