@@ -3,10 +3,13 @@
 Owns turning a feed's `rename` request into names on the room's turns. Renames go through
 `ON_TRANSCRIPTION` (V6) exactly as an application hook's rename would: the server's own hook
 (`RoomRenames.apply`, a typed `voice.channel.TranscriptionEvent`) rewrites `sender_name` of the
-matching voice's turns. Renames that outlive a stream (a label in every stream, a one-person
-stream's participant) are kept in the store as the room's memory state `server.renames` and
-read back when the room is taken up again; a rename of one voice of one shared-mic stream lives
-as long as that stream. Saves of one room run in order under a lock whose entry lives only while
+matching voice's turns. A shared-mic label names a voice only within its stream ("Speaker A"
+of the next stream, or of the same device after a reconnect or a restart, may be anyone), so a
+label rename lives as long as its stream: with `stream` it names that stream's voice, without it
+the voice of that label in every shared-mic stream open now, never one that starts later. The
+renames that outlive a stream are a one-person stream's participant's (the participant is who the
+token says): kept in the store as the room's memory state `server.renames` and read back when
+the room is taken up again. Saves of one room run in order under a lock whose entry lives only while
 a save of that room is pending, so the locks do not grow with every room ever renamed.
 """
 
@@ -54,10 +57,13 @@ class RoomRenames:
         if stream is not None and not stream.declaration.shared_mic:
             live.renames[(stream.id, ONE_PERSON)] = name  # one voice, whatever its label
             live.participant_names[stream.declaration.participant] = name
-        else:
-            live.renames[(stream_id, label)] = name
-        if stream_id is None or (stream is not None and not stream.declaration.shared_mic):
             self._save(live)
+        elif stream_id is not None:
+            live.renames[(stream_id, label)] = name
+        else:  # the label's voice in each shared-mic stream open now (issue 25.4)
+            for open_stream in live.streams.values():
+                if open_stream.declaration.shared_mic:
+                    live.renames[(open_stream.id, label)] = name
         live.feed.publish(
             dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
         )
@@ -72,8 +78,6 @@ class RoomRenames:
         name: str | None = None
         if stream is not None:
             name = live.renames.get((stream.id, label))
-        if name is None:
-            name = live.renames.get((None, label))
         if stream is not None and not stream.declaration.shared_mic:
             # One person per stream (a phone leg): whatever labels the STT put on the voice,
             # the turn is the participant's. Unless renamed, no stamped name: the participant
@@ -89,13 +93,11 @@ class RoomRenames:
         return HookResult.modify(dataclasses.replace(value, sender_name=name))
 
     async def load(self, live: LiveRoom) -> None:
-        """The room's lasting renames, as the store kept them (a room taken up again)."""
+        """The room's lasting renames, as the store kept them (a room taken up again). Label
+        renames an earlier version kept (`labels`) are not read: they named voices of streams
+        that are gone."""
         saved = await self.kit.store.get_memory_state(live.room_id, self.RENAMES_KEY) or {}
-        labels = saved.get("labels", {})
         people = saved.get("participants", {})
-        if isinstance(labels, dict):
-            for label, name in labels.items():
-                live.renames[(None, str(label))] = str(name)
         if isinstance(people, dict):
             live.participant_names.update({str(k): str(v) for k, v in people.items()})
 
@@ -104,10 +106,7 @@ class RoomRenames:
 
         async def save() -> None:
             async with held(self._save_locks, live.room_id):
-                value = {
-                    "labels": {label: n for (sid, label), n in live.renames.items() if sid is None},
-                    "participants": dict(live.participant_names),
-                }
+                value = {"participants": dict(live.participant_names)}
                 try:
                     await self.kit.store.put_memory_state(live.room_id, self.RENAMES_KEY, value)
                 except Exception:

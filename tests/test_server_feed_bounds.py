@@ -9,9 +9,13 @@ from pydantic import ValidationError
 
 from rooms import RoomKit
 from server.feed import MAX_RENAMES_PER_ROOM, RenameBook, RoomFeed
+from server.framing import StreamDeclaration
 from server.live import LiveRoom
+from server.pipeline import StreamInfo
 from server.protocol import RenameRequest, parse_feed_request
 from server.renames import RoomRenames
+from server.room_state import LiveStream
+from voice.audio import StreamFormat
 
 
 def test_a_flood_of_renames_keeps_a_bounded_book_per_room() -> None:
@@ -60,12 +64,16 @@ async def test_saving_renames_keeps_no_lock_for_a_room_once_its_saves_are_done()
     rooms = {f"r{i}": LiveRoom(f"r{i}", RoomFeed(queue_size=8, history=8)) for i in range(50)}
     for room_id in rooms:
         await kit.create_room(room_id=room_id)
+    for room_id, live in rooms.items():  # a one-person stream in each: its renames last
+        declaration = StreamDeclaration("desk", None, False, StreamFormat(16000, "pcm16", 1))
+        live.streams["s1"] = LiveStream(StreamInfo(room_id, "s1", declaration), "device",
+                                        lambda pcm, rate: [])
     renames = RoomRenames(kit, rooms, {})
     for room_id in rooms:
-        renames.rename(room_id, "Speaker A", "Alice")
-        renames.rename(room_id, "Speaker A", "Ann")  # the last rename wins
+        renames.rename(room_id, "Desk", "Alice", stream_id="s1")
+        renames.rename(room_id, "Desk", "Ann", stream_id="s1")  # the last rename wins
     await renames.flush()
     assert renames._save_locks == {}
     for room_id in rooms:
         saved = await kit.store.get_memory_state(room_id, RoomRenames.RENAMES_KEY)
-        assert saved == {"labels": {"Speaker A": "Ann"}, "participants": {}}
+        assert saved == {"participants": {"desk": "Ann"}}
