@@ -175,12 +175,9 @@ class RealtimeChannel(Channel):
         state = _RoomState(session=session)
         self._rooms[room_id] = state
         session.add_listener(lambda event: self._on_session_event(room_id, event))
-        kit = self.require_kit()
-        participants = await kit.get_participants(room_id)
-        register = await kit.get_register(room_id) or Register.new()
-        for past in await kit.list_events(room_id):  # who already spoke (G3 counts the room)
-            if self._counts(past):
-                state.labels.count_event(past, participants, register)
+        # who already spoke (G3 counts the room)
+        for spoken in await self.require_kit().past_labels(room_id, self._counts):
+            state.labels.count(spoken)
         try:
             await session.start()
         except BaseException:

@@ -271,12 +271,9 @@ class ACPAgentChannel(Channel):
             connection = await self._connect()
             created = await connection.new_session(cwd=self.cwd, mcp_servers=[])
             state = _RoomSession(room_id=room_id, session_id=created.session_id)
-            kit = self.require_kit()
-            participants = await kit.get_participants(room_id)
-            register = await kit.get_register(room_id) or Register.new()
-            for past in await kit.list_events(room_id):  # who already spoke (G3 counts the room)
-                if self._counts(past):
-                    state.labels.count_event(past, participants, register)
+            # who already spoke (G3 counts the room)
+            for spoken in await self.require_kit().past_labels(room_id, self._counts):
+                state.labels.count(spoken)
             state.worker = asyncio.create_task(
                 self._prompt_loop(state), name=f"acp-{self.channel_id}-{room_id}"
             )
@@ -518,11 +515,8 @@ class ACPAgentChannel(Channel):
         """
         state = self._rooms.get(room_id)
         kit = self.require_kit()
-        events = [
-            e
-            for e in await kit.list_events(room_id)
-            if e.visible_to(self.channel_id) or e.source.channel_id == self.channel_id
-        ][-self.transcript_events :]
+        # the latest events it may see (visible to it, or its own), read as a window
+        events = await kit.store.list_window(room_id, self.channel_id, self.transcript_events)
         participants = await kit.get_participants(room_id)
         register = await kit.get_register(room_id) or Register.new()
         labelled = (state is not None and state.labels.labelling) or labelling_on(

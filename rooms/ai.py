@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 
 from attribution import (
     Register,
-    label_for,
     render_chat_context,
     render_plain_context,
     render_summarized_context,
@@ -129,6 +128,9 @@ class AIChannel(Channel):
         """Answer events from other agent channels too (off by default: two agents would loop)."""
         self.policy = policy
         self.assistant_name = assistant_name
+        self._speakers: dict[str, set[str]] = {}
+        """Per room: the labels of the turns it heard, once `speak_turn` asked (G6 counts them;
+        reading the whole room for every turn made each turn cost as much as the room)."""
 
     def should_answer(self, event: RoomEvent) -> bool:
         if event.kind != "message":
@@ -166,25 +168,29 @@ class AIChannel(Channel):
     async def speak_turn(self, event: RoomEvent, ctx: RoomContext) -> SpeakTurn:
         """The turn as the speak policy reads it (G6): its attribution label, the text as sent,
         and how many distinct speakers (by label) the room's turns this channel can see hold."""
-        kit = ctx.kit
-        participants = await kit.get_participants(ctx.room_id)
-        register = await kit.get_register(ctx.room_id) or Register.new()
-        label = label_for(event, participants, register)
-        speakers = {label}
-        for past in await kit.list_events(ctx.room_id):
-            if (
-                past.kind != "system"
-                and past.source.channel_id != self.channel_id
-                and past.visible_to(self.channel_id)
-            ):
-                speakers.add(label_for(past, participants, register))
+        label = await ctx.kit.label_for(ctx.room_id, event)
+        speakers = self._speakers.get(ctx.room_id)
+        if speakers is None:  # the room's past, labelled once (off the loop), then kept up
+            speakers = set(await ctx.kit.past_labels(ctx.room_id, self._heard))
+            self._speakers[ctx.room_id] = speakers
         return SpeakTurn(
             speakers=(label,),
             text=event.text,
             assistant_name=self.assistant_name,
-            room_speakers=len(speakers),
+            room_speakers=len(speakers | {label}),
             event=event,
         )
+
+    def _heard(self, event: RoomEvent) -> bool:
+        """A turn counted among the room's speakers: not a notice, not its own, visible to it."""
+        return (
+            event.kind != "system"
+            and event.source.channel_id != self.channel_id
+            and event.visible_to(self.channel_id)
+        )
+
+    async def on_detach(self, room_id: str) -> None:
+        self._speakers.pop(room_id, None)
 
     async def build_context(self, trigger: RoomEvent, ctx: RoomContext) -> AIContext:
         if isinstance(self.memory, SummarizingMemory):
@@ -233,6 +239,9 @@ class AIChannel(Channel):
         )
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
+        speakers = self._speakers.get(ctx.room_id)
+        if speakers is not None and self._heard(event):
+            speakers.add(await ctx.kit.label_for(ctx.room_id, event))
         if not self.should_answer(event):
             return
         if self.policy is not None and not self.policy.should_answer(

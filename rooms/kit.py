@@ -413,6 +413,29 @@ class RoomKit:
         data = await self.store.get_register(room_id)
         return Register.model_validate(data) if data is not None else None
 
+    async def labeller(self, room_id: str) -> Callable[[RoomEvent], str]:
+        """`label_for` with the room's participants and register as they are now, read once:
+        for labelling many events (a transcript, a channel taking a room up). The function
+        reads only what it was given, so it may run on a worker thread, off the event loop."""
+        participants = await self.store.get_participants(room_id)
+        register = await self.get_register(room_id) or Register.new()
+        return lambda event: label_for(event, participants, register)
+
+    async def past_labels(self, room_id: str, include: Callable[[RoomEvent], bool]) -> list[str]:
+        """The labels of the room's committed events that `include` keeps, oldest first (who
+        already spoke, for a channel taking the room up: G3 counts the room). Read a page at a
+        time, filtered and labelled on a worker thread: a room of 200,000 turns read whole and
+        labelled on the loop held every room for seconds (issue 25.9)."""
+        label = await self.labeller(room_id)
+
+        def labelled(page: list[RoomEvent]) -> list[str]:
+            return [label(e) for e in page if include(e)]
+
+        labels: list[str] = []
+        async for page in self.store.pages(room_id):  # never the whole room in memory at once
+            labels += await asyncio.to_thread(labelled, page)
+        return labels
+
     async def label_for(self, room_id: str, event: RoomEvent) -> str:
         """The label the attribution engine gives a committed event in this room."""
         participants = await self.store.get_participants(room_id)

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from models import Participant, RoomEvent
 from rooms.locks import RoomLockManager, idle
-from rooms.store import ChannelBinding, Room, RoomStore, freeze_event
+from rooms.store import ChannelBinding, Room, RoomStore, thaw_event
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chorus_rooms (
@@ -50,6 +50,18 @@ _IN_WINDOW = (
     "OR (jsonb_typeof(data->'visibility') = 'array' AND data->'visibility' ? %s))"
 )
 """`rooms.store.in_window` in SQL: visible to the channel, or sent from it."""
+
+
+_PARSE_INLINE = 64
+"""Up to this many events are parsed on the loop: a thread costs more than the parse."""
+
+
+async def _thawed(rows: list[tuple[Any, ...]]) -> list[RoomEvent]:
+    """Rows of (data::text,) as frozen events, parsed off the event loop when there are many (a
+    room of 200,000 turns would otherwise hold every room for seconds)."""
+    if len(rows) <= _PARSE_INLINE:
+        return [thaw_event(r[0]) for r in rows]
+    return await asyncio.to_thread(lambda: [thaw_event(r[0]) for r in rows])
 
 
 class PostgresStore(RoomStore):
@@ -162,22 +174,37 @@ class PostgresStore(RoomStore):
 
     async def get_event(self, room_id: str, event_id: str) -> RoomEvent | None:
         rows = await self._rows(
-            "SELECT data FROM chorus_events WHERE room_id = %s AND id = %s", (room_id, event_id)
+            "SELECT data::text FROM chorus_events WHERE room_id = %s AND id = %s", (room_id, event_id)
         )
-        return freeze_event(RoomEvent.model_validate(rows[0][0])) if rows else None
+        return thaw_event(rows[0][0]) if rows else None
 
     async def list_events(self, room_id: str, limit: int | None = None) -> list[RoomEvent]:
         if limit is None:
             rows = await self._rows(
-                "SELECT data FROM chorus_events WHERE room_id = %s ORDER BY seq", (room_id,)
+                "SELECT data::text FROM chorus_events WHERE room_id = %s ORDER BY seq", (room_id,)
             )
         else:
             rows = await self._rows(
-                "SELECT data FROM (SELECT seq, data FROM chorus_events WHERE room_id = %s "
+                "SELECT data::text FROM (SELECT seq, data FROM chorus_events WHERE room_id = %s "
                 "ORDER BY seq DESC LIMIT %s) newest ORDER BY seq",
                 (room_id, max(limit, 0)),
             )
-        return [freeze_event(RoomEvent.model_validate(r[0])) for r in rows]
+        return await _thawed(rows)
+
+    async def list_page(self, room_id: str, after: str | None, limit: int) -> list[RoomEvent]:
+        if after is None:
+            rows = await self._rows(
+                "SELECT data::text FROM chorus_events WHERE room_id = %s ORDER BY seq LIMIT %s",
+                (room_id, max(limit, 0)),
+            )
+        else:
+            rows = await self._rows(
+                "SELECT data::text FROM chorus_events WHERE room_id = %s AND seq > "
+                "(SELECT seq FROM chorus_events WHERE room_id = %s AND id = %s) "
+                "ORDER BY seq LIMIT %s",
+                (room_id, room_id, after, max(limit, 0)),
+            )
+        return await _thawed(rows)
 
     async def list_window(
         self, room_id: str, channel_id: str, limit: int, *, before: str | None = None
@@ -191,25 +218,25 @@ class PostgresStore(RoomStore):
         if before is not None:
             params += (room_id, before)
         rows = await self._rows(
-            "SELECT data FROM (SELECT seq, data FROM chorus_events WHERE room_id = %s "
+            "SELECT data::text FROM (SELECT seq, data FROM chorus_events WHERE room_id = %s "
             f"{cutoff}AND {_IN_WINDOW} ORDER BY seq DESC LIMIT %s) newest ORDER BY seq",
             (*params, channel_id, channel_id, limit),
         )
-        return [freeze_event(RoomEvent.model_validate(r[0])) for r in rows]
+        return await _thawed(rows)
 
     async def list_around(
         self, room_id: str, event_id: str, before: int, after: int
     ) -> list[RoomEvent]:
         rows = await self._rows(
             "WITH turn AS (SELECT seq FROM chorus_events WHERE room_id = %s AND id = %s) "
-            "SELECT data FROM ("
+            "SELECT data::text FROM ("
             "(SELECT seq, data FROM chorus_events WHERE room_id = %s AND seq < (SELECT seq FROM turn) "
             "ORDER BY seq DESC LIMIT %s) UNION ALL "
             "(SELECT seq, data FROM chorus_events WHERE room_id = %s AND seq >= (SELECT seq FROM turn) "
             "ORDER BY seq LIMIT %s)) near ORDER BY seq",
             (room_id, event_id, room_id, max(before, 0), room_id, max(after, 0) + 1),
         )
-        return [freeze_event(RoomEvent.model_validate(r[0])) for r in rows]
+        return await _thawed(rows)
 
     async def upsert_participant(self, room_id: str, participant: Participant) -> None:
         await self._rows(

@@ -143,12 +143,28 @@ class SQLiteStore(RoomStore):
             self._cache.popitem(last=False)
         return event
 
-    def _events(self, room_id: str, rows: list[tuple[Any, ...]]) -> list[RoomEvent]:
-        """Rows of (id, data) as frozen events, parsing only those not remembered."""
-        out: list[RoomEvent] = []
-        for event_id, data in rows:
-            cached = self._cache.get((room_id, event_id))
-            out.append(cached if cached is not None else self._remember(thaw_event(data)))
+    async def _events(
+        self, room_id: str, sql: str, params: tuple[Any, ...] = ()
+    ) -> list[RoomEvent]:
+        """The (id, data) rows `sql` selects as frozen events. The rows are read and parsed on
+        the store's thread (parsing only those not remembered): a room of 200,000 turns costs
+        the event loop a list, not 200,000 parses. Of those parsed, the latest are remembered."""
+        cache = self._cache
+
+        def read() -> tuple[list[RoomEvent], list[StoredEvent]]:
+            out: list[RoomEvent] = []
+            parsed: list[StoredEvent] = []
+            for event_id, data in self._db().execute(sql, params).fetchall():
+                event = cache.get((room_id, event_id))  # one atomic lookup: the loop may write
+                if event is None:
+                    event = thaw_event(data)
+                    parsed.append(event)
+                out.append(event)
+            return out, parsed
+
+        out, parsed = await self._call(read)
+        for event in parsed[-self._cache_size :]:
+            self._remember(event)
         return out
 
     # ----------------------------------------------------------------- rooms
@@ -260,23 +276,36 @@ class SQLiteStore(RoomStore):
         cached = self._cache.get((room_id, event_id))
         if cached is not None:
             return cached
-        rows = await self._rows(
-            "SELECT id, data FROM events WHERE room_id = ? AND id = ?", (room_id, event_id)
+        found = await self._events(
+            room_id, "SELECT id, data FROM events WHERE room_id = ? AND id = ?", (room_id, event_id)
         )
-        return self._events(room_id, rows)[0] if rows else None
+        return found[0] if found else None
 
     async def list_events(self, room_id: str, limit: int | None = None) -> list[RoomEvent]:
         if limit is None:
-            rows = await self._rows(
-                "SELECT id, data FROM events WHERE room_id = ? ORDER BY seq", (room_id,)
+            return await self._events(
+                room_id, "SELECT id, data FROM events WHERE room_id = ? ORDER BY seq", (room_id,)
             )
-        else:
-            rows = await self._rows(
-                "SELECT id, data FROM (SELECT seq, id, data FROM events WHERE room_id = ? "
-                "ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+        return await self._events(
+            room_id,
+            "SELECT id, data FROM (SELECT seq, id, data FROM events WHERE room_id = ? "
+            "ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+            (room_id, max(limit, 0)),
+        )
+
+    async def list_page(self, room_id: str, after: str | None, limit: int) -> list[RoomEvent]:
+        if after is None:
+            return await self._events(
+                room_id,
+                "SELECT id, data FROM events WHERE room_id = ? ORDER BY seq LIMIT ?",
                 (room_id, max(limit, 0)),
             )
-        return self._events(room_id, rows)
+        return await self._events(
+            room_id,
+            "SELECT id, data FROM events WHERE room_id = ? AND seq > "
+            "(SELECT seq FROM events WHERE room_id = ? AND id = ?) ORDER BY seq LIMIT ?",
+            (room_id, room_id, after, max(limit, 0)),
+        )
 
     async def list_window(
         self, room_id: str, channel_id: str, limit: int, *, before: str | None = None
@@ -288,17 +317,18 @@ class SQLiteStore(RoomStore):
         if before is not None:
             cutoff = "AND seq < (SELECT seq FROM events WHERE room_id = ? AND id = ?) "
             params += (room_id, before)
-        rows = await self._rows(
+        return await self._events(
+            room_id,
             "SELECT id, data FROM (SELECT seq, id, data FROM events WHERE room_id = ? "
             f"{cutoff}AND {_IN_WINDOW} ORDER BY seq DESC LIMIT ?) ORDER BY seq",
             (*params, channel_id, channel_id, limit),
         )
-        return self._events(room_id, rows)
 
     async def list_around(
         self, room_id: str, event_id: str, before: int, after: int
     ) -> list[RoomEvent]:
-        rows = await self._rows(
+        return await self._events(
+            room_id,
             "SELECT id, data FROM ("
             "SELECT * FROM (SELECT seq, id, data FROM events WHERE room_id = ? AND seq < "
             "(SELECT seq FROM events WHERE room_id = ? AND id = ?) ORDER BY seq DESC LIMIT ?) "
@@ -308,7 +338,6 @@ class SQLiteStore(RoomStore):
             ") ORDER BY seq",
             (room_id, room_id, event_id, max(before, 0), room_id, room_id, event_id, max(after, 0) + 1),
         )
-        return self._events(room_id, rows)
 
     # ----------------------------------------------------------------- participants, register, memory
 

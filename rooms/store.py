@@ -24,7 +24,7 @@ import bisect
 import copy
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -187,6 +187,25 @@ class RoomStore(ABC):
         """A turn's neighbours: up to `before` events committed before `event_id`, the event
         itself and up to `after` events after it, oldest first. Empty when there is no such event."""
 
+    async def list_page(self, room_id: str, after: str | None, limit: int) -> list[RoomEvent]:
+        """Up to `limit` events committed after the event `after` (from the first when None),
+        oldest first: a reader walks a long room a page at a time (`pages`) instead of holding
+        it whole. This default slices `list_events`; the SQL stores read only the page."""
+        events = await self.list_events(room_id)
+        start = 0
+        if after is not None:
+            start = next((i + 1 for i, e in enumerate(events) if e.id == after), len(events))
+        return events[start : start + max(limit, 0)]
+
+    async def pages(self, room_id: str, size: int = 2000) -> AsyncIterator[list[RoomEvent]]:
+        """The room's committed events, oldest first, `size` at a time."""
+        after: str | None = None
+        while page := await self.list_page(room_id, after, size):
+            yield page
+            if len(page) < size:
+                return
+            after = page[-1].id
+
     @abstractmethod
     async def upsert_participant(self, room_id: str, participant: Participant) -> None: ...
     @abstractmethod
@@ -348,6 +367,13 @@ class InMemoryStore(RoomStore):
         if limit is not None:
             events = events[-limit:] if limit > 0 else []
         return events
+
+    async def list_page(self, room_id: str, after: str | None, limit: int) -> list[RoomEvent]:
+        timeline = self._timelines.get(room_id)
+        if timeline is None:
+            return []
+        start = 0 if after is None else timeline.positions.get(after, len(timeline.events) - 1) + 1
+        return list(timeline.events[start : start + max(limit, 0)])
 
     async def list_window(
         self, room_id: str, channel_id: str, limit: int, *, before: str | None = None

@@ -10,6 +10,7 @@ this app and adds its socket routes after these.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -21,6 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from models import RoomEvent
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.chat import ChatPost, ChatPosted
 from server.ingress.base import WebhookAnswer
@@ -269,9 +271,17 @@ class HttpRoutes:
             authorization: AuthorizationHeader = None,
         ) -> Response:
             self._authorize(token, authorization, room, Grant.FEED)
-            turns = await self._transcript(room)
+            kit = self.rooms.kit
+            if await kit.get_room(room) is None:
+                raise ProblemError(404, "unknown_room", f"no room {room!r}")
+            # the room a page at a time, labelled and formatted off the event loop (issue 25.9)
+            label = await kit.labeller(room)
+            transcript = TranscriptBuilder(label)
+            async for page in kit.store.pages(room):
+                await asyncio.to_thread(transcript.take, page)
+            body = await asyncio.to_thread(format_turns, transcript.turns, format, file_id=room)
             return Response(
-                format_turns(turns, format, file_id=room),
+                body,
                 media_type=_TRANSCRIPT_TYPES[format],
                 headers={"Cache-Control": "no-store"},
             )
@@ -403,35 +413,38 @@ class HttpRoutes:
             status = _TOKEN_STATUS.get(exc.problem, 401)
             raise ProblemError(status, f"token_{exc.problem.value}", str(exc)) from exc
 
-    async def _transcript(self, room: str) -> list[Turn]:
-        """The whole meeting, in commit order, named as the feed named it: the committed voice
-        turns and the people's typed lines (the room's chat, Teams, WhatsApp; not the models'
-        replies), a typed line at the end of the last spoken turn before it."""
-        kit = self.rooms.kit
-        if await kit.get_room(room) is None:
-            raise ProblemError(404, "unknown_room", f"no room {room!r}")
-        turns: list[Turn] = []
-        said_until = 0.0
-        for event in await kit.list_events(room):
+
+class TranscriptBuilder:
+    """The whole meeting, in commit order, named as the feed named it: the committed voice
+    turns and the people's typed lines (the room's chat, Teams, WhatsApp; not the models'
+    replies), a typed line at the end of the last spoken turn before it. Fed a page of events
+    at a time (`take`, on a worker thread: it reads only what it was given)."""
+
+    def __init__(self, label: Callable[[RoomEvent], str]) -> None:
+        self.label = label
+        self.turns: list[Turn] = []
+        self._said_until = 0.0
+
+    def take(self, events: list[RoomEvent]) -> None:
+        for event in events:
             meta = event.metadata
             if event.kind != "message" or event.source.channel_type in _REPLIES:
                 continue
             if meta.get("source") != "voice":
-                speaker = await kit.label_for(room, event)
-                turns.append(Turn(speaker=speaker, text=event.text, start=said_until,
-                                  end=said_until, typed=True))
+                at = self._said_until
+                self.turns.append(
+                    Turn(speaker=self.label(event), text=event.text, start=at, end=at, typed=True)
+                )
                 continue
-            speaker = meta.get("sender_name") or await kit.label_for(room, event)
             turn = Turn(
-                speaker=str(speaker),
+                speaker=str(meta.get("sender_name") or self.label(event)),
                 text=event.text,
                 start=float(meta.get("start", 0.0)),
                 end=float(meta.get("end", 0.0)),
                 label=meta.get("speaker_label"),
             )
-            said_until = turn.end
-            turns.append(turn)
-        return turns
+            self._said_until = turn.end
+            self.turns.append(turn)
 
 
 async def _websocket_only() -> Response:

@@ -83,6 +83,23 @@ async def test_list_around_gives_a_turns_neighbours(new_store: StoreFactory) -> 
     assert await store.list_around("r", "nope", 2, 2) == []
 
 
+async def test_list_page_walks_the_room_a_page_at_a_time(new_store: StoreFactory) -> None:
+    """Issue 25.9: a reader of a long room walks it in pages instead of holding it whole."""
+    store, events = await filled(new_store, 23)
+    first = await store.list_page("r", None, 10)
+    assert [e.id for e in first] == [e.id for e in events[:10]]
+    assert [e.id for e in await store.list_page("r", events[9].id, 10)] == [
+        e.id for e in events[10:20]
+    ]
+    assert await store.list_page("r", events[22].id, 10) == []
+    assert await store.list_page("r", "no-such-event", 10) == []
+    assert await store.list_page("elsewhere", None, 10) == []
+    for size in (1, 7, 23, 50):
+        pages = [page async for page in store.pages("r", size)]
+        assert all(len(p) <= size for p in pages)
+        assert [e.id for p in pages for e in p] == [e.id for e in events]
+
+
 async def test_stored_events_are_shared_values_no_caller_can_change(new_store: StoreFactory) -> None:
     store, events = await filled(new_store, 8)
     composite = RoomEvent(
