@@ -231,7 +231,7 @@ class RealtimeChannel(Channel):
         register = await ctx.kit.get_register(ctx.room_id) or Register.new()
         line = state.labels.render(event, participants, register)
         label, text = line.label, line.text
-        item = ContextItem("user", text)
+        item = ContextItem("user", text, carries_note=line.carries_note)
         voice = VoiceTurn.of(event) if self.audio_mode else None
         pcm = None if voice is None else self._turn_audio(event, voice, ctx, state)
         # an unlabelled audio turn goes as its audio alone: the model's words for it are its own
@@ -268,7 +268,7 @@ class RealtimeChannel(Channel):
         state.lines.append(note)
         state.session.post_item(ContextItem("system", note))
         self._remember(state, event.id, line)
-        state.session.post_item(ContextItem("user", line.text))
+        state.session.post_item(ContextItem("user", line.text, carries_note=line.carries_note))
 
     @staticmethod
     def _remember(

@@ -9,6 +9,12 @@ read replies. `RealtimeSession` owns everything that must be right for every pro
   session reconnects (with backoff), sends the configuration again, replays the history (the note
   and every line the model had, in order), re-asks for a response that was in flight, then carries
   on with what arrived meanwhile. Each line reaches the new connection exactly once.
+- **a bounded history (issue 25.8)**: the history kept for that replay is the newest items within
+  `history_items` items and `history_chars` characters (`HISTORY_ITEMS`, `HISTORY_CHARS`); older
+  ones are dropped, oldest first, so a chat flood cannot grow a room's memory without end. Items
+  are kept as they were sent (labelled lines stay labelled); the note (G3) is never lost with the
+  line that carried it: it moves to the oldest user line still kept (or, when none is, to the
+  next one kept), so a replay after a reconnect still opens its labelled lines with the note.
 - **one response at a time (R4)**: a response is requested only when none is in flight; a request
   made while one is in flight is held (coalesced) and sent when the active one is done, so the
   service never answers `conversation_already_has_active_response`.
@@ -38,6 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from attribution import NOTE
 from rooms.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -85,6 +92,15 @@ class ContextItem:
 
     role: ItemRole
     text: str
+    carries_note: bool = False
+    """`text` ends with the attribution note (the session's first labelled line, G3): the session
+    keeps the note for its replay when it drops this item (`RealtimeSession.history`)."""
+
+    def with_note(self) -> ContextItem:
+        """This item carrying the note (a line standing in for one that carried it keeps it)."""
+        if self.carries_note:
+            return self
+        return ContextItem(self.role, f"{self.text}\n\n{NOTE}", carries_note=True)
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,13 @@ class SentEvent:
 RECORD_LIMIT = 1000
 """Client events a session keeps in `sent` by default (the newest)."""
 
+HISTORY_ITEMS = 1000
+"""Items a session keeps in `history` (what a reconnect replays) by default: the newest."""
+
+HISTORY_CHARS = 100_000
+"""Characters (the items' texts together) a session keeps in `history` by default: about 25,000
+tokens at the usual four characters a token. A single item longer than this is not kept."""
+
 _PAYLOAD_KEYS = ("audio", "data")
 
 
@@ -230,9 +253,13 @@ class RealtimeSession(ABC):
         backoff: Backoff | None = None,
         record_limit: int = RECORD_LIMIT,
         record_audio: bool = False,
+        history_items: int = HISTORY_ITEMS,
+        history_chars: int = HISTORY_CHARS,
     ) -> None:
         if record_limit < 0:
             raise ValueError("record_limit must be 0 (record nothing) or more")
+        if history_items < 1 or history_chars < 1:
+            raise ValueError("history_items and history_chars must be at least 1")
         self.options = options or SessionOptions()
         self.reconnect_forever = reconnect_forever
         """After one successful connection, keep reconnecting (capped backoff) instead of giving
@@ -249,7 +276,15 @@ class RealtimeSession(ABC):
         self.sent: deque[SentEvent] = deque(maxlen=record_limit)
         """The last `record_limit` client events, as sent (payloads only with `record_audio`)."""
         self.record_audio = record_audio
-        self.history: list[ContextItem] = []
+        self.history: deque[ContextItem] = deque()
+        """What a reconnect replays: the newest items sent (and the model's replies), oldest
+        first, within `history_items` items and `history_chars` characters."""
+        self.history_items = history_items
+        self.history_chars = history_chars
+        self.history_dropped = 0
+        """Items dropped from `history` so far (the oldest), to keep it within its bounds."""
+        self._history_size = 0  # characters in `history`
+        self._note_owed = False  # the note's line was dropped and no later user line is kept
         self.connection_index = -1
         self.failed: BaseException | None = None
         self._listeners: list[Listener] = []
@@ -498,7 +533,7 @@ class RealtimeSession(ABC):
         if op.kind == "item":
             assert op.item is not None
             await self._send_item(op.item)
-            self.history.append(op.item)
+            self._keep(op.item)
         elif op.kind == "audio_turn":
             if op.audio:
                 await self._send_audio(op.audio)
@@ -506,7 +541,7 @@ class RealtimeSession(ABC):
             if op.item is not None:
                 if op.send_item:
                     await self._send_item(op.item)
-                self.history.append(op.item)
+                self._keep(op.item)
         elif op.kind == "response":
             if self._in_flight and not self._response_written:  # a reconnect may have re-sent it
                 await self._send_response_create()
@@ -517,6 +552,41 @@ class RealtimeSession(ABC):
         elif op.kind == "abandon":
             await self._abandon_response(op.response_id)
         # "reconnect": _ensure_connected already did the work
+
+    def _keep(self, item: ContextItem) -> None:
+        """Add `item` to the history, then drop the oldest items until it is within its bounds.
+
+        When the line that carried the note goes, the oldest user line kept takes the note (every
+        user line after it is labelled, G3); with none kept, the next user line kept takes it."""
+        if self._note_owed and item.role == "user":
+            item = item.with_note()
+            self._note_owed = False
+        self.history.append(item)
+        self._history_size += len(item.text)
+        while self.history and (
+            len(self.history) > self.history_items or self._history_size > self.history_chars
+        ):
+            dropped = self.history.popleft()
+            self._history_size -= len(dropped.text)
+            if self.history_dropped == 0:
+                log.info(
+                    "%s: session history passed its bound (%d items, %d characters); the oldest "
+                    "items are no longer replayed after a reconnect",
+                    self.provider,
+                    self.history_items,
+                    self.history_chars,
+                )
+            self.history_dropped += 1
+            if dropped.carries_note:
+                self._pass_note()
+
+    def _pass_note(self) -> None:
+        for index, kept in enumerate(self.history):
+            if kept.role == "user":
+                self.history[index] = kept.with_note()
+                self._history_size += len(self.history[index].text) - len(kept.text)
+                return
+        self._note_owed = True
 
     async def _ensure_connected(self) -> None:
         if self._connected:
@@ -535,7 +605,7 @@ class RealtimeSession(ABC):
             try:
                 await self._connect()
                 await self._send_configure()
-                for item in self.history:
+                for item in list(self.history):
                     await self._send_item(item)
                 if self._response_written:  # the reply it asked for was lost with the line
                     await self._send_response_create()
@@ -631,7 +701,7 @@ class RealtimeSession(ABC):
                 return
             self._finish_request()
             if event.transcript:
-                self.history.append(ContextItem("assistant", event.transcript))
+                self._keep(ContextItem("assistant", event.transcript))
             await self._emit(event)
             self._send_held_request()
             return
