@@ -15,3 +15,7 @@ class InboundMessage(BaseModel):
     content: Content
     metadata: dict[str, Any] = Field(default_factory=dict)
     room_id: str | None = None
+    event_id: str | None = None
+    """The id the committed event gets, for a transport whose messages carry ids of their own (a
+    provider's message id, digested): a message whose event id its room already holds is not
+    committed again (`InboundResult.duplicate`), so a retried delivery is taken once."""

@@ -71,6 +71,12 @@ class InboundResult:
     event: RoomEvent | None
     blocked: bool = False
     reason: str | None = None
+    duplicate: bool = False
+    """The message named an `event_id` the room already holds: nothing was committed."""
+
+
+class _AlreadyCommitted(Exception):
+    """Raised under the room lock when an inbound message's event id is already in the room."""
 
 
 DELIVERY_QUEUE_LIMIT = 256
@@ -300,10 +306,13 @@ class RoomKit:
     # ----------------------------------------------------------------- events
 
     async def process_inbound(self, message: InboundMessage) -> InboundResult:
-        """Route a transport's message to its room and commit it."""
+        """Route a transport's message to its room and commit it. A message with an `event_id`
+        its room already holds is not committed again (`duplicate`): checked under the room lock,
+        before any hook, so concurrent copies commit once."""
         channel = self.get_channel(message.channel_id)
         room_id = await self._route(message)
         event = RoomEvent(
+            **({"id": message.event_id} if message.event_id is not None else {}),
             room_id=room_id,
             source=EventSource(
                 channel_id=message.channel_id,
@@ -313,7 +322,12 @@ class RoomKit:
             content=message.content,
             metadata=dict(message.metadata),
         )
-        committed, reason = await self._commit(event, settle=True)
+        try:
+            committed, reason = await self._commit(
+                event, settle=True, once=message.event_id is not None
+            )
+        except _AlreadyCommitted:
+            return InboundResult(room_id=room_id, event=None, reason="already committed", duplicate=True)
         return InboundResult(room_id=room_id, event=committed, blocked=committed is None, reason=reason)
 
     async def _route(self, message: InboundMessage) -> str:
@@ -451,11 +465,13 @@ class RoomKit:
         return rebuild_register(timeline, await self.store.get_participants(room_id))
 
     async def _commit(
-        self, event: RoomEvent, *, settle: bool = False
+        self, event: RoomEvent, *, settle: bool = False, once: bool = False
     ) -> tuple[RoomEvent | None, str | None]:
         room_id = event.room_id
         ctx = HookContext(room_id, event.source.channel_id, self, event.source.participant_id)
         async with self.locks.lock(room_id):
+            if once and await self.store.get_event(room_id, event.id) is not None:
+                raise _AlreadyCommitted(event.id)
             result: HookResult[RoomEvent] = await self.hooks.run_chain(
                 HookTrigger.BEFORE_BROADCAST, event, ctx
             )

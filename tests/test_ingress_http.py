@@ -5,6 +5,7 @@ the Bot Framework connector token fetched by the client-credentials grant)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -151,6 +152,27 @@ async def test_whatsapp_webhook_over_http_checks_the_signature(served: Served) -
     transcript = await served.http.get(f"/v1/rooms/{room}/transcript?token={token}")
     assert [(t["speaker"], t["kind"]) for t in transcript.json()] == [
         ("Alice", "typed"), ("Bob", "typed")]
+
+
+async def test_whatsapp_webhook_retries_over_http_are_200_and_commit_once(served: Served) -> None:
+    """Issue 25.10: five copies of one signed body (two posted at once) through `chorus serve`:
+    each is answered 200, the room holds its two messages once, the model is asked twice."""
+    body = (DATA / "whatsapp_group_messages.json").read_bytes()
+    signed = {"X-Hub-Signature-256": signature_of(SECRET, body)}
+
+    async def post() -> tuple[int, Any]:
+        answer = await served.http.post("/v1/webhooks/whatsapp", content=body, headers=signed)
+        return answer.status_code, answer.json()
+
+    answers = [await post(), await post(), *await asyncio.gather(post(), post(), post())]
+    assert answers == [(200, {"accepted": 2}), *[(200, {"accepted": 0})] * 4]
+    await eventually(lambda: len(served.provider.received) >= 2, 60, "two replies to the group")
+    [room] = [r for r in served.server.server.rooms.rooms if r.startswith("whatsapp-")]
+    events = await served.server.server.rooms.kit.list_events(room)
+    assert [e.text for e in events] == [
+        "Tuesday works for me.", "Noted.", "Alice: I would rather ship Thursday.", "Noted."
+    ]
+    assert len(served.model.requests) == 2 and len(served.provider.received) == 2
 
 
 async def test_whatsapp_subscription_handshake_over_http(served: Served) -> None:

@@ -4,6 +4,7 @@ Bot Framework connector API to a local server speaking it; bad tokens and bodies
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -222,3 +223,50 @@ async def test_ingress_teams_without_a_validator_must_be_declared() -> None:
     with pytest.raises(ValueError, match="trust_gateway"):
         TeamsWebhook(ingress, None)
     TeamsWebhook(ingress, None, trust_gateway=True)
+
+
+# --------------------------------------------------------------------------- retries (issue 25.10)
+
+
+async def test_ingress_teams_a_retried_activity_is_committed_once(room: TeamsRoom) -> None:
+    """Issue 25.10: five copies of one activity were five turns and five replies. Bot Framework
+    retries until it gets a 2xx: every copy is answered 200, the activity id commits once."""
+    answers = [await room.post(room.activity()) for _ in range(5)]
+    room_id = answers[0].events[0].room_id
+    assert [e.text for e in await room.kit.list_events(room_id)] == [
+        "Tuesday works for me.", "On it."
+    ]
+    assert len(room.ai.calls) == 1 and len(room.provider.received) == 1
+    assert [(a.status, a.body, a.duplicates) for a in answers] == [
+        (200, {"accepted": 1}, 0), *[(200, {"accepted": 0}, 1)] * 4
+    ]
+    assert len((await room.post(bob(room, "Tuesday works for me."))).events) == 1  # another id
+
+
+async def test_ingress_teams_copies_posted_at_once_commit_once(room: TeamsRoom) -> None:
+    activities = [room.activity(), bob(room, "Thursday, then.")] * 4
+    answers = await asyncio.gather(*(room.post(a) for a in activities))
+    assert all(a.status == 200 for a in answers)
+    assert sum(len(a.events) for a in answers) == 2 and sum(a.duplicates for a in answers) == 6
+    room_id = next(a for a in answers if a.events).events[0].room_id
+    people = [e for e in await room.kit.list_events(room_id) if e.source.channel_type == "chat"]
+    assert sorted(e.metadata["teams_activity_id"] for e in people) == [
+        "1734000000001", "1734000000002"
+    ]
+    assert len(room.ai.calls) == 2 and len(room.provider.received) == 2
+
+
+async def test_ingress_teams_a_retried_reaction_activity_is_committed_once(room: TeamsRoom) -> None:
+    reaction = json.loads((DATA / "teams_reaction.json").read_text())
+    reaction["serviceUrl"] = room.provider.url
+    reaction["reactionsAdded"] = [{"type": "like"}, {"type": "heart"}]
+    answers = [await room.post(reaction) for _ in range(3)]
+    assert [(len(a.events), a.duplicates) for a in answers] == [(2, 0), (0, 2), (0, 2)]
+    assert [e.text for e in answers[0].events] == ["(reaction: like)", "(reaction: heart)"]
+
+
+async def test_ingress_teams_an_activity_without_an_id_is_taken_each_time(room: TeamsRoom) -> None:
+    activity = room.activity()
+    del activity["id"]
+    answers = [await room.post(activity) for _ in range(2)]
+    assert [(len(a.events), a.duplicates) for a in answers] == [(1, 0), (1, 0)]

@@ -4,6 +4,7 @@ a local server speaking it; a bad `X-Hub-Signature-256` or body changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from attribution import NOTE
-from rooms import AIChannel, MockAIProvider, RoomKit
+from rooms import AIChannel, MockAIProvider, RoomKit, RoomStore, SQLiteStore
 from server.ingress import CloudApiClient, Ingress, WebhookAnswer, WhatsAppWebhook
 from server.ingress.testing import LocalProviderServer
 from server.ingress.whatsapp import signature_of
@@ -47,8 +48,10 @@ def fixture(name: str) -> bytes:
     return (DATA / name).read_bytes()
 
 
-async def make_room(provider: LocalProviderServer) -> tuple[WhatsAppRoom, CloudApiClient]:
-    kit = RoomKit()
+async def make_room(
+    provider: LocalProviderServer, store: RoomStore | None = None
+) -> tuple[WhatsAppRoom, CloudApiClient]:
+    kit = RoomKit(store=store)
     ai = MockAIProvider(["Noted."])
     kit.register_channel(AIChannel("ai1", ai))
 
@@ -205,3 +208,102 @@ async def test_ingress_whatsapp_a_failing_reply_api_loses_nothing_in_the_room() 
             await made.ingress.close()
             await client.close()
             await made.kit.close()
+
+
+# --------------------------------------------------------------------------- retries (issue 25.10)
+
+
+def with_ids(body: bytes, suffix: str) -> bytes:
+    """The same webhook with every message id changed: other messages, same text."""
+    webhook = json.loads(body)
+    for message in webhook["entry"][0]["changes"][0]["value"]["messages"]:
+        message["id"] += suffix
+    return json.dumps(webhook).encode()
+
+
+async def test_ingress_whatsapp_a_retried_webhook_is_committed_once(room: WhatsAppRoom) -> None:
+    """Issue 25.10: five copies of one signed body gave 10 turns and 10 replies. Meta retries
+    until it gets a 200, so each copy is answered 200 and only the first commits its messages."""
+    body = fixture("whatsapp_group_messages.json")
+    answers = [await room.post(body) for _ in range(5)]
+    room_id = answers[0].events[0].room_id
+    assert [e.text for e in await room.kit.list_events(room_id)] == [
+        "Tuesday works for me.", "Noted.", "Alice: I would rather ship Thursday.", "Noted."
+    ]
+    assert len(room.ai.calls) == 2 and len(room.provider.received) == 2
+    assert [(a.status, a.body, a.duplicates) for a in answers] == [
+        (200, {"accepted": 2}, 0), *[(200, {"accepted": 0}, 2)] * 4
+    ]
+    # other messages (other ids) with the same text still each commit
+    again = await room.post(with_ids(body, "-2"))
+    assert (len(again.events), again.duplicates, len(room.ai.calls)) == (2, 0, 4)
+
+
+async def test_ingress_whatsapp_copies_posted_at_once_commit_once(room: WhatsAppRoom) -> None:
+    body = fixture("whatsapp_group_messages.json")
+    other = with_ids(body, "-other")
+    answers = await asyncio.gather(*(room.post(b) for b in [body, other] * 4))
+    assert all(a.status == 200 for a in answers)
+    assert sum(len(a.events) for a in answers) == 4  # two messages of each body, once
+    assert sum(a.duplicates for a in answers) == 12
+    events = await room.kit.list_events(next(a for a in answers if a.events).events[0].room_id)
+    people = [e for e in events if e.source.channel_type == "chat"]
+    assert len(people) == 4 and len({e.metadata["whatsapp_message_id"] for e in people}) == 4
+    assert len(room.ai.calls) == 4 and len(room.provider.received) == 4
+
+
+async def test_ingress_whatsapp_a_retried_reaction_is_committed_once(room: WhatsAppRoom) -> None:
+    webhook = json.loads(fixture("whatsapp_text.json"))
+    webhook["entry"][0]["changes"][0]["value"]["messages"] = [
+        {
+            "from": "16505550000",
+            "id": "wamid.reaction",
+            "timestamp": "1764537150",
+            "type": "reaction",
+            "reaction": {"message_id": "wamid.original", "emoji": "\U0001f44d"},
+        }
+    ]
+    body = json.dumps(webhook).encode()
+    answers = [await room.post(body) for _ in range(3)]
+    assert [(len(a.events), a.duplicates) for a in answers] == [(1, 0), (0, 1), (0, 1)]
+    assert len(room.ai.calls) == 1
+
+
+async def test_ingress_whatsapp_the_same_message_id_in_another_conversation_commits(
+    room: WhatsAppRoom,
+) -> None:
+    body = fixture("whatsapp_group_messages.json")
+    first = await room.post(body)
+    other_group = body.replace(b"120363025246125486", b"120363025246125999")
+    second = await room.post(other_group)
+    assert (len(first.events), len(second.events), second.duplicates) == (2, 2, 0)
+    assert first.events[0].room_id != second.events[0].room_id
+
+
+async def test_ingress_whatsapp_a_retry_after_a_restart_is_not_committed_again(
+    tmp_path: Path,
+) -> None:
+    """The dedupe reads the room's store: a server restarted on the same SQLite file does not
+    commit a retry of a message it committed before it stopped."""
+    body = fixture("whatsapp_group_messages.json")
+    async with LocalProviderServer() as provider:
+        answers: list[WebhookAnswer] = []
+        models: list[MockAIProvider] = []
+        for _ in range(2):  # the server, then the server restarted
+            store = await SQLiteStore.open(tmp_path / "chorus.db")
+            made, client = await make_room(provider, store)
+            try:
+                answers.append(await made.post(body))
+                models.append(made.ai)
+                room_id = next(a for a in answers if a.events).events[0].room_id
+                texts = [e.text for e in await made.kit.list_events(room_id)]
+            finally:
+                await made.ingress.close()
+                await client.close()
+                await made.kit.close()
+                await store.close()
+        assert texts == [
+            "Tuesday works for me.", "Noted.", "Alice: I would rather ship Thursday.", "Noted."
+        ]
+        assert [(len(a.events), a.duplicates) for a in answers] == [(2, 0), (0, 2)]
+        assert [len(m.calls) for m in models] == [2, 0] and len(provider.received) == 2

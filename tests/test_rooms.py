@@ -157,6 +157,38 @@ async def test_concurrent_messages_are_delivered_in_commit_order(new_kit: KitFac
     assert sorted(committed, key=int) == [str(i) for i in range(20)]
 
 
+async def test_an_inbound_event_id_the_room_holds_is_not_committed_again(new_kit: KitFactory) -> None:
+    """Issue 25.10: a transport's retried message (same `event_id`) commits once, copies posted
+    at the same time included; the check runs under the room lock before any hook, so a
+    duplicate reaches no channel, no hook and no model."""
+    kit = await new_kit()
+    kit.register_channel(TextChannel("web"))
+    kit.register_channel(AIChannel("ai", provider=MockAIProvider(["Hi there."])))
+    await kit.create_room(room_id="r")
+    await kit.attach_channel("r", "ai")
+    hooked: list[str] = []
+
+    @kit.hook(HookTrigger.BEFORE_BROADCAST)
+    def count(event: RoomEvent, ctx: HookContext) -> HookResult[RoomEvent]:
+        hooked.append(event.id)
+        return HookResult.allow()
+
+    results = await asyncio.gather(
+        *(kit.process_inbound(text("web", "u", "hello", room_id="r", event_id="m1")) for _ in range(5))
+    )
+    assert [r.duplicate for r in results].count(False) == 1
+    [first] = [r for r in results if not r.duplicate]
+    assert first.event is not None and first.event.id == "m1"
+    assert all(r.event is None and not r.blocked and r.room_id == "r" for r in results if r.duplicate)
+    other = await kit.process_inbound(text("web", "u", "hello", room_id="r", event_id="m2"))
+    assert other.event is not None and not other.duplicate
+    events = await kit.list_events("r")
+    assert [(e.source.channel_id, e.text) for e in events] == [
+        ("web", "hello"), ("ai", "Hi there."), ("web", "hello"), ("ai", "Hi there.")
+    ]
+    assert hooked.count("m1") == 1
+
+
 async def test_visibility_limits_delivery(new_kit: KitFactory) -> None:
     kit = await new_kit()
     kit.register_channel(TextChannel("web"))

@@ -8,6 +8,7 @@ replace with a local server speaking the same API). The HTTP routes only call
 """
 
 from server.ingress.base import (
+    Accepted,
     Conversation,
     ConversationChannel,
     InboundItem,
@@ -20,6 +21,7 @@ from server.ingress.teams import BotFrameworkClient, BotFrameworkTokenValidator,
 from server.ingress.whatsapp import CloudApiClient, WhatsAppWebhook
 
 __all__ = [
+    "Accepted",
     "BotFrameworkClient",
     "BotFrameworkTokenValidator",
     "CloudApiClient",

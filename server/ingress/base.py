@@ -10,6 +10,13 @@ names them (B1), so the attribution engine labels it `Alice: "…"` like any oth
 Webhook handlers are plain async functions over (headers, raw body) returning a
 `WebhookAnswer`: bad signatures and malformed bodies are refused with a 4xx before anything in
 any room changes, so an HTTP framework only has to route to them.
+
+Providers retry a webhook until they get a 2xx (and a replayed signed body verifies again), so a
+message is committed once: an item with the provider's message id (`InboundItem.message_id`)
+becomes the event whose id is a digest of (provider, conversation, message id), and the kit does
+not commit an event id its room already holds (checked in the store under the room lock: after a
+restart, across processes sharing a Postgres store, and for copies that arrive together). A
+duplicate is answered 200 like any other, with nothing committed, no reply and no model call.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class WebhookAnswer:
     body: dict[str, Any]
     events: tuple[RoomEvent, ...] = ()
     """The room events the call committed (none when it was refused)."""
+    duplicates: int = 0
+    """Messages of the call their room already held (a provider's retry): not committed again."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,27 @@ class InboundItem:
     sender_name: str | None
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    message_id: str | None = None
+    """The provider's id of this message in its conversation, the same in every retry of it (the
+    dedupe key); `None` commits it every time it arrives."""
+
+    def event_id(self) -> str | None:
+        """The id its room event gets: a digest of (provider, conversation, message id)."""
+        if self.message_id is None:
+            return None
+        conversation = self.conversation
+        key = f"{conversation.provider}\x00{conversation.conversation_id}\x00{self.message_id}"
+        return f"{conversation.provider}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What `Ingress.accept` did with a call's items."""
+
+    events: list[RoomEvent] = field(default_factory=list)
+    """The events committed, in order."""
+    duplicates: int = 0
+    """Items whose message their room already held: not committed again."""
 
 
 class ReplyClient(Protocol):
@@ -193,9 +223,11 @@ class Ingress:
                 await self.kit.attach_channel(room_id, channel.channel_id, group=conversation.group)
             return channel, room_id
 
-    async def accept(self, items: list[InboundItem]) -> list[RoomEvent]:
-        """Commit parsed messages to their rooms, in order; the committed events."""
+    async def accept(self, items: list[InboundItem]) -> Accepted:
+        """Commit parsed messages to their rooms, in order; a message its room already holds
+        (same provider, conversation and message id) is skipped and counted."""
         committed: list[RoomEvent] = []
+        duplicates = 0
         for item in items:
             channel, room_id = await self.channel_for(item.conversation)
             metadata = {**item.metadata, "ingress": self.provider}
@@ -209,11 +241,18 @@ class Ingress:
                     metadata=metadata,
                     # a group chat routes through its group binding; a one-to-one chat names it
                     room_id=None if item.conversation.group else room_id,
+                    event_id=item.event_id(),
                 )
             )
+            if result.duplicate:
+                duplicates += 1
+                log.info(
+                    "%s message %r in room %s was already committed: not again",
+                    self.provider, item.message_id, result.room_id,
+                )
             if result.event is not None:
                 committed.append(result.event)
-        return committed
+        return Accepted(committed, duplicates)
 
     async def wait_sent(self) -> None:
         """Wait until every agent reply so far was handed to the provider."""

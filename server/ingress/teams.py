@@ -8,6 +8,8 @@ conversation is `conversation.id`, a group when `conversationType` is `channel` 
 (or `isGroup`). Mentions of the bot (`<at>Bot</at>`, listed in `entities`) are stripped from the
 text; mentions of people read as their name. `messageReaction` activities become reaction turns
 (`(reaction: like)`, `metadata["reaction"]`). Other activity types are accepted and ignored.
+The activity `id` is the dedupe key (Bot Framework retries a delivery that got no 2xx); an
+activity without one is taken every time it comes.
 
 Replies go through `BotFrameworkClient`: `POST {serviceUrl}/v3/conversations/{id}/activities`
 with the bot's bearer token (a `TokenProvider`; Entra client-credentials in production).
@@ -157,18 +159,27 @@ def activity_items(activity: Activity) -> list[InboundItem]:
         text = _strip_mentions(activity)
         if not text:
             return []
-        return [InboundItem(conversation, sender_id, sender.name, text, metadata)]
+        return [InboundItem(conversation, sender_id, sender.name, text, metadata, activity.id)]
     if activity.type == "messageReaction":
         items = []
-        for reaction, verb in (
-            *((r, "reaction") for r in activity.reactions_added),
-            *((r, "reaction removed") for r in activity.reactions_removed),
+        for n, (reaction, verb) in enumerate(
+            (
+                *((r, "reaction") for r in activity.reactions_added),
+                *((r, "reaction removed") for r in activity.reactions_removed),
+            )
         ):
             meta = {**metadata, "reaction": reaction.type, "reaction_to": activity.reply_to_id}
             if verb != "reaction":
                 meta["reaction_removed"] = True
             items.append(
-                InboundItem(conversation, sender_id, sender.name, f"({verb}: {reaction.type})", meta)
+                InboundItem(
+                    conversation,
+                    sender_id,
+                    sender.name,
+                    f"({verb}: {reaction.type})",
+                    meta,
+                    None if activity.id is None else f"{activity.id}#{n}",  # one activity, n turns
+                )
             )
         return items
     return []
@@ -351,5 +362,7 @@ class TeamsWebhook:
             items = activity_items(activity)
         except IngressError as exc:
             return WebhookAnswer(exc.status, {"error": exc.message})
-        events = await self.ingress.accept(items)
-        return WebhookAnswer(200, {"accepted": len(events)}, tuple(events))
+        accepted = await self.ingress.accept(items)
+        return WebhookAnswer(
+            200, {"accepted": len(accepted.events)}, tuple(accepted.events), accepted.duplicates
+        )

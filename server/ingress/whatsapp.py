@@ -6,7 +6,8 @@ message sent in a group carries `group_id`). The sender's profile name becomes `
 the sender's id is their WhatsApp id (`from`), which never reaches a model (a turn without a
 name reads as its channel, C4). A group is one conversation (a group binding); a one-to-one chat
 is the conversation of the business number with that person. Reactions become reaction turns
-(`(reaction: 👍)`); status callbacks (sent/delivered/read) are accepted and ignored.
+(`(reaction: 👍)`); status callbacks (sent/delivered/read) are accepted and ignored. Each message's
+`id` (the wamid) is its dedupe key: Meta retries a webhook until it gets a 200.
 
 Every call is signed: `X-Hub-Signature-256: sha256=<HMAC-SHA256 of the raw body with the app
 secret>`. The signature is checked over the raw bytes before anything is parsed; a missing or
@@ -205,7 +206,14 @@ def webhook_items(webhook: Webhook) -> list[InboundItem]:
                     metadata["reaction"] = message.reaction.emoji
                     metadata["reaction_to"] = message.reaction.message_id
                 items.append(
-                    InboundItem(conversation, message.from_, names.get(message.from_), text, metadata)
+                    InboundItem(
+                        conversation,
+                        message.from_,
+                        names.get(message.from_),
+                        text,
+                        metadata,
+                        message_id=message.id,  # a reaction has its own id, like any message
+                    )
                 )
     return items
 
@@ -268,8 +276,10 @@ class WhatsAppWebhook:
             items = webhook_items(parse_webhook(body))
         except IngressError as exc:
             return WebhookAnswer(exc.status, {"error": exc.message})
-        events = await self.ingress.accept(items)
-        return WebhookAnswer(200, {"accepted": len(events)}, tuple(events))
+        accepted = await self.ingress.accept(items)
+        return WebhookAnswer(
+            200, {"accepted": len(accepted.events)}, tuple(accepted.events), accepted.duplicates
+        )
 
     def handshake(self, query: Mapping[str, str]) -> tuple[int, str]:
         """`GET /v1/webhooks/whatsapp`: (status, text to answer)."""
