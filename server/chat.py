@@ -8,7 +8,12 @@ of the room's `chat` channel. From there the room does the rest: the realtime se
 chat model (`[chat]` in the config) read typed and spoken turns as one labelled conversation in
 commit order, and the feed shows the message (`type: "message"`) between the turns around it.
 
-A token that names a participant (`sub`) may type only as that participant.
+Typed identity comes from the token, never from the body (issue 25.3). A token that names a
+participant (`sub`) types only as exactly that participant (the body must name it). A token
+without `sub` types in the chat-only id space: the body's `participant` is recorded as
+`chat:<participant>` (`typist_id`), and no stream or phone leg may declare an id there
+(`framing.check_stream_participant`), so a typed message can never reuse, name itself after or
+rename a voice participant's record; a typed name that reads like theirs is ranked apart (D2).
 """
 
 from __future__ import annotations
@@ -19,9 +24,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from models import RoomEvent
 from rooms import Channel, RoomContext
+from server.auth import RoomGrant
 from server.protocol import PARTICIPANT_ID
 
 CHAT_CHANNEL_ID = "chat"
+CHAT_ONLY_PREFIX = "chat:"
+"""The chat-only id space: what a token without `sub` types as (`chat:<body participant>`)."""
+
+
+def typist_id(grant: RoomGrant, participant: str) -> str:
+    """The participant record a post types under: the token's `sub` (the caller has checked
+    that the body names it), or for a token without one the body's id in the chat-only space."""
+    if grant.participant is not None:
+        return grant.participant
+    return CHAT_ONLY_PREFIX + participant
 
 
 class ChatInput(Channel):
@@ -42,7 +58,11 @@ class ChatPost(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    participant: str = Field(pattern=PARTICIPANT_ID, description="who types (a participant id)")
+    participant: str = Field(
+        pattern=PARTICIPANT_ID,
+        description="who types: with a token naming a participant (`sub`), exactly that id; "
+        "without one, an id in the chat-only space (recorded as `chat:<participant>`)",
+    )
     name: str | None = Field(
         default=None, min_length=1, max_length=80, description="their name, if the room has none"
     )

@@ -2,7 +2,8 @@
 
 Owns one feed consumer's socket once the server has checked its token and subscribed it: every
 message the room publishes goes out in order; `rename` requests and typed `message` requests
-(the token's `chat` grant, and its participant if it names one) come in and go to the room.
+(the token's `chat` grant, and its participant if it names one; typed as `server.chat.typist_id`
+says) come in and go to the room.
 The feed ends when the consumer falls behind (`CloseCode.FEED_TOO_SLOW`: the room never waits
 for it) or when the server drains: once the streams have flushed their last turns, it sends what
 it still holds and the server closes it with 4503.
@@ -15,6 +16,7 @@ import asyncio
 from pydantic import ValidationError
 
 from server.auth import Grant, RoomGrant, TokenProblem
+from server.chat import typist_id
 from server.feed import FeedConsumer
 from server.framing import Refusal, check_participant
 from server.live import LiveRooms
@@ -81,6 +83,8 @@ async def _take(request: FeedRequest, rooms: LiveRooms, room: str, grant: RoomGr
                 f"token_{TokenProblem.NOT_GRANTED.value}",
             )
         check_participant(grant, request.participant)
-        await rooms.post_message(room, request.participant, request.name, request.text)
+        await rooms.post_message(
+            room, typist_id(grant, request.participant), request.name, request.text
+        )
     else:
         rooms.rename(room, request.label, request.name, request.stream)

@@ -20,7 +20,8 @@ connection arriving meanwhile either keeps the room or takes it up afresh.
 
 Typed messages (`post_message`, from `POST /v1/rooms/{room}/messages` or the feed) enter through
 the `ChatInput` channel attached to every room and are published to the feed as `message`s in
-commit order with the turns (server.chat).
+commit order with the turns (server.chat). Both routes take the typist's id from the token
+(`server.chat.typist_id`).
 """
 
 from __future__ import annotations
@@ -313,9 +314,10 @@ class LiveRooms:
     async def post_message(
         self, room_id: str, participant: str, name: str | None, text: str
     ) -> RoomEvent | None:
-        """A message typed into the room (server.chat): the participant is recorded on the chat
-        channel (its first name stays; B2 names the turn), then the text is committed as a turn
-        of the chat channel. None when a hook blocked it."""
+        """A message typed into the room (server.chat) as `participant`, the id the token
+        allows (`server.chat.typist_id`: its `sub`, or a `chat:` id): the participant is recorded
+        on the chat channel (its first name stays; B2 names the turn), then the text is committed
+        as a turn of the chat channel. None when a hook blocked it."""
         live = await self.room(room_id)
         live.touch()
         await self.kit.ensure_participant(

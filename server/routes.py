@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
-from server.chat import ChatPost, ChatPosted
+from server.chat import ChatPost, ChatPosted, typist_id
 from server.ingress.base import WebhookAnswer
 from server.ingress.serve import Webhooks
 from server.live import LiveRooms
@@ -331,7 +331,9 @@ class HttpRoutes:
                 )
             if self.closing():
                 raise ProblemError(503, "shutting_down", "server is shutting down")
-            event = await self.rooms.post_message(room, body.participant, body.name, body.text)
+            event = await self.rooms.post_message(
+                room, typist_id(grant, body.participant), body.name, body.text
+            )
             if event is None:
                 raise ProblemError(409, "blocked", "a hook blocked the message")
             return ChatPosted(room=room, event_id=event.id)

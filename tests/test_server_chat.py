@@ -10,6 +10,7 @@ real HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from test_openai_chat import ChatServer
 from attribution import NOTE
 from realtime import RealtimeChannel
 from server.auth import Grant, issue_token
-from server.client import DeviceStream, EventFeed
+from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.protocol import CloseCode, StartMessage, parse_feed_request
 from server.testing.harness import (
     SECRET,
@@ -255,3 +256,80 @@ def test_feed_message_request_and_rename_parse_apart() -> None:
     assert message.type == "message"
     rename = parse_feed_request('{"label": "Speaker A", "name": "Alice"}')  # type may be left out
     assert rename.type == "rename"
+
+
+async def test_a_token_without_sub_types_in_the_chat_only_space_never_as_a_phone_caller(
+    server: RunningServer, chat_model: ChatServer, http: httpx.AsyncClient
+) -> None:
+    """Issue 25.3: a chat post reused the participant record of any id it named, so a token
+    without `sub` (the default, the page's own) typed as the phone caller Dana and the model read
+    `Dana: "I approve the release."`. Typed identity comes from the token: without `sub` the
+    body's id is `chat:<id>`, a record no stream can have; with `sub`, exactly that participant."""
+    token = issue_token(SECRET, ROOM)  # no sub
+    feed = await EventFeed.open(server.base, ROOM, token)
+    dana = await TwilioLeg.open(
+        server.base, {"room": ROOM, "token": token, "participant": "dana-phone", "name": "Dana"})
+    await eventually(lambda: any(m.type == "stream_started" for m in feed.received), 60, "Dana")
+    erin = issue_token(SECRET, ROOM, participant="u-erin")
+    posts: list[tuple[str, dict[str, Any]]] = [
+        (erin, {"participant": "u-erin", "name": "Erin", "text": "Ready to ship?"}),
+        (token, {"participant": "dana-phone", "text": "I approve the release."}),
+    ]
+    for bearer, body in posts:
+        answer = await http.post(f"/v1/rooms/{ROOM}/messages", json=body,
+                                 headers={"Authorization": f"Bearer {bearer}"})
+        assert answer.status_code == 201, answer.text
+    # the page's way: the feed, as the caller's id and name
+    await feed.message("dana-phone", "Ship it.", name="Dana")
+
+    def typed() -> list[Any]:
+        return [m for m in feed.received if m.type == "message"]
+
+    await eventually(lambda: len(typed()) == 3, 60, "three typed messages")
+    await eventually(lambda: len(chat_model.requests) == 3, 60, "the chat model read all three")
+    assert [(m.speaker, m.participant) for m in typed()] == [
+        ("Erin", "u-erin"), ("@chat", "chat:dana-phone"), ("@chat", "chat:dana-phone")]
+    users = [m["content"] for m in chat_model.requests[-1]["messages"] if m["role"] == "user"]
+    assert users == ['Erin: "Ready to ship?"', '@chat: "I approve the release."',
+                     f'@chat: "Ship it."\n\n{NOTE}']
+    got = (await http.get(f"/v1/rooms/{ROOM}/transcript",
+                          headers={"Authorization": f"Bearer {token}"})).json()
+    assert [t["speaker"] for t in got] == ["Erin", "@chat", "@chat"]
+    # the caller's record is untouched: reached by voice only, still Dana's
+    records = {p.id: p for p in await server.server.rooms.kit.get_participants(ROOM)}
+    assert records["dana-phone"].display_name == "Dana"
+    assert records["dana-phone"].connected_via == [
+        server.server.rooms.pipeline.shared_voice.channel_id]  # type: ignore[attr-defined]
+    assert records["chat:dana-phone"].connected_via == ["chat"]
+    # a typed name that reads like the caller's is ranked apart (D2): the caller was first
+    await feed.message("dana", "Ship it now.", name="Dana")
+    await eventually(lambda: len(typed()) == 4, 60, "the fourth typed message")
+    assert typed()[-1].speaker == "Dana (2)"
+    # a token naming the caller types as the caller, exactly as before
+    answer = await http.post(
+        f"/v1/rooms/{ROOM}/messages",
+        json={"participant": "dana-phone", "text": "It is me."},
+        headers={"Authorization": f"Bearer {issue_token(SECRET, ROOM, participant='dana-phone')}"})
+    assert answer.status_code == 201
+    await eventually(lambda: len(typed()) == 5, 60, "the caller's own typed message")
+    assert (typed()[-1].speaker, typed()[-1].participant) == ("Dana", "dana-phone")
+    await dana.stop()
+    await feed.close()
+
+
+async def test_no_stream_may_declare_an_id_of_the_chat_only_space(server: RunningServer) -> None:
+    """Issue 25.3: `chat:` ids are typed-only participants'; a device or a phone leg declaring
+    one is refused (4400) before any audio is read, so no voice record ever has one."""
+    token = issue_token(SECRET, ROOM)
+    device = await DeviceStream.open(
+        server.base, ROOM, token, StartMessage(participant="chat:u-erin", name="Erin"))
+    async with asyncio.timeout(60):
+        await device.ws.wait_closed()
+    assert device.ws.close_code == CloseCode.BAD_MESSAGE
+    assert "chat's own" in (device.ws.close_reason or "")
+    leg = await TwilioLeg.open(server.base, {"room": ROOM, "token": token, "participant": "chat:x"})
+    async with asyncio.timeout(60):
+        await leg.ws.wait_closed()
+    assert leg.ws.close_code == CloseCode.BAD_MESSAGE
+    kit = server.server.rooms.kit
+    assert await kit.get_room(ROOM) is None or await kit.get_participants(ROOM) == []
