@@ -39,7 +39,7 @@ from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.config import ServerConfig
 from server.device import DeviceFraming
 from server.events import serve_feed
-from server.framing import Refusal, StoppedBeforeStart, check_participant
+from server.framing import Refusal, StoppedBeforeStart, check_stream_participant
 from server.ingress.serve import build_webhooks
 from server.live import LiveRooms, StreamLimitError
 from server.metrics import ServerMetrics
@@ -307,7 +307,7 @@ class ChorusServer:
         except StoppedBeforeStart:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return
-        check_participant(grant, declaration.participant)
+        check_stream_participant(grant, declaration.participant)
         await run_stream(ws, self.rooms, room, framing, declaration, self._draining)
 
     # ------------------------------------------------------------------ Twilio leg
@@ -323,7 +323,7 @@ class ChorusServer:
             return
         grant = self._authorize(opening.token, opening.room, Grant.STREAM)
         declaration = framing.declare(opening)
-        check_participant(grant, declaration.participant)
+        check_stream_participant(grant, declaration.participant)
         await run_stream(ws, self.rooms, opening.room, framing, declaration, self._draining)
 
     async def _signed_twilio_leg(self, ws: Socket) -> None:

@@ -254,6 +254,12 @@ class LimitsConfig(_Section):
     """Phone legs that have not authenticated yet (no `start` with a token), server-wide."""
     max_unauthenticated_per_address: int = Field(default=8, ge=1)
     """The same, per client address."""
+    chat_burst: int = Field(default=10, ge=1)
+    """Typed messages (HTTP or feed) one client may post into a room at once; then `chat_rate`.
+    The client is the token's `sub`, else its address (every page behind one address shares)."""
+    chat_rate: float = Field(default=1.0, gt=0)
+    """Typed messages a second one client may post into a room after `chat_burst`; over it,
+    HTTP is answered 429 with `Retry-After` and the feed is refused with 4429."""
     idle_room_seconds: float = Field(default=300.0, ge=0)
     """A room with no open stream and no feed consumer for this long is evicted: its realtime
     session, pooled voice channels and live state are freed; its stored turns, participants and

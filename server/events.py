@@ -2,7 +2,9 @@
 
 Owns one feed consumer's socket once the server has checked its token and subscribed it: every
 message the room publishes goes out in order; `rename` requests and typed `message` requests
-(the token's `chat` grant, and its participant if it names one) come in and go to the room.
+(the token's `chat` grant, and its participant if it names one; typed as `server.chat.typist_id`
+says, within the chat rate limit: over it the feed is refused with 4429) come in and go to the
+room.
 The feed ends when the consumer falls behind (`CloseCode.FEED_TOO_SLOW`: the room never waits
 for it) or when the server drains: once the streams have flushed their last turns, it sends what
 it still holds and the server closes it with 4503.
@@ -15,6 +17,7 @@ import asyncio
 from pydantic import ValidationError
 
 from server.auth import Grant, RoomGrant, TokenProblem
+from server.chat import client_key, typist_id
 from server.feed import FeedConsumer
 from server.framing import Refusal, check_participant
 from server.live import LiveRooms
@@ -44,7 +47,7 @@ async def serve_feed(
                 request = parse_feed_request(message)
             except ValidationError as exc:
                 raise Refusal(CloseCode.BAD_MESSAGE, "bad feed request", "bad_message") from exc
-            await _take(request, rooms, room, grant)
+            await _take(request, rooms, room, grant, ws.remote)
 
     async def drained() -> None:
         await closing.wait()  # after the streams flushed their last turns
@@ -72,7 +75,9 @@ async def serve_feed(
     return tasks[3] in done
 
 
-async def _take(request: FeedRequest, rooms: LiveRooms, room: str, grant: RoomGrant) -> None:
+async def _take(
+    request: FeedRequest, rooms: LiveRooms, room: str, grant: RoomGrant, address: str
+) -> None:
     if isinstance(request, MessageRequest):
         if not grant.allows(Grant.CHAT):
             raise Refusal(
@@ -80,7 +85,14 @@ async def _take(request: FeedRequest, rooms: LiveRooms, room: str, grant: RoomGr
                 "token has no chat grant",
                 f"token_{TokenProblem.NOT_GRANTED.value}",
             )
+        wait_s = rooms.chat_limit.take(room, client_key(grant, address))
+        if wait_s > 0:
+            raise Refusal(
+                CloseCode.TOO_MANY_STREAMS, rooms.chat_limit.refusal(wait_s), "too_many_messages"
+            )
         check_participant(grant, request.participant)
-        await rooms.post_message(room, request.participant, request.name, request.text)
+        await rooms.post_message(
+            room, typist_id(grant, request.participant), request.name, request.text
+        )
     else:
         rooms.rename(room, request.label, request.name, request.stream)

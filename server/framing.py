@@ -4,7 +4,8 @@ Owns `StreamDeclaration` (who streams, under what name, on a shared microphone o
 `voice.audio.StreamFormat`): the one value a protocol module makes of its start message, which
 then flows unchanged through `server.live` into the pipeline. Also owns what a protocol module
 may say back to the server: `Refusal` (end this socket with a close code, a reason and a metric
-name; `check_participant` for a participant its token does not allow) and
+name; `check_participant` for a participant its token does not allow,
+`check_stream_participant` also for a stream in the chat-only id space) and
 `StoppedBeforeStart`, and the `StreamFraming` shape a module's per-socket object has
 once its stream is open (audio out of each message, the greeting, reply audio in its framing).
 
@@ -21,6 +22,7 @@ from typing import ClassVar, Literal, Protocol
 from pydantic import ValidationError
 
 from server.auth import RoomGrant, TokenProblem
+from server.chat import CHAT_ONLY_PREFIX
 from server.protocol import CloseCode, error_location
 from voice.audio import AudioError, Encoding, StreamFormat
 
@@ -92,6 +94,18 @@ def bad_message(exc: ValidationError) -> Refusal:
     return Refusal(
         CloseCode.BAD_MESSAGE, f"bad message at {where}: {errors[0]['msg']}"[:120], "bad_message"
     )
+
+
+def check_stream_participant(grant: RoomGrant, participant: str) -> None:
+    """`check_participant`, and no stream in the chat-only id space (`chat:…`, server.chat):
+    a typed-only participant's record is never a voice participant's."""
+    check_participant(grant, participant)
+    if participant.startswith(CHAT_ONLY_PREFIX):
+        raise Refusal(
+            CloseCode.BAD_MESSAGE,
+            f"participant ids starting with {CHAT_ONLY_PREFIX!r} are the chat's own",
+            "bad_message",
+        )
 
 
 def check_participant(grant: RoomGrant, participant: str) -> None:

@@ -20,7 +20,8 @@ connection arriving meanwhile either keeps the room or takes it up afresh.
 
 Typed messages (`post_message`, from `POST /v1/rooms/{room}/messages` or the feed) enter through
 the `ChatInput` channel attached to every room and are published to the feed as `message`s in
-commit order with the turns (server.chat).
+commit order with the turns (server.chat). Both routes take the typist's id from the token
+(`server.chat.typist_id`) and a token from `chat_limit` first.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import AsyncIterator, Callable
 
 from models import InboundMessage, RoomEvent, TextContent
 from rooms import HookTrigger, RoomKit
-from server.chat import ChatInput
+from server.chat import ChatInput, ChatRateLimit
 from server.config import ServerConfig
 from server.feed import FeedConsumer, RoomFeed
 from server.framing import Outgoing, StreamDeclaration, StreamKind
@@ -78,6 +79,8 @@ class LiveRooms:
         self.chat = ChatInput()
         """Typed messages (`post_message`) enter every room through this channel."""
         self.kit.register_channel(self.chat)
+        self.chat_limit = ChatRateLimit(config.limits.chat_burst, config.limits.chat_rate)
+        """Typed messages per room and client (`limits.chat_burst`, `limits.chat_rate`)."""
         self.renames = RoomRenames(self.kit, self.rooms, self._sessions)
         """Renames from the feed (`rename`), applied to turns by an ON_TRANSCRIPTION hook."""
         self._room_locks: dict[str, KeyLock] = {}
@@ -313,9 +316,10 @@ class LiveRooms:
     async def post_message(
         self, room_id: str, participant: str, name: str | None, text: str
     ) -> RoomEvent | None:
-        """A message typed into the room (server.chat): the participant is recorded on the chat
-        channel (its first name stays; B2 names the turn), then the text is committed as a turn
-        of the chat channel. None when a hook blocked it."""
+        """A message typed into the room (server.chat) as `participant`, the id the token
+        allows (`server.chat.typist_id`: its `sub`, or a `chat:` id): the participant is recorded
+        on the chat channel (its first name stays; B2 names the turn), then the text is committed
+        as a turn of the chat channel. None when a hook blocked it."""
         live = await self.room(room_id)
         live.touch()
         await self.kit.ensure_participant(

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from models import RoomEvent
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
-from server.chat import ChatPost, ChatPosted
+from server.chat import ChatPost, ChatPosted, client_key, retry_after, typist_id
 from server.ingress.base import WebhookAnswer
 from server.ingress.serve import Webhooks
 from server.live import LiveRooms
@@ -135,11 +135,14 @@ _TOKEN_STATUS = {
 class ProblemError(Exception):
     """An HTTP request refused with a status and a problem name (answered as `Problem` JSON)."""
 
-    def __init__(self, status: int, problem: str, detail: str) -> None:
+    def __init__(
+        self, status: int, problem: str, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.problem = problem
         self.detail = detail
+        self.headers = headers or {}
 
 
 ROOM_PATTERN = rf"^{ROOM_ID}$"
@@ -158,11 +161,13 @@ def _page() -> bytes:
     return resources.files("server").joinpath("page.html").read_bytes()
 
 
-def problem_response(status: int, problem: str, detail: str) -> JSONResponse:
+def problem_response(
+    status: int, problem: str, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(
         Problem(problem=problem, detail=detail).model_dump(),
         status_code=status,
-        headers={"Cache-Control": "no-store"},
+        headers={"Cache-Control": "no-store", **(headers or {})},
     )
 
 
@@ -206,7 +211,7 @@ class HttpRoutes:
 
         @app.exception_handler(ProblemError)
         async def problem_error(request: Request, exc: ProblemError) -> Response:
-            return problem_response(exc.status, exc.problem, exc.detail)
+            return problem_response(exc.status, exc.problem, exc.detail, exc.headers)
 
         @app.exception_handler(RequestValidationError)
         async def bad_request(request: Request, exc: RequestValidationError) -> Response:
@@ -316,6 +321,8 @@ class HttpRoutes:
                 **_AUTH_RESPONSES,
                 409: {"model": Problem, "description": "A hook blocked the message"},
                 413: {"model": Problem, "description": f"Body over {CHAT_MAX_BYTES} bytes"},
+                429: {"model": Problem, "description": "Over the chat rate limit (`limits."
+                      "chat_burst`, `limits.chat_rate`); `Retry-After` says when to retry"},
                 503: {"model": Problem, "description": "The server is draining"},
             },
             openapi_extra={"requestBody": {
@@ -332,6 +339,15 @@ class HttpRoutes:
         ) -> ChatPosted:
             # the token first: nothing of the body is read for a request that may not post
             grant = self._authorize(token, authorization, room, Grant.CHAT)
+            address = request.client.host if request.client is not None else "?"
+            wait_s = self.rooms.chat_limit.take(room, client_key(grant, address))
+            if wait_s > 0:
+                raise ProblemError(
+                    429,
+                    "too_many_messages",
+                    self.rooms.chat_limit.refusal(wait_s),
+                    {"Retry-After": str(retry_after(wait_s))},
+                )
             body = _chat_post(await _read_body(request, CHAT_MAX_BYTES, "message"))
             if grant.participant is not None and grant.participant != body.participant:
                 raise ProblemError(
@@ -341,7 +357,9 @@ class HttpRoutes:
                 )
             if self.closing():
                 raise ProblemError(503, "shutting_down", "server is shutting down")
-            event = await self.rooms.post_message(room, body.participant, body.name, body.text)
+            event = await self.rooms.post_message(
+                room, typist_id(grant, body.participant), body.name, body.text
+            )
             if event is None:
                 raise ProblemError(409, "blocked", "a hook blocked the message")
             return ChatPosted(room=room, event_id=event.id)

@@ -10,6 +10,7 @@ real HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,12 +25,14 @@ from test_openai_chat import ChatServer
 from attribution import NOTE
 from realtime import RealtimeChannel
 from server.auth import Grant, issue_token
-from server.client import DeviceStream, EventFeed
+from server.chat import ChatRateLimit, retry_after
+from server.client import DeviceStream, EventFeed, TwilioLeg
 from server.protocol import CloseCode, StartMessage, parse_feed_request
 from server.testing.harness import (
     SECRET,
     RunningServer,
     eventually,
+    running_server_with_local_stt,
 )
 from voice.audio import float_to_pcm16, read_audio_16k
 
@@ -255,3 +258,179 @@ def test_feed_message_request_and_rename_parse_apart() -> None:
     assert message.type == "message"
     rename = parse_feed_request('{"label": "Speaker A", "name": "Alice"}')  # type may be left out
     assert rename.type == "rename"
+
+
+async def test_a_token_without_sub_types_in_the_chat_only_space_never_as_a_phone_caller(
+    server: RunningServer, chat_model: ChatServer, http: httpx.AsyncClient
+) -> None:
+    """Issue 25.3: a chat post reused the participant record of any id it named, so a token
+    without `sub` (the default, the page's own) typed as the phone caller Dana and the model read
+    `Dana: "I approve the release."`. Typed identity comes from the token: without `sub` the
+    body's id is `chat:<id>`, a record no stream can have; with `sub`, exactly that participant."""
+    token = issue_token(SECRET, ROOM)  # no sub
+    feed = await EventFeed.open(server.base, ROOM, token)
+    dana = await TwilioLeg.open(
+        server.base, {"room": ROOM, "token": token, "participant": "dana-phone", "name": "Dana"})
+    await eventually(lambda: any(m.type == "stream_started" for m in feed.received), 60, "Dana")
+    erin = issue_token(SECRET, ROOM, participant="u-erin")
+    posts: list[tuple[str, dict[str, Any]]] = [
+        (erin, {"participant": "u-erin", "name": "Erin", "text": "Ready to ship?"}),
+        (token, {"participant": "dana-phone", "text": "I approve the release."}),
+    ]
+    for bearer, body in posts:
+        answer = await http.post(f"/v1/rooms/{ROOM}/messages", json=body,
+                                 headers={"Authorization": f"Bearer {bearer}"})
+        assert answer.status_code == 201, answer.text
+    # the page's way: the feed, as the caller's id and name
+    await feed.message("dana-phone", "Ship it.", name="Dana")
+
+    def typed() -> list[Any]:
+        return [m for m in feed.received if m.type == "message"]
+
+    await eventually(lambda: len(typed()) == 3, 60, "three typed messages")
+    await eventually(lambda: len(chat_model.requests) == 3, 60, "the chat model read all three")
+    assert [(m.speaker, m.participant) for m in typed()] == [
+        ("Erin", "u-erin"), ("@chat", "chat:dana-phone"), ("@chat", "chat:dana-phone")]
+    users = [m["content"] for m in chat_model.requests[-1]["messages"] if m["role"] == "user"]
+    assert users == ['Erin: "Ready to ship?"', '@chat: "I approve the release."',
+                     f'@chat: "Ship it."\n\n{NOTE}']
+    got = (await http.get(f"/v1/rooms/{ROOM}/transcript",
+                          headers={"Authorization": f"Bearer {token}"})).json()
+    assert [t["speaker"] for t in got] == ["Erin", "@chat", "@chat"]
+    # the caller's record is untouched: reached by voice only, still Dana's
+    records = {p.id: p for p in await server.server.rooms.kit.get_participants(ROOM)}
+    assert records["dana-phone"].display_name == "Dana"
+    assert records["dana-phone"].connected_via == [
+        server.server.rooms.pipeline.shared_voice.channel_id]  # type: ignore[attr-defined]
+    assert records["chat:dana-phone"].connected_via == ["chat"]
+    # a typed name that reads like the caller's is ranked apart (D2): the caller was first
+    await feed.message("dana", "Ship it now.", name="Dana")
+    await eventually(lambda: len(typed()) == 4, 60, "the fourth typed message")
+    assert typed()[-1].speaker == "Dana (2)"
+    # a token naming the caller types as the caller, exactly as before
+    answer = await http.post(
+        f"/v1/rooms/{ROOM}/messages",
+        json={"participant": "dana-phone", "text": "It is me."},
+        headers={"Authorization": f"Bearer {issue_token(SECRET, ROOM, participant='dana-phone')}"})
+    assert answer.status_code == 201
+    await eventually(lambda: len(typed()) == 5, 60, "the caller's own typed message")
+    assert (typed()[-1].speaker, typed()[-1].participant) == ("Dana", "dana-phone")
+    await dana.stop()
+    await feed.close()
+
+
+async def test_no_stream_may_declare_an_id_of_the_chat_only_space(server: RunningServer) -> None:
+    """Issue 25.3: `chat:` ids are typed-only participants'; a device or a phone leg declaring
+    one is refused (4400) before any audio is read, so no voice record ever has one."""
+    token = issue_token(SECRET, ROOM)
+    device = await DeviceStream.open(
+        server.base, ROOM, token, StartMessage(participant="chat:u-erin", name="Erin"))
+    async with asyncio.timeout(60):
+        await device.ws.wait_closed()
+    assert device.ws.close_code == CloseCode.BAD_MESSAGE
+    assert "chat's own" in (device.ws.close_reason or "")
+    leg = await TwilioLeg.open(server.base, {"room": ROOM, "token": token, "participant": "chat:x"})
+    async with asyncio.timeout(60):
+        await leg.ws.wait_closed()
+    assert leg.ws.close_code == CloseCode.BAD_MESSAGE
+    kit = server.server.rooms.kit
+    assert await kit.get_room(ROOM) is None or await kit.get_participants(ROOM) == []
+
+
+class Clock:
+    """A clock the test moves (the chat rate limit's, injected: no sleeps)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_chat_rate_limit_is_a_token_bucket_per_room_and_client() -> None:
+    clock = Clock()
+    limit = ChatRateLimit(burst=3, rate=0.5, clock=clock)
+    assert [limit.take("r1", "addr:a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limit.take("r1", "addr:a") == pytest.approx(2.0)  # one message every 2 s
+    assert limit.take("r1", "addr:b") == 0.0  # another client
+    assert limit.take("r2", "addr:a") == 0.0  # another room
+    clock.now += 1.0
+    assert limit.take("r1", "addr:a") == pytest.approx(1.0)  # a refusal takes nothing
+    clock.now += 1.0
+    assert limit.take("r1", "addr:a") == 0.0
+    assert limit.take("r1", "addr:a") == pytest.approx(2.0)
+    assert retry_after(0.01) == 1 and retry_after(2.0) == 2 and retry_after(2.1) == 3
+    with pytest.raises(ValueError):
+        ChatRateLimit(burst=0, rate=1.0)
+    with pytest.raises(ValueError):
+        ChatRateLimit(burst=1, rate=0.0)
+
+
+def test_chat_rate_limit_forgets_clients_whose_bucket_filled_up_again() -> None:
+    clock = Clock()
+    limit = ChatRateLimit(burst=2, rate=1.0, clock=clock)
+    for n in range(ChatRateLimit.SWEEP_AT):
+        limit.take("r", f"addr:{n}")
+    assert len(limit) == ChatRateLimit.SWEEP_AT
+    clock.now += 2.0  # every bucket is full again: nothing a fresh one would not hold
+    limit.take("r", "addr:new")
+    limit.take("r", "addr:new")
+    assert len(limit) == 1
+    assert limit.take("r", "addr:new") == pytest.approx(1.0)  # its own state was kept
+
+
+async def test_chat_posts_over_the_rate_limit_are_refused_and_lose_nothing_else() -> None:
+    """Issue 25.12: one client posted 80–240 messages a second, every one accepted. Now each
+    client (the token's `sub`, else its address) has `limits.chat_burst` posts at once in a
+    room, then `limits.chat_rate` a second: over it HTTP is 429 with `Retry-After`, the feed is
+    refused with 4429; other clients, other rooms and the room's feed go on."""
+    config = {"limits": {"chat_burst": 2, "chat_rate": 0.5}}
+    async with (
+        running_server_with_local_stt(config) as server,
+        httpx.AsyncClient(base_url=server.http_base, timeout=30) as http,
+    ):
+        clock = Clock()
+        rooms = server.server.rooms
+        rooms.chat_limit.clock = clock
+        token = issue_token(SECRET, ROOM)
+        url = f"/v1/rooms/{ROOM}/messages"
+
+        async def post(text: str, bearer: str = token, room: str = ROOM) -> httpx.Response:
+            return await http.post(f"/v1/rooms/{room}/messages",
+                                   json={"participant": "u-erin", "text": text},
+                                   headers={"Authorization": f"Bearer {bearer}"})
+
+        assert [(await post(t)).status_code for t in ("one", "two")] == [201, 201]
+        refused = await post("three")
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "2"
+        assert refused.json() == {
+            "problem": "too_many_messages",
+            "detail": "too many messages: 2 at once, then 0.5 a second; retry in 2 s"}
+        # a refused request's body is not even read: a bad one is refused the same way
+        bad = await http.post(url, content=b"{not json", headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert bad.status_code == 429
+        # another client (a token naming its participant), another room: their own buckets
+        erin = issue_token(SECRET, ROOM, participant="u-erin")
+        assert (await post("from Erin's own token", erin)).status_code == 201
+        assert (await post("elsewhere", issue_token(SECRET, "other"), "other")).status_code == 201
+        # the feed shares the client's bucket: a message over it ends that feed with 4429
+        watcher = await EventFeed.open(server.base, ROOM, token)
+        typist = await EventFeed.open(server.base, ROOM, token)
+        await typist.message("u-erin", "four")
+        async with asyncio.timeout(60):
+            await typist.ws.wait_closed()
+        assert typist.ws.close_code == CloseCode.TOO_MANY_STREAMS
+        [error] = [m for m in typist.received if m.type == "error"]
+        assert error.reason.startswith("too many messages")
+        # nothing refused was committed; the room and its other feed go on
+        texts = [e.text for e in await rooms.kit.list_events(ROOM)]
+        assert texts == ["one", "two", "from Erin's own token"]
+        clock.now += 2.0  # one message's worth of time later, the client may post again
+        assert (await post("five")).status_code == 201
+        await eventually(lambda: [m.text for m in watcher.received if m.type == "message"][-1:]
+                         == ["five"], 60, "the next post on the other feed")
+        metrics = (await http.get("/metrics")).text
+        assert 'chorus_refused_total{reason="too_many_messages"} 1.0' in metrics
+        await watcher.close()
