@@ -117,7 +117,7 @@ async def run_job(
     await ctx.connect(auto_subscribe=agents.AutoSubscribe.AUDIO_ONLY)
     room_name = ctx.room.name or ctx.job.room.name
     provider = stt or stt_provider(config)
-    kit, opened = await open_kit(config.store.resolved_url())
+    kit, opened = await open_kit(config.store.resolved_url(), room=room_name)
     try:
         agent = await build_room_agent(
             ctx.room, room_name, config, livekit, stt=provider, local=local, kit=kit

@@ -33,7 +33,7 @@ from rooms.policy import (
     SpeakTurn,
 )
 from rooms.retry import Backoff
-from rooms.sqlite import SQLiteStore
+from rooms.sqlite import SQLiteInUse, SQLiteLock, SQLiteStore
 from rooms.store import (
     ChannelBinding,
     InMemoryStore,
@@ -76,6 +76,8 @@ __all__ = [
     "RoomLockManager",
     "RoomStore",
     "RoutingError",
+    "SQLiteInUse",
+    "SQLiteLock",
     "SQLiteStore",
     "SlidingWindowMemory",
     "SpeakPolicy",

@@ -691,9 +691,12 @@ class RoomKit:
                 log.exception("closing channel %s failed", channel.channel_id)
 
 
-async def open_kit(url: str, **options: Any) -> tuple[RoomKit, OpenedStore]:
+async def open_kit(
+    url: str, *, room: str | None = None, **options: Any
+) -> tuple[RoomKit, OpenedStore]:
     """A kit on the store `url` names (`open_store`: memory, SQLite, Postgres) with that store's
     room locks; close the `OpenedStore` after the kit. `chorus serve` and `chorus agent` both
-    open their `[store]` here; `options` go to `RoomKit`."""
-    opened = await open_store(url)
+    open their `[store]` here (a `chorus agent` job for its one `room`, so jobs share a SQLite
+    file room by room); `options` go to `RoomKit`."""
+    opened = await open_store(url, room=room)
     return RoomKit(store=opened.store, locks=opened.locks, **options), opened

@@ -12,14 +12,24 @@ transaction, committed before it returns.
 Events are stored as JSON with the columns their windows are read by (the source channel and the
 visibility), and handed out frozen (`rooms.store.freeze_event`). The store remembers the frozen
 events it has read or written (a bounded cache by event id), so a context built on every trigger
-parses only the turns it has not seen yet. That cache is why one SQLite file belongs to one server
-process: several processes share a room through `rooms.postgres` instead.
+parses only the turns it has not seen yet. That cache, and the room locks that live in one
+process's memory, are why one SQLite file belongs to one process: two processes on one file lost
+register entries and relabelled turns (issue 25.5). So an open store holds an OS lock (`flock`,
+released on close and by the kernel when the process dies, even by SIGKILL) on the sidecar file
+`<db>.lock`, and a second open of the file (another process, or a second store in this one) is
+refused at once with `SQLiteInUse`; several processes share rooms through `rooms.postgres`.
+The one sharing allowed is `chorus agent`'s: its job processes each own one room of the file
+(`room=`: a shared lock on `<db>.lock` and an exclusive one on that room's file in `<db>.rooms/`),
+so the rooms of one machine's jobs live side by side but no room is written by two processes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import json
+import os
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
@@ -65,11 +75,59 @@ _IN_WINDOW = (
 _ROOM_TABLES = ("bindings", "senders", "events", "participants", "registers", "memory_state")
 
 
+class SQLiteInUse(RuntimeError):
+    """The SQLite file (or, for a job, its room) is held by another open store."""
+
+
+class SQLiteLock:
+    """The OS locks that keep one SQLite file to one process: an exclusive `flock` on `<db>.lock`,
+    or with `shared` / `room` a shared one (several processes, each on rooms of its own) plus, with
+    `room`, an exclusive one on `<db>.rooms/<digest of the room>.lock`. Taken at once or refused
+    (`SQLiteInUse`); held on open descriptors until `release`, and by the kernel no longer than the
+    process lives."""
+
+    def __init__(self, db: str, *, shared: bool = False, room: str | None = None) -> None:
+        self.db = db
+        self._fds: list[int] = []
+        try:
+            self._take(f"{db}.lock", shared=shared or room is not None, room=None)
+            if room is not None:
+                folder = Path(f"{db}.rooms")
+                folder.mkdir(parents=True, exist_ok=True)
+                digest = hashlib.sha256(room.encode()).hexdigest()[:32]
+                self._take(str(folder / f"{digest}.lock"), shared=False, room=room)
+        except BaseException:
+            self.release()
+            raise
+
+    def _take(self, path: str, *, shared: bool, room: str | None) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            what = f"room {room!r} of the SQLite file {self.db}" if room else f"the SQLite file {self.db}"
+            raise SQLiteInUse(
+                f"{what} is in use by another process (or another open store): one process per "
+                "SQLite file; use a Postgres store ([store] url = \"postgresql://…\") for several "
+                "processes"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fds.append(fd)
+
+    def release(self) -> None:
+        while self._fds:
+            os.close(self._fds.pop())  # closing the descriptor drops its flock
+
+
 class SQLiteStore(RoomStore):
     """`RoomStore` in one SQLite file, its queries on a worker thread of its own."""
 
     def __init__(self, path: str | Path, *, cache_events: int = 20_000) -> None:
         self.path = str(path)
+        self._lock: SQLiteLock | None = None
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chorus-sqlite")
@@ -79,10 +137,20 @@ class SQLiteStore(RoomStore):
         self._closed = False
 
     @classmethod
-    async def open(cls, path: str | Path) -> SQLiteStore:
-        """Open (creating when missing) the database file and its tables."""
+    async def open(
+        cls, path: str | Path, *, shared: bool = False, room: str | None = None
+    ) -> SQLiteStore:
+        """Open (creating when missing) the database file and its tables, holding the file's lock
+        (`SQLiteLock`: this store alone, or with `room` one job's room of a shared file); a file
+        another store holds is refused with `SQLiteInUse`. `:memory:` takes no lock."""
         store = cls(path)
-        await store._call(store._connect)
+        try:
+            if store.path != ":memory:":
+                store._lock = SQLiteLock(store.path, shared=shared, room=room)
+            await store._call(store._connect)
+        except BaseException:
+            await store.close()
+            raise
         return store
 
     def _connect(self) -> None:
@@ -103,8 +171,13 @@ class SQLiteStore(RoomStore):
                 self._conn.close()
                 self._conn = None
 
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=True)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+            self._executor.shutdown(wait=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     async def _call(self, fn: Callable[[], T]) -> T:
         if self._closed:

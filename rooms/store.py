@@ -442,17 +442,19 @@ def sqlite_path(url: str) -> str:
     return rest
 
 
-async def open_store(url: str) -> OpenedStore:
+async def open_store(url: str, *, shared: bool = False, room: str | None = None) -> OpenedStore:
     """The store a URL names, with its locks: `memory://` (one process, gone at exit),
-    `sqlite:///path/to/chorus.db` (one process, kept on disk), `postgresql://…` or
-    `postgres://…` (shared by several processes: Postgres advisory room locks, rule D6)."""
+    `sqlite:///path/to/chorus.db` (one process, kept on disk; a file another process holds is
+    refused, `rooms.sqlite.SQLiteInUse`), `postgresql://…` or `postgres://…` (shared by several
+    processes: Postgres advisory room locks, rule D6). `shared` and `room` matter to SQLite only:
+    `chorus agent`'s processes share the file, each job owning its `room` (`rooms.sqlite`)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "memory":
         return OpenedStore(url, InMemoryStore(), InProcessLocks())
     if scheme == "sqlite":
         from rooms.sqlite import SQLiteStore
 
-        sqlite = await SQLiteStore.open(sqlite_path(url))
+        sqlite = await SQLiteStore.open(sqlite_path(url), shared=shared, room=room)
         return OpenedStore(url, sqlite, InProcessLocks(), [sqlite.close])
     if scheme in ("postgresql", "postgres"):
         require("postgres", "the Postgres store")

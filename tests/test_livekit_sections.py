@@ -10,6 +10,7 @@ against a local Chat Completions server, the ACP agent the real test agent (`tes
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +29,7 @@ from diarization.embedded import EmbeddedStage
 from livekit_worker.config import LiveKitConfig
 from livekit_worker.room_agent import ChorusRoomAgent
 from livekit_worker.worker import run_job
+from rooms import SQLiteInUse, SQLiteLock, open_store
 from server.config import ServerConfig
 from tests.livekit_helpers import (
     MEETING_DIR,
@@ -69,11 +71,11 @@ def with_sections(url: str, **sections: dict[str, Any]) -> ServerConfig:
 
 
 async def start_job(
-    config: ServerConfig, livekit: LiveKitConfig | None = None
+    config: ServerConfig, livekit: LiveKitConfig | None = None, room_name: str = "standup"
 ) -> tuple[ChorusRoomAgent, FakeRoom, RecordingLocalParticipant, JobContext]:
-    """`run_job` for the LiveKit room "standup", as livekit-agents starts a job."""
+    """`run_job` for the LiveKit room `room_name`, as livekit-agents starts a job."""
     local = RecordingLocalParticipant()
-    room = FakeRoom("standup", local)
+    room = FakeRoom(room_name, local)
     with fake_job_context(room=room) as ctx:
         agent = await run_job(ctx, config, livekit or LiveKitConfig(), local=local)
     return agent, room, local, ctx
@@ -184,6 +186,26 @@ async def test_the_room_lives_in_the_configured_store_and_a_later_job_takes_it_u
         await end_job(ctx)
 
 
+async def test_jobs_share_a_sqlite_file_room_by_room_and_a_room_has_one_job(
+    deepgram: DeepgramTestServer, tmp_path: Path
+) -> None:
+    config = with_sections(deepgram.url, store={"url": f"sqlite:///{tmp_path / 'rooms.db'}"})
+    agent, room, _, ctx = await start_job(config)
+    try:
+        # a second job for the same room while the first runs would write its register too
+        with pytest.raises(SQLiteInUse, match="room 'standup' of the SQLite file"):
+            await start_job(config)
+        other, _, _, other_ctx = await start_job(config, room_name="retro")  # another room: alongside
+        try:
+            assert await other.kit.get_room("retro") is not None
+        finally:
+            await end_job(other_ctx)
+        await alice_speaks(agent, room)
+        assert [e.text for e in await voice_events(agent)] == [meeting_text(*ALICE)]
+    finally:
+        await end_job(ctx)
+
+
 # --- [diarizer] enroll -------------------------------------------------------------------------
 
 
@@ -243,3 +265,47 @@ def test_chorus_agent_refuses_what_a_job_would_fail_on(
     assert main(["agent", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("chorus agent: ") and message in err[0], err
+
+
+@pytest.mark.usefixtures("credentials")
+def test_chorus_agent_refuses_a_sqlite_file_another_process_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "rooms.db"
+    config = tmp_path / "chorus.toml"
+    config.write_text('[stt]\nprovider = "deepgram"\ndeepgram_api_key = "k"\n'
+                      f'[store]\nurl = "sqlite:///{db}"\n')
+    held = SQLiteLock(str(db))  # as a running `chorus serve` holds its file
+    try:
+        assert main(["agent", "--config", str(config)]) == 2
+    finally:
+        held.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("chorus agent: cannot open the store: "), err
+    assert f"the SQLite file {db} is in use by another process" in err[0] and "Postgres" in err[0]
+
+
+@pytest.mark.usefixtures("credentials")
+def test_chorus_agent_holds_its_sqlite_file_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'rooms.db'}"
+    config = tmp_path / "chorus.toml"
+    config.write_text(f'[stt]\nprovider = "deepgram"\ndeepgram_api_key = "k"\n[store]\nurl = "{url}"\n')
+    refused: list[str] = []
+
+    async def serve(livekit: LiveKitConfig, *, devmode: bool) -> None:  # the worker, registered
+        with pytest.raises(SQLiteInUse) as whole:
+            await open_store(url)  # a `chorus serve` started meanwhile
+        refused.append(str(whole.value))
+        job = await open_store(url, room="standup")  # its own jobs share the file
+        await job.close()
+
+    monkeypatch.setattr("livekit_worker.worker.serve", serve)
+    assert main(["agent", "--config", str(config)]) == 0
+    assert len(refused) == 1 and "Postgres" in refused[0]
+    async def reopen() -> None:
+        opened = await open_store(url)  # the worker has stopped: the file is free
+        await opened.close()
+
+    asyncio.run(reopen())

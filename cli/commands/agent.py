@@ -16,7 +16,11 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from livekit_worker.config import LiveKitConfig
+    from rooms import OpenedStore
 
 
 def register(subparsers: Any) -> None:
@@ -43,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
 
     require("livekit", "the LiveKit Agents worker")  # cli.main prints the hint
     from livekit_worker.config import load_agent_config
-    from livekit_worker.worker import CONFIG_ENV, missing_credentials, serve
     from server.pipeline import read_enrollments, require_extras
 
     try:
@@ -54,11 +57,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"chorus agent: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_check_store(config.store.resolved_url()))
+        held = asyncio.run(_check_store(config.store.resolved_url()))
     except Exception as exc:  # a file that cannot be created, a database that is not there
         reason = " ".join(str(exc).split())  # one line (libpq's errors span two)
         print(f"chorus agent: cannot open the store: {reason}", file=sys.stderr)
         return 2
+    try:
+        return _register(args, livekit)
+    finally:
+        if held is not None:
+            asyncio.run(held.close())
+
+
+def _register(args: argparse.Namespace, livekit: LiveKitConfig) -> int:
+    """Register the worker and serve its jobs until interrupted (the store checked and held)."""
+    from livekit_worker.worker import CONFIG_ENV, missing_credentials, serve
+
     missing = missing_credentials()
     if missing:
         print(
@@ -81,9 +95,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _check_store(url: str) -> None:
-    """Open the store each job will open, and close it again."""
-    from rooms import open_store
+async def _check_store(url: str) -> OpenedStore | None:
+    """Open the store each job will open, as the jobs do (sharing a SQLite file, each job owning
+    its room); a SQLite store stays open while the worker runs, so no other process (a `chorus
+    serve`) takes the file from its jobs meanwhile (`rooms.sqlite`). Other stores are closed."""
+    from rooms import SQLiteStore, open_store
 
-    opened = await open_store(url)
+    opened = await open_store(url, shared=True)
+    if isinstance(opened.store, SQLiteStore):
+        return opened
     await opened.close()
+    return None
