@@ -15,7 +15,8 @@ over time.
 
 `--flood` adds the flood case (issue 10): `--flood-streams` rooms stream the meeting at real
 time twice, first alone, then while one more device in its own room floods the server (the
-meeting as fast as the socket takes it, alternating 2-byte and full-size frames). The other
+meeting as fast as the socket takes it, alternating 2-byte and full-size frames; with
+`--flood-frame-bytes N` frames of N bytes only, e.g. 65536: the largest the server takes). The other
 rooms' p95 should not move beyond noise; the flooder's fate (how much audio the server took, how
 it was closed) is reported. `--stt whisper` serves with the embedded default instead (local
 Whisper, no stand-in), so any recording can be streamed (`--audio`, e.g. an unseen LibriSpeech
@@ -92,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--flood-streams", type=int, default=2, help="real-time rooms in the flood case"
+    )
+    parser.add_argument(
+        "--flood-frame-bytes",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="the flooder sends frames of BYTES only (65536: the server's default frame limit); "
+        "0: 60 KiB frames alternating with runs of 1000 two-byte frames",
     )
     parser.add_argument(
         "--diarizer",
@@ -563,24 +572,30 @@ class FloodResult:
     flood_closed: str
     """How the flooder's socket ended (close code and reason, or `open` at the end)."""
     errors: list[str]
+    flood_frame_bytes: int = 0
+    """The flooder's frame size (0: 60 KiB frames alternating with runs of 2-byte frames)."""
 
 
-async def _flooder(base: str, token: str, audio: bytes, stop: asyncio.Event) -> tuple[float, str]:
-    """One device sending `audio` over and over as fast as its socket takes it, alternating
-    2-byte frames (1000 at a time) and full-size frames, until `stop` or the server closes."""
+async def _flooder(
+    base: str, token: str, audio: bytes, stop: asyncio.Event, frame_bytes: int = 0
+) -> tuple[float, str]:
+    """One device sending `audio` over and over as fast as its socket takes it, until `stop` or
+    the server closes: frames of `frame_bytes`, or (0) 2-byte frames (1000 at a time)
+    alternating with 60 KiB frames."""
     start = StartMessage(participant="flooder", sample_rate=16000, shared_mic=True)
     device = await DeviceStream.open(base, "flood-room", token, start, max_size=None)
     sent = 0
-    big = 60 * 1024
+    big = frame_bytes or 60 * 1024
+    tiny = 0 if frame_bytes else 1000
     try:
         while not stop.is_set():
             for offset in range(0, len(audio) - big, big):
                 if stop.is_set():
                     break
                 await device.ws.send(audio[offset : offset + big])
-                for i in range(offset, offset + 2000, 2):
+                for i in range(offset, offset + 2 * tiny, 2):
                     await device.ws.send(audio[i : i + 2])
-                sent += big + 2000
+                sent += big + 2 * tiny
     except Exception:  # the server closed it: that is a result
         pass
     closed = (
@@ -593,7 +608,7 @@ async def _flooder(base: str, token: str, audio: bytes, stop: asyncio.Event) -> 
     return sent / 32000, closed
 
 
-def flood_main(base: str, token: str, audio_path: str) -> None:
+def flood_main(base: str, token: str, audio_path: str, frame_bytes: int = 0) -> None:
     """The flooding device as a process: floods until its stdin closes (or the server closes
     it), then prints `{"sent_s": …, "closed": …}`."""
     import threading
@@ -611,14 +626,20 @@ def flood_main(base: str, token: str, audio_path: str) -> None:
             loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=wait_for_eof, daemon=True).start()
-        sent_s, closed = await _flooder(base, token, audio, stop)
+        sent_s, closed = await _flooder(base, token, audio, stop, frame_bytes)
         print(json.dumps({"sent_s": sent_s, "closed": closed}), flush=True)
 
     asyncio.run(main())
 
 
 async def _flood_case(
-    base: str, audio: bytes, audio_path: Path, n: int, seconds: float, tokens: TokenMinter
+    base: str,
+    audio: bytes,
+    audio_path: Path,
+    n: int,
+    seconds: float,
+    tokens: TokenMinter,
+    frame_bytes: int = 0,
 ) -> FloodResult:
     async def rooms(tag: str) -> list[StreamResult]:
         names = [f"{tag}-{i}" for i in range(n)]
@@ -632,7 +653,7 @@ async def _flood_case(
     flooder = await asyncio.create_subprocess_exec(
         sys.executable, "-c",
         f"import bench.load as b; b.flood_main({base!r}, {await tokens.mint('flood-room')!r}, "
-        f"{str(audio_path)!r})",
+        f"{str(audio_path)!r}, {frame_bytes})",
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )  # fmt: skip
     flooded = await rooms("busy")
@@ -660,6 +681,7 @@ async def _flood_case(
         flood_sent_s=round(sent_s, 1),
         flood_closed=closed,
         errors=[r.error for r in alone + flooded if r.error],
+        flood_frame_bytes=frame_bytes,
     )
 
 
@@ -844,7 +866,13 @@ async def _one_server(
         held = [s.streams for s in steps if s.holds]
         if args.flood:
             flood = await _flood_case(
-                base, audio, _resolve(args.audio), args.flood_streams, seconds, tokens
+                base,
+                audio,
+                _resolve(args.audio),
+                args.flood_streams,
+                seconds,
+                tokens,
+                args.flood_frame_bytes,
             )
         if args.soak > 0:
             n_soak = args.soak_streams or (max(held) if held else 1)
@@ -882,7 +910,9 @@ def _print_run(run: ServerRun, named: bool) -> None:
         print(
             f"flood: {f.streams} real-time rooms, p50/p95 {f.p50_alone_s:.2f}/{f.p95_alone_s:.2f} s "
             f"alone, {f.p50_flooded_s:.2f}/{f.p95_flooded_s:.2f} s beside the flooder "
-            f"(turns {f.turns_alone} / {f.turns_flooded}); the flooder sent {f.flood_sent_s:.0f} s "
+            f"(turns {f.turns_alone} / {f.turns_flooded}); the flooder "
+            + (f"({f.flood_frame_bytes}-byte frames) " if f.flood_frame_bytes else "")
+            + f"sent {f.flood_sent_s:.0f} s "
             f"of audio, closed: {f.flood_closed}" + (f", errors {f.errors[:2]}" if f.errors else "")
         )
     soak = run.soak

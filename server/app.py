@@ -46,7 +46,13 @@ from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
 from server.protocol import ROOM_ID, CloseCode
 from server.routes import HttpRoutes, problem_response
-from server.sockets import REFUSAL_WAIT_S, KeepServerSend, Socket, SocketClosed
+from server.sockets import (
+    REFUSAL_WAIT_S,
+    AsciiHeadersWebSocketProtocol,
+    KeepServerSend,
+    Socket,
+    SocketClosed,
+)
 from server.streaming import run_stream
 from server.twilio import SIGNATURE_HEADER, TwilioFraming, TwilioOpening, TwilioSignatures
 
@@ -112,7 +118,7 @@ class ChorusServer:
             KeepServerSend(self.app),
             host=host,
             port=port,
-            ws="websockets",
+            ws=AsciiHeadersWebSocketProtocol,
             ws_max_size=self.config.limits.max_frame_bytes,
             ws_max_queue=32,
             ws_ping_interval=20,

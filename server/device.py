@@ -23,6 +23,7 @@ from server.framing import (
     StreamKind,
     bad_message,
     declared_format,
+    schema_names,
 )
 from server.protocol import (
     CloseCode,
@@ -34,6 +35,8 @@ from server.protocol import (
     parse_device_message,
 )
 from server.reply_audio import device_reply_frames
+
+_NAMES = schema_names(StartMessage, StopMessage)
 
 
 def parse(text: str) -> StartMessage | StopMessage:
@@ -47,7 +50,7 @@ def parse(text: str) -> StartMessage | StopMessage:
                 "unsupported encoding (use pcm16 or mulaw)",
                 "unsupported_encoding",
             ) from exc
-        raise bad_message(exc) from exc
+        raise bad_message(exc, _NAMES) from exc
 
 
 def declaration_of(start: StartMessage) -> StreamDeclaration:

@@ -17,14 +17,23 @@ the tokens, the limits and the drain: a module never reads a socket, it parses w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from server.auth import RoomGrant, TokenProblem
 from server.chat import CHAT_ONLY_PREFIX
-from server.protocol import CloseCode, error_location
-from voice.audio import AudioError, Encoding, StreamFormat
+from server.protocol import CloseCode
+from voice.audio import (
+    MAX_SAMPLE_RATE,
+    MIN_SAMPLE_RATE,
+    AudioError,
+    Encoding,
+    FrameSizeError,
+    SampleRateError,
+    StreamFormat,
+    UnsupportedEncodingError,
+)
 
 StreamKind = Literal["device", "twilio"]
 """Which protocol a stream came in by (its metrics label and its feed `kind`)."""
@@ -82,18 +91,99 @@ def declared_format(sample_rate: int, encoding: Encoding, channels: int) -> Stre
     try:
         return StreamFormat(sample_rate=sample_rate, encoding=encoding, channels=channels)
     except AudioError as exc:
-        raise Refusal(CloseCode.BAD_MESSAGE, str(exc)[:120], "bad_format") from exc
+        raise format_refusal(exc) from exc
 
 
-def bad_message(exc: ValidationError) -> Refusal:
-    """The refusal for a protocol message that does not parse: not JSON, or a field that is wrong."""
-    errors = exc.errors()
+def format_refusal(exc: AudioError) -> Refusal:
+    """The refusal for a declared format the voice channel cannot take: a fixed text per kind of
+    problem, never the declared values (a reason never echoes what the client sent)."""
+    if isinstance(exc, UnsupportedEncodingError):
+        reason = "unsupported encoding (use pcm16 or mulaw)"
+    elif isinstance(exc, SampleRateError):
+        reason = f"unsupported sample rate ({MIN_SAMPLE_RATE}–{MAX_SAMPLE_RATE} Hz; mulaw: 8000 Hz)"
+    elif isinstance(exc, FrameSizeError):
+        reason = "unsupported channel count"
+    else:
+        reason = "unsupported audio format"
+    return Refusal(CloseCode.BAD_MESSAGE, reason, "bad_format")
+
+
+_PROBLEMS = {
+    "missing": "field required",
+    "string_type": "not a string",
+    "string_pattern_mismatch": "string does not match pattern",
+    "string_too_short": "string too short",
+    "string_too_long": "string too long",
+    "int_type": "not an integer",
+    "int_parsing": "not an integer",
+    "int_from_float": "not an integer",
+    "float_type": "not a number",
+    "float_parsing": "not a number",
+    "bool_type": "not a boolean",
+    "bool_parsing": "not a boolean",
+    "greater_than": "number too small",
+    "greater_than_equal": "number too small",
+    "less_than": "number too large",
+    "less_than_equal": "number too large",
+    "literal_error": "not one of the allowed values",
+    "enum": "not one of the allowed values",
+    "union_tag_invalid": "unknown message type",
+    "union_tag_not_found": "no message type",
+    "dict_type": "not an object",
+    "model_type": "not an object",
+    "model_attributes_type": "not an object",
+    "list_type": "not a list",
+    "extra_forbidden": "unknown field",
+}
+"""What a bad field is, by pydantic's error type: pydantic's own message may quote the input."""
+
+
+def schema_names(*types: Any) -> frozenset[str]:
+    """Every field name, alias and literal tag of these pydantic models (and of the models and
+    unions inside them): the parts of an error location that are not client text (a dict key
+    or a list index in a location is)."""
+    names: set[str] = set()
+    seen: set[type[BaseModel]] = set()
+
+    def walk(tp: Any) -> None:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            if tp not in seen:
+                seen.add(tp)
+                for name, field in tp.model_fields.items():
+                    names.update(n for n in (name, field.alias) if n)
+                    walk(field.annotation)
+        elif get_origin(tp) is Literal:
+            names.update(a for a in get_args(tp) if isinstance(a, str))
+        else:
+            for arg in get_args(tp):
+                walk(arg)
+
+    for tp in types:
+        walk(tp)
+    return frozenset(names)
+
+
+def bad_message(exc: ValidationError, names: frozenset[str]) -> Refusal:
+    """The refusal for a protocol message that does not parse: not JSON, or a field that is wrong.
+
+    Built from the error's type and location only (`names`: the protocol's `schema_names`; any
+    other part of the location, a dict key, is `*`): a reason never echoes what the client
+    sent, so it stays short and fixed whatever the message held."""
+    errors = exc.errors(include_url=False, include_input=False)
     if errors and errors[0].get("type") == "json_invalid":
         return Refusal(CloseCode.BAD_MESSAGE, "message is not JSON", "bad_json")
-    where = ".".join(error_location(list(errors))) or "message"
-    return Refusal(
-        CloseCode.BAD_MESSAGE, f"bad message at {where}: {errors[0]['msg']}"[:120], "bad_message"
+    first = errors[0] if errors else None
+    where = ".".join(
+        part if part in names else str(part) if isinstance(part, int) else "*"
+        for part in (first["loc"] if first else ())
     )
+    kind = first["type"] if first else "invalid"
+    if kind == "value_error" and first is not None and "error" in first.get("ctx", {}):
+        problem = str(first["ctx"]["error"])  # our own validators' text (server.protocol)
+    else:
+        problem = _PROBLEMS.get(kind, f"invalid ({kind})")
+    reason = f"bad message at {where or 'message'}: {problem}"
+    return Refusal(CloseCode.BAD_MESSAGE, reason, "bad_message")
 
 
 def check_stream_participant(grant: RoomGrant, participant: str) -> None:

@@ -11,18 +11,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
+import json
 import logging
 import re
+import warnings
 from collections.abc import AsyncIterator
 
 from fastapi import WebSocket
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect, WebSocketState
+from websockets.datastructures import Headers
+
+with warnings.catch_warnings():
+    # uvicorn flags its legacy-websockets protocol as deprecated at import; it is the
+    # implementation `chorus serve` runs on purpose (per-message backpressure)
+    warnings.simplefilter("ignore")
+    from uvicorn.protocols.websockets.websockets_impl import WebSocketProtocol
+    from websockets.legacy.server import HTTPResponse
 
 from server.protocol import ErrorMessage, dump
 
 REFUSAL_WAIT_S = 3.0
 """How long a refused peer gets to take the error and the close frame before it is cut off."""
+MAX_REASON_BYTES = 123
+"""A close frame's reason is at most 123 bytes of UTF-8 (RFC 6455 §5.5: 125 with the code)."""
+
+
+def close_reason(reason: str) -> str:
+    """`reason` cut to `MAX_REASON_BYTES` of UTF-8 without splitting a character: the one cut
+    every close frame (and the `error` message before it) goes through."""
+    data = reason.encode("utf-8", "replace")[:MAX_REASON_BYTES]
+    return data.decode("utf-8", "ignore")  # drops only a character the cut split
 
 
 class _RedactTokens(logging.Filter):
@@ -112,13 +132,14 @@ class Socket:
         try:
             async with asyncio.timeout(within_s):
                 with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-                    await self.ws.close(code, reason)
+                    await self.ws.close(code, close_reason(reason))
         except TimeoutError:
             self.abort()
 
     async def refuse(self, code: int, reason: str) -> None:
         """Say why (an `error` message), then close with `code`, all within `REFUSAL_WAIT_S`; a
         peer that does not read is cut off."""
+        reason = close_reason(reason)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REFUSAL_WAIT_S
         try:
@@ -127,7 +148,7 @@ class Socket:
         except (TimeoutError, SocketClosed):
             self.abort()
             return
-        await self.close(code, reason[:120], within_s=max(0.1, deadline - loop.time()))
+        await self.close(code, reason, within_s=max(0.1, deadline - loop.time()))
 
     def abort(self) -> None:
         """Drop the TCP connection now (a peer that stopped reading cannot take a close frame).
@@ -141,6 +162,26 @@ class Socket:
 
 
 SERVER_SEND_KEY = "chorus.server_send"
+
+_BAD_HEADER_BODY = json.dumps(
+    {"problem": "bad_request", "detail": "the request line or a header is not ASCII text"}
+).encode()
+
+
+class AsciiHeadersWebSocketProtocol(WebSocketProtocol):
+    """uvicorn's `websockets` protocol, answering `400` to an upgrade whose request line or a
+    header holds a non-ASCII byte. The handshake reads such bytes as surrogates, which uvicorn
+    cannot turn into ASGI headers: it answered `500` and logged a traceback per request."""
+
+    async def process_request(
+        self, path: str, request_headers: Headers
+    ) -> HTTPResponse | None:
+        if not path.isascii() or not all(
+            name.isascii() and value.isascii() for name, value in request_headers.raw_items()
+        ):
+            headers = [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+            return http.HTTPStatus.BAD_REQUEST, headers, _BAD_HEADER_BODY
+        return await super().process_request(path, request_headers)
 
 
 class KeepServerSend:

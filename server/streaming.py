@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable
 
-from server.framing import Refusal, StreamDeclaration, StreamFraming
+from server.framing import Refusal, StreamDeclaration, StreamFraming, format_refusal
 from server.live import LiveRooms, StreamLimitError
 from server.protocol import CloseCode
 from server.room_state import LiveStream, StreamTooFastError
@@ -42,12 +42,10 @@ async def run_stream(
     except StreamLimitError as exc:
         raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc
     except AudioError as exc:  # a declared format the voice channel cannot take (V10)
-        raise Refusal(CloseCode.BAD_MESSAGE, str(exc)[:120], "bad_format") from exc
+        raise format_refusal(exc) from exc
     except Exception as exc:  # the STT or model behind the stream is unavailable
         log.exception("could not open a %s stream in room %s", framing.kind, room)
-        raise Refusal(
-            CloseCode.INTERNAL_ERROR, f"stream could not start: {exc}"[:120], "pipeline_error"
-        ) from exc
+        raise Refusal(CloseCode.INTERNAL_ERROR, "stream could not start", "pipeline_error") from exc
     for message in framing.greeting(room, stream.id):
         stream.send(message)
     log.info(

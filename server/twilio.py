@@ -30,6 +30,7 @@ from server.framing import (
     StreamKind,
     bad_message,
     declared_format,
+    schema_names,
 )
 from server.protocol import ROOM_ID, CloseCode, dump
 from server.reply_audio import FRAME_SECONDS, PHONE_RATE, convert_reply
@@ -173,6 +174,9 @@ PARTICIPANT = r"[A-Za-z0-9_.:@+-]{1,64}"
 INBOUND_TRACKS = ("inbound", "inbound_track")
 
 
+_NAMES = schema_names(TwilioInbound)
+
+
 def parse(text: str | bytes) -> TwilioInbound:
     """One message from Twilio, or the refusal for it (Twilio frames are JSON text)."""
     if isinstance(text, bytes):
@@ -180,7 +184,7 @@ def parse(text: str | bytes) -> TwilioInbound:
     try:
         return parse_twilio_message(text)
     except ValidationError as exc:
-        raise bad_message(exc) from exc
+        raise bad_message(exc, _NAMES) from exc
 
 
 @dataclass(frozen=True)
@@ -226,7 +230,7 @@ class TwilioFraming:
         if fmt.encoding.lower() != "audio/x-mulaw" or fmt.channels != 1:
             raise Refusal(
                 CloseCode.UNSUPPORTED_ENCODING,
-                f"unsupported media format {fmt.encoding}/{fmt.channels}ch (need audio/x-mulaw mono)",
+                "unsupported media format (need audio/x-mulaw mono)",
                 "unsupported_encoding",
             )
         participant = params.get("participant") or f"call-{start.start.callSid}"

@@ -219,3 +219,29 @@ async def test_shutdown_drains_flushes_the_last_turns_then_closes_with_4503() ->
         # nothing is accepted any more
         with pytest.raises(OSError):
             await asyncio.open_connection(srv.host, srv.port)
+
+
+async def test_a_flood_of_the_largest_frames_is_refused_with_4429() -> None:
+    """Issue 25: the rate cap holds for frames of `max_frame_bytes` too (the probe saw such a
+    flooder cut with 1006): the flooder hears 4429 with its reason."""
+    async with limited_server(max_stream_rate=2.0, stream_burst_s=1.0, max_throttled_s=2) as srv:
+        limit = srv.server.config.limits.max_frame_bytes
+        flood = await DeviceStream.open(
+            srv.base, "flood", issue_token(SECRET, "flood"),
+            StartMessage(participant="fl", shared_mic=False), max_size=None,
+        )  # fmt: skip
+        frame = tone(limit / 32000 + 1)[:limit]
+
+        async def flood_until_closed() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    await flood.ws.send(frame)
+
+        sender = asyncio.create_task(flood_until_closed())
+        assert flood._reader is not None
+        async with asyncio.timeout(120):
+            await flood._reader  # the device's own reader sees the close
+            await sender
+        assert flood.ws.close_code == CloseCode.TOO_MANY_STREAMS
+        assert "faster than 2x real time" in (flood.ws.close_reason or "")
+        assert srv.server.metrics.refused_total["stream_too_fast"] == 1

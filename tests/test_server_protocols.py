@@ -12,6 +12,7 @@ import pytest
 from server.device import DeviceFraming
 from server.framing import Refusal, StoppedBeforeStart, StreamDeclaration, StreamFraming
 from server.protocol import CloseCode, StartMessage, dump, parse_server_message
+from server.sockets import close_reason
 from server.twilio import TwilioFraming, TwilioOpening
 from voice.audio import StreamFormat
 
@@ -245,3 +246,46 @@ def test_the_caller_hears_nothing_on_start_and_replies_as_media_on_its_stream() 
 def test_both_protocols_have_the_shape_the_server_runs() -> None:
     framings: list[StreamFraming] = [DeviceFraming(), TwilioFraming()]
     assert [f.kind for f in framings] == ["device", "twilio"]
+
+
+# --------------------------------------------------------------------------- reasons
+
+
+MARK = "zz-client-text"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (TwilioFraming().opening, json.dumps({"event": MARK})),
+        (TwilioFraming().opening, _twilio_start({MARK: 5})),  # type: ignore[dict-item]
+        (TwilioFraming().opening, json.dumps({"event": "start", "streamSid": MARK})),
+        (DeviceFraming().start, json.dumps({"type": MARK})),
+        (DeviceFraming().start, json.dumps({"type": "start", "participant": MARK + " !"})),
+        (DeviceFraming().start, json.dumps({"type": "start", "participant": "a",
+                                            "sample_rate": MARK})),
+    ],
+)  # fmt: skip
+def test_a_refusal_reason_never_echoes_the_message(call: Any, message: str) -> None:
+    """Issue 25.2: a reason is a fixed text per kind of problem (pydantic's own message quotes
+    the input for some errors, a dict key is client text)."""
+    code, _, reason = _refused(call, message)
+    assert code == CloseCode.BAD_MESSAGE and reason.startswith("bad message at ")
+    assert MARK not in reason
+
+
+def test_a_declared_format_refusal_names_no_declared_value() -> None:
+    leg = TwilioFraming()
+    opening = leg.opening(_twilio_start({"room": "r1"}, {"sampleRate": 12345}))
+    assert opening is not None
+    code, metric, reason = _refused(leg.declare, opening)
+    assert (code, metric) == (CloseCode.BAD_MESSAGE, "bad_format") and "12345" not in reason
+
+
+@pytest.mark.parametrize("text", ["ł" * 100, "a" * 122 + "ł", "a" * 200, "ok", "\ud800" * 5])
+def test_a_close_reason_is_at_most_123_bytes_of_whole_characters(text: str) -> None:
+    cut = close_reason(text)
+    assert len(cut.encode()) <= 123
+    assert text.startswith(cut) or "\ud800" in text  # a cut, never a split character
+    if len(text.encode("utf-8", "replace")) <= 123:
+        assert cut == text or "\ud800" in text

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
@@ -278,3 +279,69 @@ async def test_a_dropped_device_is_closed_and_forgotten(
     assert server.server.metrics.streams_active["device"] == 1  # the bystander's
     live = await server.server.rooms.room("calm")
     assert [s.info.declaration.participant for s in live.streams.values()] == ["steady"]
+
+
+def _no_client_text_logged(caplog: pytest.LogCaptureFixture, *texts: str) -> None:
+    """One bounded line per refused connection: no traceback, nothing the client sent."""
+    for record in caplog.records:
+        line = record.getMessage()
+        assert record.exc_info is None, f"traceback logged: {line}"
+        assert len(line) < 300 and not any(t in line for t in texts), line
+
+
+async def test_a_reason_never_echoes_the_client_and_fits_a_close_frame(
+    server: RunningServer, bystanders: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25.2: reasons built from client text, cut at 120 characters, overflowed the close
+    frame (123 bytes) with non-ASCII input: 1006 and a traceback per 60-byte message."""
+    caplog.set_level(logging.INFO)
+    token = issue_token(SECRET, "r1")
+    sent = [
+        (f"{server.base}/v1/twilio", {"event": "ł" * 60}),
+        (f"{server.base}/v1/twilio", {"event": "start", "streamSid": "MZ1", "start": {
+            "streamSid": "MZ1", "callSid": "CA1", "customParameters": {"ł" * 60: 5}}}),
+        (stream_url(server.base, "r1", token), {"type": "start", "participant": "ł" * 60}),
+        (stream_url(server.base, "r1", token), {"type": "ł" * 60}),
+    ]  # fmt: skip
+    for url, message in sent:
+        async with connect(url) as ws:
+            await ws.send(json.dumps(message, ensure_ascii=False))
+            code, reason = await _closed_with(ws)
+        assert code == CloseCode.BAD_MESSAGE, (message, code)
+        assert reason.startswith("bad message at ") and "ł" not in reason
+        assert len(reason.encode()) <= 123
+    _no_client_text_logged(caplog, "ł")
+
+
+def _upgrade(port: int, path: bytes, header: bytes) -> bytes:
+    """A raw websocket upgrade with one extra header line; the status line of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        raw.sendall(
+            b"GET " + path + b" HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n" + header + b"\r\n\r\n"
+        )
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = raw.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+async def test_a_non_ascii_header_on_an_upgrade_is_a_400(
+    server: RunningServer, bystanders: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25.2: a header byte outside ASCII made uvicorn's handshake fail (500, traceback)."""
+    caplog.set_level(logging.INFO)
+    token = issue_token(SECRET, "r1").encode()
+    for path, header in [
+        (b"/v1/twilio", "X-Caller: Łukasz".encode()),
+        (b"/v1/rooms/r1/stream?token=" + token, "User-Agent: ł".encode()),
+        (b"/v1/rooms/r1/stream", "Authorization: Bearer ł".encode()),
+        (b"/v1/rooms/r1/events", b"X-Name: \xff\xfe"),
+    ]:
+        status = await asyncio.to_thread(_upgrade, server.server.port, path, header)
+        assert status == b"HTTP/1.1 400 Bad Request", (path, header, status)
+    _no_client_text_logged(caplog, "ł", "Łukasz")
