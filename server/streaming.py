@@ -21,6 +21,7 @@ from server.protocol import CloseCode
 from server.room_state import LiveStream, StreamTooFastError
 from server.sockets import Socket, SocketClosed
 from voice.audio import AudioError
+from voice.stt.base import SttRefusedError
 
 log = logging.getLogger("chorus.server")
 
@@ -43,6 +44,11 @@ async def run_stream(
         raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc
     except AudioError as exc:  # a declared format the voice channel cannot take (V10)
         raise Refusal(CloseCode.BAD_MESSAGE, str(exc)[:120], "bad_format") from exc
+    except SttRefusedError as exc:  # the STT refused the server's key: told, never retried
+        log.error("room %s: the STT refused a new stream: %s", room, exc)
+        raise Refusal(
+            CloseCode.INTERNAL_ERROR, f"stream could not start: {exc}"[:120], "stt_refused"
+        ) from exc
     except Exception as exc:  # the STT or model behind the stream is unavailable
         log.exception("could not open a %s stream in room %s", framing.kind, room)
         raise Refusal(

@@ -33,6 +33,7 @@ from voice.stt.base import (
     SttDegraded,
     SttEvent,
     SttRecovered,
+    SttRefused,
     SttStatus,
     SttStream,
     Transcript,
@@ -211,10 +212,13 @@ class VoiceSession:
     # -- STT events and stage decisions → the assembler ------------------------------------
 
     async def _on_stt_event(self, event: SttEvent) -> None:
-        if isinstance(event, StreamError | SttDegraded | SttRecovered | AudioLost):
+        if isinstance(event, StreamError | SttDegraded | SttRecovered | AudioLost | SttRefused):
             if isinstance(event, StreamError):
                 self.error = event.message
                 log.error("voice session %s: %s", self.id, event.message)
+            elif isinstance(event, SttRefused):
+                self.error = f"the STT refused the stream: {event.reason}"
+                log.error("voice session %s: %s", self.id, self.error)
             self.status.append(event)
             await self.channel._report_status(self, event)
             return

@@ -95,6 +95,12 @@ class RawFinalized:
 RawEvent = RawResult | RawUtteranceEnd | RawFinalized
 
 
+class SttRefusedError(ConnectionError):
+    """The provider refused this client: bad credentials or no permission (HTTP 401/403).
+    Raised by `SttProvider.connect`. Final: retrying cannot help, so the stream never retries
+    it. The message names the status and never holds a secret."""
+
+
 class SttConnection(abc.ABC):
     """One live connection to a provider. Times in its events are relative to its first sample."""
 
@@ -178,6 +184,15 @@ class StreamError:
 
 
 @dataclass(frozen=True)
+class SttRefused:
+    """The provider refused the stream's credentials or permission (`SttRefusedError`: HTTP
+    401/403), on the first connection or on a reconnect. Final: the stream stops for good and
+    never retries; `reason` names the status (no secret in it)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class SttDegraded:
     """The connection dropped; audio is being buffered while the stream reconnects."""
 
@@ -211,10 +226,11 @@ class AudioLost:
         return self.end - self.start
 
 
-SttStatus = SttDegraded | SttRecovered | AudioLost | StreamError
+SttStatus = SttDegraded | SttRecovered | AudioLost | StreamError | SttRefused
 """Events about the stream itself (not its words): what a device and the metrics are told."""
 
-SttEvent = Transcript | UtteranceEnd | StreamError | SttDegraded | SttRecovered | AudioLost
+SttEvent = (Transcript | UtteranceEnd | StreamError | SttDegraded | SttRecovered | AudioLost
+            | SttRefused)
 
 
 def _brief(exc: BaseException) -> str:
@@ -300,6 +316,8 @@ class SttStream:
         """Provider results → session words: times, labels, duplicates, what is final."""
         self._connected = asyncio.Event()
         self.error: str | None = None
+        self.refused: str | None = None
+        """Why the provider refused the stream (`SttRefused`), once it has: final."""
 
     # -- public API ------------------------------------------------------------------------
 
@@ -319,8 +337,15 @@ class SttStream:
         waiter = asyncio.ensure_future(self._connected.wait())
         await asyncio.wait([waiter, self._runner], return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
+        if self.refused is not None and self.error is not None:
+            raise SttRefusedError(self.error)
         if self.error is not None:
             raise ConnectionError(self.error)
+
+    @property
+    def ended(self) -> bool:
+        """The stream stopped for good (refused, or it gave up): nothing more will be sent."""
+        return self._runner is not None and self._runner.done()
 
     @property
     def connected(self) -> bool:
@@ -455,6 +480,14 @@ class SttStream:
         while not self._closing:
             try:
                 conn = await self.provider.connect()
+            except SttRefusedError as exc:  # final: bad credentials are never retried
+                self.refused = str(exc) or "refused by the provider"
+                self.error = f"{name}: refused ({self.refused})"
+                log.error("%s: the provider refused the stream, not retrying: %s", name,
+                          self.refused)
+                self._connected.set()
+                await self._emit(SttRefused(self.refused))
+                return
             except Exception as exc:
                 attempts += 1
                 if self.generation < 0 and attempts >= self.start_attempts:

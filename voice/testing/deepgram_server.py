@@ -18,6 +18,8 @@ cannot drift from what the client reads. It behaves like the service where tests
   handshake, as a load balancer in front of an unavailable service answers) for that many
   seconds of wall time; `outage_after(audio_seconds, seconds)` starts one when a connection has
   received that much audio;
+- `refuse_handshakes(status)` answers every later handshake with that HTTP status (401: the key
+  was revoked, 403: no permission) until `refuse_handshakes(None)`;
 - speaker ids restart at 0 on every connection, in order of first appearance, as Deepgram's do;
   a connection that asked for `diarize=false` gets words without `speaker`, as from Deepgram.
 
@@ -252,7 +254,8 @@ class DeepgramTestServer:
         self._outage_after: tuple[float, float] | None = None
         self._refuse_until = 0.0
         self.refused = 0
-        """Handshakes refused during outages."""
+        """Handshakes refused (during outages, or by `refuse_handshakes`)."""
+        self._handshake_status: HTTPStatus | None = None
         self.outage_ended = asyncio.Event()
         """Set when the last outage's refusal window has passed."""
         self.port = 0
@@ -283,7 +286,14 @@ class DeepgramTestServer:
         if asyncio.get_running_loop().time() >= self._refuse_until:
             self.outage_ended.set()
 
+    def refuse_handshakes(self, status: HTTPStatus | int | None) -> None:
+        """Answer every later handshake with HTTP `status` (None: accept again)."""
+        self._handshake_status = None if status is None else HTTPStatus(status)
+
     def _refuse_during_outage(self, connection: ServerConnection, request: Request) -> Response | None:
+        if self._handshake_status is not None:
+            self.refused += 1
+            return connection.respond(self._handshake_status, f"{self._handshake_status.phrase}\n")
         if asyncio.get_running_loop().time() < self._refuse_until:
             self.refused += 1
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "service unavailable\n")

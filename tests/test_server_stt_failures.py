@@ -1,0 +1,72 @@
+"""Issue 25.7 and 25.15 over real sockets: what a device and the feed hear when the STT service
+refuses the server's key, and that a drain with the STT down has a deadline (the device gets
+4503). The STT is the real deepgram-sdk against the local Deepgram-protocol server."""
+
+from __future__ import annotations
+
+import asyncio
+from http import HTTPStatus
+
+from server.auth import Grant, issue_token
+from server.client import DeviceStream, EventFeed
+from server.protocol import CloseCode, ErrorMessage, FeedMessage, StartMessage, SttStatusMessage
+from server.testing.harness import (
+    SECRET,
+    eventually,
+    metric_value,
+    running_server_with_local_stt,
+    tone,
+)
+
+
+def statuses(received: list[FeedMessage]) -> list[SttStatusMessage]:
+    return [m for m in received if isinstance(m, SttStatusMessage)]
+
+
+async def test_a_401_on_reconnect_is_told_to_device_and_feed_as_refused_and_counted() -> None:
+    async with running_server_with_local_stt({"stt": {"diarize": False}}) as server:
+        stt = server.stt_server
+        assert stt is not None
+        feed = await EventFeed.open(server.base, "r1", issue_token(SECRET, "r1", grants=[Grant.FEED]))
+        device = await DeviceStream.open(
+            server.base, "r1", issue_token(SECRET, "r1"), StartMessage(participant="room-1")
+        )
+        await device.send_audio(tone(0.5), realtime=False)
+        await eventually(lambda: bool(stt.connections and stt.connections[0].audio), 30, "audio")
+        stt.refuse_handshakes(HTTPStatus.UNAUTHORIZED)
+        stt.drop_now()
+        await eventually(lambda: any(m.status == "refused" for m in statuses(device.received)),
+                         30, "refused on the device")
+        await eventually(lambda: any(m.status == "refused" for m in statuses(feed.received)),
+                         30, "refused on the feed")
+        await device.send_audio(tone(0.5), realtime=False)  # the stream goes on reading
+        async with asyncio.timeout(60):
+            await device.stop()
+        _, body = await server.http_get("/metrics")
+        await feed.close()
+    told = statuses(device.received)
+    assert [m.status for m in told][:2] == ["degraded", "refused"]
+    refused = told[1]
+    assert refused.reason is not None and "HTTP 401" in refused.reason
+    assert "test" not in refused.reason.split()  # the API key ("test") is never in it
+    assert [m.stream for m in statuses(feed.received)] == [refused.stream]
+    assert stt.refused == 1  # never retried
+    assert metric_value(body, "chorus_stt_refused_total") == 1.0
+
+
+async def test_a_401_on_the_first_connect_refuses_the_stream_at_once_and_counts_it() -> None:
+    async with running_server_with_local_stt({"stt": {"diarize": False}}) as server:
+        stt = server.stt_server
+        assert stt is not None
+        stt.refuse_handshakes(HTTPStatus.UNAUTHORIZED)
+        device = await DeviceStream.open(
+            server.base, "r1", issue_token(SECRET, "r1"), StartMessage(participant="room-1")
+        )
+        async with asyncio.timeout(60):
+            await device.ws.wait_closed()
+        _, body = await server.http_get("/metrics")
+    errors = [m for m in device.received if isinstance(m, ErrorMessage)]
+    assert device.ws.close_code == CloseCode.INTERNAL_ERROR
+    assert errors and "HTTP 401" in errors[0].reason
+    assert stt.refused == 1
+    assert metric_value(body, "chorus_stt_refused_total") == 1.0

@@ -1,0 +1,62 @@
+"""STT failures other than a clean drop (issue 25.7): a refusal is final and told, a provider that
+goes quiet is a drop found in bounded time, a connect that never completes is a failed attempt,
+and audio the stream could not transcribe when it ended is counted (rule S2: reconnect with the
+unsent audio carried over; V10: never a hang).
+
+Real parts: the deepgram-sdk client against the local Deepgram-protocol server
+(`voice.testing.deepgram_server`), told to answer 401, to go quiet, or to hold handshakes."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+import pytest
+
+from rooms.retry import Backoff
+from server.testing.harness import eventually
+from tests.test_voice_stt_outage import StatusLog
+from tests.voice_helpers import voice_room
+from voice.channel import VoiceChannel
+from voice.stt.base import SttDegraded, SttRefused, SttRefusedError
+from voice.stt.deepgram import DeepgramSTT
+from voice.testing.deepgram_server import DeepgramTestServer
+
+KEY = "dg-secret-key-0123456789"
+SILENCE = b"\0\0" * 1600
+"""0.1 s of PCM16 at 16 kHz."""
+
+
+async def test_S2_a_401_on_reconnect_is_final_told_once_and_never_retried() -> None:
+    status = StatusLog()
+    async with DeepgramTestServer() as server:
+        channel = VoiceChannel(stt=DeepgramSTT(KEY, url=server.url), on_status=status)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        session.stt.backoff = Backoff(first=0.01, longest=0.02)  # a retry would come at once
+        session.push(SILENCE)
+        await eventually(lambda: server.connections and server.connections[0].audio, 30, "audio")
+        server.refuse_handshakes(HTTPStatus.UNAUTHORIZED)  # the key was revoked
+        server.drop_now()
+        await status.wait_for(SttRefused, 1, within=30.0)
+        await eventually(lambda: session.stt.ended, 30, "the stream to stop trying")
+        session.push(SILENCE)
+        await session.finish()
+    assert [type(e) for e in status.events][:2] == [SttDegraded, SttRefused]
+    refused = status.of(SttRefused)[0]
+    assert isinstance(refused, SttRefused) and "HTTP 401" in refused.reason
+    assert KEY not in refused.reason and "Authorization" not in refused.reason
+    assert server.refused == 1  # one handshake refused, never tried again
+    assert session.error is not None and "HTTP 401" in session.error
+
+
+async def test_S2_a_403_on_the_first_connect_fails_start_at_once_with_a_refusal() -> None:
+    status = StatusLog()
+    async with DeepgramTestServer() as server:
+        server.refuse_handshakes(HTTPStatus.FORBIDDEN)
+        channel = VoiceChannel(stt=DeepgramSTT(KEY, url=server.url), on_status=status)
+        await voice_room(channel)
+        with pytest.raises(SttRefusedError, match="HTTP 403") as caught:
+            await channel.start_session("room", "mic-1")
+    assert KEY not in str(caught.value)
+    assert server.refused == 1  # not the five attempts a service that cannot be reached gets
+    assert [type(e) for e in status.events] == [SttRefused]
