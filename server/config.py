@@ -240,6 +240,10 @@ class LimitsConfig(_Section):
     """Phone legs that have not authenticated yet (no `start` with a token), server-wide."""
     max_unauthenticated_per_address: int = Field(default=8, ge=1)
     """The same, per client address."""
+    drain_timeout_s: float = Field(default=20.0, gt=0)
+    """Shutdown's deadline (SIGTERM, `server.stop()`): every stream has this long, all together,
+    to flush its STT, send its last turns and be closed with 4503, whatever its STT does (a
+    stream still flushing at the deadline is closed regardless); feeds are closed after."""
     idle_room_seconds: float = Field(default=300.0, ge=0)
     """A room with no open stream and no feed consumer for this long is evicted: its realtime
     session, pooled voice channels and live state are freed; its stored turns, participants and

@@ -5,7 +5,10 @@ refuses the server's key, and that a drain with the STT down has a deadline (the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from http import HTTPStatus
+
+from websockets.exceptions import ConnectionClosed
 
 from server.auth import Grant, issue_token
 from server.client import DeviceStream, EventFeed
@@ -70,3 +73,34 @@ async def test_a_401_on_the_first_connect_refuses_the_stream_at_once_and_counts_
     assert errors and "HTTP 401" in errors[0].reason
     assert stt.refused == 1
     assert metric_value(body, "chorus_stt_refused_total") == 1.0
+
+
+async def _keep_sending(device: DeviceStream) -> None:
+    """A device that goes on streaming until the server closes it."""
+    with contextlib.suppress(ConnectionClosed):
+        while True:
+            await device.ws.send(tone(0.1))
+            await asyncio.sleep(0.01)
+
+
+async def test_a_drain_with_the_stt_down_closes_the_device_with_4503_by_the_deadline() -> None:
+    """Issue 25.15: the draining stream waited on an STT that was down (flush, then close) for
+    40 s and more, without reading its socket, so the device never got 4503."""
+    config = {"stt": {"diarize": False}, "limits": {"drain_timeout_s": 2.0}}
+    async with running_server_with_local_stt(config) as server:
+        stt = server.stt_server
+        assert stt is not None
+        device = await DeviceStream.open(
+            server.base, "r1", issue_token(SECRET, "r1"), StartMessage(participant="room-1")
+        )
+        await device.send_audio(tone(0.5), realtime=False)
+        await eventually(lambda: bool(stt.connections and stt.connections[0].audio), 30, "audio")
+        stt.outage(600.0)  # the STT is down for the rest of the test
+        await eventually(lambda: any(m.status == "degraded" for m in statuses(device.received)),
+                         30, "degraded")
+        sending = asyncio.create_task(_keep_sending(device))
+        async with asyncio.timeout(25):  # a bound far above the 2 s deadline, far below 40 s
+            await server.server.stop()
+            await device.ws.wait_closed()
+        await sending
+    assert device.ws.close_code == CloseCode.SHUTTING_DOWN

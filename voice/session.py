@@ -193,16 +193,24 @@ class VoiceSession:
         tail = self.decoder.flush()  # the resampler's last samples (ends the decoder)
         if len(tail) and not self.paused:
             self._accept(tail)
-        if self.stage is not None:
-            # before the STT's flush force-assigns the last words: what the stage still holds
-            # back (the embedded live stage decides up to a second late) must be decided first,
-            # or the stream's last words fall back to the stream owner
-            await self.stage.flush(self.id)
-        await self.flush()
-        self.finished = True
-        await self.stt.aclose()
-        async with self._lock:
-            await self._advance(force=True)
+        try:
+            if self.stage is not None:
+                # before the STT's flush force-assigns the last words: what the stage still
+                # holds back (the embedded live stage decides up to a second late) must be
+                # decided first, or the stream's last words fall back to the stream owner
+                await self.stage.flush(self.id)
+            await self.flush()
+            self.finished = True
+            await self.stt.aclose()
+            async with self._lock:
+                await self._advance(force=True)
+        except asyncio.CancelledError:  # the caller's deadline (a server drain): stop now
+            self.finished = True
+            self.stt.abort()
+            if self.stage is not None:
+                self.stage.cancel()
+            self.channel._sessions.pop(self.id, None)
+            raise
         if self.stage is not None:
             await self.stage.stop()
         self.channel._sessions.pop(self.id, None)

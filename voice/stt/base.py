@@ -430,6 +430,16 @@ class SttStream:
                 await self._runner
         self._runner = None
 
+    def abort(self) -> None:
+        """Stop now, without a flush (a caller's deadline passed): the runner is cancelled, and
+        the live connection with it (its tasks tear it down)."""
+        self._closing = True
+        self._closing_event.set()
+        self._audio_ready.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.cancel()
+
     # -- internals -------------------------------------------------------------------------
 
     async def _wait_sent(self, wait_seconds: float) -> None:
