@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from voice.assembler import TurnPolicy
+from voice.stt.base import CONNECT_TIMEOUT, SILENCE_TIMEOUT, START_TIMEOUT, SttBounds
 
 
 class _Section(BaseModel):
@@ -61,6 +62,17 @@ class SttConfig(_Section):
     diarize: bool = True
     """Ask a diarizing STT for its own speaker labels (V3)."""
     language: str | None = None
+    connect_timeout_s: float = Field(default=CONNECT_TIMEOUT, gt=0)
+    """A connect (TCP and handshake) that has not completed by then is a failed attempt."""
+    start_timeout_s: float = Field(default=START_TIMEOUT, gt=0)
+    """A stream's first STT connection must be up by then, or the stream is refused (1011)."""
+    silence_timeout_s: float = Field(default=SILENCE_TIMEOUT, gt=0)
+    """A streaming STT (Deepgram) that says nothing for this long after audio was sent to it is
+    treated as dropped: `degraded`, then reconnect."""
+
+    def bounds(self) -> SttBounds:
+        return SttBounds(connect=self.connect_timeout_s, start=self.start_timeout_s,
+                         silence=self.silence_timeout_s)
 
 
 class DiarizerConfig(_Section):

@@ -104,3 +104,21 @@ async def test_a_drain_with_the_stt_down_closes_the_device_with_4503_by_the_dead
             await device.ws.wait_closed()
         await sending
     assert device.ws.close_code == CloseCode.SHUTTING_DOWN
+
+
+async def test_an_stt_that_never_completes_the_handshake_refuses_the_stream_within_the_bound() -> None:
+    """Issue 25.7: a device whose STT accepted TCP and never answered the upgrade waited 102 s
+    without `started`; now it is refused once `stt.start_timeout_s` has passed."""
+    config = {"stt": {"diarize": False, "connect_timeout_s": 0.5, "start_timeout_s": 1.0}}
+    async with running_server_with_local_stt(config) as server:
+        stt = server.stt_server
+        assert stt is not None
+        stt.hold_handshakes()
+        device = await DeviceStream.open(
+            server.base, "r1", issue_token(SECRET, "r1"), StartMessage(participant="room-1")
+        )
+        async with asyncio.timeout(25):  # far above the 1 s bound, far below 102 s
+            await device.ws.wait_closed()
+    errors = [m for m in device.received if isinstance(m, ErrorMessage)]
+    assert device.ws.close_code == CloseCode.INTERNAL_ERROR
+    assert errors and "did not complete" in errors[0].reason

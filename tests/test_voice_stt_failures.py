@@ -8,6 +8,7 @@ Real parts: the deepgram-sdk client against the local Deepgram-protocol server
 
 from __future__ import annotations
 
+import asyncio
 from http import HTTPStatus
 
 import pytest
@@ -17,7 +18,7 @@ from server.testing.harness import eventually
 from tests.test_voice_stt_outage import StatusLog
 from tests.voice_helpers import voice_room
 from voice.channel import VoiceChannel
-from voice.stt.base import SttDegraded, SttRefused, SttRefusedError
+from voice.stt.base import SttBounds, SttDegraded, SttRecovered, SttRefused, SttRefusedError
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer
 
@@ -60,3 +61,50 @@ async def test_S2_a_403_on_the_first_connect_fails_start_at_once_with_a_refusal(
     assert KEY not in str(caught.value)
     assert server.refused == 1  # not the five attempts a service that cannot be reached gets
     assert [type(e) for e in status.events] == [SttRefused]
+
+
+SHORT = SttBounds(connect=0.5, start=1.5, silence=0.5, close=0.5)
+"""Short bounds, so a test waits on events, not on the defaults."""
+
+
+async def test_S2_a_provider_that_accepts_and_never_answers_is_a_drop_found_in_bounded_time() -> None:
+    status = StatusLog()
+    async with DeepgramTestServer() as server:
+        channel = VoiceChannel(stt=DeepgramSTT(KEY, url=server.url), on_status=status,
+                               stt_bounds=SHORT)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        server.go_silent()
+        session.push(SILENCE)
+        await status.wait_for(SttDegraded, 1, within=30.0)
+        server.go_silent(False)
+        await status.wait_for(SttRecovered, 1, within=30.0)
+        await session.finish()
+    degraded = status.of(SttDegraded)[0]
+    assert isinstance(degraded, SttDegraded) and "no answer from the provider" in degraded.reason
+    assert len(server.connections) >= 2
+
+
+async def test_S2_stop_ends_in_bounded_time_when_the_provider_never_answers() -> None:
+    """Before issue 25.7 the flush waited 30 s for Finalize, `aclose` flushed again (30 s) and
+    then waited 10 s more for the connection to end: 70 s."""
+    async with DeepgramTestServer() as server:
+        channel = VoiceChannel(stt=DeepgramSTT(KEY, url=server.url), stt_bounds=SHORT)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        server.go_silent()  # takes audio and Finalize and CloseStream, answers nothing
+        session.push(SILENCE)
+        async with asyncio.timeout(20):  # far above the bounds, far below the old 70 s
+            await session.finish()
+    assert session.finished
+
+
+async def test_S2_a_handshake_that_never_completes_fails_start_within_the_start_bound() -> None:
+    async with DeepgramTestServer() as server:
+        server.hold_handshakes()  # TCP accepted, the websocket upgrade never answered
+        channel = VoiceChannel(stt=DeepgramSTT(KEY, url=server.url), stt_bounds=SHORT)
+        await voice_room(channel)
+        async with asyncio.timeout(20):  # far above the 1.5 s start bound
+            with pytest.raises(ConnectionError, match="did not complete"):
+                await channel.start_session("room", "mic-1")
+    assert server.held >= 1

@@ -88,7 +88,8 @@ class VoiceSession:
         self.interim: tuple[Word, ...] = ()
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
-        self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
+        self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers,
+                             bounds=channel.stt_bounds)
         self.assembler = TurnAssembler(channel.policy, pipeline=stage is not None)
         self.writer = TurnWriter(self, self.assembler, channel.kept_turns)
         """Applies the assembler's decisions: hooks, posts, corrections in place."""

@@ -66,6 +66,8 @@ class DeepgramSTT(SttProvider):
 
     name = "deepgram"
     diarizes = True
+    answers_audio = True
+    """Deepgram sends `Results` (empty ones for silence) for every few seconds of audio."""
 
     def __init__(
         self,
