@@ -122,3 +122,26 @@ async def test_an_stt_that_never_completes_the_handshake_refuses_the_stream_with
     errors = [m for m in device.received if isinstance(m, ErrorMessage)]
     assert device.ws.close_code == CloseCode.INTERNAL_ERROR
     assert errors and "did not complete" in errors[0].reason
+
+
+async def test_audio_after_the_stt_went_down_for_good_is_told_as_audio_lost_and_counted() -> None:
+    """Issue 25.7: an STT still down when the stream ended lost its audio with no `audio_lost`
+    and no metric."""
+    async with running_server_with_local_stt({"stt": {"diarize": False}}) as server:
+        stt = server.stt_server
+        assert stt is not None
+        device = await DeviceStream.open(
+            server.base, "r1", issue_token(SECRET, "r1"), StartMessage(participant="room-1")
+        )
+        await eventually(lambda: bool(stt.connections), 30, "the STT connection")
+        stt.outage(600.0)
+        await eventually(lambda: any(m.status == "degraded" for m in statuses(device.received)),
+                         30, "degraded")
+        await device.send_audio(tone(2.0), realtime=False)
+        async with asyncio.timeout(60):
+            await device.stop()
+        _, body = await server.http_get("/metrics")
+    lost = [m for m in statuses(device.received) if m.status == "audio_lost"]
+    assert len(lost) == 1 and lost[0].start is not None and lost[0].end is not None
+    assert lost[0].end - lost[0].start >= 2.0 - 1e-6
+    assert metric_value(body, "chorus_stt_audio_lost_seconds_total") >= 2.0 - 1e-6

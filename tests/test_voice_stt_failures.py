@@ -18,7 +18,14 @@ from server.testing.harness import eventually
 from tests.test_voice_stt_outage import StatusLog
 from tests.voice_helpers import voice_room
 from voice.channel import VoiceChannel
-from voice.stt.base import SttBounds, SttDegraded, SttRecovered, SttRefused, SttRefusedError
+from voice.stt.base import (
+    AudioLost,
+    SttBounds,
+    SttDegraded,
+    SttRecovered,
+    SttRefused,
+    SttRefusedError,
+)
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer
 
@@ -108,3 +115,22 @@ async def test_S2_a_handshake_that_never_completes_fails_start_within_the_start_
             with pytest.raises(ConnectionError, match="did not complete"):
                 await channel.start_session("room", "mic-1")
     assert server.held >= 1
+
+
+async def test_S2_audio_the_stt_never_took_because_it_was_down_at_the_end_is_counted_and_told() -> None:
+    """Before issue 25.7 an STT still down when the stream ended lost that audio silently."""
+    status = StatusLog()
+    async with DeepgramTestServer() as server:
+        channel = VoiceChannel(stt=DeepgramSTT(KEY, url=server.url), on_status=status,
+                               stt_bounds=SHORT)
+        await voice_room(channel)
+        session = await channel.start_session("room", "mic-1")
+        server.outage(600.0)  # down for the rest of the stream
+        await status.wait_for(SttDegraded, 1, within=30.0)
+        for _ in range(20):
+            session.push(SILENCE)  # 2 s the STT never hears
+        await session.finish()
+    lost = status.of(AudioLost)
+    assert len(lost) == 1 and isinstance(lost[0], AudioLost)
+    assert lost[0].end == pytest.approx(2.0) and lost[0].seconds >= 2.0 - 1e-6
+    assert session.stt.lost_seconds == pytest.approx(lost[0].seconds)

@@ -247,7 +247,8 @@ class SttRecovered:
 @dataclass(frozen=True)
 class AudioLost:
     """Audio of session time [start, end) was never transcribed: an outage outlasted the bounded
-    carry-over buffer. Turns on either side are unaffected."""
+    carry-over buffer, or the STT was down (refused, silent) when the stream ended. Turns on
+    either side are unaffected."""
 
     start: float
     end: float
@@ -353,6 +354,8 @@ class SttStream:
         """Provider results → session words: times, labels, duplicates, what is final."""
         self._connected = asyncio.Event()
         self._flushed_through = -1
+        self._flush_answered = False
+        """The last flush was answered on a live connection: everything sent is final."""
         """`audio.total` when the last flush began (`aclose` flushes again only past it)."""
         self.error: str | None = None
         self.refused: str | None = None
@@ -423,6 +426,7 @@ class SttStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + quiet
         self._flushed_through = self.audio.total
+        self._flush_answered = False
         while self.error is None and loop.time() < deadline:
             await self._wait_sent(deadline - loop.time())
             current = self._current
@@ -439,6 +443,7 @@ class SttStream:
                             self.provider.name, quiet)
                 return
             if not current.dropped:
+                self._flush_answered = True
                 return
             deadline = max(deadline, self.heard_at + quiet)  # still answering: wait on
 
@@ -477,6 +482,12 @@ class SttStream:
             with contextlib.suppress(BaseException):
                 await self._runner
         self._runner = None
+        end = self.audio.total
+        covered = round(self.covered_until * STT_SAMPLE_RATE)
+        if not self._flush_answered and end > covered:
+            # the STT was down (or silent, or had refused) when the stream ended: what it had
+            # not answered is never transcribed; say so, with its span
+            await self._lose(covered, end, "the STT was not answering when the stream ended")
 
     def abort(self) -> None:
         """Stop now, without a flush (a caller's deadline passed): the runner is cancelled, and
@@ -522,12 +533,13 @@ class SttStream:
         loop = asyncio.get_running_loop()
         return _Connection(conn, self.generation, start, start, loop.time())
 
-    async def _lose(self, start: int, end: int) -> None:
+    async def _lose(self, start: int, end: int, why: str = "") -> None:
         lost = AudioLost(start / STT_SAMPLE_RATE, end / STT_SAMPLE_RATE)
         self.lost_seconds += lost.seconds
         self.results.covered_until = max(self.results.covered_until, lost.end)
-        log.warning("%s: audio from %.2f s to %.2f s was lost (an outage outlasted the %.0f s "
-                    "carry-over buffer)", self.provider.name, lost.start, lost.end, self.max_carry)
+        why = why or f"an outage outlasted the {self.max_carry:.0f} s carry-over buffer"
+        log.warning("%s: audio from %.2f s to %.2f s was lost (%s)", self.provider.name,
+                    lost.start, lost.end, why)
         await self._emit(lost)
 
     async def _run(self) -> None:
