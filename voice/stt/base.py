@@ -354,8 +354,8 @@ class SttStream:
         """Provider results → session words: times, labels, duplicates, what is final."""
         self._connected = asyncio.Event()
         self._flushed_through = -1
-        self._flush_answered = False
-        """The last flush was answered on a live connection: everything sent is final."""
+        self._answered_through = 0
+        """`audio.total` when the latest answered flush began: all audio before it is final."""
         """`audio.total` when the last flush began (`aclose` flushes again only past it)."""
         self.error: str | None = None
         self.refused: str | None = None
@@ -426,7 +426,6 @@ class SttStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + quiet
         self._flushed_through = self.audio.total
-        self._flush_answered = False
         while self.error is None and loop.time() < deadline:
             await self._wait_sent(deadline - loop.time())
             current = self._current
@@ -443,7 +442,7 @@ class SttStream:
                             self.provider.name, quiet)
                 return
             if not current.dropped:
-                self._flush_answered = True
+                self._answered_through = max(self._answered_through, self._flushed_through)
                 return
             deadline = max(deadline, self.heard_at + quiet)  # still answering: wait on
 
@@ -483,8 +482,8 @@ class SttStream:
                 await self._runner
         self._runner = None
         end = self.audio.total
-        covered = round(self.covered_until * STT_SAMPLE_RATE)
-        if not self._flush_answered and end > covered:
+        covered = max(round(self.covered_until * STT_SAMPLE_RATE), self._answered_through)
+        if end > covered:
             # the STT was down (or silent, or had refused) when the stream ended: what it had
             # not answered is never transcribed; say so, with its span
             await self._lose(covered, end, "the STT was not answering when the stream ended")
