@@ -53,14 +53,12 @@ from server.sockets import (
     Socket,
     SocketClosed,
 )
-from server.streaming import run_stream
+from server.streaming import Drain, run_stream
 from server.twilio import SIGNATURE_HEADER, TwilioFraming, TwilioOpening, TwilioSignatures
 
 log = logging.getLogger("chorus.server")
 
 TWILIO_ROUTE = "/v1/twilio"
-DRAIN_TIMEOUT_S = 30.0
-"""How long shutdown waits for streams to flush their last turns before closing regardless."""
 
 _TOKEN_CODES = {
     TokenProblem.MISSING: CloseCode.TOKEN_MISSING,
@@ -87,8 +85,9 @@ class ChorusServer:
         self.rooms = LiveRooms(config, self.metrics, pipeline, kit)
         self.metrics.delivery = self.rooms.kit.delivery_stats
         self._closing = False
-        self._draining = asyncio.Event()
-        """Set on shutdown: streams stop reading, flush and close with 4503."""
+        self._drain = Drain()
+        """Begun on shutdown: streams stop taking audio, flush and close with 4503, all within
+        `limits.drain_timeout_s`."""
         self._feeds_closing = asyncio.Event()
         """Set once the streams are flushed: feeds send what they hold and close with 4503."""
         self._uvicorn: uvicorn.Server | None = None
@@ -164,10 +163,10 @@ class ChorusServer:
         if server is not None:
             for listener in server.servers:
                 listener.close()
-        self._draining.set()
+        self._drain.begin(self.config.limits.drain_timeout_s)
         streams = [t for t in self._stream_handlers if not t.done()]
         if streams:
-            await asyncio.wait(streams, timeout=DRAIN_TIMEOUT_S)
+            await asyncio.wait(streams, timeout=max(0.0, self._drain.left()))
         self._feeds_closing.set()
         feeds = [t for t in self._feed_handlers if not t.done()]
         if feeds:
@@ -283,7 +282,7 @@ class ChorusServer:
         if deadline is None:
             deadline = loop.time() + self.config.limits.start_timeout_s
         receiving = asyncio.ensure_future(ws.recv())
-        draining = asyncio.ensure_future(self._draining.wait())
+        draining = asyncio.ensure_future(self._drain.started.wait())
         try:
             await asyncio.wait(
                 {receiving, draining},
@@ -314,7 +313,7 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return
         check_stream_participant(grant, declaration.participant)
-        await run_stream(ws, self.rooms, room, framing, declaration, self._draining)
+        await run_stream(ws, self.rooms, room, framing, declaration, self._drain)
 
     # ------------------------------------------------------------------ Twilio leg
 
@@ -330,7 +329,7 @@ class ChorusServer:
         grant = self._authorize(opening.token, opening.room, Grant.STREAM)
         declaration = framing.declare(opening)
         check_stream_participant(grant, declaration.participant)
-        await run_stream(ws, self.rooms, opening.room, framing, declaration, self._draining)
+        await run_stream(ws, self.rooms, opening.room, framing, declaration, self._drain)
 
     async def _signed_twilio_leg(self, ws: Socket) -> None:
         await self._twilio_leg(ws, signed=True)

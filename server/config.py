@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from voice.assembler import TurnPolicy
+from voice.stt.base import CONNECT_TIMEOUT, SILENCE_TIMEOUT, START_TIMEOUT, SttBounds
 
 
 class _Section(BaseModel):
@@ -61,6 +62,17 @@ class SttConfig(_Section):
     diarize: bool = True
     """Ask a diarizing STT for its own speaker labels (V3)."""
     language: str | None = None
+    connect_timeout_s: float = Field(default=CONNECT_TIMEOUT, gt=0)
+    """A connect (TCP and handshake) that has not completed by then is a failed attempt."""
+    start_timeout_s: float = Field(default=START_TIMEOUT, gt=0)
+    """A stream's first STT connection must be up by then, or the stream is refused (1011)."""
+    silence_timeout_s: float = Field(default=SILENCE_TIMEOUT, gt=0)
+    """A streaming STT (Deepgram) that says nothing for this long after audio was sent to it is
+    treated as dropped: `degraded`, then reconnect."""
+
+    def bounds(self) -> SttBounds:
+        return SttBounds(connect=self.connect_timeout_s, start=self.start_timeout_s,
+                         silence=self.silence_timeout_s)
 
 
 class DiarizerConfig(_Section):
@@ -260,6 +272,10 @@ class LimitsConfig(_Section):
     chat_rate: float = Field(default=1.0, gt=0)
     """Typed messages a second one client may post into a room after `chat_burst`; over it,
     HTTP is answered 429 with `Retry-After` and the feed is refused with 4429."""
+    drain_timeout_s: float = Field(default=20.0, gt=0)
+    """Shutdown's deadline (SIGTERM, `server.stop()`): every stream has this long, all together,
+    to flush its STT, send its last turns and be closed with 4503, whatever its STT does (a
+    stream still flushing at the deadline is closed regardless); feeds are closed after."""
     idle_room_seconds: float = Field(default=300.0, ge=0)
     """A room with no open stream and no feed consumer for this long is evicted: its realtime
     session, pooled voice channels and live state are freed; its stored turns, participants and

@@ -69,6 +69,7 @@ class ServerMetrics(Collector):
         self.stt_recoveries_total = 0
         self.stt_audio_lost_seconds_total = 0.0
         self.stt_stream_errors_total = 0
+        self.stt_refused_total = 0
         self.rooms = 0
         self.delivery: Callable[[], dict[str, ChannelDeliveryStats]] = dict
         """The room kit's queued channels' counters (`RoomKit.delivery_stats`), read at scrape
@@ -148,6 +149,12 @@ class ServerMetrics(Collector):
             "chorus_stt_stream_errors",
             "Streams whose STT ended for good (could not connect, or gave up).",
             self.stt_stream_errors_total,
+        )
+        yield _counter(
+            "chorus_stt_refused",
+            "Streams whose STT service refused the credentials or permission (HTTP 401/403; "
+            "final, never retried).",
+            self.stt_refused_total,
         )
         yield from _delivery_families(self.delivery())
 

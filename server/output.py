@@ -30,7 +30,7 @@ from server.protocol import (
 )
 from server.room_state import LiveRoom, LiveStream
 from voice.channel import SpeakerChangeEvent
-from voice.stt.base import AudioLost, SttDegraded, SttRecovered, SttStatus
+from voice.stt.base import AudioLost, SttDegraded, SttRecovered, SttRefused, SttStatus
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +150,16 @@ class ServerOutput(Channel):
     async def stt_status(self, stream: LiveStream, status: SttStatus) -> None:
         """The stream's STT connection changed state (issue 10.1): count it, and tell the
         stream's device (a phone leg has no message for it; its count still shows in
-        `/metrics`). Heard from the stream's own callback (`Pipeline.open_stream(on_status=…)`)."""
+        `/metrics`); a refusal (issue 25.7) goes to the room's feed too. Heard from the stream's own callback (`Pipeline.open_stream(on_status=…)`)."""
         if isinstance(status, SttDegraded):
             self.metrics.stt_outages_total += 1
             message = SttStatusMessage(stream="", status="degraded", reason=status.reason)
         elif isinstance(status, SttRecovered):
             self.metrics.stt_recoveries_total += 1
             message = SttStatusMessage(stream="", status="recovered")
+        elif isinstance(status, SttRefused):
+            self.metrics.stt_refused_total += 1
+            message = SttStatusMessage(stream="", status="refused", reason=status.reason)
         elif isinstance(status, AudioLost):
             self.metrics.stt_audio_lost_seconds_total += status.seconds
             message = SttStatusMessage(
@@ -168,8 +171,13 @@ class ServerOutput(Channel):
         if stream.audio is None or self.streams.get(stream.audio.session_id) is not stream:
             return  # not open yet (its `started` goes first), or already forgotten
         log.warning("stream %s: STT %s %s", stream.id, message.status, message.reason or "")
+        text = dump(message.model_copy(update={"stream": stream.id}))
+        if isinstance(status, SttRefused):
+            live = self.rooms.get(stream.room_id)
+            if live is not None:  # final, and the operator's to fix: the room's feed hears it
+                live.feed.publish(text)
         if stream.kind == "device":
-            self._send(stream, dump(message.model_copy(update={"stream": stream.id})))
+            self._send(stream, text)
 
     def speaker_changed(self, value: object, ctx: HookContext) -> None:
         """ON_SPEAKER_CHANGE: a one-person stream's first turn, or a new voice on a shared mic."""

@@ -115,11 +115,13 @@ class VoicePipeline:
         """Each open stream's status callback (`open_stream(on_status=…)`), by its session id
         (the stream id); dropped when the stream finishes."""
         policy = config.voice.policy()
+        bounds = config.stt.bounds()
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
-                                         policy=policy, on_status=self._stream_status)
+                                         policy=policy, on_status=self._stream_status,
+                                         stt_bounds=bounds)
         self.diarized_voice = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
                                            stage_per_session=True, policy=policy,
-                                           on_status=self._stream_status)
+                                           on_status=self._stream_status, stt_bounds=bounds)
         """Shared-mic streams diarized by a stage of their own (one per session, pooled)."""
         self.realtime = realtime_channel(config)
         self.chat_ai = chat_channel(config)

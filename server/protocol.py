@@ -170,11 +170,13 @@ class SttStatusMessage(_Wire):
     device: `degraded` (the STT service dropped; audio is held and resent), `recovered` (a new
     connection took the held audio), `audio_lost` (an outage outlasted what could be held: the
     audio from `start` to `end`, seconds of this stream, was never transcribed), `ended` (the
-    stream cannot transcribe any more; `reason` says why)."""
+    stream cannot transcribe any more; `reason` says why), `refused` (the STT service refused the
+    server's credentials or permission, HTTP 401/403: final, never retried; `reason` names the
+    status, never a secret; the room's feed hears it too)."""
 
     type: Literal["stt_status"] = "stt_status"
     stream: str
-    status: Literal["degraded", "recovered", "audio_lost", "ended"]
+    status: Literal["degraded", "recovered", "audio_lost", "ended", "refused"]
     reason: str | None = None
     start: float | None = None
     end: float | None = None

@@ -13,16 +13,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable
 
 from server.framing import Refusal, StreamDeclaration, StreamFraming, format_refusal
 from server.live import LiveRooms, StreamLimitError
 from server.protocol import CloseCode
 from server.room_state import LiveStream, StreamTooFastError
-from server.sockets import Socket, SocketClosed
+from server.sockets import REFUSAL_WAIT_S, Socket, SocketClosed
 from voice.audio import AudioError
+from voice.stt.base import SttRefusedError
 
 log = logging.getLogger("chorus.server")
+
+CLOSE_MARGIN_S = REFUSAL_WAIT_S
+"""The part of the drain deadline kept for a stream's last turns to go out and its 4503."""
+
+
+class Drain:
+    """Shutdown as every stream sees it: `started` is set when the server drains, and each
+    stream must be closed by `deadline` (loop time): its flush is cut off `CLOSE_MARGIN_S`
+    before it, so its last turns and its 4503 still go out in time."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.deadline = math.inf
+
+    def begin(self, within_s: float) -> None:
+        self.deadline = asyncio.get_running_loop().time() + within_s
+        self.started.set()
+
+    def left(self) -> float:
+        """Seconds to the deadline (inf before a drain)."""
+        return self.deadline - asyncio.get_running_loop().time()
+
+    def flush_left(self) -> float:
+        """Seconds a draining stream may still spend on its flush."""
+        left = self.left()
+        return max(0.0, left - min(CLOSE_MARGIN_S, left / 2))
 
 
 async def run_stream(
@@ -31,10 +59,10 @@ async def run_stream(
     room: str,
     framing: StreamFraming,
     declaration: StreamDeclaration,
-    draining: asyncio.Event,
+    drain: Drain,
 ) -> None:
     """Open the declared stream in `room`, greet the socket, then pump audio in and messages
-    out until the stream stops or `draining` is set; refusals are raised as `Refusal`."""
+    out until the stream stops or the server drains; refusals are raised as `Refusal`."""
     try:
         stream = await rooms.open_stream(
             room, kind=framing.kind, declaration=declaration, reply_audio=framing.reply_audio
@@ -43,6 +71,11 @@ async def run_stream(
         raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc
     except AudioError as exc:  # a declared format the voice channel cannot take (V10)
         raise format_refusal(exc) from exc
+    except SttRefusedError as exc:  # the STT refused the server's key: told, never retried
+        log.error("room %s: the STT refused a new stream: %s", room, exc)
+        raise Refusal(
+            CloseCode.INTERNAL_ERROR, f"stream could not start: {exc}", "stt_refused"
+        ) from exc
     except Exception as exc:  # the STT or model behind the stream is unavailable
         log.exception("could not open a %s stream in room %s", framing.kind, room)
         raise Refusal(CloseCode.INTERNAL_ERROR, "stream could not start", "pipeline_error") from exc
@@ -52,7 +85,7 @@ async def run_stream(
         "%s stream %s opened in room %s for %s",
         framing.kind, stream.id, room, declaration.participant,
     )
-    await _pump(ws, rooms, stream, _read_audio(ws, rooms, stream, framing), draining)
+    await _pump(ws, rooms, stream, _read_audio(ws, rooms, stream, framing), drain)
 
 
 async def _read_audio(
@@ -72,15 +105,19 @@ async def _pump(
     rooms: LiveRooms,
     stream: LiveStream,
     reader: Awaitable[None],
-    draining_event: asyncio.Event,
+    drain: Drain,
 ) -> None:
     """Run the reader and the writer of one stream; always flush and close the stream.
 
     A drain (shutdown) stops the reader where it is; the stream is then flushed like a
-    `stop`, its last turns are sent, and the device hears `4503` instead of `1000`."""
+    `stop`, its last turns are sent, and the device hears `4503` instead of `1000`, all before
+    the drain's deadline (issue 25.15). While it drains, its socket is still read (and the audio
+    dropped), so the websocket's pings are answered and a device that keeps sending is never
+    stuck behind a full queue until its keepalive gives up."""
     writer = asyncio.create_task(_write(ws, stream))
     reading = asyncio.ensure_future(reader)
-    draining = asyncio.create_task(draining_event.wait())
+    draining = asyncio.create_task(drain.started.wait())
+    discarding: asyncio.Task[None] | None = None
     closed_cleanly = False
     drained = False
     too_fast: StreamTooFastError | None = None
@@ -98,19 +135,41 @@ async def _pump(
         for task in (reading, draining):
             task.cancel()
         await asyncio.gather(reading, draining, return_exceptions=True)
-        await rooms.close_stream(stream)  # flushes the last turns into the outbox
+        if drained:
+            discarding = asyncio.create_task(_discard(ws))
+            try:
+                # flushes the last turns into the outbox, cut off at the drain's deadline
+                await asyncio.wait_for(rooms.close_stream(stream), drain.flush_left())
+            except TimeoutError:
+                log.warning("stream %s: its flush was cut off at the drain deadline", stream.id)
+        else:
+            await rooms.close_stream(stream)  # flushes the last turns into the outbox
         if closed_cleanly:
+            outbox_wait = min(5.0, max(0.1, drain.left() - 1.0)) if drained else 5.0
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stream.outbox.join(), 5)
+                await asyncio.wait_for(stream.outbox.join(), outbox_wait)
         writer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await writer
-    if too_fast is not None:
-        raise Refusal(CloseCode.TOO_MANY_STREAMS, str(too_fast), "stream_too_fast")
-    if drained:
-        await ws.close(CloseCode.SHUTTING_DOWN, "server is shutting down")
-    else:
-        await ws.close(CloseCode.NORMAL, "stream stopped")
+    try:
+        if too_fast is not None:
+            raise Refusal(CloseCode.TOO_MANY_STREAMS, str(too_fast), "stream_too_fast")
+        if drained:
+            within = max(0.1, min(REFUSAL_WAIT_S, drain.left()))
+            await ws.close(CloseCode.SHUTTING_DOWN, "server is shutting down", within_s=within)
+        else:
+            await ws.close(CloseCode.NORMAL, "stream stopped")
+    finally:
+        if discarding is not None:
+            discarding.cancel()
+            await asyncio.gather(discarding, return_exceptions=True)
+
+
+async def _discard(ws: Socket) -> None:
+    """Read and drop what a draining stream's peer still sends, until it goes."""
+    with contextlib.suppress(SocketClosed):
+        async for _ in ws.messages():
+            pass
 
 
 async def _write(ws: Socket, stream: LiveStream) -> None:

@@ -47,7 +47,7 @@ from voice.diarization_stage import DiarizationStage, abilities_of
 from voice.events import CommittedTurn, SpeakerChangeEvent, TranscriptionEvent
 from voice.session import KEPT_TURNS, StatusCallback, VoiceSession
 from voice.speakers import VoiceEmbedder
-from voice.stt.base import SttProvider, SttStatus
+from voice.stt.base import SttBounds, SttProvider, SttStatus
 from voice.turn_writer import KEPT_PER_SESSION
 
 log = logging.getLogger(__name__)
@@ -91,13 +91,15 @@ class VoiceChannel(Channel):
         kept_turns: int | None = KEPT_TURNS,
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
         on_status: StatusCallback | None = None,
+        stt_bounds: SttBounds | None = None,
     ) -> None:
         """`policy`: the turn rules (`voice.assembler.TurnPolicy`); `speaker_wait`,
         `early_commit`, `provisional_speakers` and `provisional_changes` override one field of
         it each. `pipeline_speakers=True` takes the speakers from a diarization stage: this
         channel's `diarizer` (one stream at a time), or the stage each `start_session(stage=…)`
         brings (`stage_per_session=True`: a server pools stages, not channels). `kept_turns`:
-        how many committed turns each session keeps (None: all, for a file)."""
+        how many committed turns each session keeps (None: all, for a file). `stt_bounds`: how
+        long each session's STT stream waits on its provider (`voice.stt.base.SttBounds`)."""
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None and not stage_per_session:
             raise ValueError(
@@ -132,6 +134,7 @@ class VoiceChannel(Channel):
         self.kept_turns = kept_turns
         self.on_play = on_play
         self.on_status = on_status
+        self.stt_bounds = stt_bounds or SttBounds()
         """Hears every session's stream status (degraded, recovered, audio lost, ended): the
         server tells the device and counts it. A failure in it is logged, never raised."""
         self._sessions: dict[str, VoiceSession] = {}

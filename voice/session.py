@@ -33,6 +33,7 @@ from voice.stt.base import (
     SttDegraded,
     SttEvent,
     SttRecovered,
+    SttRefused,
     SttStatus,
     SttStream,
     Transcript,
@@ -87,7 +88,8 @@ class VoiceSession:
         self.interim: tuple[Word, ...] = ()
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
-        self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers)
+        self.stt = SttStream(channel.stt, self._on_stt_event, audio=self.audio, speakers=self.speakers,
+                             bounds=channel.stt_bounds)
         self.assembler = TurnAssembler(channel.policy, pipeline=stage is not None)
         self.writer = TurnWriter(self, self.assembler, channel.kept_turns)
         """Applies the assembler's decisions: hooks, posts, corrections in place."""
@@ -192,16 +194,24 @@ class VoiceSession:
         tail = self.decoder.flush()  # the resampler's last samples (ends the decoder)
         if len(tail) and not self.paused:
             self._accept(tail)
-        if self.stage is not None:
-            # before the STT's flush force-assigns the last words: what the stage still holds
-            # back (the embedded live stage decides up to a second late) must be decided first,
-            # or the stream's last words fall back to the stream owner
-            await self.stage.flush(self.id)
-        await self.flush()
-        self.finished = True
-        await self.stt.aclose()
-        async with self._lock:
-            await self._advance(force=True)
+        try:
+            if self.stage is not None:
+                # before the STT's flush force-assigns the last words: what the stage still
+                # holds back (the embedded live stage decides up to a second late) must be
+                # decided first, or the stream's last words fall back to the stream owner
+                await self.stage.flush(self.id)
+            await self.flush()
+            self.finished = True
+            await self.stt.aclose()
+            async with self._lock:
+                await self._advance(force=True)
+        except asyncio.CancelledError:  # the caller's deadline (a server drain): stop now
+            self.finished = True
+            self.stt.abort()
+            if self.stage is not None:
+                self.stage.cancel()
+            self.channel._sessions.pop(self.id, None)
+            raise
         if self.stage is not None:
             await self.stage.stop()
         self.channel._sessions.pop(self.id, None)
@@ -211,10 +221,13 @@ class VoiceSession:
     # -- STT events and stage decisions → the assembler ------------------------------------
 
     async def _on_stt_event(self, event: SttEvent) -> None:
-        if isinstance(event, StreamError | SttDegraded | SttRecovered | AudioLost):
+        if isinstance(event, StreamError | SttDegraded | SttRecovered | AudioLost | SttRefused):
             if isinstance(event, StreamError):
                 self.error = event.message
                 log.error("voice session %s: %s", self.id, event.message)
+            elif isinstance(event, SttRefused):
+                self.error = f"the STT refused the stream: {event.reason}"
+                log.error("voice session %s: %s", self.id, self.error)
             self.status.append(event)
             await self.channel._report_status(self, event)
             return

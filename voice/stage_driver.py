@@ -118,6 +118,11 @@ class StageDriver:
         """New audio was accepted."""
         self._wake.set()
 
+    def cancel(self) -> None:
+        """Stop feeding the stage now (a caller's deadline passed); `stop` waits for it."""
+        if self._task is not None:
+            self._task.cancel()
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -56,6 +56,34 @@ DUPLICATE_TOLERANCE = 0.3
 """A replayed word within this many seconds of an already-final identical word is a duplicate."""
 SEND_CHUNK = 0.1
 """Seconds of audio per binary frame sent to a provider."""
+CONNECT_TIMEOUT = 10.0
+"""Seconds a connect (TCP and handshake) may take; one that has not completed is a failed attempt."""
+START_TIMEOUT = 15.0
+"""Seconds `SttStream.start` may take over all its attempts: the device hears `started` or a
+refusal within it."""
+SILENCE_TIMEOUT = 10.0
+"""Seconds a provider that answers audio (`SttProvider.answers_audio`: Deepgram sends `Results`,
+empty ones included, for every few seconds it hears) may stay silent after audio or a `Finalize`
+was sent to it; then the connection is treated as dropped (degraded, reconnect)."""
+FLUSH_QUIET_TIMEOUT = 30.0
+"""Seconds a flush waits for a provider that does not answer audio (a local engine) to say
+anything more before it gives up."""
+CLOSE_TIMEOUT = 5.0
+"""Seconds `SttStream.aclose` waits for the provider to end the connection after `close`."""
+
+
+@dataclass(frozen=True)
+class SttBounds:
+    """How long a stream waits on its provider (each a named constant above by default)."""
+
+    connect: float = CONNECT_TIMEOUT
+    start: float = START_TIMEOUT
+    silence: float = SILENCE_TIMEOUT
+    close: float = CLOSE_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if min(self.connect, self.start, self.silence, self.close) <= 0:
+            raise ValueError(f"every STT bound must be positive: {self}")
 
 
 # ------------------------------------------------------------------ provider-side types
@@ -93,6 +121,12 @@ class RawFinalized:
 
 
 RawEvent = RawResult | RawUtteranceEnd | RawFinalized
+
+
+class SttRefusedError(ConnectionError):
+    """The provider refused this client: bad credentials or no permission (HTTP 401/403).
+    Raised by `SttProvider.connect`. Final: retrying cannot help, so the stream never retries
+    it. The message names the status and never holds a secret."""
 
 
 class SttConnection(abc.ABC):
@@ -137,6 +171,9 @@ class SttProvider(abc.ABC):
     """True when results carry per-word speaker ids (V3)."""
     keepalive_interval: float | None = None
     sample_rate: int = STT_SAMPLE_RATE
+    answers_audio: bool = False
+    """True when the provider answers audio within seconds, speech or not (Deepgram); then a
+    connection silent for `SttBounds.silence` after audio was sent is treated as dropped."""
 
     @abc.abstractmethod
     async def connect(self) -> SttConnection: ...
@@ -178,6 +215,15 @@ class StreamError:
 
 
 @dataclass(frozen=True)
+class SttRefused:
+    """The provider refused the stream's credentials or permission (`SttRefusedError`: HTTP
+    401/403), on the first connection or on a reconnect. Final: the stream stops for good and
+    never retries; `reason` names the status (no secret in it)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class SttDegraded:
     """The connection dropped; audio is being buffered while the stream reconnects."""
 
@@ -201,7 +247,8 @@ class SttRecovered:
 @dataclass(frozen=True)
 class AudioLost:
     """Audio of session time [start, end) was never transcribed: an outage outlasted the bounded
-    carry-over buffer. Turns on either side are unaffected."""
+    carry-over buffer, or the STT was down (refused, silent) when the stream ended. Turns on
+    either side are unaffected."""
 
     start: float
     end: float
@@ -211,10 +258,11 @@ class AudioLost:
         return self.end - self.start
 
 
-SttStatus = SttDegraded | SttRecovered | AudioLost | StreamError
+SttStatus = SttDegraded | SttRecovered | AudioLost | StreamError | SttRefused
 """Events about the stream itself (not its words): what a device and the metrics are told."""
 
-SttEvent = Transcript | UtteranceEnd | StreamError | SttDegraded | SttRecovered | AudioLost
+SttEvent = (Transcript | UtteranceEnd | StreamError | SttDegraded | SttRecovered | AudioLost
+            | SttRefused)
 
 
 def _brief(exc: BaseException) -> str:
@@ -240,6 +288,8 @@ class _Connection:
     """Session sample index up to which this connection has been sent audio."""
     last_send: float = 0.0
     dropped: bool = False
+    unanswered_since: float | None = None
+    """Loop time of the first audio or `Finalize` sent after the provider's last event."""
 
 
 async def _watch(receiver: asyncio.Task[None], *helpers: asyncio.Task[None]) -> None:
@@ -275,6 +325,8 @@ class SttStream:
     stable_after: float = 1.0
     """A connection that lives less than this counts as a failed attempt of the same outage (a
     provider that accepts and at once drops does not reset the backoff)."""
+    bounds: SttBounds = field(default_factory=SttBounds)
+    """Connect, start, silence and close bounds (`SttBounds`)."""
 
     generation: int = field(default=-1, init=False)
     reconnects: int = field(default=0, init=False)
@@ -292,14 +344,22 @@ class SttStream:
         self._audio_ready = asyncio.Event()
         self._finalized = asyncio.Event()
         self.heard_at = 0.0
-        """Loop time of the provider's last event (or of the Finalize a flush last sent)."""
+        """Loop time of the provider's last event."""
         self._closing = False
+        self._start_by = float("inf")
+        """Loop time by which the first connection must be up (`bounds.start`)."""
         self._closing_event = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
         self.results = ResultReader(self.provider, self.speakers, self.audio)
         """Provider results → session words: times, labels, duplicates, what is final."""
         self._connected = asyncio.Event()
+        self._flushed_through = -1
+        self._answered_through = 0
+        """`audio.total` when the latest answered flush began: all audio before it is final."""
+        """`audio.total` when the last flush began (`aclose` flushes again only past it)."""
         self.error: str | None = None
+        self.refused: str | None = None
+        """Why the provider refused the stream (`SttRefused`), once it has: final."""
 
     # -- public API ------------------------------------------------------------------------
 
@@ -315,12 +375,20 @@ class SttStream:
 
     async def start(self) -> None:
         """Open the first connection (raises if the provider cannot be reached at all)."""
+        self._start_by = asyncio.get_running_loop().time() + self.bounds.start
         self._runner = asyncio.create_task(self._run(), name=f"stt-{self.provider.name}")
         waiter = asyncio.ensure_future(self._connected.wait())
         await asyncio.wait([waiter, self._runner], return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
+        if self.refused is not None and self.error is not None:
+            raise SttRefusedError(self.error)
         if self.error is not None:
             raise ConnectionError(self.error)
+
+    @property
+    def ended(self) -> bool:
+        """The stream stopped for good (refused, or it gave up): nothing more will be sent."""
+        return self._runner is not None and self._runner.done()
 
     @property
     def connected(self) -> bool:
@@ -343,16 +411,21 @@ class SttStream:
         if local > 0:
             current.conn.voice_change(local)
 
-    async def flush(self, wait_seconds: float = 30.0) -> None:
+    async def flush(self, wait_seconds: float | None = None) -> None:
         """Send what is queued, ask for everything to be final, and wait for the answer. A
         connection that drops meanwhile is replaced and the flush repeated on the new one.
 
-        `wait_seconds` bounds the wait for a provider that has gone quiet, not the flush: while
-        results keep coming (a local engine working through a backlog: a long file pushed faster
-        than it decodes) the flush waits on, so no queued audio is dropped at the end of a stream.
+        `wait_seconds` (default: `bounds.silence` for a provider that answers audio, else
+        `FLUSH_QUIET_TIMEOUT`) bounds the wait for a provider that has gone quiet, not the
+        flush: while results keep coming (a local engine working through a backlog: a long file
+        pushed faster than it decodes) the flush waits on, so no queued audio is dropped at the
+        end of a stream. Only the provider's answers extend it, never our own `Finalize`.
         """
+        quiet = wait_seconds if wait_seconds is not None else (
+            self.bounds.silence if self.provider.answers_audio else FLUSH_QUIET_TIMEOUT)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_seconds
+        deadline = loop.time() + quiet
+        self._flushed_through = self.audio.total
         while self.error is None and loop.time() < deadline:
             await self._wait_sent(deadline - loop.time())
             current = self._current
@@ -361,21 +434,24 @@ class SttStream:
             self._finalized.clear()
             with contextlib.suppress(Exception):
                 await current.conn.finalize()
-            self.heard_at = max(self.heard_at, loop.time())
-            if not await self._wait_finalized(wait_seconds):
+            asked = loop.time()
+            if current.unanswered_since is None:
+                current.unanswered_since = asked
+            if not await self._wait_finalized(quiet, asked):
                 log.warning("%s: no answer to Finalize, and no result for %.0f s",
-                            self.provider.name, wait_seconds)
+                            self.provider.name, quiet)
                 return
             if not current.dropped:
+                self._answered_through = max(self._answered_through, self._flushed_through)
                 return
-            deadline = max(deadline, self.heard_at + wait_seconds)  # still answering: wait on
+            deadline = max(deadline, self.heard_at + quiet)  # still answering: wait on
 
-    async def _wait_finalized(self, quiet_seconds: float) -> bool:
-        """Wait for the Finalize answer while the provider keeps answering; False once it has
-        been silent for `quiet_seconds`."""
+    async def _wait_finalized(self, quiet_seconds: float, asked: float) -> bool:
+        """Wait for the Finalize answer (asked at loop time `asked`) while the provider keeps
+        answering; False once it has been silent for `quiet_seconds`."""
         loop = asyncio.get_running_loop()
         while True:
-            left = self.heard_at + quiet_seconds - loop.time()
+            left = max(self.heard_at, asked) + quiet_seconds - loop.time()
             if left <= 0:
                 return False
             try:
@@ -388,8 +464,9 @@ class SttStream:
         """Flush, close the connection cleanly, stop the tasks."""
         if self._runner is None:
             return
-        with contextlib.suppress(Exception):
-            await self.flush()
+        if self.audio.total > self._flushed_through:
+            with contextlib.suppress(Exception):
+                await self.flush()  # not after a flush that covered it all (or gave up)
         self._closing = True
         self._closing_event.set()
         self._audio_ready.set()
@@ -398,12 +475,28 @@ class SttStream:
             with contextlib.suppress(Exception):
                 await current.conn.close()
         try:
-            await asyncio.wait_for(asyncio.shield(self._runner), 10.0)
+            await asyncio.wait_for(asyncio.shield(self._runner), self.bounds.close)
         except (TimeoutError, Exception):
             self._runner.cancel()
             with contextlib.suppress(BaseException):
                 await self._runner
         self._runner = None
+        end = self.audio.total
+        covered = max(round(self.covered_until * STT_SAMPLE_RATE), self._answered_through)
+        if end > covered:
+            # the STT was down (or silent, or had refused) when the stream ended: what it had
+            # not answered is never transcribed; say so, with its span
+            await self._lose(covered, end, "the STT was not answering when the stream ended")
+
+    def abort(self) -> None:
+        """Stop now, without a flush (a caller's deadline passed): the runner is cancelled, and
+        the live connection with it (its tasks tear it down)."""
+        self._closing = True
+        self._closing_event.set()
+        self._audio_ready.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.cancel()
 
     # -- internals -------------------------------------------------------------------------
 
@@ -439,12 +532,13 @@ class SttStream:
         loop = asyncio.get_running_loop()
         return _Connection(conn, self.generation, start, start, loop.time())
 
-    async def _lose(self, start: int, end: int) -> None:
+    async def _lose(self, start: int, end: int, why: str = "") -> None:
         lost = AudioLost(start / STT_SAMPLE_RATE, end / STT_SAMPLE_RATE)
         self.lost_seconds += lost.seconds
         self.results.covered_until = max(self.results.covered_until, lost.end)
-        log.warning("%s: audio from %.2f s to %.2f s was lost (an outage outlasted the %.0f s "
-                    "carry-over buffer)", self.provider.name, lost.start, lost.end, self.max_carry)
+        why = why or f"an outage outlasted the {self.max_carry:.0f} s carry-over buffer"
+        log.warning("%s: audio from %.2f s to %.2f s was lost (%s)", self.provider.name,
+                    lost.start, lost.end, why)
         await self._emit(lost)
 
     async def _run(self) -> None:
@@ -453,11 +547,27 @@ class SttStream:
         attempts = 0
         outage_began: float | None = None
         while not self._closing:
+            within = self.bounds.connect
+            if self.generation < 0:
+                within = max(0.01, min(within, self._start_by - loop.time()))
             try:
-                conn = await self.provider.connect()
+                try:
+                    conn = await asyncio.wait_for(self.provider.connect(), within)
+                except TimeoutError:
+                    raise TimeoutError(f"the connect did not complete within {within:.1f} s") \
+                        from None
+            except SttRefusedError as exc:  # final: bad credentials are never retried
+                self.refused = str(exc) or "refused by the provider"
+                self.error = f"{name}: refused ({self.refused})"
+                log.error("%s: the provider refused the stream, not retrying: %s", name,
+                          self.refused)
+                self._connected.set()
+                await self._emit(SttRefused(self.refused))
+                return
             except Exception as exc:
                 attempts += 1
-                if self.generation < 0 and attempts >= self.start_attempts:
+                if self.generation < 0 and (attempts >= self.start_attempts
+                                            or loop.time() >= self._start_by):
                     self.error = f"{name}: cannot connect ({_brief(exc)})"
                     self._connected.set()
                     await self._emit(StreamError(self.error))
@@ -485,15 +595,16 @@ class SttStream:
             sender = asyncio.create_task(self._send_loop(current))
             keeper = asyncio.create_task(self._keepalive_loop(current))
             receiver = asyncio.create_task(self._receive_loop(current))
+            listener = asyncio.create_task(self._silence_loop(current))
             try:
-                await _watch(receiver, sender, keeper)
+                await _watch(receiver, sender, keeper, listener)
             except Exception as exc:
                 reason = str(exc) or type(exc).__name__
                 log.warning("%s: connection %d dropped: %s", name, current.generation, exc)
             finally:
-                for task in (receiver, sender, keeper):
+                for task in (receiver, sender, keeper, listener):
                     task.cancel()
-                for task in (receiver, sender, keeper):
+                for task in (receiver, sender, keeper, listener):
                     with contextlib.suppress(BaseException):
                         await task
             if self._closing:
@@ -532,6 +643,21 @@ class SttStream:
             await current.conn.send_audio(float_to_pcm16(samples))
             current.sent = end
             current.last_send = loop.time()
+            if current.unanswered_since is None:
+                current.unanswered_since = current.last_send
+
+    async def _silence_loop(self, current: _Connection) -> None:
+        """A provider that answers audio (`answers_audio`) and has said nothing for
+        `bounds.silence` since audio or a `Finalize` went to it is treated as dropped: raises."""
+        if not self.provider.answers_audio:
+            return
+        silence = self.bounds.silence
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(silence / 4)
+            since = current.unanswered_since
+            if since is not None and loop.time() - since >= silence:
+                raise ConnectionError(f"no answer from the provider for {silence:.1f} s")
 
     async def _keepalive_loop(self, current: _Connection) -> None:
         interval = self.provider.keepalive_interval
@@ -548,6 +674,7 @@ class SttStream:
         offset = current.offset_samples / STT_SAMPLE_RATE
         async for event in current.conn.events():
             self.heard_at = asyncio.get_running_loop().time()
+            current.unanswered_since = None
             if isinstance(event, RawFinalized):
                 self._finalized.set()
             elif isinstance(event, RawUtteranceEnd):

@@ -20,6 +20,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from deepgram import AsyncDeepgramClient
+from deepgram.core.api_error import ApiError
 from deepgram.environment import DeepgramClientEnvironment
 
 from voice.stt.base import (
@@ -29,6 +30,7 @@ from voice.stt.base import (
     RawWord,
     SttConnection,
     SttProvider,
+    SttRefusedError,
 )
 from voice.stt.deepgram_wire import (
     SERVER_MESSAGE,
@@ -38,6 +40,9 @@ from voice.stt.deepgram_wire import (
 )
 
 log = logging.getLogger(__name__)
+
+REFUSAL_STATUSES = (401, 403)
+"""Handshake statuses that mean the key is bad or lacks the permission: final, never retried."""
 
 
 def environment_for(url: str | None) -> DeepgramClientEnvironment:
@@ -61,6 +66,8 @@ class DeepgramSTT(SttProvider):
 
     name = "deepgram"
     diarizes = True
+    answers_audio = True
+    """Deepgram sends `Results` (empty ones for silence) for every few seconds of audio."""
 
     def __init__(
         self,
@@ -119,6 +126,13 @@ class DeepgramSTT(SttProvider):
         stack = AsyncExitStack()
         try:
             socket = await stack.enter_async_context(client.listen.v1.connect(**self.options()))
+        except ApiError as exc:
+            await stack.aclose()
+            if exc.status_code in REFUSAL_STATUSES:
+                # the SDK's own message carries the request headers: name the status only
+                raise SttRefusedError(f"HTTP {exc.status_code} from the provider "
+                                      "(the API key is invalid or lacks the permission)") from None
+            raise
         except BaseException:
             await stack.aclose()
             raise

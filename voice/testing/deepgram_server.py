@@ -18,6 +18,14 @@ cannot drift from what the client reads. It behaves like the service where tests
   handshake, as a load balancer in front of an unavailable service answers) for that many
   seconds of wall time; `outage_after(audio_seconds, seconds)` starts one when a connection has
   received that much audio;
+- as Deepgram does, audio without words is answered too: an empty final `Results` once
+  `silence_every` (2 s) of audio went by with nothing sent and no words in progress;
+- `go_silent()` makes every connection accept audio and never answer again (no result, no
+  close, not even after `CloseStream`), until `go_silent(False)`;
+- `hold_handshakes()` accepts TCP and never completes the websocket handshake of later
+  connections, until `hold_handshakes(False)`;
+- `refuse_handshakes(status)` answers every later handshake with that HTTP status (401: the key
+  was revoked, 403: no permission) until `refuse_handshakes(None)`;
 - speaker ids restart at 0 on every connection, in order of first appearance, as Deepgram's do;
   a connection that asked for `diarize=false` gets words without `speaker`, as from Deepgram.
 
@@ -210,6 +218,8 @@ class ConnectionState:
     last_word_end: float | None = None
     utterance_end_sent: bool = True
     closed_reason: str | None = None
+    answered_at: float = 0.0
+    """Seconds of audio received when the server last sent this connection anything."""
 
     @property
     def diarize(self) -> bool:
@@ -239,11 +249,20 @@ class DeepgramTestServer:
         endpointing: float = 0.3,
         interim_every: float = 0.5,
         api_key: str | None = None,
+        silence_every: float = 2.0,
     ) -> None:
         self.source = source or ScriptedWords([])
         self.idle_timeout = idle_timeout
         self.endpointing = endpointing
         self.interim_every = interim_every
+        self.silence_every = silence_every
+        self.silent = False
+        """Accept audio and never answer (`go_silent`)."""
+        self._held = asyncio.Event()
+        self._held.set()
+        """Cleared while handshakes are held (`hold_handshakes`)."""
+        self.held = 0
+        """Handshakes held (never completed)."""
         self.api_key = api_key
         self.connections: list[ConnectionState] = []
         self._open: dict[int, ServerConnection] = {}
@@ -252,7 +271,8 @@ class DeepgramTestServer:
         self._outage_after: tuple[float, float] | None = None
         self._refuse_until = 0.0
         self.refused = 0
-        """Handshakes refused during outages."""
+        """Handshakes refused (during outages, or by `refuse_handshakes`)."""
+        self._handshake_status: HTTPStatus | None = None
         self.outage_ended = asyncio.Event()
         """Set when the last outage's refusal window has passed."""
         self.port = 0
@@ -283,7 +303,29 @@ class DeepgramTestServer:
         if asyncio.get_running_loop().time() >= self._refuse_until:
             self.outage_ended.set()
 
-    def _refuse_during_outage(self, connection: ServerConnection, request: Request) -> Response | None:
+    def go_silent(self, silent: bool = True) -> None:
+        """Every connection (open or later) takes audio and never answers, or answers again."""
+        self.silent = silent
+
+    def hold_handshakes(self, hold: bool = True) -> None:
+        """Accept TCP and never complete the websocket handshake of later connections."""
+        if hold:
+            self._held.clear()
+        else:
+            self._held.set()
+
+    def refuse_handshakes(self, status: HTTPStatus | int | None) -> None:
+        """Answer every later handshake with HTTP `status` (None: accept again)."""
+        self._handshake_status = None if status is None else HTTPStatus(status)
+
+    async def _refuse_during_outage(self, connection: ServerConnection,
+                                    request: Request) -> Response | None:
+        if not self._held.is_set():
+            self.held += 1
+            await self._held.wait()
+        if self._handshake_status is not None:
+            self.refused += 1
+            return connection.respond(self._handshake_status, f"{self._handshake_status.phrase}\n")
         if asyncio.get_running_loop().time() < self._refuse_until:
             self.refused += 1
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "service unavailable\n")
@@ -306,6 +348,7 @@ class DeepgramTestServer:
         return self
 
     async def stop(self) -> None:
+        self._held.set()
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
@@ -347,12 +390,17 @@ class DeepgramTestServer:
         try:
             while True:
                 try:
-                    message = await asyncio.wait_for(ws.recv(), self.idle_timeout)
+                    message = await asyncio.wait_for(
+                        ws.recv(), None if self.silent else self.idle_timeout)
                 except TimeoutError:
                     state.closed_reason = "idle"
                     await ws.close(code=1011, reason="Deepgram did not receive audio data or a text "
                                    "message within the timeout window (NET-0001)")
                     return
+                if self.silent:  # takes everything, says nothing, never closes
+                    if isinstance(message, bytes):
+                        state.audio.extend(message)
+                    continue
                 if isinstance(message, bytes):
                     state.audio.extend(message)
                     if self._drop_after is not None and state.audio_seconds >= self._drop_after:
@@ -395,6 +443,7 @@ class DeepgramTestServer:
     async def _send(self, ws: ServerConnection, state: ConnectionState, msg: Any) -> None:
         data = msg.model_dump(mode="json", exclude_none=True)
         state.sent.append(data)
+        state.answered_at = state.audio_seconds
         await ws.send(json.dumps(data))
 
     def _results(self, request_id: str, words: Sequence[SpokenWord], *, is_final: bool,
@@ -467,6 +516,13 @@ class DeepgramTestServer:
                 await self._send(ws, state, self._results(
                     request_id, partial, is_final=False, speech_final=False, from_finalize=False,
                     start=start, duration=heard - start, diarize=state.diarize))
+        in_progress = state.next_final < len(groups) and groups[state.next_final][0].start <= heard
+        if not in_progress and heard - state.answered_at >= self.silence_every:
+            # Deepgram answers audio without words too: an empty final over what it heard
+            start = state.answered_at
+            await self._send(ws, state, self._results(
+                request_id, [], is_final=True, speech_final=False, from_finalize=False,
+                start=start, duration=heard - start))
         utterance_end = float(state.query.get("utterance_end_ms", "0") or 0) / 1000
         if (utterance_end and not state.utterance_end_sent and state.last_word_end is not None
                 and heard >= state.last_word_end + utterance_end):
