@@ -6,6 +6,8 @@ who the participant is). Checked with the real `RoomRenames` hook on a SQLite st
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -61,55 +63,54 @@ class Room:
         return result.value.sender_name
 
 
+@contextlib.asynccontextmanager
+async def served(tmp_path: Path) -> AsyncIterator[Room]:
+    """The room on a SQLite file in `tmp_path`, taken up as a restarted server takes it up (its
+    lasting renames loaded); its saves flushed and the store closed at the end."""
+    opened = await open_store(f"sqlite:///{tmp_path}/chorus.db")
+    kit = RoomKit(store=opened.store, locks=opened.locks)
+    if await kit.get_room(ROOM) is None:
+        await kit.create_room(room_id=ROOM)
+    room = Room(kit)
+    await room.renames.load(room.live)
+    try:
+        yield room
+    finally:
+        await room.renames.flush()
+        await opened.close()
+
+
 async def test_a_room_wide_rename_names_the_open_streams_voice_and_not_the_next_streams(
     tmp_path: Path,
 ) -> None:
-    opened = await open_store(f"sqlite:///{tmp_path}/chorus.db")
-    kit = RoomKit(store=opened.store, locks=opened.locks)
-    await kit.create_room(room_id=ROOM)
-    room = Room(kit)
-    desk = room.open(stream("device-1", "desk", shared_mic=True))
-    other = room.open(stream("device-2", "table", shared_mic=True))
-    room.renames.rename(ROOM, "Speaker A", "Alice")  # no stream: every open shared-mic stream
-    assert room.name_of(turn(desk, "Speaker A")) == "Alice"
-    assert room.name_of(turn(other, "Speaker A")) == "Alice"
-    assert room.name_of(turn(desk, "Speaker B")) is None
-    # the desk reconnects: a new stream, whose first voice (Bob) is its Speaker A
-    room.close(desk)
-    again = room.open(stream("device-3", "desk", shared_mic=True))
-    assert room.name_of(turn(again, "Speaker A")) is None
-    await room.renames.flush()
-    await opened.close()
+    async with served(tmp_path) as room:
+        desk = room.open(stream("device-1", "desk", shared_mic=True))
+        other = room.open(stream("device-2", "table", shared_mic=True))
+        room.renames.rename(ROOM, "Speaker A", "Alice")  # no stream: every open shared-mic one
+        assert room.name_of(turn(desk, "Speaker A")) == "Alice"
+        assert room.name_of(turn(other, "Speaker A")) == "Alice"
+        assert room.name_of(turn(desk, "Speaker B")) is None
+        # the desk reconnects: a new stream, whose first voice (Bob) is its Speaker A
+        room.close(desk)
+        again = room.open(stream("device-3", "desk", shared_mic=True))
+        assert room.name_of(turn(again, "Speaker A")) is None
 
-    # after a restart, the room taken up again: the label rename did not come back
-    opened = await open_store(f"sqlite:///{tmp_path}/chorus.db")
-    kit = RoomKit(store=opened.store, locks=opened.locks)
-    restarted = Room(kit)
-    await restarted.renames.load(restarted.live)
-    after = restarted.open(stream("device-4", "desk", shared_mic=True))
-    assert restarted.name_of(turn(after, "Speaker A")) is None
-    await opened.close()
+    async with served(tmp_path) as restarted:  # the label rename did not come back
+        after = restarted.open(stream("device-4", "desk", shared_mic=True))
+        assert restarted.name_of(turn(after, "Speaker A")) is None
 
 
 async def test_a_one_person_streams_rename_lasts_for_its_participant(tmp_path: Path) -> None:
-    opened = await open_store(f"sqlite:///{tmp_path}/chorus.db")
-    kit = RoomKit(store=opened.store, locks=opened.locks)
-    await kit.create_room(room_id=ROOM)
-    room = Room(kit)
-    leg = room.open(stream("call-1", "caller-dana", shared_mic=False))
-    room.renames.rename(ROOM, "Speaker 0", "Dana", stream_id=leg.id)
-    assert room.name_of(turn(leg, "Speaker 0")) == "Dana"
-    await room.renames.flush()
-    await opened.close()
+    async with served(tmp_path) as room:
+        leg = room.open(stream("call-1", "caller-dana", shared_mic=False))
+        room.renames.rename(ROOM, "Speaker 0", "Dana", stream_id=leg.id)
+        assert room.name_of(turn(leg, "Speaker 0")) == "Dana"
 
-    opened = await open_store(f"sqlite:///{tmp_path}/chorus.db")
-    kit = RoomKit(store=opened.store, locks=opened.locks)
-    restarted = Room(kit)
-    await restarted.renames.load(restarted.live)
-    back = restarted.open(stream("call-2", "caller-dana", shared_mic=False))
-    assert restarted.name_of(turn(back, "Speaker 1")) == "Dana"  # the participant, any label
-    stranger = restarted.open(stream("call-3", "caller-erin", shared_mic=False))
-    assert restarted.name_of(turn(stranger, "Speaker 0")) is None
+    async with served(tmp_path) as restarted:
+        back = restarted.open(stream("call-2", "caller-dana", shared_mic=False))
+        assert restarted.name_of(turn(back, "Speaker 1")) == "Dana"  # the participant, any label
+        stranger = restarted.open(stream("call-3", "caller-erin", shared_mic=False))
+        assert restarted.name_of(turn(stranger, "Speaker 0")) is None
 
 
 async def test_label_renames_an_earlier_version_kept_are_not_read_back() -> None:
