@@ -76,6 +76,13 @@ async def run_stream(
         raise Refusal(
             CloseCode.INTERNAL_ERROR, f"stream could not start: {exc}", "stt_refused"
         ) from exc
+    except ConnectionError as exc:  # no STT connection within `stt.start_timeout_s`
+        log.error("room %s: no STT connection for a new stream: %s", room, exc)
+        raise Refusal(
+            CloseCode.INTERNAL_ERROR,
+            "stream could not start: the STT connection did not complete",
+            "stt_unavailable",
+        ) from exc
     except Exception as exc:  # the STT or model behind the stream is unavailable
         log.exception("could not open a %s stream in room %s", framing.kind, room)
         raise Refusal(CloseCode.INTERNAL_ERROR, "stream could not start", "pipeline_error") from exc
