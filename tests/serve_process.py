@@ -20,6 +20,15 @@ from server.testing.harness import SECRET
 REPO = Path(__file__).resolve().parents[1]
 
 
+class ServeExited(AssertionError):
+    """`chorus serve` ended before it listened: its exit status and the lines it printed."""
+
+    def __init__(self, returncode: int, lines: list[str]) -> None:
+        super().__init__(f"chorus serve exited ({returncode}):\n" + "".join(lines))
+        self.returncode = returncode
+        self.lines = lines
+
+
 class ServeProcess:
     def __init__(self, proc: asyncio.subprocess.Process, port: int, secret: str | None,
                  lines: list[str]) -> None:
@@ -52,7 +61,8 @@ class ServeProcess:
         async with asyncio.timeout(90):
             while True:
                 line = (await proc.stderr.readline()).decode()
-                assert line, "chorus serve exited:\n" + "".join(lines)
+                if not line:
+                    raise ServeExited(await proc.wait(), lines)
                 lines.append(line)
                 if m := re.search(r"CHORUS_SECRET=(\S+)", line):
                     secret = m.group(1)

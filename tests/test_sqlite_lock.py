@@ -6,7 +6,6 @@ the next one in, and `chorus agent`'s jobs share the file room by room."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 
@@ -14,8 +13,7 @@ import httpx
 import pytest
 
 from rooms import Room, SQLiteStore, open_store
-from server.testing.harness import SECRET
-from tests.serve_process import REPO, ServeProcess
+from tests.serve_process import REPO, ServeExited, ServeProcess
 from tests.test_rooms_store import event
 
 IN_USE = "is in use by another process"
@@ -65,24 +63,13 @@ async def turns_in(db: Path) -> list[str]:
 async def second_serve(config: Path) -> tuple[int | None, list[str]]:
     """`chorus serve` on `config`: its exit status and the lines it printed, or None and its lines
     when it came to listen (it took the file), then stopped."""
-    env = {k: v for k, v in os.environ.items() if k != "CHORUS_STORE_URL"} | {"CHORUS_SECRET": SECRET}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.main", "serve", "--port", "0", "--config", str(config),
-        cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    lines: list[str] = []
     try:
-        async with asyncio.timeout(120):
-            while line := (await proc.stderr.readline()).decode():
-                lines.append(line.rstrip("\n"))
-                if "listening on" in line:
-                    return None, lines
-            return await proc.wait(), lines
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        server = await ServeProcess.start(config)
+    except ServeExited as exited:
+        return exited.returncode, [line.rstrip("\n") for line in exited.lines]
+    server.proc.kill()
+    await server.proc.wait()
+    return None, [line.rstrip("\n") for line in server.lines]
 
 
 async def test_a_second_chorus_serve_on_the_file_is_refused_and_the_first_keeps_its_rooms(
