@@ -452,9 +452,7 @@ class RoomKit:
 
     async def label_for(self, room_id: str, event: RoomEvent) -> str:
         """The label the attribution engine gives a committed event in this room."""
-        participants = await self.store.get_participants(room_id)
-        register = await self.get_register(room_id) or Register.new()
-        return label_for(event, participants, register)
+        return (await self.labeller(room_id))(event)
 
     async def _load_register(self, room_id: str) -> Register:
         """The room's register; a room from before the register rebuilds it from its timeline (D7)."""

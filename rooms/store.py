@@ -187,15 +187,11 @@ class RoomStore(ABC):
         """A turn's neighbours: up to `before` events committed before `event_id`, the event
         itself and up to `after` events after it, oldest first. Empty when there is no such event."""
 
+    @abstractmethod
     async def list_page(self, room_id: str, after: str | None, limit: int) -> list[RoomEvent]:
-        """Up to `limit` events committed after the event `after` (from the first when None),
-        oldest first: a reader walks a long room a page at a time (`pages`) instead of holding
-        it whole. This default slices `list_events`; the SQL stores read only the page."""
-        events = await self.list_events(room_id)
-        start = 0
-        if after is not None:
-            start = next((i + 1 for i, e in enumerate(events) if e.id == after), len(events))
-        return events[start : start + max(limit, 0)]
+        """Up to `limit` events committed after the event `after` (from the first when None;
+        none after an event the room does not hold), oldest first: a reader walks a long room a
+        page at a time (`pages`) instead of holding it whole. Served from the `(room, seq)` index."""
 
     async def pages(self, room_id: str, size: int = 2000) -> AsyncIterator[list[RoomEvent]]:
         """The room's committed events, oldest first, `size` at a time."""
