@@ -173,6 +173,8 @@ class AIChannel(Channel):
         if speakers is None:  # the room's past, labelled once (off the loop), then kept up
             speakers = set(await ctx.kit.past_labels(ctx.room_id, self._heard))
             self._speakers[ctx.room_id] = speakers
+        if self._heard(event):
+            speakers.add(label)
         return SpeakTurn(
             speakers=(label,),
             text=event.text,
@@ -239,14 +241,14 @@ class AIChannel(Channel):
         )
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
-        speakers = self._speakers.get(ctx.room_id)
-        if speakers is not None and self._heard(event):
+        answering = self.should_answer(event)
+        if answering and self.policy is not None:
+            # `speak_turn` labels the turn and counts it among the room's speakers
+            if not self.policy.should_answer(await self.speak_turn(event, ctx)):
+                return
+        elif (speakers := self._speakers.get(ctx.room_id)) is not None and self._heard(event):
             speakers.add(await ctx.kit.label_for(ctx.room_id, event))
-        if not self.should_answer(event):
-            return
-        if self.policy is not None and not self.policy.should_answer(
-            await self.speak_turn(event, ctx)
-        ):
+        if not answering:
             return
         context = await self.build_context(event, ctx)
         response = await self.provider.generate(context)
