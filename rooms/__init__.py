@@ -4,7 +4,8 @@ Owns how events enter a room, in what order they are committed and delivered, an
 that answers them: its memories (a sliding window, or older turns folded into a running summary
 kept with the room, G4), the speak policies that decide whether an agent answers (G6, shared with
 the realtime channel), delegation of a task from one agent channel to another (G5), the stores
-(in-memory, SQLite, Postgres) and the connect/retry policy (`Backoff`) of channels that hold a
+(in-memory, SQLite, Postgres), each room's participants and register kept in memory between
+commits (`rooms.roster`), and the connect/retry policy (`Backoff`) of channels that hold a
 connection. Imports `models` and `attribution` only; voice, diarization, realtime and the server
 build on it.
 """

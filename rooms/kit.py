@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from attribution import Register, commit_turn, label_for, rebuild_register, register_participant
+from attribution import Register, commit_turn, label_for, register_participant
 from models import (
     Content,
     EventKind,
@@ -54,6 +54,7 @@ from models import (
 from rooms.channel import Channel, RoomContext
 from rooms.hooks import HookContext, HookFn, HookRegistry, HookResult, HookTrigger
 from rooms.locks import InProcessLocks, RoomLockManager
+from rooms.roster import Rosters
 from rooms.store import ChannelBinding, InMemoryStore, OpenedStore, Room, RoomStore, open_store
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,8 @@ class RoomKit:
             raise ValueError("delivery_queue_limit must be at least 1")
         self.store = store or InMemoryStore()
         self.locks = locks or InProcessLocks()
+        self._rosters = Rosters(self.store)
+        """Each served room's participants and register, kept in memory (`rooms.roster`)."""
         self.attribution = attribution
         self.hooks = HookRegistry()
         self._channels: dict[str, Channel] = {}
@@ -182,6 +185,7 @@ class RoomKit:
         async with self.locks.lock(room_id):
             attached = await self.channels_in(room_id)
             await self.store.delete_room(room_id)
+            self._rosters.forget(room_id)
             self._deliveries.pop(room_id, None)
             self._drop_queues(room_id)
         for channel in attached:
@@ -203,6 +207,7 @@ class RoomKit:
             state = self._deliveries.get(room_id)
             if state is not None and state.deliverer is None and not state.queue:
                 del self._deliveries[room_id]
+            self._rosters.forget(room_id)
         for channel in attached:
             try:
                 await channel.on_detach(room_id)
@@ -267,37 +272,39 @@ class RoomKit:
         (adding `channel_id` to the channels it is reached through)."""
         await self._require_room(room_id)
         async with self.locks.lock(room_id):
-            for existing in await self.store.get_participants(room_id):
-                if existing.id == participant_id:
-                    if channel_id not in existing.connected_via:
-                        existing.connected_via.append(channel_id)
-                        await self.store.upsert_participant(room_id, existing)
-                    return existing
+            # D7: a room without a register rebuilds it (in the roster) from the participants and
+            # turns it has now, before the newcomer joins, so no turn's rank moves to the newcomer.
+            roster = await self._rosters.get(room_id)
+            existing = roster.participants.get(participant_id)
+            if existing is not None:
+                if channel_id not in existing.connected_via:
+                    existing = existing.model_copy(
+                        update={"connected_via": [*existing.connected_via, channel_id]}
+                    )
+                    await self._rosters.put_participant(room_id, roster, existing)
+                return existing.model_copy(deep=True)
             participant = Participant(
                 id=participant_id,
                 display_name=display_name,
                 identity_id=identity_id,
                 connected_via=[channel_id],
             )
-            # D7: a room without a register rebuilds it from the participants and turns it has
-            # now, before the newcomer joins, so no turn's rank moves to the newcomer.
-            register = await self._load_register(room_id)
-            await self.store.upsert_participant(room_id, participant)
-            register_participant(register, participant)
-            await self.store.put_register(room_id, register.model_dump(mode="json"))
-            return participant
+            await self._rosters.put_participant(room_id, roster, participant)
+            register_participant(roster.register, participant)
+            await self._rosters.put_register(room_id, roster)
+            return participant.model_copy(deep=True)
 
     async def update_participant(self, room_id: str, participant_id: str, *, display_name: str) -> Participant:
         """Rename a participant. Earlier turns keep the name they were committed under (D3)."""
         async with self.locks.lock(room_id):
-            for existing in await self.store.get_participants(room_id):
-                if existing.id == participant_id:
-                    updated = existing.model_copy(update={"display_name": display_name})
-                    register = await self._load_register(room_id)  # before the rename (D7)
-                    await self.store.upsert_participant(room_id, updated)
-                    register_participant(register, updated)
-                    await self.store.put_register(room_id, register.model_dump(mode="json"))
-                    return updated
+            roster = await self._rosters.get(room_id)  # the register before the rename (D7)
+            existing = roster.participants.get(participant_id)
+            if existing is not None:
+                updated = existing.model_copy(update={"display_name": display_name})
+                await self._rosters.put_participant(room_id, roster, updated)
+                register_participant(roster.register, updated)
+                await self._rosters.put_register(room_id, roster)
+                return updated.model_copy(deep=True)
         raise KeyError(f"no participant {participant_id!r} in room {room_id!r}")
 
     async def get_participants(self, room_id: str) -> list[Participant]:
@@ -411,9 +418,9 @@ class RoomKit:
             if self.attribution and updated.kind == "message":
                 # The replaced turn is ranked on read (D3), but its (possibly new) name still joins
                 # the register, so no later sender can take the rank it reads with (D5).
-                register = await self._load_register(room_id)
-                commit_turn(register, updated, await self.store.get_participants(room_id))
-                await self.store.put_register(room_id, register.model_dump(mode="json"))
+                roster = await self._rosters.get(room_id)
+                commit_turn(roster.register, updated, roster.participants)
+                await self._rosters.put_register(room_id, roster)
             await self.store.replace_event(updated)
             delivery = _Delivery(updated, update=True)
             self._deliveries.setdefault(room_id, _RoomDelivery()).queue.append(delivery)
@@ -424,15 +431,16 @@ class RoomKit:
         return await self.store.list_events(room_id, limit)
 
     async def get_register(self, room_id: str) -> Register | None:
-        data = await self.store.get_register(room_id)
-        return Register.model_validate(data) if data is not None else None
+        """A copy of the room's register; None while the store holds none (a room from before
+        the register, D7, until its next named turn)."""
+        roster = await self._rosters.get(room_id)
+        return roster.register.model_copy(deep=True) if roster.stored is not None else None
 
     async def labeller(self, room_id: str) -> Callable[[RoomEvent], str]:
-        """`label_for` with the room's participants and register as they are now, read once:
+        """`label_for` with the room's participants and register as they are now, taken once:
         for labelling many events (a transcript, a channel taking a room up). The function
-        reads only what it was given, so it may run on a worker thread, off the event loop."""
-        participants = await self.store.get_participants(room_id)
-        register = await self.get_register(room_id) or Register.new()
+        reads only its own snapshot, so it may run on a worker thread, off the event loop."""
+        participants, register = (await self._rosters.get(room_id)).snapshot()
         return lambda event: label_for(event, participants, register)
 
     async def past_labels(self, room_id: str, include: Callable[[RoomEvent], bool]) -> list[str]:
@@ -451,16 +459,10 @@ class RoomKit:
         return labels
 
     async def label_for(self, room_id: str, event: RoomEvent) -> str:
-        """The label the attribution engine gives a committed event in this room."""
-        return (await self.labeller(room_id))(event)
-
-    async def _load_register(self, room_id: str) -> Register:
-        """The room's register; a room from before the register rebuilds it from its timeline (D7)."""
-        data = await self.store.get_register(room_id)
-        if data is not None:
-            return Register.model_validate(data)
-        timeline = [e for e in await self.store.list_events(room_id) if e.kind == "message"]
-        return rebuild_register(timeline, await self.store.get_participants(room_id))
+        """The label the attribution engine gives a committed event in this room (on the loop,
+        against the roster itself: one turn's label costs no copy of the room)."""
+        roster = await self._rosters.get(room_id)
+        return label_for(event, roster.participants, roster.register)
 
     async def _commit(
         self, event: RoomEvent, *, settle: bool = False, once: bool = False
@@ -478,12 +480,11 @@ class RoomKit:
             if result.value is not None:
                 event = result.value
             if self.attribution and event.kind == "message":
-                participants = await self.store.get_participants(room_id)
-                register = await self._load_register(room_id)
-                author = commit_turn(register, event, participants)
+                roster = await self._rosters.get(room_id)
+                author = commit_turn(roster.register, event, roster.participants)
                 if author:
                     event = event.model_copy(update={"metadata": {**event.metadata, "author": author}})
-                await self.store.put_register(room_id, register.model_dump(mode="json"))
+                await self._rosters.put_register(room_id, roster)
             await self.store.add_event(event)
             delivery = _Delivery(event)
             self._deliveries.setdefault(room_id, _RoomDelivery()).queue.append(delivery)

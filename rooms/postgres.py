@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS chorus_events (
 CREATE TABLE IF NOT EXISTS chorus_participants (
     room_id text NOT NULL, id text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, id));
 CREATE TABLE IF NOT EXISTS chorus_registers (room_id text PRIMARY KEY, data jsonb NOT NULL);
+CREATE TABLE IF NOT EXISTS chorus_register_entries (
+    room_id text NOT NULL, seq integer NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, seq));
+CREATE SEQUENCE IF NOT EXISTS chorus_revision_seq;
+CREATE TABLE IF NOT EXISTS chorus_revisions (room_id text PRIMARY KEY, revision bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS chorus_memory_state (
     room_id text NOT NULL, key text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, key));
 CREATE INDEX IF NOT EXISTS chorus_events_room_seq ON chorus_events (room_id, seq);
@@ -51,6 +55,13 @@ _IN_WINDOW = (
 )
 """`rooms.store.in_window` in SQL: visible to the channel, or sent from it."""
 
+
+_MOVED = (
+    "INSERT INTO chorus_revisions (room_id, revision) VALUES (%s, nextval('chorus_revision_seq')) "
+    "ON CONFLICT (room_id) DO UPDATE SET revision = EXCLUDED.revision"
+)
+"""Move a room's revision (`RoomStore.revision`): one sequence for every room, so a room deleted
+and made again never reads a number a process kept from before."""
 
 _PARSE_INLINE = 64
 """Up to this many events are parsed on the loop: a thread costs more than the parse."""
@@ -115,6 +126,8 @@ class PostgresStore(RoomStore):
                 "chorus_events",
                 "chorus_participants",
                 "chorus_registers",
+                "chorus_register_entries",
+                "chorus_revisions",
                 "chorus_memory_state",
             ):
                 await cur.execute(f"DELETE FROM {table} WHERE room_id = %s", (room_id,))
@@ -240,9 +253,9 @@ class PostgresStore(RoomStore):
 
     async def upsert_participant(self, room_id: str, participant: Participant) -> None:
         await self._rows(
-            "INSERT INTO chorus_participants (room_id, id, data) VALUES (%s, %s, %s) "
-            "ON CONFLICT (room_id, id) DO UPDATE SET data = EXCLUDED.data",
-            (room_id, participant.id, Jsonb(participant.model_dump(mode="json"))),
+            f"WITH written AS (INSERT INTO chorus_participants (room_id, id, data) VALUES (%s, %s, %s) "
+            f"ON CONFLICT (room_id, id) DO UPDATE SET data = EXCLUDED.data RETURNING room_id) {_MOVED}",
+            (room_id, participant.id, Jsonb(participant.model_dump(mode="json")), room_id),
         )
 
     async def get_participants(self, room_id: str) -> list[Participant]:
@@ -252,15 +265,41 @@ class PostgresStore(RoomStore):
         return [Participant.model_validate(r[0]) for r in rows]
 
     async def get_register(self, room_id: str) -> dict[str, Any] | None:
-        rows = await self._rows("SELECT data FROM chorus_registers WHERE room_id = %s", (room_id,))
-        return dict(rows[0][0]) if rows else None
-
-    async def put_register(self, room_id: str, register: dict[str, Any]) -> None:
-        await self._rows(
-            "INSERT INTO chorus_registers (room_id, data) VALUES (%s, %s) "
-            "ON CONFLICT (room_id) DO UPDATE SET data = EXCLUDED.data",
-            (room_id, Jsonb(register)),
+        """The register row (a database written before issue 25.12 holds every entry there) and
+        the entries appended after it, in order; read in one statement, so never half a write."""
+        rows = await self._rows(
+            "SELECT r.data, coalesce((SELECT jsonb_agg(e.data ORDER BY e.seq) "
+            "FROM chorus_register_entries e WHERE e.room_id = r.room_id), '[]'::jsonb) "
+            "FROM chorus_registers r WHERE r.room_id = %s",
+            (room_id,),
         )
+        if not rows:
+            return None
+        register = dict(rows[0][0])
+        register["entries"] = list(register.get("entries", [])) + list(rows[0][1])
+        return register
+
+    async def put_register(self, room_id: str, register: dict[str, Any], *, start: int = 0) -> None:
+        entries = list(register.get("entries", []))
+        async with self._query_lock, self._conn.transaction(), self._conn.cursor() as cur:
+            if start:  # append: one row per new entry, numbered by its place in the register
+                await cur.executemany(
+                    "INSERT INTO chorus_register_entries (room_id, seq, data) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (room_id, seq) DO UPDATE SET data = EXCLUDED.data",
+                    [(room_id, start + i, Jsonb(entry)) for i, entry in enumerate(entries)],
+                )
+            else:  # the whole register in its row, nothing appended after it
+                await cur.execute(
+                    "INSERT INTO chorus_registers (room_id, data) VALUES (%s, %s) "
+                    "ON CONFLICT (room_id) DO UPDATE SET data = EXCLUDED.data",
+                    (room_id, Jsonb(register)),
+                )
+                await cur.execute("DELETE FROM chorus_register_entries WHERE room_id = %s", (room_id,))
+            await cur.execute(_MOVED, (room_id,))
+
+    async def revision(self, room_id: str) -> int:
+        rows = await self._rows("SELECT revision FROM chorus_revisions WHERE room_id = %s", (room_id,))
+        return int(rows[0][0]) if rows else 0
 
     async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
         rows = await self._rows(

@@ -62,6 +62,8 @@ CREATE INDEX IF NOT EXISTS events_room_seq ON events (room_id, seq);
 CREATE TABLE IF NOT EXISTS participants (
     room_id TEXT NOT NULL, id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (room_id, id));
 CREATE TABLE IF NOT EXISTS registers (room_id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS register_entries (
+    room_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (room_id, seq));
 CREATE TABLE IF NOT EXISTS memory_state (
     room_id TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (room_id, key));
 """
@@ -72,7 +74,9 @@ _IN_WINDOW = (
 )
 """`rooms.store.in_window` in SQL: visible to the channel, or sent from it."""
 
-_ROOM_TABLES = ("bindings", "senders", "events", "participants", "registers", "memory_state")
+_ROOM_TABLES = (
+    "bindings", "senders", "events", "participants", "registers", "register_entries", "memory_state"
+)
 
 
 class SQLiteInUse(RuntimeError):
@@ -135,6 +139,8 @@ class SQLiteStore(RoomStore):
         self._cache: OrderedDict[tuple[str, str], StoredEvent] = OrderedDict()
         self._cache_size = cache_events
         self._closed = False
+        self._revisions: dict[str, int] = {}
+        self._last_revision = 0
 
     @classmethod
     async def open(
@@ -270,6 +276,7 @@ class SQLiteStore(RoomStore):
         )
         for key in [k for k in self._cache if k[0] == room_id]:
             del self._cache[key]
+        self._moved(room_id)
 
     # ----------------------------------------------------------------- bindings and senders
 
@@ -420,6 +427,7 @@ class SQLiteStore(RoomStore):
             "ON CONFLICT (room_id, id) DO UPDATE SET data = excluded.data",
             (room_id, participant.id, participant.model_dump_json()),
         )
+        self._moved(room_id)
 
     async def get_participants(self, room_id: str) -> list[Participant]:
         rows = await self._rows(
@@ -428,15 +436,54 @@ class SQLiteStore(RoomStore):
         return [Participant.model_validate_json(r[0]) for r in rows]
 
     async def get_register(self, room_id: str) -> dict[str, Any] | None:
-        rows = await self._rows("SELECT data FROM registers WHERE room_id = ?", (room_id,))
-        return dict(json.loads(rows[0][0])) if rows else None
+        """The register row (a file written before issue 25.12 holds every entry there) and the
+        entries appended after it, in order."""
 
-    async def put_register(self, room_id: str, register: dict[str, Any]) -> None:
-        await self._rows(
-            "INSERT INTO registers (room_id, data) VALUES (?, ?) "
-            "ON CONFLICT (room_id) DO UPDATE SET data = excluded.data",
-            (room_id, json.dumps(register)),
-        )
+        def read() -> dict[str, Any] | None:
+            db = self._db()
+            row = db.execute("SELECT data FROM registers WHERE room_id = ?", (room_id,)).fetchone()
+            if row is None:
+                return None
+            register = dict(json.loads(row[0]))
+            appended = db.execute(
+                "SELECT data FROM register_entries WHERE room_id = ? ORDER BY seq", (room_id,)
+            ).fetchall()
+            register["entries"] = list(register.get("entries", [])) + [json.loads(r[0]) for r in appended]
+            return register
+
+        return await self._call(read)
+
+    async def put_register(self, room_id: str, register: dict[str, Any], *, start: int = 0) -> None:
+        entries = list(register.get("entries", []))
+        statements: list[tuple[str, tuple[Any, ...]]]
+        if start:  # append: one row per new entry, numbered by its place in the register
+            statements = [
+                (
+                    "INSERT OR REPLACE INTO register_entries (room_id, seq, data) VALUES (?, ?, ?)",
+                    (room_id, start + i, json.dumps(entry)),
+                )
+                for i, entry in enumerate(entries)
+            ]
+        else:  # the whole register in its row, nothing appended after it
+            statements = [
+                (
+                    "INSERT INTO registers (room_id, data) VALUES (?, ?) "
+                    "ON CONFLICT (room_id) DO UPDATE SET data = excluded.data",
+                    (room_id, json.dumps(register)),
+                ),
+                ("DELETE FROM register_entries WHERE room_id = ?", (room_id,)),
+            ]
+        await self._transaction(statements)
+        self._moved(room_id)
+
+    async def revision(self, room_id: str) -> int:
+        """Counted in this process: a room of the file is written by one process only (the
+        file's lock, or one job's room lock), so nothing else can move it."""
+        return self._revisions.get(room_id, 0)
+
+    def _moved(self, room_id: str) -> None:
+        self._last_revision += 1
+        self._revisions[room_id] = self._last_revision
 
     async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
         rows = await self._rows(

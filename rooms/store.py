@@ -210,7 +210,18 @@ class RoomStore(ABC):
     @abstractmethod
     async def get_register(self, room_id: str) -> dict[str, Any] | None: ...
     @abstractmethod
-    async def put_register(self, room_id: str, register: dict[str, Any]) -> None: ...
+    async def put_register(self, room_id: str, register: dict[str, Any], *, start: int = 0) -> None:
+        """Write the room's register (the engine's JSON). With `start`, `register["entries"]` are
+        the entries from index `start` on, appended after the `start` entries already stored:
+        entries never change once given (D3), so a turn that adds one writes one, not the whole
+        register (a room of 1,000 participants rewrote 214 KB on every turn, issue 25.12)."""
+
+    @abstractmethod
+    async def revision(self, room_id: str) -> int:
+        """A number that moves whenever the room's participants or register are written, by this
+        process or any other sharing the store (a deleted room's next number is a new one). The
+        kit keeps a room's participants and register in memory and reads them again only when
+        this moved (`rooms.kit`), so a turn costs what it adds, not what the room holds."""
 
     @abstractmethod
     async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
@@ -296,8 +307,15 @@ class InMemoryStore(RoomStore):
         self._senders: dict[tuple[str, str], str] = {}
         self._timelines: dict[str, _Timeline] = {}
         self._participants: dict[str, dict[str, Participant]] = {}
-        self._registers: dict[str, str] = {}
+        self._registers: dict[str, tuple[str, list[str]]] = {}
+        """Per room: the register without its entries, and each entry, as JSON (reads are copies)."""
         self._memory_state: dict[tuple[str, str], dict[str, Any]] = {}
+        self._revisions: dict[str, int] = {}
+        self._last_revision = 0
+
+    def _moved(self, room_id: str) -> None:
+        self._last_revision += 1
+        self._revisions[room_id] = self._last_revision
 
     async def create_room(self, room: Room) -> None:
         if room.id in self._rooms:
@@ -322,6 +340,7 @@ class InMemoryStore(RoomStore):
         self._registers.pop(room_id, None)
         for key in [k for k in self._memory_state if k[0] == room_id]:
             del self._memory_state[key]
+        self._moved(room_id)
 
     async def add_binding(self, binding: ChannelBinding) -> None:
         self._bindings.setdefault(binding.room_id, {})[binding.channel_id] = binding.model_copy()
@@ -385,16 +404,29 @@ class InMemoryStore(RoomStore):
 
     async def upsert_participant(self, room_id: str, participant: Participant) -> None:
         self._participants.setdefault(room_id, {})[participant.id] = participant.model_copy(deep=True)
+        self._moved(room_id)
 
     async def get_participants(self, room_id: str) -> list[Participant]:
         return [p.model_copy(deep=True) for p in self._participants.get(room_id, {}).values()]
 
     async def get_register(self, room_id: str) -> dict[str, Any] | None:
-        data = self._registers.get(room_id)
-        return dict(json.loads(data)) if data is not None else None
+        stored = self._registers.get(room_id)
+        if stored is None:
+            return None
+        header, entries = stored
+        return {**json.loads(header), "entries": [json.loads(e) for e in entries]}
 
-    async def put_register(self, room_id: str, register: dict[str, Any]) -> None:
-        self._registers[room_id] = json.dumps(register)  # kept as JSON: every read is a copy
+    async def put_register(self, room_id: str, register: dict[str, Any], *, start: int = 0) -> None:
+        header = json.dumps({k: v for k, v in register.items() if k != "entries"})
+        added = [json.dumps(e) for e in register.get("entries", [])]
+        entries = self._registers[room_id][1] if start else []
+        del entries[start:]
+        entries.extend(added)
+        self._registers[room_id] = (header, entries)
+        self._moved(room_id)
+
+    async def revision(self, room_id: str) -> int:
+        return self._revisions.get(room_id, 0)
 
     async def get_memory_state(self, room_id: str, key: str) -> dict[str, Any] | None:
         data = self._memory_state.get((room_id, key))

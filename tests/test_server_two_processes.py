@@ -54,12 +54,13 @@ import inspect
 from pathlib import Path
 
 from rooms import kit as _kit
+from rooms import roster as _roster
 
 _DIR = Path({directory!r})
 _PAIR = {{"a0": "b0", "b0": "a0"}}
 _joining = contextvars.ContextVar("joining", default=None)
 _ensure = _kit.RoomKit.ensure_participant
-_load = _kit.RoomKit._load_register
+_load = _roster.Rosters.get
 _participant_of = inspect.signature(_ensure)
 
 
@@ -73,7 +74,7 @@ async def ensure_participant(self, *args, **kwargs):
 
 
 async def load_then_meet(self, room_id):
-    register = await _load(self, room_id)
+    register = await _load(self, room_id)  # the room's participants and register, as read
     me = _joining.get()
     if me in _PAIR:  # between this read and its write-back: wait for the other process's read
         (_DIR / f"{{me}}.read").touch()
@@ -88,7 +89,7 @@ async def load_then_meet(self, room_id):
 
 
 _kit.RoomKit.ensure_participant = ensure_participant
-_kit.RoomKit._load_register = load_then_meet
+_roster.Rosters.get = load_then_meet
 '''
 ALONE_BOUND_S = 2.0
 """With advisory locks the other process cannot read while the waiter holds the room: the waiter
