@@ -129,8 +129,11 @@ async def test_V4_forced_disconnect_loses_no_word_and_keeps_every_voice_label() 
             label_of.setdefault(said.speaker, set()).add(w.speaker)
     assert all(len(labels) == 1 for labels in label_of.values()), label_of
     assert len({next(iter(v)) for v in label_of.values()}) == 3
-    matched = [d for d in session.speakers.decisions if d[0] == 1]
-    assert matched and all(sim is not None and sim >= 0.7 for _, _, _, sim in matched)
+    # each voice of the new connection was bound by the replayed audio (time) or by its voice
+    voiced = [d for d in session.speakers.decisions if d[0] == 1]
+    timed = [d for d in session.speakers.timed if d[0] == 1]
+    assert len(voiced) + len(timed) == 3 and {d[1] for d in voiced + timed} == {0, 1, 2}
+    assert all(sim is not None and sim >= 0.7 for _, _, _, sim in voiced)
 
 
 def test_S2_deepgram_url_points_the_sdk_environment() -> None:

@@ -49,3 +49,34 @@ def test_V4_without_an_embedder_a_reconnect_cannot_match_and_says_so() -> None:
 def test_V3_letters_run_past_z() -> None:
     assert [letter_label(i) for i in (0, 25, 26, 27)] == [
         "Speaker A", "Speaker Z", "Speaker AA", "Speaker AB"]
+
+
+def test_V4_a_reconnect_binds_by_time_the_voices_whose_replayed_words_were_labelled() -> None:
+    """Issue 25.11: the new connection's first words are the replayed audio an earlier connection
+    already labelled (its finals, or the interim words an early turn came from). Those labels are
+    bound by time, with no embedder at all; a label on audio nobody labelled is left unbound."""
+    speakers = SpeakerContinuity(embedder=None)
+    speakers.resolve(0, {0: turn("Alice"), 1: turn("Bob")}, audio)
+    bob, alice = turn("Bob"), turn("Alice")
+    heard = [(s, e, "Speaker B") for s, e in bob] + [(s, e, "Speaker A") for s, e in alice[-2:]]
+    # the new connection numbers Bob 0 and Alice 1; raw 2 speaks on audio nobody labelled
+    speakers.bind_by_time(1, {0: bob[:3], 1: alice[-2:], 2: turn("Carol")}, heard)
+    assert speakers.letters.get((1, 0)) == "Speaker B"
+    assert speakers.letters.get((1, 1)) == "Speaker A"
+    assert speakers.letters.get((1, 2)) is None
+    assert speakers.embedded == 0
+
+
+def test_V4_time_binds_one_label_per_speaker_and_leaves_shared_audio_to_the_voices() -> None:
+    speakers = SpeakerContinuity(embedder=None)
+    speakers.resolve(0, {0: turn("Alice"), 1: turn("Bob")}, audio)
+    span = turn("Alice")[0]
+    both = [(*span, "Speaker A"), (*span, "Speaker B")]  # two voices over the same audio
+    speakers.bind_by_time(1, {0: [span]}, both)
+    assert speakers.letters.get((1, 0)) is None  # 50/50: not evidence of either
+    alone = [(*span, "Speaker A")]
+    speakers.bind_by_time(1, {0: [span], 1: [span]}, alone)
+    assert [speakers.letters.get((1, raw)) for raw in (0, 1)].count("Speaker A") == 1
+    short = turn("Bob")[0]
+    speakers.bind_by_time(2, {0: [(short[0], short[0] + 0.1)]}, [(*short, "Speaker B")])
+    assert speakers.letters.get((2, 0)) is None  # 0.1 s of shared audio is not enough

@@ -7,6 +7,16 @@ are matched, by CAM++ voiceprints (`voice.embedding.EmbeddingModel`), to the ses
 highest total similarity among speakers no other label of that connection holds; only a voice
 that matches nobody becomes a new letter.
 
+Before any voice is compared, **time** decides what it can (issue 25.11): a reconnected stream
+replays the audio after the last final word, so the new connection's first words are words an
+earlier connection already heard and labelled (its final words, or the interim words an early
+turn was committed from). A new label whose words fall on the same audio as one session speaker's
+words (`bind_by_time`: most of its overlapped time, at least `TIME_EVIDENCE_SECONDS`) is that
+speaker; nothing is embedded for it. Voiceprints decide only the labels of voices the replay does
+not reach. Without this, two of three voices became new letters for the rest of a meeting after
+one outage (their first replayed sentence scored 0.71 and 0.73 against a 0.75 threshold), and an
+early turn came back a second time under the new letter.
+
 Shaped for many streams: in steady state nothing is embedded. Each session speaker keeps the
 spans (session times) of its most recent speech; voiceprints are computed from the session's
 audio log only when a reconnected stream brings a label it has not bound yet, and cached until
@@ -45,9 +55,18 @@ a second is noise)."""
 
 
 Span = tuple[float, float]
+LabelledSpan = tuple[float, float, str]
+"""(start, end, session label): a word an earlier connection labelled, in session time."""
 AudioBetween = Callable[[float, float], FloatAudio]
 HISTORY_SECONDS = 20.0
 """Seconds of each speaker's most recent speech kept (as spans) for its voiceprint."""
+
+
+TIME_EVIDENCE_SECONDS = 0.25
+"""Seconds of a new label's words that must fall on one speaker's earlier words to bind it by time."""
+TIME_EVIDENCE_SHARE = 0.6
+"""...and the share of the label's overlapped time that speaker must hold (overlapping speech,
+where two earlier voices share the audio, is left to the voiceprints)."""
 
 
 @dataclass
@@ -61,7 +80,10 @@ class SpeakerContinuity:
     history: dict[str, list[Span]] = field(default_factory=dict)
     """Each session speaker's most recent speech, as session-time spans."""
     decisions: list[tuple[int, object, str, float | None]] = field(default_factory=list)
-    """(generation, raw label, session label, similarity or None): how each label was bound."""
+    """(generation, raw label, session label, similarity or None): each label bound in order of
+    appearance (None) or by voice (its best similarity)."""
+    timed: list[tuple[int, object, str, float]] = field(default_factory=list)
+    """(generation, raw label, session label, seconds of shared audio): each label bound by time."""
     embedded: int = 0
     """Voiceprints computed so far (zero until a reconnect needs one)."""
 
@@ -101,6 +123,39 @@ class SpeakerContinuity:
         vec = self._voice(spans, audio)
         self._prints[label] = (len(spans), vec)
         return vec
+
+    def bind_by_time(self, generation: int, runs: Mapping[object, list[Span]],
+                     heard: list[LabelledSpan]) -> None:
+        """Bind the unbound labels of a reconnected connection (`generation` > 0) whose words
+        fall on audio earlier connections labelled (`heard`), one label per session speaker,
+        the pairing with the most shared time first. Cheap; runs on the loop."""
+        if generation == 0 or not heard:
+            return
+        claimed = {lab for key, lab in self.letters.labels.items()
+                   if isinstance(key, tuple) and key[0] == generation}
+        shared: dict[tuple[object, str], float] = {}
+        overlapped: dict[object, float] = {}
+        for raw, spans in runs.items():
+            if self.letters.get((generation, raw)) is not None:
+                continue
+            for start, end in spans:
+                for h_start, h_end, label in heard:
+                    both = min(end, h_end) - max(start, h_start)
+                    if both > 0:
+                        shared[raw, label] = shared.get((raw, label), 0.0) + both
+                        overlapped[raw] = overlapped.get(raw, 0.0) + both
+        bound: set[object] = set()
+        for (raw, label), seconds in sorted(shared.items(), key=lambda kv: -kv[1]):
+            if raw in bound or label in claimed or seconds < TIME_EVIDENCE_SECONDS:
+                continue
+            if seconds < TIME_EVIDENCE_SHARE * overlapped[raw]:
+                continue
+            self.letters.bind((generation, raw), label)
+            self.timed.append((generation, raw, label, seconds))
+            bound.add(raw)
+            claimed.add(label)
+            log.info("reconnect: STT label %s of connection %d is %s by time (%.2f s of the same "
+                     "audio)", raw, generation, label, seconds)
 
     def needs_voices(self, generation: int, runs: Mapping[object, list[Span]]) -> bool:
         """Whether `resolve` will embed: a reconnected stream brings an unbound label."""

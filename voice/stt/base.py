@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from rooms.retry import Backoff
 from voice.audio import STT_SAMPLE_RATE, AudioLog, float_to_pcm16
-from voice.speakers import SpeakerContinuity
+from voice.speakers import LabelledSpan, SpeakerContinuity
 from voice.turns import Word
 
 log = logging.getLogger(__name__)
@@ -711,11 +711,31 @@ class ResultReader:
         """Session time up to which the provider has answered with final results (words or not)."""
         self._recent_finals: list[tuple[int, Word]] = []
         """Final words of the last 30 s with the connection that reported them (for dedup)."""
+        self._interims: dict[int, list[LabelledSpan]] = {}
+        """Per connection, the labelled words of its latest interim result (what an early turn
+        was committed from; a dropped connection's last words that never became final)."""
+
+    def _heard_before(self, generation: int) -> list[LabelledSpan]:
+        """Words earlier connections labelled: their final words and their last interim words."""
+        heard = [(w.start, w.end, w.speaker) for g, w in self._recent_finals
+                 if g < generation and w.speaker is not None]
+        for g, spans in self._interims.items():
+            if g < generation:
+                heard.extend(spans)
+        return heard
 
     async def read(self, generation: int, result: RawResult, offset: float) -> Transcript:
         """One provider result of connection `generation` (whose time 0 is session time
         `offset`) as session words."""
         raw = [(w, w.start + offset, w.end + offset) for w in result.words]
+        if self.provider.diarizes and generation > 0:
+            # replayed audio: a label whose words fall on words an earlier connection labelled
+            # is that speaker (before duplicates are dropped: they are the evidence)
+            every: dict[object, list[tuple[float, float]]] = {}
+            for w, s, e in raw:
+                if w.speaker is not None:
+                    every.setdefault(w.speaker, []).append((s, e))
+            self.speakers.bind_by_time(generation, every, self._heard_before(generation))
         if not result.is_final:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
             hints: tuple[str | None, ...] = ()
@@ -723,7 +743,12 @@ class ResultReader:
                 hints = tuple(None if w.speaker is None
                               else self.speakers.letters.get((generation, w.speaker))
                               for w, _, _ in raw)
+                self._interims = {g: ws for g, ws in self._interims.items() if g >= generation - 1}
+                self._interims[generation] = [
+                    (s, e, hint) for (_, s, e), hint in zip(raw, hints, strict=True) if hint
+                ]
             return Transcript(words, False, False, generation, hints)
+        self._interims.pop(generation, None)
         kept = [(w, s, e) for w, s, e in raw
                 if not self._is_duplicate(w.text, s, generation)]
         labels: dict[object, str] = {}
