@@ -74,8 +74,12 @@ class SpeakerContinuity:
     """Session speakers across STT connections (generations)."""
 
     embedder: VoiceEmbedder | Callable[[], VoiceEmbedder] | None = None
-    threshold: float = 0.75
-    """Cosine similarity a new label's voice needs with a known speaker's voiceprint to take it."""
+    threshold: float = 0.55
+    """Cosine similarity a new label's voice needs with a known speaker's voiceprint to take it.
+    Measured (`chorus bench reconnect_voices`, docs/benchmarks.md): at the old 0.75, 55 % of
+    voices that came back after a reconnect missed their own speaker and became new letters; a
+    leave-one-file-out choice over 26 recordings is 0.47–0.48, where the largest score between two
+    different speakers was 0.47, so 0.55 keeps a margin: 6 % missed, no wrong name."""
     letters: SpeakerLetters = field(default_factory=SpeakerLetters)
     history: dict[str, list[Span]] = field(default_factory=dict)
     """Each session speaker's most recent speech, as session-time spans."""

@@ -712,6 +712,8 @@ class ResultReader:
         self._recent_finals: list[tuple[int, Word]] = []
         """Final words of the last 30 s with the connection that reported them (for dedup)."""
         self._interims: dict[int, list[LabelledSpan]] = {}
+        self._matching: asyncio.Future[dict[object, str]] | None = None
+        """The voice match running in a worker thread, if any (it changes `speakers`)."""
         """Per connection, the labelled words of its latest interim result (what an early turn
         was committed from; a dropped connection's last words that never became final)."""
 
@@ -727,6 +729,13 @@ class ResultReader:
     async def read(self, generation: int, result: RawResult, offset: float) -> Transcript:
         """One provider result of connection `generation` (whose time 0 is session time
         `offset`) as session words."""
+        if self._matching is not None and not self._matching.done():
+            # the speakers are being matched in a worker thread (for a connection that may have
+            # dropped since): nothing reads or binds labels until it has finished (issue 25.11:
+            # a result read meanwhile raised "dictionary changed size during iteration" there,
+            # and its voices took phantom letters)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._matching)
         raw = [(w, w.start + offset, w.end + offset) for w in result.words]
         if self.provider.diarizes and generation > 0:
             # replayed audio: a label whose words fall on words an earlier connection labelled
@@ -792,7 +801,11 @@ class ResultReader:
         def read(start: float, end: float) -> npt.NDArray[np.float32]:
             return clips.get((start, end), empty)
 
-        return await asyncio.to_thread(self.speakers.resolve, generation, spans, read)
+        loop = asyncio.get_running_loop()
+        self._matching = loop.run_in_executor(None, self.speakers.resolve, generation, spans, read)
+        # shielded: a dropped connection's receiver is cancelled here, but the thread goes on
+        # changing the speakers, so the next result waits for it (`read`), never races it
+        return await asyncio.shield(self._matching)
 
     def _is_duplicate(self, text: str, start: float, generation: int) -> bool:
         """A word an earlier connection already made final (replayed audio). Words of the same
