@@ -121,6 +121,11 @@ class MeetingWords(WordSource):
     endpointing: float = 0.3
     max_final: float = 6.0
     align_seconds: float = 0.25
+    search_seconds: float = 0.25
+    """How much of a connection's audio may be searched for the recording, one `align_seconds`
+    probe after another, before it is taken for audio that is not from it. The default reads
+    one probe; audio that went through a browser's capture (its start resampled room noise) may
+    need a few seconds."""
     rotate_speakers: bool = False
     """Shift speaker ids by the connection number (mod the voices in the script), so a test can
     be sure a reconnect renumbers the voices (Deepgram guarantees no numbering across connections)."""
@@ -142,11 +147,18 @@ class MeetingWords(WordSource):
         return cls(np.asarray(audio, np.int16), words, int(rate))
 
     def locate(self, received: npt.NDArray[np.int16]) -> int | None:
-        """Sample offset of `received` in the reference, or None if it is not there."""
+        """Sample offset of `received` in the reference, or None if it is not there: its first
+        `align_seconds` probe, then the next ones, up to `search_seconds` of it."""
         need = int(self.align_seconds * self.sample_rate)
-        if len(received) < need:
-            return None
-        probe = received[:need]
+        searched = max(need, int(self.search_seconds * self.sample_rate))
+        for at in range(0, min(len(received), searched) - need + 1, need):
+            found = self._locate_probe(received[at : at + need])
+            if found is not None:
+                return max(0, found - at)
+        return None
+
+    def _locate_probe(self, probe: npt.NDArray[np.int16]) -> int | None:
+        need = len(probe)
         ref = self.reference
         for cand in np.flatnonzero(ref[: len(ref) - need + 1] == probe[0]):
             if np.array_equal(ref[cand : cand + need], probe):
@@ -166,7 +178,7 @@ class MeetingWords(WordSource):
         if conn.offset is None:
             conn.offset = self.locate(conn.audio_int16())
             if conn.offset is None:
-                if conn.audio_seconds >= self.align_seconds:
+                if conn.audio_seconds >= max(self.align_seconds, self.search_seconds):
                     conn.offset = -1  # audio that is not from the meeting: no words
                 return None
         if conn.offset < 0:
