@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
