@@ -144,6 +144,22 @@ async def test_the_page_streams_the_room_microphone_plays_the_reply_and_shows_th
         DOCS.mkdir(exist_ok=True)
         await page.screenshot(path=DOCS / "page-meeting.png")
 
+        # the network drops the microphone's socket: the page reconnects, a new stream in the
+        # same room, and its voices keep coming
+        first_stream = await page.evaluate("chorus.mic.streamId")
+        spoken = len(await shown_turns(page))
+        dropped = [s for s in server.server._sockets if s.ws.url.path.endswith("/stream")]
+        assert len(dropped) == 1
+        dropped[0].abort()
+        await wait_for(page, "document.getElementById('mic-status').textContent"
+                             ".startsWith('connection lost')", BOUND_S)  # fmt: skip
+        await wait_for(page, "document.getElementById('mic-status').textContent === 'listening'"
+                             f" && chorus.mic.streamId !== {first_stream!r}", BOUND_S)  # fmt: skip
+        second_stream = await page.evaluate("chorus.mic.streamId")
+        await wait_for(page, f"{SPOKEN}.some(t => t.dataset.stream === {second_stream!r})",
+                       BOUND_S)  # fmt: skip
+        assert len(await shown_turns(page)) > spoken
+
         # a typed line among the spoken ones
         await page.fill("#chat input[name=name]", "Erin")
         await page.fill("#chat input[name=text]", "Ship it on Thursday.")
