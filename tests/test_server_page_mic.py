@@ -161,6 +161,17 @@ async def test_the_page_streams_the_room_microphone_plays_the_reply_and_shows_th
                        BOUND_S)  # fmt: skip
         assert len(await shown_turns(page)) > spoken
 
+        # the feed's socket drops too: the page reads the meeting so far again and shows no
+        # line twice
+        shown_before = await shown_turns(page)
+        [feed_socket] = [s for s in server.server._sockets if s.ws.url.path.endswith("/events")]
+        feed_socket.abort()
+        await wait_for(page, "chorus.feed.reconnects === 1 && document.getElementById('status')"
+                             f".textContent === 'live: {ROOM}'", BOUND_S)  # fmt: skip
+        shown_after = await shown_turns(page)
+        assert [i for i, _, _ in shown_after][: len(shown_before)] == [i for i, _, _ in shown_before]
+        assert len({i for i, _, _ in shown_after}) == len(shown_after)
+
         # a typed line among the spoken ones
         await page.fill("#chat input[name=name]", "Erin")
         await page.fill("#chat input[name=text]", "Ship it on Thursday.")
