@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from rooms import HookContext, HookResult, RoomKit
 from server.protocol import RenamedMessage, dump
@@ -67,6 +67,26 @@ class RoomRenames:
         live.feed.publish(
             dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
         )
+
+    def current_names(self, room_id: str) -> Callable[[Mapping[str, Any]], str | None]:
+        """What a committed voice turn of the room reads now (its metadata in, a name or None
+        for the name it was committed with): a voice renamed after its earlier turns were
+        committed is named the new way in them too, as the page shows them. A snapshot of the
+        room's renames, safe to read off the loop."""
+        live = self.rooms.get(room_id)
+        renames = dict(live.renames) if live is not None else {}
+
+        def name_of(meta: Mapping[str, Any]) -> str | None:
+            session = meta.get("voice_session_id")
+            if session is None:
+                return None
+            one_person = renames.get((str(session), ONE_PERSON))
+            if one_person is not None:
+                return one_person
+            label = meta.get("speaker_label")
+            return renames.get((str(session), str(label))) if label is not None else None
+
+        return name_of
 
     def apply(self, value: object, ctx: HookContext) -> HookResult[TranscriptionEvent] | None:
         """ON_TRANSCRIPTION: page renames, and one-person streams named by their participant."""

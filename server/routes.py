@@ -11,7 +11,7 @@ this app and adds its socket routes after these.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Annotated, Any, Literal
 
@@ -19,7 +19,7 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from models import RoomEvent
@@ -51,13 +51,20 @@ class Health(BaseModel):
 
 class TranscriptTurn(BaseModel):
     """One line of the room: a committed speaker turn, as `chorus transcribe --format json`
-    writes it, or a typed message (`kind: "typed"`, its times where it fell among the turns)."""
+    writes it, or a typed message (`kind: "typed"`, its times where it fell among the turns);
+    then what ties it to the feed's messages: the room event's id (the feed's `event_id`), the
+    raw label, the stream and the participant (so a page can show the meeting so far, then the
+    live feed, without showing a line twice)."""
 
     speaker: str | None
     text: str
     start: float
     end: float
     kind: Literal["spoken", "typed"]
+    event_id: str
+    label: str | None = None
+    stream: str | None = None
+    participant: str | None = None
 
 
 class WebhookAccepted(BaseModel):
@@ -114,10 +121,11 @@ class RoomDeleted(BaseModel):
     deleted: Literal[True] = True
 
 
-TranscriptFormat = Literal["json", "text", "srt", "vtt", "rttm"]
+TranscriptFormat = Literal["json", "text", "markdown", "srt", "vtt", "rttm"]
 _TRANSCRIPT_TYPES: dict[str, str] = {
     "json": "application/json",
     "text": "text/plain; charset=utf-8",
+    "markdown": "text/markdown; charset=utf-8",
     "srt": "application/x-subrip; charset=utf-8",
     "vtt": "text/vtt; charset=utf-8",
     "rttm": "text/plain; charset=utf-8",
@@ -262,8 +270,9 @@ class HttpRoutes:
             responses={
                 **_AUTH_RESPONSES,
                 200: {
-                    "description": "The room's committed turns, oldest first (json: a list of "
-                    "turns; text, srt, vtt, rttm: as `chorus transcribe` writes them)",
+                    "description": "The room's committed turns and typed lines, oldest first, "
+                    "named as they read now (after renames); json: a list of turns; text, "
+                    "markdown, srt, vtt, rttm: as `chorus transcribe` writes them",
                     "content": {t: {} for t in set(_TRANSCRIPT_TYPES.values())},
                 },
             },
@@ -281,10 +290,15 @@ class HttpRoutes:
                 raise ProblemError(404, "unknown_room", f"no room {room!r}")
             # the room a page at a time, labelled and formatted off the event loop (issue 25.9)
             label = await kit.labeller(room)
-            transcript = TranscriptBuilder(label)
+            transcript = TranscriptBuilder(label, self.rooms.renames.current_names(room))
             async for page in kit.store.pages(room):
                 await asyncio.to_thread(transcript.take, page)
-            body = await asyncio.to_thread(format_turns, transcript.turns, format, file_id=room)
+            if format == "json":
+                body = await asyncio.to_thread(transcript.json)
+            else:
+                body = await asyncio.to_thread(
+                    format_turns, transcript.turns, format, file_id=room
+                )
             return Response(
                 body,
                 media_type=_TRANSCRIPT_TYPES[format],
@@ -433,15 +447,26 @@ class HttpRoutes:
 
 
 class TranscriptBuilder:
-    """The whole meeting, in commit order, named as the feed named it: the committed voice
-    turns and the people's typed lines (the room's chat, Teams, WhatsApp; not the models'
-    replies), a typed line at the end of the last spoken turn before it. Fed a page of events
-    at a time (`take`, on a worker thread: it reads only what it was given)."""
+    """The whole meeting, in commit order, named as the feed names it now: the committed voice
+    turns (a voice renamed since reads its new name, as on the page) and the people's typed lines
+    (the room's chat, Teams, WhatsApp; not the models' replies), a typed line at the end of the
+    last spoken turn before it. Fed a page of events at a time (`take`, on a worker thread: it
+    reads only what it was given, `renamed` included: a snapshot)."""
 
-    def __init__(self, label: Callable[[RoomEvent], str]) -> None:
+    def __init__(
+        self,
+        label: Callable[[RoomEvent], str],
+        renamed: Callable[[Mapping[str, Any]], str | None] = lambda meta: None,
+    ) -> None:
         self.label = label
+        self.renamed = renamed
         self.turns: list[Turn] = []
+        self.lines: list[TranscriptTurn] = []
         self._said_until = 0.0
+
+    def json(self) -> str:
+        """The `json` format: each line with its event id, label, stream and participant."""
+        return TypeAdapter(list[TranscriptTurn]).dump_json(self.lines, indent=2).decode() + "\n"
 
     def take(self, events: list[RoomEvent]) -> None:
         for event in events:
@@ -450,19 +475,29 @@ class TranscriptBuilder:
                 continue
             if meta.get("source") != "voice":
                 at = self._said_until
-                self.turns.append(
-                    Turn(speaker=self.label(event), text=event.text, start=at, end=at, typed=True)
+                turn = Turn(
+                    speaker=self.label(event), text=event.text, start=at, end=at, typed=True
                 )
-                continue
-            turn = Turn(
-                speaker=str(meta.get("sender_name") or self.label(event)),
-                text=event.text,
-                start=float(meta.get("start", 0.0)),
-                end=float(meta.get("end", 0.0)),
-                label=meta.get("speaker_label"),
-            )
-            self._said_until = turn.end
+            else:
+                turn = Turn(
+                    speaker=self.renamed(meta) or str(meta.get("sender_name") or self.label(event)),
+                    text=event.text,
+                    start=float(meta.get("start", 0.0)),
+                    end=float(meta.get("end", 0.0)),
+                    label=meta.get("speaker_label"),
+                )
+                self._said_until = turn.end
             self.turns.append(turn)
+            session = meta.get("voice_session_id")
+            self.lines.append(
+                TranscriptTurn(
+                    **turn.as_json(),
+                    event_id=event.id,
+                    label=turn.label,
+                    stream=str(session) if session is not None else None,
+                    participant=event.source.participant_id,
+                )
+            )
 
 
 async def _websocket_only() -> Response:

@@ -48,8 +48,17 @@ async def test_transcript_in_every_format_is_what_chorus_transcribe_writes(
     headers = {"Authorization": f"Bearer {issue_token(SECRET, ROOM, grants=[Grant.FEED])}"}
     response = await http.get(f"/v1/rooms/{ROOM}/transcript", headers=headers)
     assert response.status_code == 200
-    assert response.json() == [t.as_json() for t in expected]
+    lines = response.json()
+    assert [{k: t[k] for k in ("speaker", "text", "start", "end", "kind")} for t in lines] == [
+        t.as_json() for t in expected
+    ]
+    # each line names its room event, label and stream: the feed's turns, one for one
+    assert [(t["event_id"], t["label"], t["stream"]) for t in lines] == [
+        (t.event_id, t.label, t.stream) for t in feed.turns
+    ]
     for fmt in FORMATS:
+        if fmt == "json":
+            continue  # checked above: the same lines, with their events' ids
         response = await http.get(f"/v1/rooms/{ROOM}/transcript?format={fmt}", headers=headers)
         assert response.status_code == 200, fmt
         assert response.text == format_turns(expected, fmt, file_id=ROOM), fmt
@@ -116,3 +125,29 @@ async def test_openapi_describes_the_rest_routes(http: httpx.AsyncClient) -> Non
         "/RoomDeleted"
     )
     assert "409" in delete["responses"]
+
+
+async def test_the_transcript_reads_a_renamed_voice_by_its_new_name_in_every_line(
+    server: RunningServer, http: httpx.AsyncClient
+) -> None:
+    """A voice renamed after its turns were committed (the page's Rename) reads its new name in
+    the whole transcript, as the page relabels it: every format, the exports' source."""
+    feed = await _stream_meeting(server, ROOM, 13.0)
+    first = feed.turns[0]
+    assert first.label == "Speaker A" and first.stream is not None
+    await feed.rename("Speaker A", "Alice", first.stream)
+    await eventually(lambda: any(m.type == "renamed" for m in feed.received), 10, "renamed")
+    await feed.close()
+    token = issue_token(SECRET, ROOM, grants=[Grant.FEED])
+    lines = (await http.get(f"/v1/rooms/{ROOM}/transcript?token={token}")).json()
+    names = {t.label: t.speaker for t in feed.turns}
+    assert names["Speaker A"] == "Speaker A"  # the feed named the turns before the rename
+    assert [(t["label"], t["speaker"]) for t in lines] == [
+        (t.label, "Alice" if t.label == "Speaker A" else t.speaker) for t in feed.turns
+    ]
+    srt = (await http.get(f"/v1/rooms/{ROOM}/transcript?format=srt&token={token}")).text
+    assert "Alice: Good morning everyone." in srt and "Speaker A" not in srt
+    markdown = (await http.get(f"/v1/rooms/{ROOM}/transcript?format=markdown&token={token}")).text
+    title, blank, item, *_ = markdown.splitlines()
+    assert (title, blank) == (f"# Transcript: {ROOM}", "")
+    assert item.startswith("- **Alice** (00:00.") and item.endswith(f"): {first.text}")

@@ -5,7 +5,7 @@ Why not call Whisper on the file directly: the CLI (`chorus transcribe`) and the
 (`chorus bench transcription`) must measure and show what a live room gets — the same VAD
 segmentation, the same turn cutting, hooks and renames. `speed` paces the frames at a multiple of
 real time (1.0 = live) so latency from the end of speech to the turn event can be measured.
-Also here: the output formats (text, json, srt, vtt, rttm).
+Also here: the output formats (text, markdown, json, srt, vtt, rttm).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ async def transcribe_audio(
 
 # ------------------------------------------------------------------ output formats
 
-FORMATS = ("text", "json", "srt", "vtt", "rttm")
+FORMATS = ("text", "markdown", "json", "srt", "vtt", "rttm")
 
 
 def clock(seconds: float, *, sep: str = ".", hours: bool = False, digits: int = 2) -> str:
@@ -186,7 +187,25 @@ def clock(seconds: float, *, sep: str = ".", hours: bool = False, digits: int = 
     return f"{m:02d}:{s:02d}{sep}{frac:0{digits}d}"
 
 
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+
+
+def markdown_escaped(text: str) -> str:
+    """`text` as literal inline Markdown: the characters of inline markup (emphasis, code, links,
+    HTML, tables, strike-through) are escaped, line breaks become spaces (a turn is one list item,
+    so nothing can start a block)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(text.split()))
+
+
 def format_turns(turns: Sequence[Turn], fmt: str, *, file_id: str = "audio") -> str:
+    if fmt == "markdown":
+        items = [f"# Transcript: {markdown_escaped(file_id)}", ""]
+        for t in turns:
+            span = clock(t.start) if t.typed else f"{clock(t.start)}–{clock(t.end)}"
+            who = t.shown_speaker
+            head = f"**{markdown_escaped(who)}** " if who else ""
+            items.append(f"- {head}({span}): {markdown_escaped(t.text)}")
+        return "\n".join(items) + "\n"
     if fmt == "text":
         lines = []
         for t in turns:

@@ -121,6 +121,11 @@ class MeetingWords(WordSource):
     endpointing: float = 0.3
     max_final: float = 6.0
     align_seconds: float = 0.25
+    search_seconds: float = 0.25
+    """How much of a connection's audio may be searched for the recording, one `align_seconds`
+    probe after another, before it is taken for audio that is not from it. The default reads
+    one probe; audio that went through a browser's capture (its start resampled room noise) may
+    need a few seconds."""
     rotate_speakers: bool = False
     """Shift speaker ids by the connection number (mod the voices in the script), so a test can
     be sure a reconnect renumbers the voices (Deepgram guarantees no numbering across connections)."""
@@ -141,12 +146,25 @@ class MeetingWords(WordSource):
         words.sort(key=lambda w: (w.start, w.end))
         return cls(np.asarray(audio, np.int16), words, int(rate))
 
-    def locate(self, received: npt.NDArray[np.int16]) -> int | None:
-        """Sample offset of `received` in the reference, or None if it is not there."""
+    def locate(self, received: npt.NDArray[np.int16], first_probe: int = 0) -> int | None:
+        """Sample offset of `received` in the reference, or None if it is not there: its first
+        `align_seconds` probe, then the next ones, up to `search_seconds` of it (from probe
+        `first_probe`: the ones before it were tried already)."""
         need = int(self.align_seconds * self.sample_rate)
-        if len(received) < need:
-            return None
-        probe = received[:need]
+        for k in range(first_probe, self.probes_in(len(received))):
+            found = self._locate_probe(received[k * need : (k + 1) * need])
+            if found is not None:
+                return max(0, found - k * need)
+        return None
+
+    def probes_in(self, samples: int) -> int:
+        """Whole probes `samples` of a connection's audio hold, within `search_seconds`."""
+        need = int(self.align_seconds * self.sample_rate)
+        searched = max(need, int(self.search_seconds * self.sample_rate))
+        return min(samples, searched) // need
+
+    def _locate_probe(self, probe: npt.NDArray[np.int16]) -> int | None:
+        need = len(probe)
         ref = self.reference
         for cand in np.flatnonzero(ref[: len(ref) - need + 1] == probe[0]):
             if np.array_equal(ref[cand : cand + need], probe):
@@ -157,16 +175,21 @@ class MeetingWords(WordSource):
         r = ref.astype(np.float64)
         n = len(r) + len(a)
         corr = np.fft.irfft(np.fft.rfft(r, n) * np.conj(np.fft.rfft(a, n)), n)[: len(r) - need + 1]
-        energy = np.sqrt(np.convolve(r**2, np.ones(need), "valid"))[: len(corr)] + 1e-9
+        power = np.concatenate([[0.0], np.cumsum(r**2)])
+        energy = np.sqrt(np.maximum(power[need:] - power[:-need], 0.0))[: len(corr)] + 1e-9
         score = corr / (energy * (np.linalg.norm(a) + 1e-9))
         best = int(np.argmax(score))
         return best if score[best] > 0.8 else None
 
     def finals_for(self, conn: ConnectionState) -> list[list[SpokenWord]] | None:
         if conn.offset is None:
-            conn.offset = self.locate(conn.audio_int16())
+            received = conn.audio_int16()
+            probes = self.probes_in(len(received))
+            if probes > conn.probes_tried:
+                conn.offset = self.locate(received, conn.probes_tried)
+                conn.probes_tried = probes
             if conn.offset is None:
-                if conn.audio_seconds >= self.align_seconds:
+                if conn.audio_seconds >= max(self.align_seconds, self.search_seconds):
                     conn.offset = -1  # audio that is not from the meeting: no words
                 return None
         if conn.offset < 0:
@@ -212,6 +235,8 @@ class ConnectionState:
     malformed: int = 0
     sent: list[dict[str, Any]] = field(default_factory=list)
     offset: int | None = None
+    probes_tried: int = 0
+    """`MeetingWords`: the probes of this connection's audio already searched for."""
     groups: list[list[SpokenWord]] | None = None
     next_final: int = 0
     last_interim_at: float = 0.0
