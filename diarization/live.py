@@ -501,6 +501,7 @@ class LiveDiarizer:
             self._audio = np.zeros(0, dtype=np.float32)
             self._audio_start = 0  # stream sample index of self._audio[0]
             self._fed = 0
+            self._step = round(self.settings.step_s * SAMPLE_RATE)  # a stretch ends with its stream
             self._next_end = self._step
             self._last_end = 0  # end of the last window processed
             self._fbank = np.zeros((0, 80), dtype=np.float32)  # the stream's running fbank
@@ -534,6 +535,23 @@ class LiveDiarizer:
             if ends:
                 self._process(ends)
             return SpeakerTimeline(list(self._segments))
+
+    def stretch(self, factor: float) -> None:
+        """Space the windows `factor` (>= 1) times `step_s` apart from the next one on, on the
+        10 ms fbank grid: fewer segmentation and CAM++ calls per second of audio while the
+        machine cannot keep up (each frame is still covered by `window_s / step` windows, and
+        decided up to one step later); 1.0 is the normal step again."""
+        if not factor >= 1.0:
+            raise ValueError(f"stretch factor must be >= 1, got {factor}")
+        step = max(FBANK_SHIFT, round(self.settings.step_s * factor * SAMPLE_RATE / FBANK_SHIFT)
+                   * FBANK_SHIFT)
+        with self._lock:  # the next window stays where it was due (its audio is kept)
+            self._step = min(step, self._window)
+
+    @property
+    def step_s(self) -> float:
+        """The step between windows now (stretched or not)."""
+        return self._step / SAMPLE_RATE
 
     def flush(self) -> SpeakerTimeline:
         """End of stream: a last window ends at the newest sample (the audio after the last

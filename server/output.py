@@ -20,8 +20,10 @@ from models import RoomEvent
 from rooms import Channel, HookContext, RoomContext
 from server.framing import Outgoing
 from server.metrics import ServerMetrics
+from server.overload import DiarizationDegraded, DiarizationStatus
 from server.protocol import (
     ChatMessage,
+    DiarizationStatusMessage,
     ReplyMessage,
     SpeakerChangeMessage,
     SttStatusMessage,
@@ -176,6 +178,29 @@ class ServerOutput(Channel):
             live = self.rooms.get(stream.room_id)
             if live is not None:  # final, and the operator's to fix: the room's feed hears it
                 live.feed.publish(text)
+        if stream.kind == "device":
+            self._send(stream, text)
+
+    async def diarization_status(self, stream: LiveStream, status: DiarizationStatus) -> None:
+        """The stream left the diarization stage or came back (issue 31, `server.overload`):
+        counted, told to the stream's device and to the room's feed (the page shows why the
+        labels changed)."""
+        if isinstance(status, DiarizationDegraded):
+            self.metrics.diarization_fallbacks_total += 1
+            message = DiarizationStatusMessage(stream=stream.id, status="degraded",
+                                               speakers="stt", reason=status.reason)
+        else:
+            self.metrics.diarization_recoveries_total += 1
+            message = DiarizationStatusMessage(stream=stream.id, status="recovered",
+                                               speakers="stage")
+        if stream.audio is None or self.streams.get(stream.audio.session_id) is not stream:
+            return
+        log.warning("stream %s: diarization %s %s", stream.id, message.status,
+                    message.reason or "")
+        text = dump(message)
+        live = self.rooms.get(stream.room_id)
+        if live is not None:
+            live.feed.publish(text)
         if stream.kind == "device":
             self._send(stream, text)
 
