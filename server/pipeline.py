@@ -131,9 +131,17 @@ class VoicePipeline:
       the turn (the stream's session, by `voice_session_id`), so streams need no extra wiring.
     """
 
-    def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        stt: SttProvider,
+        stage_factory: Callable[[], DiarizationStage] | None = None,
+    ) -> None:
+        """`stage_factory`: builds each pooled stage instead of `[diarizer] kind` (tests: a
+        scripted stage; it makes shared-mic streams diarized even with kind `none`)."""
         self.config = config
         self.stt = stt
+        self.stage_factory = stage_factory
         self._on_status: dict[str, StreamStatusCallback] = {}
         """Each open stream's status callback (`open_stream(on_status=…)`), by its session id
         (the stream id); dropped when the stream finishes."""
@@ -170,6 +178,8 @@ class VoicePipeline:
     @property
     def diarizes_with_stage(self) -> bool:
         cfg = self.config
+        if self.stage_factory is not None:
+            return True
         if cfg.diarizer.kind == "none":
             return False
         return not (self.stt.diarizes and cfg.stt.diarize)
@@ -231,6 +241,8 @@ class VoicePipeline:
         pyannote stage loads its pipeline once per server (every later stage wraps the same
         pipeline object; calls into it are serialised), never once per stream."""
         cfg = self.config.diarizer
+        if self.stage_factory is not None:
+            return self.stage_factory()
         async with self._stage_lock:
             pipeline: Any = cfg.pipeline
             hf_token = cfg.hf_token
@@ -524,7 +536,9 @@ def agent_channel(config: ServerConfig) -> ACPAgentChannel | None:
     )
 
 
-async def build_pipeline(config: ServerConfig) -> VoicePipeline:
+async def build_pipeline(
+    config: ServerConfig, stage_factory: Callable[[], DiarizationStage] | None = None
+) -> VoicePipeline:
     """The configured pipeline, with its STT provider created and its models loaded once,
     before the server takes its first stream.
 
@@ -549,7 +563,7 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
     load = getattr(stt, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread
-    pipeline = VoicePipeline(config, stt)
+    pipeline = VoicePipeline(config, stt, stage_factory)
     if config.diarizer.enroll:
         pipeline.enrollments = await asyncio.to_thread(read_enrollments, config)
     return pipeline
