@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +30,13 @@ from server.overload import (
     StreamMode,
     Stretch,
 )
-from server.protocol import CloseCode, DiarizationStatusMessage, FeedMessage, StartMessage
+from server.protocol import (
+    CloseCode,
+    DiarizationStatusMessage,
+    FeedMessage,
+    StartMessage,
+    TurnMessage,
+)
 from server.testing.harness import (
     SECRET,
     eventually,
@@ -37,9 +44,12 @@ from server.testing.harness import (
     running_server_with_local_stt,
     tone,
 )
-from voice.audio import AudioLog
+from voice.audio import AudioLog, float_to_pcm16, read_audio_16k
 from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline, StageAbilities
 from voice.stage_driver import StageDriver
+from voice.testing.deepgram_server import MeetingWords
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 
 BOUNDS = OverloadBounds(stretch_lag_s=1.0, stretch_factor=2.0, fallback_lag_s=2.0,
                         max_lag_s=4.0, fallback_every_s=1.0, recover_lag_s=0.5,
@@ -293,3 +303,43 @@ async def test_a_slow_stage_stretches_falls_back_refuses_and_recovers_and_says_s
     assert stage.resets >= 1 and stage.fed > 0  # back on the stage: reset, then fed afresh
     assert metric_value(body, "chorus_diarization_recoveries_total") == 1.0
     assert server.server.metrics.refused_total["diarization_overloaded"] == 1
+
+
+async def test_words_waiting_on_a_stuck_stage_go_on_as_one_speaker_once_it_falls_back() -> None:
+    """The STT labels nobody here (`diarize = false`): a stream off the stage is one speaker,
+    and the words that waited for the stuck stage are not lost with it."""
+    stages: list[GatedStage] = []
+
+    def make_stage() -> GatedStage:
+        stages.append(GatedStage())
+        stages[-1].gate.clear()  # it never answers while the test runs
+        return stages[-1]
+
+    degraded, turned = asyncio.Event(), asyncio.Event()
+
+    def seen(message: FeedMessage) -> None:
+        if isinstance(message, DiarizationStatusMessage) and message.status == "degraded":
+            degraded.set()
+        if isinstance(message, TurnMessage) and degraded.is_set():
+            turned.set()
+
+    config = {"stt": {"diarize": False},
+              "diarizer": {"fallback_every_s": 0.0, "overload_check_s": 0.0}}
+    meeting = read_audio_16k(MEETING / "meeting.wav")
+    try:
+        async with running_server_with_local_stt(
+            config, MeetingWords.from_meeting(MEETING), stage_factory=make_stage
+        ) as server:
+            device = await DeviceStream.open(
+                server.base, "r1", issue_token(SECRET, "r1"),
+                StartMessage(participant="room-1", name="Room 1"), on_message=seen)
+            await device.send_audio(float_to_pcm16(meeting[: 12 * 16000]), realtime=False)
+            async with asyncio.timeout(60):
+                await turned.wait()
+                await device.stop()
+    finally:
+        for stage in stages:
+            stage.gate.set()
+    turns = [m for m in device.received if isinstance(m, TurnMessage)]
+    assert turns and {t.label for t in turns} == {None}
+    assert {t.speaker for t in turns} == {"Room 1"}
