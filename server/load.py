@@ -30,6 +30,21 @@ def usable_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def machine_cpu_seconds() -> float:
+    """CPU seconds every process of the machine has used (Linux `/proc/stat`: all but idle and
+    iowait); elsewhere this process's own (`time.process_time`)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return time.process_time()
+    if not fields or fields[0] != "cpu":
+        return time.process_time()
+    ticks = [int(f) for f in fields[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]  # idle, iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 class CpuMeter:
     """The share of the usable cores a CPU-time clock used between readings, at least
     `window_s` apart: `share()` (0..1). `cpu` and `wall` are the clocks (the process's own by
@@ -76,4 +91,5 @@ def load_figure(*, stage: float, streams: int, max_streams: int, cpu: float) -> 
     return Load(round(max(parts), 4), *(round(p, 4) for p in parts))
 
 
-__all__ = ["CPU_WINDOW_S", "CpuMeter", "Load", "load_figure", "usable_cores"]
+__all__ = ["CPU_WINDOW_S", "CpuMeter", "Load", "load_figure", "machine_cpu_seconds",
+           "usable_cores"]
