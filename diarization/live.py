@@ -34,7 +34,8 @@ Two parts, shaped by where the cost is:
      outvote it (live DER 18.9 -> 16.9 %, every leave-one-file-out fold choosing it;
      docs/benchmarks.md). Two speakers active on one frame is overlapped speech: both get it.
   Decided frames never change. A frame is decided between `latency_s` and `latency_s + step_s`
-  after its audio arrived, plus the model time.
+  after its audio arrived, plus the model time. Under overload the server may `stretch` the
+  step (fewer windows per second of audio, issue 31) and set it back.
 
 Enrolled voices (V8) are centroids from the start, named; other voices get `Speaker A`, `B` …
 in order of creation (V7). Voiceprints are CAM++ embeddings on the same trunk and pooling.

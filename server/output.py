@@ -5,7 +5,8 @@ Owns the server's own channel in every room (`ServerOutput`): the kit delivers e
 event to it in commit order, and as an `AudioSink` it receives the assistant's reply audio (R5),
 which each stream gets in its own framing. It also speaks for the `ON_SPEAKER_CHANGE` hook
 (`speaker_changed`, a typed `voice.channel.SpeakerChangeEvent`) and for each stream's STT status
-(`stt_status`, the per-stream callback the stream was opened with). It never awaits a client:
+(`stt_status`, the per-stream callback the stream was opened with) and its diarization status
+(`diarization_status`: off the stage and back, issue 31). It never awaits a client:
 messages go to the feed's and the streams' bounded queues, and a full one drops the message
 (counted). Which rooms and streams exist is the registry's (`server.live`); this only reads it.
 """
