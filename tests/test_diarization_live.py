@@ -381,3 +381,44 @@ def test_bad_settings_and_audio_are_refused() -> None:
     with pytest.raises(ValueError, match="mono"):
         stage.feed(np.zeros((2, 10), np.float32))
     assert len(stage.feed(np.zeros(0, np.float32))) == 0
+
+
+class SilentService(ModelService):
+    """Answers every window with no voice, counting the windows and where they end."""
+
+    def __init__(self) -> None:
+        super().__init__(models=None)
+        self.windows = 0
+
+    def analyse(self, jobs: object, previous: object = None,
+                since_embedding: int = 0) -> list[WindowResult]:
+        assert isinstance(jobs, list)
+        self.windows += len(jobs)
+        return [WindowResult(np.zeros((round(j.audio.size / FRAME_SAMPLES), 3), np.uint8), None)
+                for j in jobs]
+
+
+def test_a_stretched_step_runs_fewer_windows_and_a_reset_ends_the_stretch() -> None:
+    """Issue 31: under overload the server stretches a stream's step (the stage's
+    `stretches_step` ability): half the windows per second of audio at factor 2."""
+    service = SilentService()
+    stage = LiveDiarizer(service)
+    second = np.zeros(RATE, np.float32)
+    for _ in range(10):
+        stage.feed(second)
+    assert service.windows == 20  # every 0.5 s
+    stage.stretch(2.0)
+    assert stage.step_s == 1.0
+    for _ in range(10):
+        stage.feed(second)
+    assert service.windows == 20 + 11  # the one already due at 10.5 s, then 11, 12 … 20 s
+    stage.stretch(1.0)
+    for _ in range(10):
+        stage.feed(second)
+    assert service.windows == 31 + 19  # 21, 21.5 … 30 s
+    stage.stretch(2.0)
+    stage.reset()
+    assert stage.step_s == 0.5
+    with pytest.raises(ValueError, match="stretch factor"):
+        stage.stretch(0.5)
+    assert EmbeddedStage.abilities.stretches_step
