@@ -16,10 +16,12 @@ The steps, in order (each bound is a `[diarizer]` key, `OverloadBounds`):
    `recover_lag_s` for `recover_after_s`.
 2. **Fall back.** A stream whose lag passes `fallback_lag_s` (stretched already, or unable to
    stretch) leaves the stage: its words take the STT's labels (one speaker when the STT gives
-   none) and the device hears a `diarization` status `degraded`. One stream at a time, at most
-   every `fallback_every_s`, the last to join the stage first (the older streams keep their
-   speakers), so the stage is not emptied at once when every lag grows together; any stream
-   past `max_lag_s` falls back at once, which bounds every admitted stream's lag.
+   none) and the device hears a `diarization` status `degraded`. The stage batches every
+   stream's windows, so its lag grows with its load: at most every `fallback_every_s`, the
+   share of the stage's streams by which the worst lag is over the bound leaves it (at least
+   one; lag 2.5 s over a 2 s bound: a fifth), the last to join the stage first (the older
+   streams keep their speakers), so the stage is not emptied when every lag grows together;
+   any stream past `max_lag_s` falls back at once, which bounds every admitted stream's lag.
 3. **Refuse.** While any stream is in fallback (the stage could not keep up even so), a NEW
    shared-mic stream that would use the stage is refused (`admitting` is False; 4429).
 4. **Recover.** Once every stream still on the stage stayed under `recover_lag_s` for
@@ -249,12 +251,17 @@ class OverloadPolicy:
                                                          f"(over {b.max_lag_s:g} s)"))
         if out or now - self._last_fallback < b.fallback_every_s:
             return out
-        over = [(n, s) for n, s in ready if s.mode is not StreamMode.FALLBACK
-                and s.lag > b.fallback_lag_s]
-        if over:  # the last to join the stage leaves it first
-            name, state = max(over, key=lambda item: item[1].order)
-            out.append(self._leave(name, state, now, f"stage {state.lag:.1f} s behind "
-                                                     f"(over {b.fallback_lag_s:g} s)"))
+        over = sorted(((n, s) for n, s in ready if s.mode is not StreamMode.FALLBACK
+                       and s.lag > b.fallback_lag_s), key=lambda item: -item[1].order)
+        if over:
+            # the stage batches every stream's windows, so its lag grows with its load: shed the
+            # share of its streams by which the worst lag is over the bound, the last to join
+            # the stage first
+            worst = max(s.lag for _, s in over)
+            shed = max(1, math.ceil(len(on) * (1 - b.fallback_lag_s / worst)))
+            for name, state in over[:shed]:
+                out.append(self._leave(name, state, now, f"stage {state.lag:.1f} s behind "
+                                                         f"(over {b.fallback_lag_s:g} s)"))
         return out
 
     def _leave(self, name: str, state: _Stream, now: float, reason: str) -> FallBack:

@@ -94,6 +94,14 @@ def test_one_stream_at_a_time_leaves_the_stage_the_last_to_join_first() -> None:
     assert p.mode("old") is StreamMode.STRETCHED
 
 
+def test_the_share_of_streams_shed_is_the_share_the_worst_lag_is_over_the_bound() -> None:
+    names = [f"s{i}" for i in range(10)]
+    p = policy(*names)
+    p.observe(10.0, dict.fromkeys(names, 1.5))
+    out = p.observe(11.0, dict.fromkeys(names, 3.0))  # a third over the bound: 4 of 10
+    assert [a.stream for a in out] == ["s9", "s8", "s7", "s6"]
+
+
 def test_past_max_lag_every_stream_over_it_falls_back_at_once() -> None:
     p = policy("a", "b", "c")
     p.observe(10.0, {"a": 1.5, "b": 1.5, "c": 1.5})

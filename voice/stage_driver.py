@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +35,7 @@ import numpy.typing as npt
 from voice.assembler import CHANGE_MAX_GAP
 from voice.audio import STT_SAMPLE_RATE, AudioLog, resample
 from voice.diarization_stage import (
+    Abandons,
     DecidesLate,
     DiarizationStage,
     ProvisionalView,
@@ -165,6 +167,8 @@ class StageDriver:
         timeline handed on stays what it was."""
         self.suspended = True
         self._suspending.set()
+        if self.abilities.abandons and isinstance(self.stage, Abandons):
+            self.stage.abandon()  # its queued work would keep the other streams waiting
 
     def resume(self) -> None:
         """Feed the stage again, afresh from the audio accepted from now on (the audio missed
@@ -239,9 +243,11 @@ class StageDriver:
             finally:
                 suspending.cancel()
                 if not call.done():  # suspended or cancelled: the thread finishes on its own
-                    def answered(_: object) -> None:
+                    def answered(done: asyncio.Future[Any]) -> None:
                         self.answered = max(self.answered, upto)
                         self._lock.release()
+                        if not done.cancelled() and done.exception() is not None:
+                            log.debug("a stage call left behind ended: %s", done.exception())
 
                     call.add_done_callback(answered)
                     released = True
