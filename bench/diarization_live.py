@@ -16,7 +16,12 @@ What it reports, per set of files (a folder; LibriSpeech conversations split int
 - CPU per stream at `--streams 1,8,24` concurrent live streams sharing one `ModelService`: each
   stream a thread feeding 0.5 s pieces as fast as it can (the service batches whatever arrives
   together), stream k playing the longest recording from k s on; process CPU seconds / (streams
-  x audio seconds), with the number of model calls.
+  x audio seconds), with the number of model calls, and where it goes (issue 31.1): CPU seconds
+  in segmentation, the CAM++ trunk and pooling (thread CPU time around each model call, in the
+  service's worker), the rest of the worker (batching, which windows to embed), and the streams'
+  own threads (fbank, stitching, clustering, aggregation, decisions), each per audio second per
+  stream. `--stretch F` runs those streams with their step stretched F times (what the server
+  does under overload, `server.overload`).
 
 Fed 0.5 s at a time (one window per call: the windows sit at fixed sample positions, so the
 frame size does not change the result; tests/test_diarization_live.py checks that).
@@ -59,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrent stream counts for the CPU-per-stream figure ('' to skip)")
     parser.add_argument("--stream-seconds", type=float, default=30.0,
                         help="audio per stream in the CPU-per-stream runs (default 30)")
+    parser.add_argument("--stretch", type=float, default=1.0, metavar="F",
+                        help="the concurrent streams' step stretched F times (overload)")
     parser.add_argument("--json", type=Path, default=Path("diarization-live-bench.json"))
 
 
@@ -165,13 +172,39 @@ def parse_value(settings: Any, key: str, value: str) -> Any:
     return int(value) if kinds[key] in ("int", int) else float(value)
 
 
-def streams_cpu(recordings: list[Recording], settings: Any, counts: list[int],
-                seconds: float) -> list[dict[str, Any]]:
-    """Process CPU per stream per audio second with N concurrent streams on one service."""
-    from diarization.live import LiveDiarizer, ModelService
-    from diarization.live_models import default_live_models
+class ModelClock:
+    """Thread CPU seconds spent inside each model call (segment, trunk, pool) of one
+    `LiveModels`, wrapped in place."""
 
-    models = default_live_models()
+    def __init__(self, models: Any) -> None:
+        self.seconds: dict[str, float] = {"segmentation": 0.0, "trunk": 0.0, "pool": 0.0}
+        for name, key in (("segment", "segmentation"), ("trunk", "trunk"), ("pool", "pool")):
+            setattr(models, name, self._timed(getattr(models, name), key))
+
+    def _timed(self, call: Any, key: str) -> Any:
+        def timed(*args: Any) -> Any:
+            began = time.thread_time()
+            try:
+                return call(*args)
+            finally:
+                self.seconds[key] += time.thread_time() - began
+
+        return timed
+
+    def reset(self) -> None:
+        for key in self.seconds:
+            self.seconds[key] = 0.0
+
+
+def streams_cpu(recordings: list[Recording], settings: Any, counts: list[int],
+                seconds: float, stretch: float = 1.0) -> list[dict[str, Any]]:
+    """Process CPU per stream per audio second with N concurrent streams on one service, and
+    where it goes (`ModelClock`, the service's worker thread, the streams' threads)."""
+    from diarization.live import LiveDiarizer, ModelService
+    from diarization.live_models import LiveModels
+
+    models = LiveModels()  # its own: the clock wraps its methods
+    clock = ModelClock(models)
     piece = round(settings.step_s * 16000)
     # every stream hears the same kind of audio: stream k plays the longest recording from k s
     # on (wrapping), so the figures for 1, 8 and 24 streams are comparable
@@ -182,7 +215,11 @@ def streams_cpu(recordings: list[Recording], settings: Any, counts: list[int],
     out = []
     for n in counts:
         service = ModelService(models)
+        clock.reset()
         stages = [LiveDiarizer(service, settings) for _ in range(n)]
+        if stretch != 1.0:
+            for stage in stages:
+                stage.stretch(stretch)
         audio = clips[:n]
         errors: list[BaseException] = []
 
@@ -205,8 +242,16 @@ def streams_cpu(recordings: list[Recording], settings: Any, counts: list[int],
         if errors:
             raise errors[0]
         total_audio = sum(len(a) for a in audio) / 16000
+        worker = service.calls.cpu_s
+        per = {key: value / total_audio for key, value in clock.seconds.items()}
         out.append({
             "streams": n,
+            "stretch": stretch,
+            "cpu_per_audio_second_per_stream_by_part": {
+                **per,
+                "worker_rest": (worker - sum(clock.seconds.values())) / total_audio,
+                "stream_threads": (cpu - worker) / total_audio,
+            },
             "audio_seconds_per_stream": total_audio / n,
             "cpu_seconds": cpu,
             "cpu_per_audio_second_per_stream": cpu / total_audio,
@@ -328,13 +373,16 @@ def run(args: argparse.Namespace) -> int:
     counts = [int(x) for x in args.streams.split(",") if x.strip()]
     if counts:
         figures = streams_cpu(recordings, base if len(combos) == 1 else replace(base, **combos[0]),
-                              counts, args.stream_seconds)
+                              counts, args.stream_seconds, args.stretch)
         summary["streams"] = figures
         for f in figures:
             lines.append(
                 f"{f['streams']:>3} streams: {f['cpu_per_audio_second_per_stream']:.3f} CPU-s per "
                 f"audio s per stream; {f['windows']} windows in {f['segmentation_calls']} "
                 f"segmentation and {f['embedding_calls']} embedding calls")
+            parts = f["cpu_per_audio_second_per_stream_by_part"]
+            lines.append("      by part (CPU-s per audio s per stream): " + ", ".join(
+                f"{key} {value:.4f}" for key, value in parts.items()))
     print("\n".join(lines))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=2, default=str))

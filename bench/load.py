@@ -55,7 +55,13 @@ from tqdm import tqdm
 from server.client import DeviceStream
 from server.config import load_config
 from server.metrics import percentile
-from server.protocol import FeedMessage, ReplyMessage, StartMessage, TurnMessage
+from server.protocol import (
+    DiarizationStatusMessage,
+    FeedMessage,
+    ReplyMessage,
+    StartMessage,
+    TurnMessage,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_AUDIO = REPO / "examples" / "meeting" / "meeting.wav"
@@ -282,6 +288,10 @@ class StreamResult:
     """Turns (first versions) that reached the device before its last frame was sent."""
     replies: int = 0
     """The assistant's replies (`reply` messages) the device got."""
+    refused: bool = False
+    """The server refused the stream (4429: its diarization stage was shedding streams)."""
+    degraded: bool = False
+    """The stream was taken off the diarization stage (`diarization_status` degraded)."""
     error: str | None = None
 
 
@@ -356,8 +366,11 @@ async def _one_device(
             versions.append((time.monotonic(), message))
         elif isinstance(message, ReplyMessage):
             result.replies += 1
+        elif isinstance(message, DiarizationStatusMessage) and message.status == "degraded":
+            result.degraded = True
 
     start = StartMessage(participant=f"dev-{room}", name=room, sample_rate=16000, shared_mic=True)
+    device: DeviceStream | None = None
     try:
         device = await DeviceStream.open(
             base, room, await tokens.mint(room), start, on_message=on_message
@@ -376,7 +389,10 @@ async def _one_device(
         async with asyncio.timeout(120):
             await device.stop()
     except Exception as exc:  # recorded, not raised: one failed device is a result
-        result.error = f"{type(exc).__name__}: {exc}"
+        if device is not None and device.ws.close_code == 4429 and not versions:
+            result.refused = True  # shed by the server (issue 31): a result, not an error
+        else:
+            result.error = f"{type(exc).__name__}: {exc}"
     settled = settled_versions(versions)
     received = [(now, m.end) for now, m in settled]
     if received and sent_wall:
@@ -425,6 +441,10 @@ class StepResult:
     """Turns that reached their device while it was still streaming."""
     replies: int = 0
     """The chat model's (or realtime session's) replies the devices got."""
+    refused: int = 0
+    """Streams the server refused (4429 while its diarization stage shed streams, issue 31)."""
+    degraded: int = 0
+    """Streams taken off the diarization stage (speakers from the STT: `diarization_status`)."""
 
     @property
     def holds(self) -> bool:
@@ -477,6 +497,8 @@ async def _step(
         errors=[r.error for r in results if r.error],
         turns_while_streaming=sum(r.turns_while_streaming for r in results),
         replies=sum(r.replies for r in results),
+        refused=sum(r.refused for r in results),
+        degraded=sum(r.degraded for r in results),
     )
 
 
@@ -859,6 +881,8 @@ async def _one_server(
                 f"N={n}: turns {step.turns}, strict p95 {step.p95_strict_latency_s:.2f} s "
                 f"(completion {step.p95_latency_s:.2f} s), "
                 f"CPU {step.cpu_percent_per_stream:.1f} %/stream, RSS peak {step.rss_peak_mib:.0f} MiB"
+                + (f", refused {step.refused}, degraded {step.degraded}"
+                   if step.refused or step.degraded else "")
                 + (f", errors {step.errors[:2]}" if step.errors else "")
             )
             if not step.holds and not args.keep_going:
@@ -891,15 +915,15 @@ def _print_run(run: ServerRun, named: bool) -> None:
     print(
         "| streams | turns | p50 latency (s) | p95 latency (s) | p95 by turn end (s) "
         "| corrected | CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) | turns while streaming "
-        "| replies |"
+        "| replies | refused | degraded |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in run.steps:
         print(
             f"| {s.streams} | {s.turns} | {s.p50_latency_s:.2f} | {s.p95_latency_s:.2f} | "
             f"{s.p95_strict_latency_s:.2f} | {s.corrected} | "
             f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} | "
-            f"{s.turns_while_streaming} | {s.replies} |"
+            f"{s.turns_while_streaming} | {s.replies} | {s.refused} | {s.degraded} |"
         )
     print(
         f"\nlargest N with strict p95 latency (the p95 by turn end column) < "

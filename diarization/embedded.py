@@ -72,9 +72,12 @@ class EmbeddedStage:
     """The embedded stage. Implements `voice.diarization_stage.DiarizationStage` (P3)."""
 
     sample_rate = SAMPLE_RATE
-    abilities = StageAbilities(decides_late=True, recent_view=True, provisional_view=True)
+    abilities = StageAbilities(decides_late=True, recent_view=True, provisional_view=True,
+                               stretches_step=True, abandons=True)
     """`voice.diarization_stage.LiveStage`: the live stream decides about a second late
-    (`flush`), can hand over its recent segments (`recent`) and its provisional view."""
+    (`flush`), can hand over its recent segments (`recent`) and its provisional view, and can
+    stretch its step under load (`stretch`) and drop its queued windows when the server takes
+    its stream off the stage (`abandon`)."""
 
     def __init__(
         self,
@@ -229,6 +232,14 @@ class EmbeddedStage:
     def feed(self, audio: Audio) -> SpeakerTimeline:
         """Live mode (`diarization.live`): the timeline decided so far; decisions never change."""
         return self._stream.feed(_checked(audio, allow_empty=True))
+
+    def abandon(self) -> None:
+        """Live: skip the windows queued on the model service (`LiveDiarizer.abandon`)."""
+        self._stream.abandon()
+
+    def stretch(self, factor: float) -> None:
+        """Live: windows `factor` times `live.step_s` apart from the next one on (overload)."""
+        self._stream.stretch(factor)
 
     def flush(self) -> SpeakerTimeline:
         """End of the stream: decide what the windows fed so far can decide."""

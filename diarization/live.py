@@ -34,7 +34,8 @@ Two parts, shaped by where the cost is:
      outvote it (live DER 18.9 -> 16.9 %, every leave-one-file-out fold choosing it;
      docs/benchmarks.md). Two speakers active on one frame is overlapped speech: both get it.
   Decided frames never change. A frame is decided between `latency_s` and `latency_s + step_s`
-  after its audio arrived, plus the model time.
+  after its audio arrived, plus the model time. Under overload the server may `stretch` the
+  step (fewer windows per second of audio, issue 31) and set it back.
 
 Enrolled voices (V8) are centroids from the start, named; other voices get `Speaker A`, `B` …
 in order of creation (V7). Voiceprints are CAM++ embeddings on the same trunk and pooling.
@@ -165,11 +166,17 @@ class ServiceCalls:
     trim_cpu_s: float = 0.0
 
 
+class WindowsAbandoned(RuntimeError):
+    """The stream abandoned its queued windows (`LiveDiarizer.abandon`): nothing computed."""
+
+
 @dataclass
 class _Request:
     jobs: list[WindowJob]
     previous: Activity | None
     since_embedding: int
+    abandoned: threading.Event | None = None
+    """Set by the stream when it leaves the stage: the worker skips the request."""
     done: threading.Event = field(default_factory=threading.Event)
     results: list[WindowResult] = field(default_factory=list)
     error: BaseException | None = None
@@ -258,18 +265,23 @@ class ModelService:
         jobs: Sequence[WindowJob],
         previous: Activity | None = None,
         since_embedding: int = 0,
+        abandoned: threading.Event | None = None,
     ) -> list[WindowResult]:
         """Segment (and, where needed, embed) consecutive windows of ONE stream, batched with
-        whatever other streams are asking for. Blocks until done; call off the event loop."""
+        whatever other streams are asking for. Blocks until done; call off the event loop.
+        `abandoned` set before the worker takes the request: `WindowsAbandoned`, nothing run
+        (a stream the server took off the stage must not keep the others waiting)."""
         if not jobs:
             return []
         self._ensure_started()
-        request = _Request(list(jobs), previous, since_embedding)
+        request = _Request(list(jobs), previous, since_embedding, abandoned)
         with self._pending_changed:
             self._pending += len(request.jobs)
             self._queue.put(request)
             self._pending_changed.notify_all()
         request.done.wait()
+        if isinstance(request.error, WindowsAbandoned):
+            raise request.error
         if request.error is not None:
             raise RuntimeError(f"live diarization model call failed: {request.error}") from request.error
         return request.results
@@ -330,7 +342,15 @@ class ModelService:
                 windows += len(more.jobs)
             with self._pending_changed:
                 self._pending -= windows
-            self._serve(batch)
+            kept = []
+            for request in batch:
+                if request.abandoned is not None and request.abandoned.is_set():
+                    request.error = WindowsAbandoned("the stream left the stage")
+                    request.done.set()
+                else:
+                    kept.append(request)
+            if kept:
+                self._serve(kept)
             if stop:
                 return
 
@@ -453,6 +473,8 @@ class LiveDiarizer:
         self._min_frames = max(1, round(self.settings.min_active_s * SAMPLE_RATE / FRAME_SAMPLES))
         self._enrolled: dict[str, FloatArray] = {}
         self._lock = threading.Lock()
+        self._abandoned = threading.Event()
+        """Set by `abandon` (any thread, no lock): queued windows are skipped until `reset`."""
         self.record_delays = False
         """When True, `decision_delays` collects, per decided speech frame, the seconds of stream
         audio between the frame's end and the end of the window that decided it (the audio-time
@@ -500,7 +522,9 @@ class LiveDiarizer:
         with self._lock:
             self._audio = np.zeros(0, dtype=np.float32)
             self._audio_start = 0  # stream sample index of self._audio[0]
+            self._abandoned.clear()
             self._fed = 0
+            self._step = round(self.settings.step_s * SAMPLE_RATE)  # a stretch ends with its stream
             self._next_end = self._step
             self._last_end = 0  # end of the last window processed
             self._fbank = np.zeros((0, 80), dtype=np.float32)  # the stream's running fbank
@@ -534,6 +558,29 @@ class LiveDiarizer:
             if ends:
                 self._process(ends)
             return SpeakerTimeline(list(self._segments))
+
+    def abandon(self) -> None:
+        """The stream leaves the stage (overload): windows it has queued on the service and not
+        started are skipped (its `feed` raises `WindowsAbandoned`), and so are later ones, until
+        `reset`. Safe from any thread, without the stage's lock (a feed may hold it)."""
+        self._abandoned.set()
+
+    def stretch(self, factor: float) -> None:
+        """Space the windows `factor` (>= 1) times `step_s` apart from the next one on, on the
+        10 ms fbank grid: fewer segmentation and CAM++ calls per second of audio while the
+        machine cannot keep up (each frame is still covered by `window_s / step` windows, and
+        decided up to one step later); 1.0 is the normal step again."""
+        if not factor >= 1.0:
+            raise ValueError(f"stretch factor must be >= 1, got {factor}")
+        step = max(FBANK_SHIFT, round(self.settings.step_s * factor * SAMPLE_RATE / FBANK_SHIFT)
+                   * FBANK_SHIFT)
+        with self._lock:  # the next window stays where it was due (its audio is kept)
+            self._step = min(step, self._window)
+
+    @property
+    def step_s(self) -> float:
+        """The step between windows now (stretched or not)."""
+        return self._step / SAMPLE_RATE
 
     def flush(self) -> SpeakerTimeline:
         """End of stream: a last window ends at the newest sample (the audio after the last
@@ -632,7 +679,8 @@ class LiveDiarizer:
                 self._min_frames, shift,
             ))
             previous_end = end
-        results = self.service.analyse(jobs, self._previous, self._since_embedding)
+        results = self.service.analyse(jobs, self._previous, self._since_embedding,
+                                       self._abandoned)
         for job, end, result in zip(jobs, ends, results, strict=True):
             self._integrate(end, result, job.shift_frames)
         self._last_end = ends[-1]

@@ -33,7 +33,11 @@ class LiveKitConfig(BaseModel):
     """Shell-style patterns (`fnmatch`, case-insensitive) matched against a participant's name
     and identity; a match is a shared microphone even without the attribute."""
     load_threshold: float = Field(default=0.7, gt=0, le=1)
-    """Worker load (0–1) above which LiveKit stops sending it jobs (production mode)."""
+    """Worker load (0–1) above which LiveKit stops sending it jobs (production mode). The load
+    is `chorus serve`'s figure (`server.load.load_figure`, docs/livekit.md): the largest of the
+    machine's CPU share and the running jobs over `max_jobs`."""
+    max_jobs: int = Field(default=16, ge=1)
+    """Rooms (jobs) one worker runs at most: at this many the load is 1."""
     reply_sample_rate: int = Field(default=24000, ge=8000, le=48000)
     """Sample rate of the agent's published reply track."""
     reply_track_name: str = "chorus-reply"

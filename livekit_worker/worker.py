@@ -26,6 +26,7 @@ from livekit_worker.config import LiveKitConfig, load_agent_config
 from livekit_worker.room_agent import ChorusRoomAgent, LocalParticipantLike
 from rooms import Channel, RoomKit, open_kit
 from server.config import ServerConfig
+from server.load import CpuMeter, Load, load_figure, machine_cpu_seconds
 from server.pipeline import (
     agent_channel,
     chat_channel,
@@ -146,12 +147,32 @@ async def entrypoint(ctx: agents.JobContext) -> None:
     await run_job(ctx, config, livekit)
 
 
+class WorkerLoad:
+    """The worker's `load_fnc`: `chorus serve`'s load figure (`server.load.load_figure`) from
+    what a LiveKit worker can see. Each job (room) runs in a process of its own, with its
+    stages; the worker cannot read their lag, but a stage that falls behind is a machine whose
+    CPU is full, so the parts are the machine's CPU share (every process: the jobs are) and the
+    running jobs over `max_jobs`; the stage part is 0 here."""
+
+    def __init__(self, max_jobs: int, cpu: CpuMeter | None = None) -> None:
+        self.max_jobs = max_jobs
+        self.cpu = cpu or CpuMeter(cpu=machine_cpu_seconds, cores=os.cpu_count() or 1)
+        self.last: Load | None = None
+
+    def __call__(self, server: agents.AgentServer) -> float:
+        self.last = load_figure(stage=0.0, streams=len(server.active_jobs),
+                                max_streams=self.max_jobs, cpu=self.cpu.share())
+        return self.last.load
+
+
 def build_server(livekit: LiveKitConfig, **options: Any) -> agents.AgentServer:
-    """The `AgentServer` `chorus agent` runs: `agent_name` from config, its load threshold, and
-    the LiveKit credentials from the environment (or `ws_url`/`api_key`/`api_secret` options)."""
+    """The `AgentServer` `chorus agent` runs: `agent_name` from config, its load threshold, its
+    load (`WorkerLoad`: `chorus serve`'s figure, unless `load_fnc` is given), and the LiveKit
+    credentials from the environment (or `ws_url`/`api_key`/`api_secret` options)."""
     # development mode takes every job (as livekit-agents' own default does); production mode
     # declines new rooms above the configured load
     threshold = ServerEnvOption(dev_default=math.inf, prod_default=livekit.load_threshold)
+    options.setdefault("load_fnc", WorkerLoad(livekit.max_jobs))
     server = agents.AgentServer(load_threshold=threshold, **options)
     server.rtc_session(entrypoint, agent_name=livekit.agent_name)
     return server

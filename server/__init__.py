@@ -11,6 +11,9 @@ commands) and `bench` (the load bench drives a real server).
 Shaped so: `app` keeps the sockets, tokens, limits and drain; each stream protocol is one module
 (`device`, `twilio`) that reads its framing into one `framing.StreamDeclaration` plus audio, which
 `streaming` runs the same way for every protocol; `live` is the room registry, `output` what the
-rooms say (turns, replies, speaker changes, STT status), `renames` the page's renames; `routes` the
-HTTP routes, `events` the feed socket, `pipeline` the per-room speech pipeline.
+rooms say (turns, replies, speaker changes, STT and diarization status), `renames` the page's
+renames; `routes` the HTTP routes, `events` the feed socket, `pipeline` the per-room speech
+pipeline; `overload` the pure policy for a diarization stage that falls behind (stretch, fall
+back, refuse, recover) and `load` the load figure `/healthz`, `/metrics` and `chorus agent`
+report.
 """

@@ -42,6 +42,7 @@ from server.events import serve_feed
 from server.framing import Refusal, StoppedBeforeStart, check_stream_participant
 from server.ingress.serve import build_webhooks
 from server.live import LiveRooms, StreamLimitError
+from server.load import CpuMeter, Load, load_figure
 from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
 from server.protocol import ROOM_ID, CloseCode
@@ -84,6 +85,11 @@ class ChorusServer:
         self.metrics = ServerMetrics()
         self.rooms = LiveRooms(config, self.metrics, pipeline, kit)
         self.metrics.delivery = self.rooms.kit.delivery_stats
+        self.pipeline = pipeline
+        self.cpu = CpuMeter()
+        """The process's CPU share (`server.load`), for the load figure."""
+        self.metrics.stage_load = pipeline.stage_load
+        self.metrics.load = self.load
         self._closing = False
         self._drain = Drain()
         """Begun on shutdown: streams stop taking audio, flush and close with 4503, all within
@@ -147,6 +153,16 @@ class ChorusServer:
         assert self._uvicorn is not None
         sockets = self._uvicorn.servers[0].sockets
         return int(sockets[0].getsockname()[1])
+
+    def load(self) -> Load:
+        """The server's load figure now (`server.load`): what `/healthz` and `/metrics` say."""
+        stage = self.pipeline.stage_load()
+        return load_figure(
+            stage=stage.load if stage is not None else 0.0,
+            streams=sum(self.metrics.streams_active.values()),
+            max_streams=self.config.limits.max_streams,
+            cpu=self.cpu.share(),
+        )
 
     @property
     def open_sockets(self) -> int:

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from server.overload import OverloadBounds
 from voice.assembler import TurnPolicy
 from voice.stt.base import CONNECT_TIMEOUT, SILENCE_TIMEOUT, START_TIMEOUT, SttBounds
 
@@ -85,6 +86,40 @@ class DiarizerConfig(_Section):
     enroll: dict[str, str] = Field(default_factory=dict)
     """Known voices: {name: clip path} (`enroll = {Alice = "alice.wav"}`); every stream's stage
     names them from their first turn (V8). Read once when the server starts."""
+    # overload (issue 31, `server.overload`; docs/server.md "When the stage falls behind"): a
+    # stream's lag is the seconds of its audio whose stage answer is not back yet
+    stretch_lag_s: float = Field(default=1.0, ge=0)
+    """A stream's lag past this stretches its step (a stage that declares `stretches_step`)."""
+    stretch_factor: float = Field(default=2.0, ge=1.0, le=8.0)
+    """How much further apart its windows are while stretched (1: never stretch)."""
+    fallback_lag_s: float = Field(default=2.0, gt=0)
+    """Past this (stretched already), one stream at a time leaves the stage for the STT's labels
+    (one speaker when it gives none), and new shared-mic streams are refused (4429)."""
+    max_lag_s: float = Field(default=4.0, gt=0)
+    """Past this, a stream leaves the stage at once: an admitted stream's lag never grows more."""
+    fallback_every_s: float = Field(default=1.0, ge=0)
+    """At most one stream leaves the stage per this many seconds (below `max_lag_s`)."""
+    recover_lag_s: float = Field(default=0.5, ge=0)
+    recover_after_s: float = Field(default=10.0, ge=0)
+    """Every stream on the stage under `recover_lag_s` for this long: a stretched stream takes
+    its normal step again, and the first stream that fell back returns (one per this long)."""
+    overload_check_s: float = Field(default=0.25, ge=0)
+    """How often (at most) the stage's lags are checked, on the streams' audio (0: every push)."""
+
+    def overload_bounds(self) -> OverloadBounds:
+        return OverloadBounds(
+            stretch_lag_s=self.stretch_lag_s, stretch_factor=self.stretch_factor,
+            fallback_lag_s=self.fallback_lag_s, max_lag_s=self.max_lag_s,
+            fallback_every_s=self.fallback_every_s, recover_lag_s=self.recover_lag_s,
+            recover_after_s=self.recover_after_s,
+        )
+
+    @model_validator(mode="after")
+    def _lags_in_order(self) -> DiarizerConfig:
+        if not (self.recover_lag_s <= self.stretch_lag_s <= self.fallback_lag_s
+                <= self.max_lag_s):
+            raise ValueError("need recover_lag_s <= stretch_lag_s <= fallback_lag_s <= max_lag_s")
+        return self
 
     @model_validator(mode="after")
     def _pyannote_keys_need_pyannote(self) -> DiarizerConfig:

@@ -42,10 +42,10 @@ from server.feed import FeedConsumer, RoomFeed
 from server.framing import Outgoing, StreamDeclaration, StreamKind
 from server.metrics import ServerMetrics
 from server.output import ServerOutput
-from server.pipeline import Pipeline, StreamInfo
+from server.overload import DiarizationDegraded, DiarizationRecovered
+from server.pipeline import Pipeline, StreamInfo, StreamStatus
 from server.renames import RoomRenames
 from server.room_state import KeyLock, LiveRoom, LiveStream, StreamPacer, held
-from voice.stt.base import SttStatus
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +267,11 @@ class LiveRooms:
         live.streams[stream.id] = stream
         live.touch()
 
-        async def on_status(status: SttStatus) -> None:
-            await self.output.stt_status(stream, status)
+        async def on_status(status: StreamStatus) -> None:
+            if isinstance(status, DiarizationDegraded | DiarizationRecovered):
+                await self.output.diarization_status(stream, status)
+            else:
+                await self.output.stt_status(stream, status)
 
         try:
             stream.audio = await self.pipeline.open_stream(self.kit, info, on_status)

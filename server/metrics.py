@@ -1,5 +1,7 @@
 """Prometheus metrics for `/metrics`, through `prometheus_client`: streams, turns, replies,
-refusals, feed drops, the queued channels' deliveries and the turn-latency histogram.
+refusals, feed drops, the queued channels' deliveries, the turn-latency histogram, and the load
+(the diarization stage's lag and what overload did about it, the CPU, the load figure of
+`server.load`).
 
 Owns the counters the server keeps about itself. The server updates plain integers on its one
 event loop (no locks, nothing to register per increment); a per-server `CollectorRegistry` turns
@@ -22,6 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from rooms import ChannelDeliveryStats
+from server.load import Load, load_figure
+from server.overload import StageLoad
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -70,7 +74,14 @@ class ServerMetrics(Collector):
         self.stt_audio_lost_seconds_total = 0.0
         self.stt_stream_errors_total = 0
         self.stt_refused_total = 0
+        self.diarization_fallbacks_total = 0
+        self.diarization_recoveries_total = 0
         self.rooms = 0
+        self.stage_load: Callable[[], StageLoad | None] = lambda: None
+        """The pipeline's stage load (`Pipeline.stage_load`), read at scrape time."""
+        self.load: Callable[[], Load] = lambda: load_figure(stage=0.0, streams=0,
+                                                            max_streams=1, cpu=0.0)
+        """The server's load figure (`server.load`), read at scrape time; the server sets it."""
         self.delivery: Callable[[], dict[str, ChannelDeliveryStats]] = dict
         """The room kit's queued channels' counters (`RoomKit.delivery_stats`), read at scrape
         time; the server sets it to its kit's."""
@@ -157,6 +168,61 @@ class ServerMetrics(Collector):
             self.stt_refused_total,
         )
         yield from _delivery_families(self.delivery())
+        yield from self._load_families()
+
+    def _load_families(self) -> Iterator[Metric]:
+        load = self.load()
+        yield _gauge(
+            "chorus_load",
+            "The server's load, 0..1: the largest of the stage's, the streams' and the CPU's "
+            "shares (a load balancer stops sending work near 1; docs/server.md).",
+            load.load,
+        )
+        parts = GaugeMetricFamily(
+            "chorus_load_part", "The parts of chorus_load, 0..1, by part.", labels=["part"]
+        )
+        for part, value in (("stage", load.stage), ("streams", load.streams), ("cpu", load.cpu)):
+            parts.add_metric([part], value)
+        yield parts
+        stage = self.stage_load()
+        if stage is None:
+            return
+        yield _gauge(
+            "chorus_diarization_lag_seconds",
+            "The largest lag of a stream on the diarization stage: seconds of its audio whose "
+            "stage answer is not back yet.",
+            stage.lag_s,
+        )
+        modes = GaugeMetricFamily(
+            "chorus_diarization_streams",
+            "Shared-mic stage streams by mode: stage, stretched (on the stage, step stretched), "
+            "fallback (speakers from the STT).",
+            labels=["mode"],
+        )
+        modes.add_metric(["stage"], stage.on_stage - stage.stretched)
+        modes.add_metric(["stretched"], stage.stretched)
+        modes.add_metric(["fallback"], stage.fallback)
+        yield modes
+        yield _gauge(
+            "chorus_diarization_admitting",
+            "1 while new shared-mic streams are admitted to the stage, 0 while refused (4429).",
+            1.0 if stage.admitting else 0.0,
+        )
+        yield _counter(
+            "chorus_diarization_stretches",
+            "Times a stream's diarization step was stretched (its lag passed stretch_lag_s).",
+            stage.counts.stretches,
+        )
+        yield _counter(
+            "chorus_diarization_fallbacks",
+            "Times a stream left the diarization stage for the STT's labels (told: degraded).",
+            self.diarization_fallbacks_total,
+        )
+        yield _counter(
+            "chorus_diarization_recoveries",
+            "Times a stream came back to the diarization stage (told: recovered).",
+            self.diarization_recoveries_total,
+        )
 
     def render(self, rooms: int) -> str:
         """The Prometheus text exposition of every metric of this server."""

@@ -5,7 +5,8 @@ Owns the server's own channel in every room (`ServerOutput`): the kit delivers e
 event to it in commit order, and as an `AudioSink` it receives the assistant's reply audio (R5),
 which each stream gets in its own framing. It also speaks for the `ON_SPEAKER_CHANGE` hook
 (`speaker_changed`, a typed `voice.channel.SpeakerChangeEvent`) and for each stream's STT status
-(`stt_status`, the per-stream callback the stream was opened with). It never awaits a client:
+(`stt_status`, the per-stream callback the stream was opened with) and its diarization status
+(`diarization_status`: off the stage and back, issue 31). It never awaits a client:
 messages go to the feed's and the streams' bounded queues, and a full one drops the message
 (counted). Which rooms and streams exist is the registry's (`server.live`); this only reads it.
 """
@@ -20,8 +21,10 @@ from models import RoomEvent
 from rooms import Channel, HookContext, RoomContext
 from server.framing import Outgoing
 from server.metrics import ServerMetrics
+from server.overload import DiarizationDegraded, DiarizationStatus
 from server.protocol import (
     ChatMessage,
+    DiarizationStatusMessage,
     ReplyMessage,
     SpeakerChangeMessage,
     SttStatusMessage,
@@ -176,6 +179,29 @@ class ServerOutput(Channel):
             live = self.rooms.get(stream.room_id)
             if live is not None:  # final, and the operator's to fix: the room's feed hears it
                 live.feed.publish(text)
+        if stream.kind == "device":
+            self._send(stream, text)
+
+    async def diarization_status(self, stream: LiveStream, status: DiarizationStatus) -> None:
+        """The stream left the diarization stage or came back (issue 31, `server.overload`):
+        counted, told to the stream's device and to the room's feed (the page shows why the
+        labels changed)."""
+        if isinstance(status, DiarizationDegraded):
+            self.metrics.diarization_fallbacks_total += 1
+            message = DiarizationStatusMessage(stream=stream.id, status="degraded",
+                                               speakers="stt", reason=status.reason)
+        else:
+            self.metrics.diarization_recoveries_total += 1
+            message = DiarizationStatusMessage(stream=stream.id, status="recovered",
+                                               speakers="stage")
+        if stream.audio is None or self.streams.get(stream.audio.session_id) is not stream:
+            return
+        log.warning("stream %s: diarization %s %s", stream.id, message.status,
+                    message.reason or "")
+        text = dump(message)
+        live = self.rooms.get(stream.room_id)
+        if live is not None:
+            live.feed.publish(text)
         if stream.kind == "device":
             self._send(stream, text)
 

@@ -12,8 +12,8 @@ to wire per stream.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,18 @@ from realtime.providers import require_provider
 from rooms import AIChannel, RoomKit, SlidingWindowMemory
 from server.config import ServerConfig
 from server.framing import StreamDeclaration
+from server.overload import (
+    Action,
+    DiarizationDegraded,
+    DiarizationRecovered,
+    DiarizationStatus,
+    FallBack,
+    OverloadPolicy,
+    Return,
+    StageLoad,
+    StageOverloadedError,
+    Stretch,
+)
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
@@ -47,8 +59,10 @@ class StreamInfo:
     declaration: StreamDeclaration
 
 
-StreamStatusCallback = Callable[[SttStatus], Awaitable[None]]
-"""Hears one stream's STT status (degraded, recovered, audio lost, ended: issue 10.1)."""
+StreamStatus = SttStatus | DiarizationStatus
+StreamStatusCallback = Callable[[StreamStatus], Awaitable[None]]
+"""Hears one stream's STT status (degraded, recovered, audio lost, ended: issue 10.1) and its
+diarization status (off the stage and back: issue 31)."""
 
 
 class StreamAudio(Protocol):
@@ -81,6 +95,10 @@ class Pipeline(Protocol):
         for it. The kit still holds the room; the caller deletes it afterwards."""
         ...
 
+    def stage_load(self) -> StageLoad | None:
+        """The diarization stage's load now (None: no stream can use a stage)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -99,6 +117,11 @@ class VoicePipeline:
       follows one stream). The stages are pooled per room and reused (reset) when their stream
       ends, so a long-running server does not load a stage per connection.
     - Every voice session follows the `[voice]` turn rules (`TurnPolicy`).
+    - Overload (issue 31): on the streams' audio, at most every `diarizer.overload_check_s`,
+      each stage stream's lag goes to one `server.overload.OverloadPolicy`, and what it says is
+      done here: stretch a stream's step, take a stream off its stage (its device hears a
+      `diarization` status) or put it back; while it says so, a new stage stream is refused
+      (`StageOverloadedError`, 4429).
     - One chat model (`AIChannel` "chat-ai", `[chat]`) in every room when `chat.provider` is not
       `none`: it reads typed messages and spoken turns as one labelled conversation.
     - One external agent (`ACPAgentChannel` "agent", `[agent]`) when `agent.command` is set: one
@@ -108,9 +131,17 @@ class VoicePipeline:
       the turn (the stream's session, by `voice_session_id`), so streams need no extra wiring.
     """
 
-    def __init__(self, config: ServerConfig, stt: SttProvider) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        stt: SttProvider,
+        stage_factory: Callable[[], DiarizationStage] | None = None,
+    ) -> None:
+        """`stage_factory`: builds each pooled stage instead of `[diarizer] kind` (tests: a
+        scripted stage; it makes shared-mic streams diarized even with kind `none`)."""
         self.config = config
         self.stt = stt
+        self.stage_factory = stage_factory
         self._on_status: dict[str, StreamStatusCallback] = {}
         """Each open stream's status callback (`open_stream(on_status=…)`), by its session id
         (the stream id); dropped when the stream finishes."""
@@ -136,10 +167,19 @@ class VoicePipeline:
         """Enrolled voices (`[diarizer] enroll`): name → 16 kHz audio, read once at start."""
         self._pyannote_pipeline: Any = None
         """The pyannote pipeline every pooled pyannote stage shares (loaded by the first)."""
+        self.overload = OverloadPolicy(config.diarizer.overload_bounds())
+        """When a stage stream is stretched, taken off the stage, put back; when new ones are
+        refused (`server.overload`)."""
+        self._staged: dict[str, VoiceSession] = {}
+        """Open stage streams (on the stage or fallen back), by session id."""
+        self._last_check = -math.inf
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def diarizes_with_stage(self) -> bool:
         cfg = self.config
+        if self.stage_factory is not None:
+            return True
         if cfg.diarizer.kind == "none":
             return False
         return not (self.stt.diarizes and cfg.stt.diarize)
@@ -201,6 +241,8 @@ class VoicePipeline:
         pyannote stage loads its pipeline once per server (every later stage wraps the same
         pipeline object; calls into it are serialised), never once per stream."""
         cfg = self.config.diarizer
+        if self.stage_factory is not None:
+            return self.stage_factory()
         async with self._stage_lock:
             pipeline: Any = cfg.pipeline
             hf_token = cfg.hf_token
@@ -225,6 +267,11 @@ class VoicePipeline:
     ) -> StreamAudio:
         declared = info.declaration
         pooled = declared.shared_mic and self.diarizes_with_stage
+        if pooled and not self.overload.admitting:
+            self.overload.refused()
+            raise StageOverloadedError(
+                "the diarization stage cannot keep up: no room for another shared-mic stream"
+            )
         channel = self.diarized_voice if pooled else self.shared_voice
         stage = await self._stage_for(info.room_id) if pooled else None
         await kit.ensure_participant(
@@ -245,10 +292,88 @@ class VoicePipeline:
             if stage is not None:
                 self._idle(info.room_id, stage)
             raise
-        release = None if stage is None else functools.partial(self._idle, info.room_id, stage)
+        release = None
+        if stage is not None:
+            self._staged[session.id] = session
+            self.overload.joined(session.id, asyncio.get_running_loop().time(),
+                                 can_stretch=session.stage is not None
+                                 and session.stage.abilities.stretches_step)
+
+            def release() -> None:
+                self._staged.pop(session.id, None)
+                self.overload.left(session.id)
+                driver = session.stage
+                if driver is None or not driver.in_flight:
+                    self._idle(info.room_id, stage)
+                # else: a stage call still runs in its thread; the stage is not pooled (a reset
+                # on the loop would wait for it)
+
         return VoiceStreamAudio(
-            session, release, forget=lambda: self._on_status.pop(session.id, None)
+            session, release, forget=lambda: self._on_status.pop(session.id, None),
+            on_audio=self.check_overload if stage is not None else None,
         )
+
+    # -- overload (issue 31) ----------------------------------------------------------------
+
+    def check_overload(self) -> None:
+        """Measure every stage stream's lag and do what the policy says (at most every
+        `diarizer.overload_check_s`; called on the stage streams' audio)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._last_check < self.config.diarizer.overload_check_s:
+            return
+        self._last_check = now
+        lags: dict[str, float | None] = {}
+        for sid, session in self._staged.items():
+            driver = session.stage
+            if driver is None:
+                continue
+            if driver.suspended:
+                lags[sid] = None if driver.in_flight else 0.0
+            else:
+                lags[sid] = driver.lag
+        for action in self.overload.observe(now, lags):
+            self._apply(action)
+
+    def _apply(self, action: Action) -> None:
+        session = self._staged.get(action.stream)
+        if session is None or session.stage is None:
+            return
+        if isinstance(action, Stretch):
+            log.info("stream %s: diarization step x%g", action.stream, action.factor)
+            session.stage.stretch(action.factor)
+        elif isinstance(action, FallBack):
+            log.warning("stream %s: off the diarization stage: %s", action.stream, action.reason)
+            self._spawn(self._fall_back(session, action))
+        elif isinstance(action, Return):
+            log.info("stream %s: back on the diarization stage", action.stream)
+            session.return_to_stage()
+            self._spawn(self._tell(session.id, DiarizationRecovered()))
+
+    async def _fall_back(self, session: VoiceSession, action: FallBack) -> None:
+        await self._tell(session.id, DiarizationDegraded(action.reason, action.lag_s))
+        await session.fall_back()
+
+    async def _tell(self, session_id: str, status: DiarizationStatus) -> None:
+        callback = self._on_status.get(session_id)
+        if callback is None:
+            return
+        try:
+            await callback(status)
+        except Exception:
+            log.exception("stream %s: its status callback failed", session_id)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            await work
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stage_load(self) -> StageLoad | None:
+        if not self.diarizes_with_stage:
+            return None
+        return self.overload.load()
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """Drop the room's idle stages (no stream is open). The channels let go of the room
@@ -268,8 +393,11 @@ class VoiceStreamAudio:
         session: VoiceSession,
         release: Callable[[], None] | None,
         forget: Callable[[], object] | None = None,
+        on_audio: Callable[[], None] | None = None,
     ) -> None:
         self.session = session
+        self._on_audio = on_audio
+        """Runs after each accepted frame (the pipeline's overload check)."""
         self.session_id = session.id
         self._release = release
         self._forget = forget
@@ -281,6 +409,9 @@ class VoiceStreamAudio:
             self.session.push(frame)
         except AudioError:
             self.skipped += 1  # logged by the session; the stream goes on (V10)
+            return
+        if self._on_audio is not None:
+            self._on_audio()
 
     async def finish(self) -> None:
         try:
@@ -405,7 +536,9 @@ def agent_channel(config: ServerConfig) -> ACPAgentChannel | None:
     )
 
 
-async def build_pipeline(config: ServerConfig) -> VoicePipeline:
+async def build_pipeline(
+    config: ServerConfig, stage_factory: Callable[[], DiarizationStage] | None = None
+) -> VoicePipeline:
     """The configured pipeline, with its STT provider created and its models loaded once,
     before the server takes its first stream.
 
@@ -430,7 +563,7 @@ async def build_pipeline(config: ServerConfig) -> VoicePipeline:
     load = getattr(stt, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread
-    pipeline = VoicePipeline(config, stt)
+    pipeline = VoicePipeline(config, stt, stage_factory)
     if config.diarizer.enroll:
         pipeline.enrollments = await asyncio.to_thread(read_enrollments, config)
     return pipeline

@@ -182,6 +182,20 @@ class SttStatusMessage(_Wire):
     end: float | None = None
 
 
+class DiarizationStatusMessage(_Wire):
+    """Where the stream's speakers come from changed (issue 31), sent to that stream's device
+    and the room's feed: `degraded` (the diarization stage could not keep up with this stream:
+    its turns carry the STT's speaker labels, or the stream's one participant when the STT
+    gives none; `reason` says how far behind it was), `recovered` (the stage labels its turns
+    again; its voices are labelled afresh, `Speaker A` …). `speakers` names the source now."""
+
+    type: Literal["diarization_status"] = "diarization_status"
+    stream: str
+    status: Literal["degraded", "recovered"]
+    speakers: Literal["stage", "stt"]
+    reason: str | None = None
+
+
 class ChatMessage(_Wire):
     """A message typed into the room's chat (`POST /v1/rooms/{room}/messages` or the feed's
     `message` request, or a chat ingress), in commit order with the turns (feed only).
@@ -213,6 +227,7 @@ FeedMessage = (
     | ChatMessage
     | StartedMessage
     | SttStatusMessage
+    | DiarizationStatusMessage
     | ErrorMessage
 )
 _feed_adapter: TypeAdapter[FeedMessage] = TypeAdapter(

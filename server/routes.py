@@ -42,11 +42,32 @@ class Problem(BaseModel):
     detail: str
 
 
+class StageHealth(BaseModel):
+    """The diarization stage's load (issue 31; docs/server.md "When the stage falls behind")."""
+
+    lag_s: float
+    """The largest lag of a stream on the stage (seconds of audio whose answer is not back)."""
+    on_stage: int
+    stretched: int
+    fallback: int
+    """Streams whose speakers come from the STT now (off the stage)."""
+    admitting: bool
+    """False while new shared-mic streams are refused (4429)."""
+
+
 class Health(BaseModel):
-    status: Literal["ok", "closing"]
-    """`ok`, or `closing` while the server drains (then the status code is 503)."""
+    status: Literal["ok", "closing", "overloaded"]
+    """`ok`; `closing` while the server drains (503); `overloaded` when `?max_load=` was given
+    and the load is over it (503: a load balancer that reads only status codes stops sending
+    work)."""
     rooms: int
     streams: int
+    load: float
+    """0..1, the largest of the stage's, the streams' and the CPU's shares (`server.load`)."""
+    cpu: float
+    """The process's share of its usable cores over the last second or more."""
+    stage: StageHealth | None = None
+    """None when no stream can use a diarization stage (STT labels, or `diarizer.kind = none`)."""
 
 
 class TranscriptTurn(BaseModel):
@@ -237,18 +258,37 @@ class HttpRoutes:
         @app.get(
             "/healthz",
             response_model=Health,
-            responses={503: {"model": Health, "description": "The server is draining"}},
-            summary="Liveness, rooms and streams",
+            responses={503: {"model": Health,
+                             "description": "The server is draining, or over `max_load`"}},
+            summary="Liveness, rooms, streams and load",
         )
-        async def healthz() -> JSONResponse:
+        async def healthz(
+            max_load: Annotated[float | None, Query(
+                ge=0, le=1, description="answer 503 `overloaded` when the load is over this")
+            ] = None,
+        ) -> JSONResponse:
+            load = self.metrics.load()
+            stage = self.metrics.stage_load()
+            status: Literal["ok", "closing", "overloaded"] = "ok"
+            if self.closing():
+                status = "closing"
+            elif max_load is not None and load.load > max_load:
+                status = "overloaded"
             health = Health(
-                status="closing" if self.closing() else "ok",
+                status=status,
                 rooms=len(self.rooms.rooms),
                 streams=sum(self.metrics.streams_active.values()),
+                load=load.load,
+                cpu=load.cpu,
+                stage=None if stage is None else StageHealth(
+                    lag_s=round(stage.lag_s, 3), on_stage=stage.on_stage,
+                    stretched=stage.stretched, fallback=stage.fallback,
+                    admitting=stage.admitting,
+                ),
             )
             return JSONResponse(
                 health.model_dump(),
-                status_code=503 if self.closing() else 200,
+                status_code=200 if status == "ok" else 503,
                 headers={"Cache-Control": "no-store"},
             )
 

@@ -18,6 +18,7 @@ from collections.abc import Awaitable
 
 from server.framing import Refusal, StreamDeclaration, StreamFraming, format_refusal
 from server.live import LiveRooms, StreamLimitError
+from server.overload import StageOverloadedError
 from server.protocol import CloseCode
 from server.room_state import LiveStream, StreamTooFastError
 from server.sockets import REFUSAL_WAIT_S, Socket, SocketClosed
@@ -69,6 +70,8 @@ async def run_stream(
         )
     except StreamLimitError as exc:
         raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc
+    except StageOverloadedError as exc:  # issue 31: the stage already sheds streams
+        raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "diarization_overloaded") from exc
     except AudioError as exc:  # a declared format the voice channel cannot take (V10)
         raise format_refusal(exc) from exc
     except SttRefusedError as exc:  # the STT refused the server's key: told, never retried

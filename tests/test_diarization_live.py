@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from diarization.live import (
     ModelService,
     WindowJob,
     WindowResult,
+    WindowsAbandoned,
     stitch,
 )
 from diarization.live_models import LiveModels
@@ -324,8 +326,8 @@ class EdgeMergingService(ModelService):
         self.separates_after = separates_after
         self.ends = 0
 
-    def analyse(self, jobs: object, previous: object = None,
-                since_embedding: int = 0) -> list[WindowResult]:
+    def analyse(self, jobs: object, previous: object = None, since_embedding: int = 0,
+                abandoned: object = None) -> list[WindowResult]:
         assert isinstance(jobs, list)
         out = []
         for job in jobs:
@@ -381,3 +383,91 @@ def test_bad_settings_and_audio_are_refused() -> None:
     with pytest.raises(ValueError, match="mono"):
         stage.feed(np.zeros((2, 10), np.float32))
     assert len(stage.feed(np.zeros(0, np.float32))) == 0
+
+
+class SilentService(ModelService):
+    """Answers every window with no voice, counting the windows and where they end."""
+
+    def __init__(self) -> None:
+        super().__init__(models=None)
+        self.windows = 0
+
+    def analyse(self, jobs: object, previous: object = None, since_embedding: int = 0,
+                abandoned: object = None) -> list[WindowResult]:
+        assert isinstance(jobs, list)
+        self.windows += len(jobs)
+        return [WindowResult(np.zeros((round(j.audio.size / FRAME_SAMPLES), 3), np.uint8), None)
+                for j in jobs]
+
+
+def test_a_stretched_step_runs_fewer_windows_and_a_reset_ends_the_stretch() -> None:
+    """Issue 31: under overload the server stretches a stream's step (the stage's
+    `stretches_step` ability): half the windows per second of audio at factor 2."""
+    service = SilentService()
+    stage = LiveDiarizer(service)
+    second = np.zeros(RATE, np.float32)
+    for _ in range(10):
+        stage.feed(second)
+    assert service.windows == 20  # every 0.5 s
+    stage.stretch(2.0)
+    assert stage.step_s == 1.0
+    for _ in range(10):
+        stage.feed(second)
+    assert service.windows == 20 + 11  # the one already due at 10.5 s, then 11, 12 … 20 s
+    stage.stretch(1.0)
+    for _ in range(10):
+        stage.feed(second)
+    assert service.windows == 31 + 19  # 21, 21.5 … 30 s
+    stage.stretch(2.0)
+    stage.reset()
+    assert stage.step_s == 0.5
+    with pytest.raises(ValueError, match="stretch factor"):
+        stage.stretch(0.5)
+    assert EmbeddedStage.abilities.stretches_step
+
+
+class CountingService(ModelService):
+    """The real worker and queue, with scripted model results (no voice), counting windows."""
+
+    def __init__(self) -> None:
+        super().__init__(models=cast(LiveModels, object()))
+        self.served = 0
+
+    def _compute(self, batch: list[Any]) -> None:
+        for request in batch:
+            self.served += len(request.jobs)
+            request.results = [
+                WindowResult(np.zeros((round(j.audio.size / FRAME_SAMPLES), 3), np.uint8), None)
+                for j in request.jobs]
+
+
+def test_windows_a_stream_abandoned_are_skipped_by_the_worker() -> None:
+    """Issue 31: a stream the server takes off the stage must not keep the others waiting on
+    the windows it had queued."""
+    service = CountingService()
+    stage, other = LiveDiarizer(service), LiveDiarizer(service)
+    second = np.zeros(RATE, np.float32)
+    errors: list[BaseException] = []
+
+    def feed(which: LiveDiarizer) -> None:
+        try:
+            which.feed(second)
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        with service.paused():
+            threads = [threading.Thread(target=feed, args=(s,)) for s in (stage, other)]
+            for t in threads:
+                t.start()
+            assert service.wait_pending(4, timeout=30)
+            stage.abandon()
+        for t in threads:
+            t.join(30)
+        assert [type(e) for e in errors] == [WindowsAbandoned]
+        assert service.served == 2  # the other stream's two windows only
+        stage.reset()  # a reset takes the stage back
+        stage.feed(second)
+        assert service.served == 4
+    finally:
+        service.close()

@@ -106,7 +106,8 @@ def test_the_embedded_stage_declares_what_it_can_do() -> None:
     from diarization.embedded import EmbeddedStage
 
     assert EmbeddedStage.abilities == StageAbilities(decides_late=True, recent_view=True,
-                                                      provisional_view=True)
+                                                      provisional_view=True, stretches_step=True,
+                                                      abandons=True)
 
 
 async def test_an_undeclared_method_is_never_called() -> None:

@@ -190,6 +190,16 @@ class TurnAssembler:
         self._undecided = undecided
         self._heard = heard
 
+    def speakers_from_stage(self, on: bool) -> None:
+        """Switch where final words' speakers come from: the stage's timeline (pipeline mode)
+        or the STT's own labels (None when it gives none: the stream's one speaker). A server
+        whose stage cannot keep up switches a stream off it and back (issue 31); words waiting
+        for the stage go on with the STT's labels at the next `advance`."""
+        self.pipeline = on
+        if not on:
+            self._handovers.clear()
+            self._closed_early = None
+
     def handover(self, at: float, speaker: str) -> None:
         """The stage decided that `speaker`'s voice ended at `at` while another goes on."""
         self._handovers.append((at, speaker))

@@ -147,7 +147,8 @@ class DiarizationStage(Protocol):
 @dataclass(frozen=True)
 class StageAbilities:
     """What a live stage can do beyond `DiarizationStage` (declared, never probed). Each ability
-    is a method the stage then implements (`DecidesLate`, `RecentView`, `ProvisionalView`)."""
+    is a method the stage then implements (`DecidesLate`, `RecentView`, `ProvisionalView`,
+    `StretchesStep`, `Abandons`)."""
 
     decides_late: bool = False
     """It holds decisions back while fed (the embedded stage decides about a second late):
@@ -159,6 +160,14 @@ class StageAbilities:
     """`provisional()`: who it thinks speaks on the frames heard but not decided yet (may
     change): a turn's last words need not wait for the decision when they continue the voice
     before them."""
+    stretches_step: bool = False
+    """`stretch(factor)`: run its windows `factor` times further apart (fewer model calls per
+    second of audio, decisions a little later) while the machine cannot keep up; 1.0 is its
+    normal step again (issue 31, `server.overload`)."""
+    abandons: bool = False
+    """`abandon()`: drop the work it has queued and not started (its stream left the stage, so
+    other streams need not wait for it); its feeds fail until `reset()`. Called from any thread
+    while a feed may be running: it must not wait for the stage."""
 
 
 NO_ABILITIES = StageAbilities()
@@ -193,6 +202,20 @@ class ProvisionalView(Protocol):
         ...
 
 
+@runtime_checkable
+class Abandons(Protocol):
+    def abandon(self) -> None:
+        """Drop queued work now (any thread, never waiting for a running feed)."""
+        ...
+
+
+@runtime_checkable
+class StretchesStep(Protocol):
+    def stretch(self, factor: float) -> None:
+        """Space the windows `factor` (>= 1) times their normal step from the next one on."""
+        ...
+
+
 def abilities_of(stage: DiarizationStage) -> StageAbilities:
     """The abilities `stage` declares (none when it declares nothing); a declared ability whose
     method is missing is a `TypeError` here, once, not a surprise mid-stream."""
@@ -205,7 +228,10 @@ def abilities_of(stage: DiarizationStage) -> StageAbilities:
     needs: tuple[tuple[str, type, str], ...] = (("decides_late", DecidesLate, "flush()"),
                                                 ("recent_view", RecentView, "recent(since)"),
                                                 ("provisional_view", ProvisionalView,
-                                                 "provisional()"))
+                                                 "provisional()"),
+                                                ("stretches_step", StretchesStep,
+                                                 "stretch(factor)"),
+                                                ("abandons", Abandons, "abandon()"))
     for ability, protocol, method in needs:
         if getattr(declared, ability) and not isinstance(stage, protocol):
             raise TypeError(f"{type(stage).__name__} declares {ability} but has no {method}")

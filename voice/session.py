@@ -262,6 +262,30 @@ class VoiceSession:
             async with self._lock:
                 await self._advance(force=False)
 
+    # -- overload: off the stage and back (issue 31) ----------------------------------------
+
+    @property
+    def on_stage(self) -> bool:
+        """The stream's speakers come from its diarization stage now."""
+        return self.stage is not None and not self.stage.suspended
+
+    async def fall_back(self) -> None:
+        """Take the stream off its stage: the stage is not fed any more and the words take the
+        STT's speakers (one speaker when it labels nobody), those waiting for the stage too."""
+        if self.stage is None or self.stage.suspended:
+            return
+        self.stage.suspend()
+        self.assembler.speakers_from_stage(False)
+        async with self._lock:
+            await self._advance(force=False)
+
+    def return_to_stage(self) -> None:
+        """Put the stream back on its stage, fed afresh from the audio accepted from now on."""
+        if self.stage is None or not self.stage.suspended:
+            return
+        self.stage.resume()
+        self.assembler.speakers_from_stage(True)
+
     def _placing_since(self) -> float:
         """From when the stage's decided timeline is still needed: the first word waiting to be
         placed, or those the STT has yet to make final (after its last final word)."""

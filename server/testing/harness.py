@@ -25,6 +25,7 @@ from server.app import ChorusServer
 from server.config import ServerConfig
 from server.pipeline import build_pipeline
 from voice.channel import VoiceChannel
+from voice.diarization_stage import DiarizationStage
 from voice.testing.deepgram_server import DeepgramTestServer, WordSource
 
 SECRET = "chorus-test-secret-0123456789abcdef"
@@ -91,11 +92,14 @@ def local_deepgram_stt(url: str, **options: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def running_server(
-    config: ServerConfig | dict[str, Any] | None = None, host: str = "127.0.0.1"
+    config: ServerConfig | dict[str, Any] | None = None,
+    host: str = "127.0.0.1",
+    stage_factory: Callable[[], DiarizationStage] | None = None,
 ) -> AsyncIterator[RunningServer]:
+    """`stage_factory`: every shared-mic stream's diarization stage (a scripted one)."""
     if not isinstance(config, ServerConfig):
         config = ServerConfig.model_validate({"secret": SECRET, **(config or {})})
-    pipeline = await build_pipeline(config)
+    pipeline = await build_pipeline(config, stage_factory)
     server = ChorusServer(config, pipeline, config.secret or SECRET)
     await server.start(host, 0)
     try:
@@ -106,13 +110,16 @@ async def running_server(
 
 @contextlib.asynccontextmanager
 async def running_server_with_local_stt(
-    config: dict[str, Any] | None = None, words: WordSource | None = None
+    config: dict[str, Any] | None = None,
+    words: WordSource | None = None,
+    stage_factory: Callable[[], DiarizationStage] | None = None,
 ) -> AsyncIterator[RunningServer]:
     """`running_server` with its STT on a local Deepgram-protocol server that says `words` (none
     by default; `MeetingWords.from_meeting(...)` finds the received audio in a recording).
 
     `config` is the rest of the configuration: its `stt` entry adds options to the STT section
-    (`{"diarize": False}`); `diarizer` and `realtime` are `none` unless it names them.
+    (`{"diarize": False}`); `diarizer` and `realtime` are `none` unless it names them;
+    `stage_factory` gives shared-mic streams a (scripted) diarization stage of its making.
     """
     rest = dict(config or {})
     stt_options: dict[str, Any] = rest.pop("stt", {})
@@ -123,7 +130,7 @@ async def running_server_with_local_stt(
             **rest,
             "stt": local_deepgram_stt(deepgram.url, **stt_options),
         }
-        async with running_server(full) as srv:
+        async with running_server(full, stage_factory=stage_factory) as srv:
             srv.stt_server = deepgram
             yield srv
 
