@@ -191,6 +191,30 @@ async def test_page_text_box_types_into_the_room_and_shows_the_message(
     await feed.close()
 
 
+async def test_page_says_when_a_streams_speakers_come_from_the_stt_and_when_back(
+    server: RunningServer,
+) -> None:
+    """Issue 31: a stream the diarization stage could not keep up with is told on the feed
+    (`diarization_status`); the page says so in the meeting, and when the stage is back."""
+    from server.protocol import DiarizationStatusMessage, dump
+
+    token = issue_token(SECRET, ROOM)
+    async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+        await wait_for(
+            page, "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+        )
+        live = await server.server.rooms.room(ROOM)
+        for status, reason in (("degraded", "stage 2.3 s behind (over 2 s)"), ("recovered", None)):
+            live.feed.publish(dump(DiarizationStatusMessage(
+                stream="device-1", status=status, speakers="stt" if reason else "stage",
+                reason=reason)))  # fmt: skip
+        notices = "[...document.querySelectorAll('#turns .notice')].map(n => n.textContent)"
+        await wait_for(page, f"{notices}.length >= 2")
+        shown = await page.evaluate(notices)
+    assert any("speech-to-text" in n and "2.3 s behind" in n for n in shown), shown
+    assert any("diarization stage again" in n for n in shown), shown
+
+
 async def test_page_shows_a_corrected_turn_in_place_of_its_early_version() -> None:
     """An early turn the final result corrected (`corrected: true`, same `event_id`) replaces
     the turn the page shows; it is not shown as one more turn."""
