@@ -236,6 +236,43 @@ class TwilioConfig(_Section):
     as `wss://` and as `ws://`."""
 
 
+def _host_port(listen: str | None, section: str) -> str | None:
+    """`host:port` (port 0: any free port), or the error naming the section."""
+    if listen is None:
+        return None
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{section}.listen must be host:port, e.g. 127.0.0.1:5071")
+    return listen
+
+
+def split_host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class AudioSocketConfig(_Section):
+    """Asterisk AudioSocket calls over TCP (`server.audiosocket`, docs/phone.md)."""
+
+    listen: str | None = None
+    """`host:port` to accept AudioSocket connections on (e.g. `127.0.0.1:5071`); unset: off.
+    AudioSocket has no credentials: keep it on an address only the PBX reaches."""
+    default_room: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    """The room of a call whose UUID was not mapped (`PUT /v1/audiosocket/{uuid}`); unset: such
+    a call is hung up."""
+    default_shared_mic: bool = False
+    """Whether a call in the default room is a speakerphone (diarized)."""
+    map_ttl_s: float = Field(default=300.0, gt=0)
+    """How long a UUID→room entry waits for its call."""
+    max_mapped: int = Field(default=1024, ge=1)
+    """UUID→room entries held at most (the oldest goes first)."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str | None) -> str | None:
+        return _host_port(listen, "audiosocket")
+
+
 class LimitsConfig(_Section):
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     """Largest websocket message accepted (audio or JSON); bigger closes with 1009."""
@@ -324,6 +361,7 @@ class ServerConfig(_Section):
     teams: TeamsConfig = Field(default_factory=TeamsConfig)
     whatsapp: WhatsAppConfig = Field(default_factory=WhatsAppConfig)
     twilio: TwilioConfig = Field(default_factory=TwilioConfig)
+    audiosocket: AudioSocketConfig = Field(default_factory=AudioSocketConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 
@@ -343,6 +381,7 @@ _SECTIONS = (
     "teams",
     "whatsapp",
     "twilio",
+    "audiosocket",
     "limits",
     "store",
 )
