@@ -337,8 +337,9 @@ class HttpRoutes:
                 raise ProblemError(404, "unknown_room", f"no room {room!r}")
             return RoomDeleted(room=room)
 
-        @app.put(
+        @app.api_route(
             "/v1/audiosocket/{call_id}",
+            methods=["PUT", "POST"],  # POST: what Asterisk's CURL() sends with a body
             response_model=AudioSocketRouted,
             responses={
                 **_AUTH_RESPONSES,

@@ -269,6 +269,16 @@ async def test_the_uuid_map_is_off_without_audiosocket_and_validates_its_body() 
         assert (await route(srv, uuid.uuid4(), {"room": "pbx", "participant": "+1 555"})
                 ).status_code == 422  # fmt: skip
         assert (await route(srv, uuid.uuid4(), {"room": "pbx", "extra": 1})).status_code == 422
+        # what Asterisk's CURL() sends: a POST with the token in the query
+        call_id = uuid.uuid4()
+        async with httpx.AsyncClient(base_url=srv.http_base) as http:
+            posted = await http.post(
+                f"/v1/audiosocket/{call_id}?token={issue_token(SECRET, 'pbx', grants=['admin'])}",
+                content=b'{"room":"pbx","name":"Dana"}',
+                headers={"Content-Type": "application/json"},
+            )
+        assert posted.status_code == 200
+        assert srv.server.audiosocket_calls.take(call_id) == AudioSocketCall(room="pbx", name="Dana")
 
 
 # --- the framing, list in, list out -------------------------------------------------------------
