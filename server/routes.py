@@ -337,9 +337,8 @@ class HttpRoutes:
                 raise ProblemError(404, "unknown_room", f"no room {room!r}")
             return RoomDeleted(room=room)
 
-        @app.api_route(
+        @app.put(
             "/v1/audiosocket/{call_id}",
-            methods=["PUT", "POST"],  # POST: what Asterisk's CURL() sends with a body
             response_model=AudioSocketRouted,
             responses={
                 **_AUTH_RESPONSES,
@@ -366,6 +365,14 @@ class HttpRoutes:
                 ),
             )
             return AudioSocketRouted(uuid=str(call_id), **body.model_dump())
+
+        app.add_api_route(  # the same, as a POST: what Asterisk's CURL() sends with a body
+            "/v1/audiosocket/{call_id}",
+            route_audiosocket_call,
+            methods=["POST"],
+            response_model=AudioSocketRouted,
+            include_in_schema=False,
+        )
 
         @app.post(
             "/v1/rooms/{room}/messages",
