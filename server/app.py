@@ -5,6 +5,7 @@ uvicorn with its `websockets` implementation:
 
 - `/v1/rooms/{room}/stream?token=…`  a conference-room device (`server.device` framing)
 - `/v1/twilio`                        a phone bridge leg (`server.twilio`: Media Streams framing)
+- `[sip] listen` (UDP)                 a SIP call (`server.sip`): digest auth, room from the URI
 - `[audiosocket] listen` (TCP)         an Asterisk AudioSocket call (`server.audiosocket`), its
                                       room from the UUID map (`PUT /v1/audiosocket/{uuid}`)
 - `/v1/rooms/{room}/events?token=…`  the live JSON feed of a room (renames and typed messages
@@ -57,6 +58,7 @@ from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
 from server.protocol import ROOM_ID, CloseCode
 from server.routes import HttpRoutes, problem_response
+from server.sip import SipCallPlan, SipEndpoint, SipFraming, SipLeg
 from server.sockets import (
     REFUSAL_WAIT_S,
     AsciiHeadersWebSocketProtocol,
@@ -122,6 +124,12 @@ class ChorusServer:
         )
         """Where each AudioSocket call goes, by its UUID (`PUT /v1/audiosocket/{uuid}`)."""
         self._audiosocket: asyncio.Server | None = None
+        self.sip = (
+            SipEndpoint(config.sip, secret, self._sip_leg, self._admit_sip_call)
+            if config.sip.enabled
+            else None
+        )
+        """The SIP endpoint (`[sip] enabled`)."""
         self.app = self._build_app()
 
     async def _open_conversation_room(self, room_id: str) -> None:
@@ -165,6 +173,9 @@ class ChorusServer:
                 self._audiosocket_connection, as_host, as_port
             )
             log.info("audiosocket: listening on %s:%d", as_host, self.audiosocket_port)
+        if self.sip is not None:
+            await self.sip.start()
+            log.info("sip: listening on %s (udp)", self.sip.port)
         self.rooms.start()
 
     @property
@@ -208,6 +219,8 @@ class ChorusServer:
         if server is not None:
             server.force_exit = False
             await server.shutdown()
+        if self.sip is not None:
+            await self.sip.stop()
         await self.webhooks.close()
         await self.rooms.close()
         if self._audiosocket is not None:
@@ -488,6 +501,43 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "hung up before audio")
             return None
         return opening
+
+    # ------------------------------------------------------------------ SIP leg
+
+    def _admit_sip_call(self, room: str) -> tuple[int, str] | None:
+        """Whether another SIP call may join `room` now (None), else its SIP refusal."""
+        if self._closing:
+            return 503, "Service Unavailable (shutting down)"
+        sip = self.config.sip
+        assert self.sip is not None
+        in_room = sum(1 for leg in self.sip.legs.values() if leg.room == room)
+        if len(self.sip.legs) >= sip.max_calls or not self.rooms.has_capacity():
+            return 503, "Service Unavailable (too many calls)"
+        if in_room >= sip.max_calls_per_room:
+            return 486, "Busy Here (too many calls in this room)"
+        return None
+
+    async def _sip_leg(self, leg: SipLeg, framing: SipFraming, plan: SipCallPlan) -> None:
+        """An accepted SIP call, run as a stream; refusals end it with a BYE (and are counted)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._sockets.add(leg)
+        self._stream_handlers.add(task)
+        framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
+        try:
+            await run_stream(
+                leg, self.rooms, plan.room, framing, framing.declare(plan), self._drain
+            )
+        except Refusal as refusal:
+            await self._refuse(leg, refusal)
+        except SocketClosed:
+            pass
+        except Exception:
+            log.exception("sip leg %s failed", leg.call.call_id)
+            await leg.close(CloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self._sockets.discard(leg)
+            self._stream_handlers.discard(task)
 
     # ------------------------------------------------------------------ event feed
 

@@ -35,7 +35,7 @@ from voice.audio import (
     UnsupportedEncodingError,
 )
 
-StreamKind = Literal["device", "twilio", "audiosocket"]
+StreamKind = Literal["device", "twilio", "audiosocket", "sip"]
 """Which protocol a stream came in by (its metrics label and its feed `kind`)."""
 Outgoing = str | bytes
 """One websocket message to a stream's socket (JSON text or binary audio)."""

@@ -25,7 +25,7 @@ from rooms import ChannelDeliveryStats
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-STREAM_KINDS = ("device", "twilio", "audiosocket")
+STREAM_KINDS = ("device", "twilio", "audiosocket", "sip")
 MAX_SAMPLES = 100_000
 
 
@@ -87,7 +87,7 @@ class ServerMetrics(Collector):
             self.rooms_evicted_total,
         )
         streams = GaugeMetricFamily(
-            "chorus_streams", "Audio streams open now, by kind (device, twilio, audiosocket).", labels=["kind"]
+            "chorus_streams", "Audio streams open now, by kind (device, twilio, audiosocket, sip).", labels=["kind"]
         )
         started = CounterMetricFamily(
             "chorus_streams", "Audio streams started, by kind.", labels=["kind"]

@@ -162,7 +162,7 @@ class StreamEventMessage(_Wire):
     stream: str
     participant: str
     name: str | None = None
-    kind: Literal["device", "twilio", "audiosocket"] = "device"
+    kind: Literal["device", "twilio", "audiosocket", "sip"] = "device"
 
 
 class DtmfMessage(_Wire):
