@@ -335,7 +335,19 @@ class SipEndpoint:
 
         host, port = split_host_port(self.config.listen)
         self._transport = UdpSipTransport(local_addr=(host, port))
-        self._uas = SipUAS(self._transport, user_agent="chorus")
+        class ChorusUAS(SipUAS):
+            """A request the library cannot take (a malformed SDP raises in its parser) is
+            answered 400 instead of going unanswered; the endpoint keeps serving."""
+
+            def _handle_request(self, request: SipRequest, addr: tuple[str, int]) -> None:
+                try:
+                    super()._handle_request(request, addr)
+                except Exception:
+                    log.info("sip: malformed %s from %s", request.method, addr[0])
+                    with contextlib.suppress(Exception):
+                        self._send_error(request, 400, "Bad Request (malformed message)")
+
+        self._uas = ChorusUAS(self._transport, user_agent="chorus")
         self._uas.on_invite = self._on_invite
         self._uas.on_bye = self._on_bye
         self._uas.on_cancel = self._on_cancel

@@ -123,6 +123,19 @@ async def test_a_speakerphone_leg_and_a_one_person_leg_are_their_own_participant
     assert dana_turns and {t.speaker for t in dana_turns} == {"Dana Lee"}
 
 
+async def test_a_call_hung_up_mid_utterance_keeps_what_was_said(tmp_path: Path) -> None:
+    """baresip hangs up (BYE) 3 s into Alice's 3.7 s of speech: the turn so far is committed."""
+    async with sip_server(stt={"diarize": False}) as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        wav = phone_wav(tmp_path / "cut.wav", 0.6, 8.95)
+        await baresip(tmp_path / "c", sip_port(srv), "standup", "dana", USERS["dana"], wav, 3,
+                      display="Dana Lee")  # fmt: skip
+        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
+        await feed.close()
+    said = " ".join(t.text for t in feed.turns)
+    assert "Good morning everyone" in said, feed.turns
+
+
 async def test_a_wrong_password_is_refused_and_nothing_joins(tmp_path: Path) -> None:
     async with sip_server() as srv:
         wav = phone_wav(tmp_path / "x.wav", 0.6, 2.0)
@@ -176,3 +189,216 @@ def test_digest_check_reads_a_right_wrong_and_stale_answer() -> None:
     assert check.check(answer("pw", check.nonce(now=1.0)), "INVITE")[0] == "stale"
     assert check.check(answer("pw", "1.forged"), "INVITE")[0] == "wrong"
     assert check.check(None, "INVITE")[0] == "missing"
+
+
+# --- limits and bad input, with a minimal SIP client written here --------------------------------
+
+SIPP_BAD_SDP = Path(__file__).resolve().parent / "data" / "sipp" / "bad_sdp.xml"
+
+
+class RawCaller:
+    """Just enough of a SIP UA to send INVITEs (answering a digest challenge), ACK, BYE and
+    RTP by hand: for what a well-behaved client like baresip would never do."""
+
+    def __init__(self, server_port: int) -> None:
+        import socket
+        import uuid
+
+        self.server = ("127.0.0.1", server_port)
+        self.sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sip.bind(("127.0.0.1", 0))
+        self.sip.setblocking(False)
+        self.rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rtp.bind(("127.0.0.1", 0))
+        self.port = self.sip.getsockname()[1]
+        self.rtp_port = self.rtp.getsockname()[1]
+        self.call_id = uuid.uuid4().hex
+        self.cseq = 0
+        self.received: list[str] = []
+        self.to_tag = ""
+        self.answer_port = 0
+
+    def close(self) -> None:
+        self.sip.close()
+        self.rtp.close()
+
+    def request(self, method: str, room: str, headers: dict[str, str] | None = None,
+                body: str = "") -> None:  # fmt: skip
+        self.cseq += 1
+        lines = [
+            f"{method} sip:{room}@127.0.0.1:{self.server[1]} SIP/2.0",
+            f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch=z9hG4bK{self.call_id[:8]}{self.cseq}",
+            f"From: <sip:dana@127.0.0.1:{self.port}>;tag=t{self.call_id[:6]}",
+            f"To: <sip:{room}@127.0.0.1:{self.server[1]}>{self.to_tag}",
+            f"Call-ID: {self.call_id}",
+            f"CSeq: {self.cseq} {method}",
+            f"Contact: <sip:dana@127.0.0.1:{self.port}>",
+            "Max-Forwards: 70",
+            *(f"{k}: {v}" for k, v in (headers or {}).items()),
+        ]
+        if body:
+            lines.append("Content-Type: application/sdp")
+        lines += [f"Content-Length: {len(body)}", "", body]
+        self.sip.sendto("\r\n".join(lines).encode(), self.server)
+
+    def sdp(self) -> str:
+        return ("v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+                f"m=audio {self.rtp_port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
+                "a=rtpmap:101 telephone-event/8000\r\n")  # fmt: skip
+
+    async def until(self, predicate: Any, within_s: float = 30.0) -> str:
+        """The first message received (now or later) that `predicate` accepts."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        seen = 0
+        while True:
+            for message in self.received[seen:]:
+                if predicate(message):
+                    return message
+            seen = len(self.received)
+            if loop.time() > deadline:
+                raise TimeoutError(f"no such SIP message; got {self.received}")
+            with contextlib.suppress(TimeoutError):
+                data = await asyncio.wait_for(loop.sock_recv(self.sip, 65535), 0.2)
+                self.received.append(data.decode(errors="replace"))
+
+    async def status(self, within_s: float = BOUND_S) -> int:
+        """The next final response's status (100 Trying read past)."""
+        def final(m: str) -> bool:
+            return m.startswith("SIP/2.0 ") and not m.startswith("SIP/2.0 1")
+        message = await self.until(final, within_s)
+        self.received.remove(message)
+        self.last = message
+        return int(message.split(" ", 2)[1])
+
+    def header(self, name: str) -> str:
+        for line in self.last.split("\r\n"):
+            if line.lower().startswith(name.lower() + ":"):
+                return line.split(":", 1)[1].strip()
+        return ""
+
+    async def invite(self, room: str, password: str, headers: dict[str, str] | None = None) -> int:
+        """INVITE, answer the 401 with digest credentials; the final status. On 200: ACKed."""
+        import hashlib
+        import re as _re
+
+        self.request("INVITE", room, headers, self.sdp())
+        status = await self.status()
+        if status != 401:
+            return status
+        self.request("ACK", room)
+        nonce = _re.search(r'nonce="([^"]+)"', self.header("WWW-Authenticate"))
+        assert nonce is not None
+        uri = f"sip:{room}@127.0.0.1:{self.server[1]}"
+        h = lambda s: hashlib.md5(s.encode()).hexdigest()  # noqa: E731
+        ha1, ha2 = h(f"dana:chorus:{password}"), h(f"INVITE:{uri}")
+        response = h(f"{ha1}:{nonce.group(1)}:00000001:abcdef:auth:{ha2}")
+        auth = (f'Digest username="dana", realm="chorus", nonce="{nonce.group(1)}", '
+                f'uri="{uri}", response="{response}", qop=auth, nc=00000001, cnonce="abcdef"')  # fmt: skip
+        self.request("INVITE", room, {**(headers or {}), "Authorization": auth}, self.sdp())
+        status = await self.status()
+        if status == 200:
+            tag = _re.search(r";tag=([^;>\s]+)", self.header("To"))
+            self.to_tag = f";tag={tag.group(1)}" if tag else ""
+            port = _re.search(r"m=audio (\d+)", self.last)
+            self.answer_port = int(port.group(1)) if port else 0
+            self.request("ACK", room)
+        return status
+
+    def send_rtp(self, mulaw: bytes, sock: Any = None, seq0: int = 0) -> None:
+        """PCMU audio as 20 ms RTP packets, all at once (the jitter buffer keeps the order)."""
+        import struct as _struct
+
+        for n, i in enumerate(range(0, len(mulaw), 160)):
+            header = _struct.pack(">BBHII", 0x80, 0, (seq0 + n) & 0xFFFF, (seq0 + n) * 160, 0x1234)
+            (sock or self.rtp).sendto(header + mulaw[i : i + 160], ("127.0.0.1", self.answer_port))
+
+
+def pcmu(start: float, end: float, silence: float = 0.6) -> bytes:
+    from voice.audio import float_to_pcm16, mulaw_encode
+
+    audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
+    narrow = np.concatenate([resample(audio, 16000, 8000), np.zeros(int(silence * 8000), np.float32)])
+    return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
+
+
+async def test_malformed_sip_and_sdp_get_an_error_and_the_server_keeps_serving() -> None:
+    async with sip_server() as srv:
+        port = sip_port(srv)
+        if shutil.which("sipp") is not None:  # SIPp: an INVITE whose SDP does not parse
+            proc = await asyncio.create_subprocess_exec(
+                "sipp", f"127.0.0.1:{port}", "-sf", str(SIPP_BAD_SDP), "-s", "standup", "-m", "1",
+                "-i", "127.0.0.1", "-p", "0", "-timeout", "30s", "-nostdin",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            assert await asyncio.wait_for(proc.wait(), 60) == 0, "SIPp did not get its 400"
+        caller = RawCaller(port)
+        try:
+            caller.sip.sendto(b"\x00\xffnot sip at all", caller.server)  # dropped, no crash
+            caller.request("INVITE", "standup", body="v=0\r\nnonsense\r\n")  # no audio offer
+            assert await caller.status() == 401  # authentication comes first
+            caller.close()
+            caller = RawCaller(port)
+            assert await caller.invite("standup", USERS["dana"]) == 200  # still serving
+            assert srv.server.sip is not None and srv.server.sip.refused.get(401, 0) >= 2
+        finally:
+            caller.close()
+
+
+async def test_rtp_from_an_address_the_call_did_not_negotiate_is_dropped() -> None:
+    import socket
+
+    from server import sip as sip_module
+
+    async with sip_server() as srv:
+        caller = RawCaller(sip_port(srv))
+        stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        stranger.bind(("127.0.0.1", 0))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            before = sip_module.dropped_rtp[0]
+            caller.send_rtp(pcmu(0.6, 1.6, 0), sock=stranger)  # another port: not the SDP's
+            await eventually(lambda: sip_module.dropped_rtp[0] - before >= 50, BOUND_S, "drops")
+            assert srv.audio_read() == 0
+            caller.send_rtp(pcmu(0.6, 1.6, 0), seq0=100)  # the negotiated address: heard
+            await eventually(lambda: srv.audio_read() >= 0.5, BOUND_S, "the caller's audio")
+            caller.request("BYE", "standup")
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 0, BOUND_S)
+        finally:
+            stranger.close()
+            caller.close()
+
+
+async def test_a_caller_that_never_sends_audio_is_hung_up_and_calls_are_capped() -> None:
+    config = {"sip": {"rtp_timeout_s": 1.0, "max_calls_per_room": 1, "max_calls": 2}}
+    async with sip_server(**config) as srv:
+        silent, second, third, fourth = (RawCaller(sip_port(srv)) for _ in range(4))
+        try:
+            assert await silent.invite("standup", USERS["dana"]) == 200
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
+            assert await second.invite("standup", USERS["dana"]) == 486  # one call per room
+            assert await third.invite("other", USERS["dana"]) == 200
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 2, BOUND_S)
+            assert await fourth.invite("third", USERS["dana"]) == 503  # two calls in all
+            # no RTP for rtp_timeout_s: the server hangs the silent leg up with a BYE
+            await silent.until(lambda m: m.startswith("BYE "))
+        finally:
+            for caller in (silent, second, third, fourth):
+                caller.close()
+
+
+async def test_a_drain_says_bye_to_every_leg_after_its_last_turns() -> None:
+    async with sip_server(sip={"rtp_timeout_s": 60.0}, stt={"diarize": False}) as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        caller = RawCaller(sip_port(srv))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            caller.send_rtp(pcmu(0.6, 2.0, 0))  # "Good morning everyone." and no pause
+            await eventually(lambda: srv.audio_read() >= 1.3, BOUND_S, "audio")
+            stopping = asyncio.create_task(srv.server.stop())
+            await caller.until(lambda m: m.startswith("BYE "), BOUND_S)
+            await asyncio.wait_for(stopping, BOUND_S)
+        finally:
+            caller.close()
+            await feed.close()
+    assert "Good morning everyone" in " ".join(t.text for t in feed.turns)
