@@ -20,13 +20,15 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 # Programs the tests start themselves (Postgres for the shared store, headless Chromium for the
-# server's transcript page); installed from Debian when
-# the machine lacks them (CI runs as root).
+# server's transcript page, baresip and SIPp as real SIP clients for the phone bridges); installed
+# from Debian when the machine lacks them (CI runs as root).
 system-deps:
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		{ apt-get update -q && apt-get install -y -q postgresql; }
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 		{ apt-get update -q && apt-get install -y -q chromium; }
+	@command -v baresip >/dev/null || { apt-get update -q && apt-get install -y -q baresip; }
+	@command -v sipp >/dev/null || { apt-get update -q && apt-get install -y -q sip-tester; }
 
 demo: install
 	$(PY) examples/demo.py

@@ -2,7 +2,7 @@
 
 Why here: the base install serves the embedded default (local Whisper, Silero VAD, the embedded
 diarizer, the recorder session, the SQLite store); Deepgram, OpenAI, Gemini, LiveKit, Postgres,
-ACP agents, Twilio's request signatures, the benchmarks' scoring, `chorus stream --mic` and pyannote come with an extra (`pip install
+ACP agents, Twilio's request signatures, the SIP endpoint, the benchmarks' scoring, `chorus stream --mic` and pyannote come with an extra (`pip install
 'chorus[deepgram]'`). Every package may import `models`, so every place that builds an optional
 part checks it through `require` here, and a missing one reads the same everywhere:
 `the Deepgram STT provider needs the optional extra 'deepgram': pip install 'chorus[deepgram]'`.
@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "postgres": ("psycopg",),
     "acp": ("acp",),
     "twilio": ("twilio",),
+    "sip": ("aiosipua", "aiortp"),
     "bench": ("jiwer", "pyannote.metrics", "pyannote.core", "matplotlib"),
     "mic": ("sounddevice",),
     "pyannote": ("pyannote.audio",),

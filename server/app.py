@@ -5,6 +5,9 @@ uvicorn with its `websockets` implementation:
 
 - `/v1/rooms/{room}/stream?token=…`  a conference-room device (`server.device` framing)
 - `/v1/twilio`                        a phone bridge leg (`server.twilio`: Media Streams framing)
+- `[sip] listen` (UDP)                 a SIP call (`server.sip`): digest auth, room from the URI
+- `[audiosocket] listen` (TCP)         an Asterisk AudioSocket call (`server.audiosocket`), its
+                                      room from the UUID map (`PUT /v1/audiosocket/{uuid}`)
 - `/v1/rooms/{room}/events?token=…`  the live JSON feed of a room (renames and typed messages
                                       from the page)
 - the HTTP routes (`server.routes`): the page, `/healthz`, `/metrics`, transcripts, room deletion,
@@ -35,8 +38,17 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 
 from rooms import RoomKit
+from server.audiosocket import (
+    HANGUP,
+    AudioSocketCall,
+    AudioSocketCalls,
+    AudioSocketFraming,
+    AudioSocketOpening,
+    FrameSplitter,
+    audio_seconds,
+)
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
-from server.config import ServerConfig
+from server.config import ServerConfig, split_host_port
 from server.device import DeviceFraming
 from server.events import serve_feed
 from server.framing import Refusal, StoppedBeforeStart, check_stream_participant
@@ -47,12 +59,15 @@ from server.metrics import ServerMetrics
 from server.pipeline import Pipeline
 from server.protocol import ROOM_ID, CloseCode
 from server.routes import HttpRoutes, problem_response
+from server.sip import SipCallPlan, SipEndpoint, SipFraming, SipLeg
 from server.sockets import (
     REFUSAL_WAIT_S,
     AsciiHeadersWebSocketProtocol,
     KeepServerSend,
     Socket,
     SocketClosed,
+    StreamSocket,
+    TcpSocket,
 )
 from server.streaming import Drain, run_stream
 from server.twilio import SIGNATURE_HEADER, TwilioFraming, TwilioOpening, TwilioSignatures
@@ -97,7 +112,7 @@ class ChorusServer:
         self._feeds_closing = asyncio.Event()
         """Set once the streams are flushed: feeds send what they hold and close with 4503."""
         self._uvicorn: uvicorn.Server | None = None
-        self._sockets: set[Socket] = set()
+        self._sockets: set[StreamSocket] = set()
         self._unauthenticated_total = 0
         self._unauthenticated_by_address: dict[str, int] = {}
         self._stream_handlers: set[asyncio.Task[Any]] = set()
@@ -110,6 +125,17 @@ class ChorusServer:
         """With `[twilio] auth_token`: only legs Twilio signed are accepted (at the upgrade)."""
         self.webhooks = build_webhooks(config, self.rooms.kit, self._open_conversation_room)
         """Teams and WhatsApp conversations (`[teams]`, `[whatsapp]`), when configured."""
+        self.audiosocket_calls = AudioSocketCalls(
+            config.audiosocket.map_ttl_s, config.audiosocket.max_mapped
+        )
+        """Where each AudioSocket call goes, by its UUID (`PUT /v1/audiosocket/{uuid}`)."""
+        self._audiosocket: asyncio.Server | None = None
+        self.sip = (
+            SipEndpoint(config.sip, secret, self._sip_leg, self._admit_sip_call)
+            if config.sip.enabled
+            else None
+        )
+        """The SIP endpoint (`[sip] enabled`)."""
         self.app = self._build_app()
 
     async def _open_conversation_room(self, room_id: str) -> None:
@@ -146,6 +172,16 @@ class ChorusServer:
         if not server.started:
             raise OSError(f"could not listen on {host}:{port}")
         self._uvicorn = server
+        listen = self.config.audiosocket.listen
+        if listen is not None:
+            as_host, as_port = split_host_port(listen)
+            self._audiosocket = await asyncio.start_server(
+                self._audiosocket_connection, as_host, as_port
+            )
+            log.info("audiosocket: listening on %s:%d", as_host, self.audiosocket_port)
+        if self.sip is not None:
+            await self.sip.start()
+            log.info("sip: listening on %s (udp)", self.sip.port)
         self.rooms.start()
 
     @property
@@ -165,6 +201,13 @@ class ChorusServer:
         )
 
     @property
+    def audiosocket_port(self) -> int | None:
+        """The TCP port AudioSocket calls reach (None: `[audiosocket]` is off)."""
+        if self._audiosocket is None:
+            return None
+        return int(self._audiosocket.sockets[0].getsockname()[1])
+
+    @property
     def open_sockets(self) -> int:
         """Websockets accepted and not yet finished (every route)."""
         return len(self._sockets)
@@ -179,6 +222,8 @@ class ChorusServer:
         if server is not None:
             for listener in server.servers:
                 listener.close()
+        if self._audiosocket is not None:
+            self._audiosocket.close()
         self._drain.begin(self.config.limits.drain_timeout_s)
         streams = [t for t in self._stream_handlers if not t.done()]
         if streams:
@@ -190,14 +235,25 @@ class ChorusServer:
         if server is not None:
             server.force_exit = False
             await server.shutdown()
+        if self.sip is not None:
+            await self.sip.stop()
         await self.webhooks.close()
         await self.rooms.close()
+        if self._audiosocket is not None:
+            await self._audiosocket.wait_closed()
 
     # ------------------------------------------------------------------ the app
 
     def _build_app(self) -> FastAPI:
         routes = HttpRoutes(
-            self.rooms, self.metrics, self.webhooks, self.secret, closing=lambda: self._closing
+            self.rooms,
+            self.metrics,
+            self.webhooks,
+            self.secret,
+            closing=lambda: self._closing,
+            audiosocket_calls=(
+                self.audiosocket_calls if self.config.audiosocket.listen is not None else None
+            ),
         )
         app = routes.app(("/v1/rooms/{room}/stream", "/v1/rooms/{room}/events", TWILIO_ROUTE))
         app.add_api_websocket_route("/v1/rooms/{room}/stream", self._stream_route)
@@ -267,7 +323,7 @@ class ChorusServer:
             self._sockets.discard(ws)
             handlers.discard(task)
 
-    async def _refuse(self, ws: Socket, refusal: Refusal) -> None:
+    async def _refuse(self, ws: StreamSocket, refusal: Refusal) -> None:
         """Say why, close with the code; a peer that does not read is cut off (bounded)."""
         self.metrics.refused_total[refusal.metric] += 1
         log.info("refused %s: %s (%d)", ws.remote, refusal.reason, refusal.code)
@@ -291,7 +347,7 @@ class ChorusServer:
                 "too_many_streams",
             )
 
-    async def _first_message(self, ws: Socket, deadline: float | None = None) -> str | bytes:
+    async def _first_message(self, ws: StreamSocket, deadline: float | None = None) -> str | bytes:
         """The next message before `deadline` (loop time; default: `start_timeout_s` from now).
         A drain does not wait for a client that has not started: it is told 4503 at once."""
         loop = asyncio.get_running_loop()
@@ -351,7 +407,7 @@ class ChorusServer:
         await self._twilio_leg(ws, signed=True)
 
     @contextlib.contextmanager
-    def _unauthenticated(self, ws: Socket) -> Iterator[None]:
+    def _unauthenticated(self, ws: StreamSocket) -> Iterator[None]:
         """Count a socket that has not shown a token yet, server-wide and per client address;
         over `limits.max_unauthenticated(_per_address)` it is refused at once."""
         limits = self.config.limits
@@ -392,6 +448,112 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return None
         return opening
+
+    # ------------------------------------------------------------------ AudioSocket call
+
+    async def _audiosocket_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One TCP connection on `[audiosocket] listen`: refused as a websocket would be (the
+        reason logged and counted; the call hears a hangup), tracked for the drain."""
+        ws = TcpSocket(
+            reader, writer, FrameSplitter(), seconds_of=audio_seconds, goodbye=HANGUP
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self._sockets.add(ws)
+        self._stream_handlers.add(task)
+        try:
+            await self._audiosocket_call(ws)
+        except Refusal as refusal:
+            await self._refuse(ws, refusal)
+        except SocketClosed:
+            pass
+        except Exception:
+            log.exception("audiosocket call from %s failed", ws.remote)
+            await ws.close(CloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            if not writer.is_closing():
+                writer.close()
+            self._sockets.discard(ws)
+            self._stream_handlers.discard(task)
+
+    async def _audiosocket_call(self, ws: TcpSocket) -> None:
+        """The UUID, then the first audio (its kind is the call's rate), the room from the UUID
+        map or `[audiosocket] default_room`, then audio until a hangup."""
+        self._check_capacity()
+        framing = AudioSocketFraming()
+        with self._unauthenticated(ws):
+            opening = await self._audiosocket_opening(ws, framing)
+        if opening is None:
+            return
+        call = self.audiosocket_calls.take(opening.call_id) or self._default_call()
+        if call is None:
+            raise Refusal(
+                CloseCode.TOKEN_WRONG_ROOM, "no room for this call's uuid", "unknown_call"
+            )
+        declaration = framing.declare(opening, call)
+        framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
+        ws.push_back(opening.first_audio)
+        await run_stream(ws, self.rooms, call.room, framing, declaration, self._drain)
+
+    def _default_call(self) -> AudioSocketCall | None:
+        section = self.config.audiosocket
+        if section.default_room is None:
+            return None
+        return AudioSocketCall(room=section.default_room, shared_mic=section.default_shared_mic)
+
+    async def _audiosocket_opening(
+        self, ws: TcpSocket, framing: AudioSocketFraming
+    ) -> AudioSocketOpening | None:
+        """Frames up to the first audio, all within `limits.start_timeout_s` of the connection
+        (a DTMF digit never extends it); None when the call hung up first."""
+        deadline = asyncio.get_running_loop().time() + self.config.limits.start_timeout_s
+        try:
+            opening = None
+            while opening is None:
+                opening = framing.opening(await self._first_message(ws, deadline))
+        except StoppedBeforeStart:
+            await ws.close(CloseCode.NORMAL, "hung up before audio")
+            return None
+        return opening
+
+    # ------------------------------------------------------------------ SIP leg
+
+    def _admit_sip_call(self, room: str) -> tuple[int, str] | None:
+        """Whether another SIP call may join `room` now (None), else its SIP refusal."""
+        if self._closing:
+            return 503, "Service Unavailable (shutting down)"
+        sip = self.config.sip
+        assert self.sip is not None
+        in_room = sum(1 for leg in self.sip.legs.values() if leg.room == room)
+        if len(self.sip.legs) >= sip.max_calls or not self.rooms.has_capacity():
+            return 503, "Service Unavailable (too many calls)"
+        if in_room >= sip.max_calls_per_room:
+            return 486, "Busy Here (too many calls in this room)"
+        return None
+
+    async def _sip_leg(self, leg: SipLeg, framing: SipFraming, plan: SipCallPlan) -> None:
+        """An accepted SIP call, run as a stream; refusals end it with a BYE (and are counted)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._sockets.add(leg)
+        self._stream_handlers.add(task)
+        framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
+        try:
+            await run_stream(
+                leg, self.rooms, plan.room, framing, framing.declare(plan), self._drain
+            )
+        except Refusal as refusal:
+            await self._refuse(leg, refusal)
+        except SocketClosed:
+            pass
+        except Exception:
+            log.exception("sip leg %s failed", leg.call.call_id)
+            await leg.close(CloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self._sockets.discard(leg)
+            self._stream_handlers.discard(task)
 
     # ------------------------------------------------------------------ event feed
 

@@ -271,6 +271,76 @@ class TwilioConfig(_Section):
     as `wss://` and as `ws://`."""
 
 
+def _host_port(listen: str | None, section: str) -> str | None:
+    """`host:port` (port 0: any free port), or the error naming the section."""
+    if listen is None:
+        return None
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{section}.listen must be host:port, e.g. 127.0.0.1:5071")
+    return listen
+
+
+def split_host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class AudioSocketConfig(_Section):
+    """Asterisk AudioSocket calls over TCP (`server.audiosocket`, docs/phone.md)."""
+
+    listen: str | None = None
+    """`host:port` to accept AudioSocket connections on (e.g. `127.0.0.1:5071`); unset: off.
+    AudioSocket has no credentials: keep it on an address only the PBX reaches."""
+    default_room: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    """The room of a call whose UUID was not mapped (`PUT /v1/audiosocket/{uuid}`); unset: such
+    a call is hung up."""
+    default_shared_mic: bool = False
+    """Whether a call in the default room is a speakerphone (diarized)."""
+    map_ttl_s: float = Field(default=300.0, gt=0)
+    """How long a UUID→room entry waits for its call."""
+    max_mapped: int = Field(default=1024, ge=1)
+    """UUID→room entries held at most (the oldest goes first)."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str | None) -> str | None:
+        return _host_port(listen, "audiosocket")
+
+
+class SipConfig(_Section):
+    """The SIP endpoint (`server.sip`, docs/phone.md; the `sip` extra)."""
+
+    enabled: bool = False
+    listen: str = "127.0.0.1:5070"
+    """`host:port` for SIP over UDP."""
+    realm: str = Field(default="chorus", min_length=1, max_length=64, pattern=r'^[^"\\]+$')
+    users: dict[str, str] = Field(default_factory=dict)
+    """`name = "secret"`: who may call (digest authentication); every INVITE must authenticate."""
+    shared_mic_users: list[str] = Field(default_factory=list)
+    """Users whose calls are speakerphones (diarized), as `X-Chorus-Shared-Mic: true` says."""
+    media_host: str = "127.0.0.1"
+    """The address RTP is bound to and offered in SDP."""
+    rtp_timeout_s: float = Field(default=10.0, gt=0)
+    """A leg that sends no audio for this long is hung up (its last turns flushed)."""
+    max_calls: int = Field(default=32, ge=1)
+    """SIP calls at once over the whole server (beside `limits.max_streams`)."""
+    max_calls_per_room: int = Field(default=8, ge=1)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, listen: str) -> str:
+        checked = _host_port(listen, "sip")
+        assert checked is not None
+        return checked
+
+    @model_validator(mode="after")
+    def _users_when_enabled(self) -> SipConfig:
+        if self.enabled and not self.users:
+            raise ValueError("sip.users is required when sip.enabled (every call authenticates)")
+        return self
+
+
 class LimitsConfig(_Section):
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     """Largest websocket message accepted (audio or JSON); bigger closes with 1009."""
@@ -359,6 +429,8 @@ class ServerConfig(_Section):
     teams: TeamsConfig = Field(default_factory=TeamsConfig)
     whatsapp: WhatsAppConfig = Field(default_factory=WhatsAppConfig)
     twilio: TwilioConfig = Field(default_factory=TwilioConfig)
+    audiosocket: AudioSocketConfig = Field(default_factory=AudioSocketConfig)
+    sip: SipConfig = Field(default_factory=SipConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 
@@ -378,10 +450,12 @@ _SECTIONS = (
     "teams",
     "whatsapp",
     "twilio",
+    "audiosocket",
+    "sip",
     "limits",
     "store",
 )
-_LIST_FIELDS = {("policy", "answer_only"), ("agent", "command")}
+_LIST_FIELDS = {("policy", "answer_only"), ("agent", "command"), ("sip", "shared_mic_users")}
 
 
 def environment_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

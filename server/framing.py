@@ -9,8 +9,8 @@ name; `check_participant` for a participant its token does not allow,
 `StoppedBeforeStart`, and the `StreamFraming` shape a module's per-socket object has
 once its stream is open (audio out of each message, the greeting, reply audio in its framing).
 
-Each wire protocol is one module of this shape (`server.device`, `server.twilio`); a new
-ingress (SIP, Asterisk AudioSocket) is one more. The server (`server.app`) keeps the sockets,
+Each wire protocol is one module of this shape (`server.device`, `server.twilio`,
+`server.audiosocket`); a new ingress (SIP) is one more. The server (`server.app`) keeps the sockets,
 the tokens, the limits and the drain: a module never reads a socket, it parses what it is given.
 """
 
@@ -35,7 +35,7 @@ from voice.audio import (
     UnsupportedEncodingError,
 )
 
-StreamKind = Literal["device", "twilio"]
+StreamKind = Literal["device", "twilio", "audiosocket", "sip"]
 """Which protocol a stream came in by (its metrics label and its feed `kind`)."""
 Outgoing = str | bytes
 """One websocket message to a stream's socket (JSON text or binary audio)."""

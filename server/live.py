@@ -44,6 +44,7 @@ from server.metrics import ServerMetrics
 from server.output import ServerOutput
 from server.overload import DiarizationDegraded, DiarizationRecovered
 from server.pipeline import Pipeline, StreamInfo, StreamStatus
+from server.protocol import DtmfMessage, dump
 from server.renames import RoomRenames
 from server.room_state import KeyLock, LiveRoom, LiveStream, StreamPacer, held
 
@@ -313,6 +314,31 @@ class LiveRooms:
                 self._stream_count -= 1
                 self.metrics.streams_active[stream.kind] -= 1
                 live.feed.publish(stream.event_message("stream_stopped"))
+
+    def publish_dtmf(self, stream: LiveStream | str, digit: str) -> None:
+        """A caller's DTMF digit on a phone leg, to its room's feed (`dtmf`)."""
+        if isinstance(stream, str):
+            found = next(
+                (s for live in self.rooms.values() for s in live.streams.values() if s.id == stream),
+                None,
+            )
+            if found is None:
+                return
+            stream = found
+        live = self.rooms.get(stream.room_id)
+        if live is None:
+            return
+        self.metrics.dtmf_total += 1
+        live.feed.publish(
+            dump(
+                DtmfMessage(
+                    room=stream.room_id,
+                    stream=stream.id,
+                    participant=stream.declaration.participant,
+                    digit=digit,
+                )
+            )
+        )
 
     # ------------------------------------------------------------------ chat
 

@@ -29,7 +29,7 @@ from server.overload import StageLoad
 
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-STREAM_KINDS = ("device", "twilio")
+STREAM_KINDS = ("device", "twilio", "audiosocket", "sip")
 MAX_SAMPLES = 100_000
 
 
@@ -64,6 +64,7 @@ class ServerMetrics(Collector):
         self.turn_corrections_total = 0
         self.replies_total = 0
         self.speaker_changes_total = 0
+        self.dtmf_total = 0
         self.audio_seconds_total = 0.0
         self.feed_consumers = 0
         self.rooms_evicted_total = 0
@@ -97,7 +98,7 @@ class ServerMetrics(Collector):
             self.rooms_evicted_total,
         )
         streams = GaugeMetricFamily(
-            "chorus_streams", "Audio streams open now, by kind (device, twilio).", labels=["kind"]
+            "chorus_streams", "Audio streams open now, by kind (device, twilio, audiosocket, sip).", labels=["kind"]
         )
         started = CounterMetricFamily(
             "chorus_streams", "Audio streams started, by kind.", labels=["kind"]
@@ -124,6 +125,7 @@ class ServerMetrics(Collector):
         yield _counter(
             "chorus_speaker_changes", "Speaker changes seen.", self.speaker_changes_total
         )
+        yield _counter("chorus_dtmf", "DTMF digits pressed on phone legs.", self.dtmf_total)
         yield _counter("chorus_replies", "Assistant replies committed.", self.replies_total)
         yield _counter(
             "chorus_audio_seconds", "Seconds of audio received.", self.audio_seconds_total

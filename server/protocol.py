@@ -162,7 +162,17 @@ class StreamEventMessage(_Wire):
     stream: str
     participant: str
     name: str | None = None
-    kind: Literal["device", "twilio"] = "device"
+    kind: Literal["device", "twilio", "audiosocket", "sip"] = "device"
+
+
+class DtmfMessage(_Wire):
+    """A caller pressed a key (a phone leg's DTMF digit: `0`–`9`, `*`, `#`, `A`–`D`; feed only)."""
+
+    type: Literal["dtmf"] = "dtmf"
+    room: str
+    stream: str
+    participant: str
+    digit: str
 
 
 class SttStatusMessage(_Wire):
@@ -224,6 +234,7 @@ FeedMessage = (
     | ReplyMessage
     | RenamedMessage
     | StreamEventMessage
+    | DtmfMessage
     | ChatMessage
     | StartedMessage
     | SttStatusMessage

@@ -1,7 +1,8 @@
 """The server's HTTP surface: declared routes with pydantic bodies, and their errors as problems.
 
 Owns every HTTP route of `chorus serve` (the transcript page, `/healthz`, `/metrics`, a room's
-transcript, deleting a room, typed messages, the Teams and WhatsApp webhooks, and the `426` a
+transcript, deleting a room, typed messages, the AudioSocket UUID→room map, the Teams and
+WhatsApp webhooks, and the `426` a
 plain GET of a websocket route gets) and their error shape: JSON `{"problem": …, "detail": …}`
 with the problem names the metrics and the websocket close reasons use. JSON bodies are pydantic
 models, so `/openapi.json` describes every route. The websockets are `server.app`'s: it builds
@@ -11,6 +12,7 @@ this app and adds its socket routes after these.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -19,10 +21,11 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from models import RoomEvent
+from server.audiosocket import PARTICIPANT, AudioSocketCall, AudioSocketCalls
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.chat import ChatPost, ChatPosted, client_key, retry_after, typist_id
 from server.ingress.base import WebhookAnswer
@@ -137,6 +140,24 @@ def _webhook_answer(answer: WebhookAnswer) -> WebhookAccepted:
     return WebhookAccepted(accepted=len(answer.events))
 
 
+class AudioSocketRoute(BaseModel):
+    """Where the AudioSocket call with this UUID goes (`PUT /v1/audiosocket/{uuid}`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    room: str = Field(pattern=rf"^{ROOM_ID}$")
+    participant: str | None = Field(default=None, pattern=rf"^{PARTICIPANT}$")
+    """The call's participant id (default `call-<uuid>`)."""
+    name: str | None = Field(default=None, min_length=1, max_length=80)
+    """The name a one-person call's turns carry (never put a caller's number here)."""
+    shared_mic: bool = False
+    """A speakerphone: several voices on the call, diarized."""
+
+
+class AudioSocketRouted(AudioSocketRoute):
+    uuid: str
+
+
 class RoomDeleted(BaseModel):
     room: str
     deleted: Literal[True] = True
@@ -214,12 +235,15 @@ class HttpRoutes:
         webhooks: Webhooks,
         secret: str,
         closing: Callable[[], bool],
+        audiosocket_calls: AudioSocketCalls | None = None,
     ) -> None:
         self.rooms = rooms
         self.metrics = metrics
         self.webhooks = webhooks
         self.secret = secret
         self.closing = closing
+        self.audiosocket_calls = audiosocket_calls
+        """The AudioSocket UUID→room map (None: `[audiosocket]` is off)."""
         """Whether the server is draining (health says `closing`, messages are refused)."""
         self._page = _page()
 
@@ -366,6 +390,43 @@ class HttpRoutes:
             if not deleted:
                 raise ProblemError(404, "unknown_room", f"no room {room!r}")
             return RoomDeleted(room=room)
+
+        @app.put(
+            "/v1/audiosocket/{call_id}",
+            response_model=AudioSocketRouted,
+            responses={
+                **_AUTH_RESPONSES,
+                404: {"model": Problem, "description": "AudioSocket is not enabled"},
+            },
+            summary="Send the AudioSocket call with this UUID to a room (the room's `admin` grant)",
+        )
+        async def route_audiosocket_call(
+            call_id: uuid.UUID,
+            body: AudioSocketRoute,
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> AudioSocketRouted:
+            self._authorize(token, authorization, body.room, Grant.ADMIN)
+            if self.audiosocket_calls is None:
+                raise ProblemError(404, "not_configured", "audiosocket is not enabled")
+            self.audiosocket_calls.put(
+                call_id,
+                AudioSocketCall(
+                    room=body.room,
+                    participant=body.participant,
+                    name=body.name,
+                    shared_mic=body.shared_mic,
+                ),
+            )
+            return AudioSocketRouted(uuid=str(call_id), **body.model_dump())
+
+        app.add_api_route(  # the same, as a POST: what Asterisk's CURL() sends with a body
+            "/v1/audiosocket/{call_id}",
+            route_audiosocket_call,
+            methods=["POST"],
+            response_model=AudioSocketRouted,
+            include_in_schema=False,
+        )
 
         @app.post(
             "/v1/rooms/{room}/messages",

@@ -4,7 +4,9 @@ Owns `Socket` (text/bytes messages in and out, one `SocketClosed` for a peer tha
 token it presented, a close and a refusal that cut off a peer that does not take them within a
 bound, and `abort`), the outermost ASGI layer that keeps uvicorn's own `send` reachable for that
 abort, and keeping room tokens out of uvicorn's request-line logs. The protocol code above it
-reads like the protocol.
+reads like the protocol. `StreamSocket` is what a stream's handlers need of any socket, and
+`TcpSocket` is a framed TCP connection that offers it (Asterisk AudioSocket): the protocol
+module cuts the byte stream into messages, and the socket paces the audio it sends at real time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from fastapi import WebSocket
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -67,6 +71,24 @@ for _name in ("uvicorn.error", "uvicorn.access"):
 
 class SocketClosed(Exception):
     """The peer went away without a clean close (or the socket broke under us)."""
+
+
+class StreamSocket(Protocol):
+    """What a stream's handlers (`server.app`, `server.streaming`) use of a socket."""
+
+    remote: str
+
+    async def recv(self) -> str | bytes: ...
+
+    def messages(self) -> AsyncIterator[str | bytes]: ...
+
+    async def send(self, message: str | bytes) -> None: ...
+
+    async def close(
+        self, code: int, reason: str = "", *, within_s: float = REFUSAL_WAIT_S
+    ) -> None: ...
+
+    async def refuse(self, code: int, reason: str) -> None: ...
 
 
 class Socket:
@@ -195,3 +217,113 @@ class KeepServerSend:
         if scope["type"] == "websocket":
             scope[SERVER_SEND_KEY] = send
         await self.app(scope, receive, send)
+
+
+class MessageSplitter(Protocol):
+    """A protocol's cut of a TCP byte stream into whole messages."""
+
+    def feed(self, data: bytes) -> list[bytes]: ...
+
+
+class TcpSocket:
+    """One accepted TCP connection of a framed protocol, as a `StreamSocket`.
+
+    `splitter` cuts what arrives into messages; binary messages sent are audio and go out paced
+    at real time (`seconds_of` says how long each plays; the socket keeps `lead_s` ahead), so
+    the peer can play each as it comes; text (the room's turns) has no place on such a wire and
+    is dropped. A close (or a refusal) sends `goodbye` and closes the connection; a peer that
+    does not take it within the bound is cut off."""
+
+    READ_BYTES = 65536
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        splitter: MessageSplitter,
+        *,
+        seconds_of: Callable[[bytes], float],
+        goodbye: bytes,
+        lead_s: float = 0.1,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        self.closed_cleanly = False
+        self._splitter = splitter
+        self._seconds_of = seconds_of
+        self._goodbye = goodbye
+        self._lead_s = lead_s
+        self._ready: deque[bytes] = deque()
+        self._due = 0.0
+        self._closed = False
+
+    def push_back(self, message: bytes) -> None:
+        """`message` is the next one `recv` returns (a message read before the stream opened)."""
+        self._ready.appendleft(message)
+
+    async def recv(self) -> bytes:
+        while not self._ready:
+            if self._closed:
+                raise SocketClosed("already closed")
+            try:
+                data = await self.reader.read(self.READ_BYTES)
+            except (ConnectionError, OSError) as exc:
+                raise SocketClosed(str(exc)) from exc
+            if not data:
+                self.closed_cleanly = True  # the peer closed its side (TCP has no close code)
+                raise SocketClosed("peer closed")
+            self._ready.extend(self._splitter.feed(data))
+        return self._ready.popleft()
+
+    async def messages(self) -> AsyncIterator[str | bytes]:
+        while True:
+            try:
+                yield await self.recv()
+            except SocketClosed:
+                if self.closed_cleanly:
+                    return
+                raise
+
+    async def send(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            return
+        if self._closed or self.writer.is_closing():
+            raise SocketClosed("closed")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._due = max(self._due, now)
+        wait = self._due - self._lead_s - now
+        if wait > 0:
+            await asyncio.sleep(wait)
+        try:
+            self.writer.write(message)
+            await self.writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise SocketClosed(str(exc)) from exc
+        self._due += self._seconds_of(message)
+
+    async def close(self, code: int, reason: str = "", *, within_s: float = REFUSAL_WAIT_S) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            async with asyncio.timeout(within_s):
+                with contextlib.suppress(ConnectionError, OSError):
+                    self.writer.write(self._goodbye)
+                    await self.writer.drain()
+                self.writer.close()
+                with contextlib.suppress(ConnectionError, OSError):
+                    await self.writer.wait_closed()
+        except TimeoutError:
+            self.abort()
+
+    async def refuse(self, code: int, reason: str) -> None:
+        """A framed peer has no message for a reason: it is logged by the server; the call
+        hears `goodbye`."""
+        await self.close(code, reason)
+
+    def abort(self) -> None:
+        self._closed = True
+        self.writer.transport.abort()

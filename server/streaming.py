@@ -21,7 +21,7 @@ from server.live import LiveRooms, StreamLimitError
 from server.overload import StageOverloadedError
 from server.protocol import CloseCode
 from server.room_state import LiveStream, StreamTooFastError
-from server.sockets import REFUSAL_WAIT_S, Socket, SocketClosed
+from server.sockets import REFUSAL_WAIT_S, SocketClosed, StreamSocket
 from voice.audio import AudioError
 from voice.stt.base import SttRefusedError
 
@@ -55,7 +55,7 @@ class Drain:
 
 
 async def run_stream(
-    ws: Socket,
+    ws: StreamSocket,
     rooms: LiveRooms,
     room: str,
     framing: StreamFraming,
@@ -99,7 +99,7 @@ async def run_stream(
 
 
 async def _read_audio(
-    ws: Socket, rooms: LiveRooms, stream: LiveStream, framing: StreamFraming
+    ws: StreamSocket, rooms: LiveRooms, stream: LiveStream, framing: StreamFraming
 ) -> None:
     """Audio out of each message, into the room, until the framing says the stream ended."""
     async for message in ws.messages():
@@ -111,7 +111,7 @@ async def _read_audio(
 
 
 async def _pump(
-    ws: Socket,
+    ws: StreamSocket,
     rooms: LiveRooms,
     stream: LiveStream,
     reader: Awaitable[None],
@@ -175,14 +175,14 @@ async def _pump(
             await asyncio.gather(discarding, return_exceptions=True)
 
 
-async def _discard(ws: Socket) -> None:
+async def _discard(ws: StreamSocket) -> None:
     """Read and drop what a draining stream's peer still sends, until it goes."""
     with contextlib.suppress(SocketClosed):
         async for _ in ws.messages():
             pass
 
 
-async def _write(ws: Socket, stream: LiveStream) -> None:
+async def _write(ws: StreamSocket, stream: LiveStream) -> None:
     while True:
         message = await stream.outbox.get()
         try:

@@ -1,0 +1,487 @@
+"""A SIP endpoint in `chorus serve` (`[sip]`): each call is one leg of a room.
+
+Owns what Chorus decides about a SIP call — which room (`sip:ROOM@host`, or `X-Chorus-Room`),
+whether the caller may join (digest authentication against `[sip] users`, RFC 7616 with MD5),
+who the leg is (the From display name, else the authenticated user; never the caller's number),
+whether it is a speakerphone (`X-Chorus-Shared-Mic: true` or a user in `shared_mic_users`), and
+which codec (G.722 when offered, else PCMU/PCMA) — and the leg as a `server.sockets.StreamSocket`
+(`SipLeg`: decoded audio in, paced RTP out, BYE) with its `server.framing` shape (`SipFraming`),
+so `server.streaming` runs it like every other stream.
+
+The SIP and RTP wire is not written here: `aiosipua` (SIP transactions, dialogs, SDP offer/answer)
+and `aiortp` (RTP, G.711/G.722, jitter buffer with reordering, PLC, RFC 4733 DTMF), the `sip`
+extra; docs/phone.md says why these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from server.framing import Outgoing, StreamDeclaration, StreamKind, declared_format
+from server.protocol import ROOM_ID
+from server.reply_audio import FRAME_SECONDS, convert_reply
+from server.sockets import REFUSAL_WAIT_S, SocketClosed
+
+if TYPE_CHECKING:
+    from aiosipua import CallSession, IncomingCall, SipRequest
+
+    from server.config import SipConfig
+
+log = logging.getLogger("chorus.server.sip")
+
+G722, PCMU, PCMA = 9, 0, 8
+NONCE_TTL_S = 300.0
+RTP_FRAME_S = 0.02
+_DISPLAY_NAME = re.compile(r"[^\w .'-]+")
+
+
+# --- who may call: digest authentication --------------------------------------------------------
+
+
+class DigestCheck:
+    """Server-side digest authentication (RFC 7616 / RFC 2617, MD5, `qop=auth` or none).
+
+    A nonce is a timestamp and its HMAC under the server's secret, so it needs no state and a
+    stale one (older than `NONCE_TTL_S`) is told apart from a wrong password."""
+
+    def __init__(self, realm: str, users: dict[str, str], secret: str) -> None:
+        self.realm = realm
+        self.users = users
+        self._key = hashlib.sha256(f"sip-nonce:{secret}".encode()).digest()
+
+    def nonce(self, now: float | None = None) -> str:
+        stamp = f"{int(now if now is not None else time.time()):x}"
+        return f"{stamp}.{self._sign(stamp)}"
+
+    def challenge(self, *, stale: bool = False) -> str:
+        extra = ", stale=true" if stale else ""
+        return (
+            f'Digest realm="{self.realm}", nonce="{self.nonce()}", algorithm=MD5, '
+            f'qop="auth"{extra}'
+        )
+
+    def _sign(self, stamp: str) -> str:
+        return hmac.new(self._key, stamp.encode(), hashlib.sha256).hexdigest()[:24]
+
+    def _nonce_state(self, nonce: str) -> str:
+        stamp, _, mac = nonce.partition(".")
+        if not hmac.compare_digest(mac, self._sign(stamp)):
+            return "bad"
+        try:
+            age = time.time() - int(stamp, 16)
+        except ValueError:
+            return "bad"
+        return "ok" if -5 <= age <= NONCE_TTL_S else "stale"
+
+    def check(self, authorization: str | None, method: str) -> tuple[str, str | None]:
+        """("ok", user), ("missing" | "stale", None): challenge; ("wrong", user or None): 403."""
+        if not authorization:
+            return "missing", None
+        from aiosipua.headers import parse_auth
+
+        try:
+            creds = parse_auth(authorization, credentials=True)
+        except Exception:
+            return "wrong", None
+        p = creds.params
+        user = p.get("username", "")
+        if creds.scheme.lower() != "digest" or p.get("realm") != self.realm:
+            return "wrong", None
+        state = self._nonce_state(p.get("nonce", ""))
+        if state == "bad":
+            return "wrong", None
+        if state == "stale":
+            return "stale", None
+        password = self.users.get(user)
+        if password is None or p.get("algorithm", "MD5").upper() != "MD5":
+            return "wrong", None
+
+        def h(text: str) -> str:
+            return hashlib.md5(text.encode()).hexdigest()
+
+        ha1 = h(f"{user}:{self.realm}:{password}")
+        ha2 = h(f"{method}:{p.get('uri', '')}")
+        if p.get("qop"):
+            expected = h(f"{ha1}:{p.get('nonce')}:{p.get('nc')}:{p.get('cnonce')}:auth:{ha2}")
+        else:
+            expected = h(f"{ha1}:{p.get('nonce')}:{ha2}")
+        if hmac.compare_digest(expected, p.get("response", "")):
+            return "ok", user
+        return "wrong", user
+
+
+# --- what a call is ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SipCallPlan:
+    room: str
+    declaration_name: str
+    participant: str
+    shared_mic: bool
+
+
+def room_of(invite: SipRequest) -> str | None:
+    """`X-Chorus-Room`, else the request URI's user part (`sip:ROOM@host`); None if not a
+    valid room id."""
+    from aiosipua.headers import parse_uri
+
+    room = invite.get_header("x-chorus-room")
+    if room is None:
+        try:
+            room = parse_uri(invite.uri).user or ""
+        except Exception:
+            return None
+    room = room.strip()
+    return room if re.fullmatch(ROOM_ID, room) else None
+
+
+def caller_name(invite: SipRequest, user: str) -> str:
+    """The From display name (cleaned), else the authenticated user; a display name that is
+    only a number is not used (never a raw phone number on a model-facing surface)."""
+    addr = invite.from_addr
+    display = (addr.display_name or "").strip().strip('"') if addr is not None else ""
+    display = _DISPLAY_NAME.sub("", display).strip()[:80]
+    if display and re.search(r"[^\d\s+().-]", display):
+        return display
+    return user
+
+
+def is_shared(invite: SipRequest, user: str, shared_users: list[str]) -> bool:
+    header = (invite.get_header("x-chorus-shared-mic") or "").strip().lower()
+    return header in ("1", "true", "yes") or user in shared_users
+
+
+# --- a leg as the server runs it -----------------------------------------------------------------
+
+
+class SipFraming:
+    """One SIP leg: decoded pcm16 at the codec's rate in, reply audio out at that rate."""
+
+    kind: ClassVar[StreamKind] = "sip"
+
+    def __init__(self, sample_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self.stream_id: str | None = None
+        self.on_dtmf: Callable[[str], None] | None = None
+
+    def declare(self, plan: SipCallPlan) -> StreamDeclaration:
+        return StreamDeclaration(
+            participant=plan.participant,
+            name=plan.declaration_name,
+            shared_mic=plan.shared_mic,
+            format=declared_format(self.sample_rate, "pcm16", 1),
+        )
+
+    def audio(self, message: str | bytes) -> bytes | None:
+        if isinstance(message, str):
+            return b""
+        return message[: len(message) - len(message) % 2]
+
+    def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
+        self.stream_id = stream_id
+        return []
+
+    def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
+        data = convert_reply(pcm16, sample_rate, self.sample_rate, "pcm16")
+        step = int(self.sample_rate * FRAME_SECONDS) * 2
+        return [data[i : i + step] for i in range(0, len(data), step)]
+
+
+class SipLeg:
+    """One accepted call as a `StreamSocket`: the caller's decoded audio (from aiortp's jitter
+    buffer) as messages until a BYE, a CANCEL or `rtp_timeout_s` without audio; binary messages
+    sent go out as RTP 20 ms frames paced at real time; `close` sends BYE (unless the caller
+    hung up) and closes the RTP session."""
+
+    def __init__(
+        self, call: IncomingCall, session: CallSession, rtp_timeout_s: float, max_queued: int = 500
+    ) -> None:
+        self.call = call
+        self.session = session
+        self.room = ""
+        self.remote = call.source_addr[0]
+        self.closed_cleanly = False
+        self.timed_out = False
+        self.dropped_frames = 0
+        self._rtp_timeout_s = rtp_timeout_s
+        self._audio: asyncio.Queue[bytes | None] = asyncio.Queue(max_queued)
+        self._hung_up = False
+        self._closed = False
+        self._due = 0.0
+        self._timestamp = 0
+        session.on_audio = self._on_audio
+
+    def _on_audio(self, pcm: bytes, timestamp: int) -> None:
+        try:
+            self._audio.put_nowait(pcm)
+        except asyncio.QueueFull:
+            self.dropped_frames += 1
+
+    def hung_up(self) -> None:
+        """The caller sent BYE (or CANCEL): the stream ends after what it already sent."""
+        self._hung_up = True
+        with contextlib.suppress(asyncio.QueueFull):
+            self._audio.put_nowait(None)
+
+    async def recv(self) -> bytes:
+        if self._closed:
+            raise SocketClosed("closed")
+        try:
+            item = await asyncio.wait_for(self._audio.get(), self._rtp_timeout_s)
+        except TimeoutError:
+            self.timed_out = True
+            self.closed_cleanly = True
+            log.info("sip leg %s: no RTP for %.0f s, hanging up", self.call.call_id,
+                     self._rtp_timeout_s)  # fmt: skip
+            raise SocketClosed("rtp timeout") from None
+        if item is None:
+            self.closed_cleanly = True
+            raise SocketClosed("caller hung up")
+        return item
+
+    async def messages(self) -> AsyncIterator[str | bytes]:
+        while True:
+            try:
+                yield await self.recv()
+            except SocketClosed:
+                if self.closed_cleanly:
+                    return
+                raise
+
+    async def send(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            return
+        if self._closed:
+            raise SocketClosed("closed")
+        rate = self.session.codec_sample_rate
+        clock = self.session.clock_rate
+        step = int(rate * RTP_FRAME_S) * 2
+        loop = asyncio.get_running_loop()
+        for i in range(0, len(message), step):
+            frame = message[i : i + step]
+            if len(frame) < step:
+                frame = frame + bytes(step - len(frame))
+            now = loop.time()
+            self._due = max(self._due, now)
+            wait = self._due - 0.06 - now
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self._closed:
+                raise SocketClosed("closed")
+            self.session.send_audio_pcm(frame, self._timestamp)
+            self._timestamp = (self._timestamp + int(clock * RTP_FRAME_S)) & 0xFFFFFFFF
+            self._due += RTP_FRAME_S
+
+    async def close(self, code: int, reason: str = "", *, within_s: float = REFUSAL_WAIT_S) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._hung_up:
+            with contextlib.suppress(Exception):
+                self.call.hangup()  # BYE
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.session.close(), within_s)
+
+    async def refuse(self, code: int, reason: str) -> None:
+        await self.close(code, reason)
+
+
+# --- the endpoint -------------------------------------------------------------------------------
+
+OnLeg = Callable[[SipLeg, SipFraming, SipCallPlan], Awaitable[None]]
+
+
+class SipEndpoint:
+    """The UAS on `[sip] listen` (UDP): INVITEs checked and answered here, each accepted call
+    handed to `on_leg` (the server runs it as a stream). `admit()` says whether the server takes
+    another call now: None, or the SIP status and reason to refuse it with."""
+
+    def __init__(
+        self,
+        config: SipConfig,
+        secret: str,
+        on_leg: OnLeg,
+        admit: Callable[[str], tuple[int, str] | None],
+    ) -> None:
+        from models.extras import require
+
+        require("sip", "the SIP endpoint ([sip] enabled)")
+        self.config = config
+        self.auth = DigestCheck(config.realm, dict(config.users), secret)
+        self._on_leg = on_leg
+        self._admit = admit
+        self._uas: Any = None
+        self._transport: Any = None
+        self.legs: dict[str, SipLeg] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.refused: dict[int, int] = {}
+
+    async def start(self) -> None:
+        from aiosipua import SipUAS
+        from aiosipua.transport import UdpSipTransport
+
+        from server.config import split_host_port
+
+        host, port = split_host_port(self.config.listen)
+        self._transport = UdpSipTransport(local_addr=(host, port))
+        class ChorusUAS(SipUAS):
+            """A request the library cannot take (a malformed SDP raises in its parser) is
+            answered 400 instead of going unanswered; the endpoint keeps serving."""
+
+            def _handle_request(self, request: SipRequest, addr: tuple[str, int]) -> None:
+                try:
+                    super()._handle_request(request, addr)
+                except Exception:
+                    log.info("sip: malformed %s from %s", request.method, addr[0])
+                    with contextlib.suppress(Exception):
+                        self._send_error(request, 400, "Bad Request (malformed message)")
+
+        self._uas = ChorusUAS(self._transport, user_agent="chorus")
+        self._uas.on_invite = self._on_invite
+        self._uas.on_bye = self._on_bye
+        self._uas.on_cancel = self._on_cancel
+        await self._uas.start()
+        udp = self._transport._udp_transport
+        if udp is not None:  # port 0: the one the system chose, for Via and Contact
+            self._transport.local_addr = udp.get_extra_info("sockname")[:2]
+
+    @property
+    def port(self) -> int:
+        return int(self._transport.local_addr[1])
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(task), 5)
+        if self._uas is not None:
+            await self._uas.stop()
+
+    def _reject(self, call: IncomingCall, status: int, reason: str,
+                headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.refused[status] = self.refused.get(status, 0) + 1
+        log.info("sip: refused INVITE from %s: %d %s", call.source_addr[0], status, reason)
+        call._send_response(status, reason, extra_headers=headers)
+        call.dialog.terminate()
+
+    def _on_invite(self, call: IncomingCall) -> None:
+        invite = call.invite
+        room = room_of(invite)
+        if room is None:
+            self._reject(call, 404, "Not Found (not a valid room id)")
+            return
+        verdict, user = self.auth.check(invite.get_header("authorization"), "INVITE")
+        if verdict in ("missing", "stale"):
+            self._reject(
+                call, 401, "Unauthorized",
+                {"WWW-Authenticate": self.auth.challenge(stale=verdict == "stale")},
+            )  # fmt: skip
+            return
+        if verdict != "ok" or user is None:
+            self._reject(call, 403, "Forbidden")
+            return
+        refusal = self._admit(room)
+        if refusal is not None:
+            self._reject(call, *refusal)
+            return
+        offer = call.sdp_offer
+        if offer is None or offer.audio is None:
+            self._reject(call, 488, "Not Acceptable Here (no audio offer)")
+            return
+        offered = {c.payload_type for c in offer.audio.codecs}
+        codecs = [G722] if G722 in offered else [PCMU, PCMA]
+        try:
+            from aiosipua import CallSession
+
+            session = CallSession(
+                self.config.media_host, _free_udp_port(self.config.media_host), offer,
+                supported_codecs=codecs, symmetric_rtp=True,
+            )  # fmt: skip
+        except Exception:
+            self._reject(call, 488, "Not Acceptable Here (no common codec)")
+            return
+        plan = SipCallPlan(
+            room=room,
+            declaration_name=caller_name(invite, user),
+            participant=f"sip-{user}-{hashlib.sha256(call.call_id.encode()).hexdigest()[:8]}",
+            shared_mic=is_shared(invite, user, list(self.config.shared_mic_users)),
+        )
+        task = asyncio.get_running_loop().create_task(self._answer(call, session, plan))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, call: IncomingCall, session: CallSession, plan: SipCallPlan) -> None:
+        try:
+            await session.start()
+        except Exception:
+            log.exception("sip: could not open RTP for %s", call.call_id)
+            self._reject(call, 500, "Server Internal Error")
+            return
+        _only_from_negotiated(session, call.source_addr[0])
+        leg = SipLeg(call, session, self.config.rtp_timeout_s)
+        leg.room = plan.room
+        framing = SipFraming(session.codec_sample_rate)
+        session.on_dtmf = lambda digit, duration: (
+            framing.on_dtmf(digit) if framing.on_dtmf is not None else None
+        )
+        call.accept(session.sdp_answer)
+        self.legs[call.call_id] = leg
+        try:
+            await self._on_leg(leg, framing, plan)
+        finally:
+            self.legs.pop(call.call_id, None)
+            await leg.close(1000)
+
+    def _on_bye(self, call: IncomingCall, request: SipRequest) -> None:
+        leg = self.legs.get(call.call_id)
+        if leg is not None:
+            leg.hung_up()
+
+    def _on_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        leg = self.legs.get(request.call_id or "")
+        if leg is not None:
+            leg.hung_up()
+
+
+def _free_udp_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _only_from_negotiated(session: CallSession, signalling_host: str) -> None:
+    """RTP from an address the call did not negotiate is dropped: aiortp takes packets from
+    anyone, so its receive callback gets a filter in front. Taken: the SDP's port from the SDP's
+    host or from the host the (authenticated) INVITE came from — a client behind NAT, or one
+    that offers its interface address but sends from loopback, is still heard; aiortp then
+    latches replies to where the audio really comes from (symmetric RTP)."""
+    rtp = session.rtp_session
+    protocol = getattr(rtp, "_rtp_transport", None)
+    receive = getattr(protocol, "_on_rtp", None)
+    sdp_host, sdp_port = session.remote_addr
+    hosts = {sdp_host, signalling_host}
+    if protocol is None or receive is None:
+        log.warning("sip: cannot filter RTP by source on this aiortp version")
+        return
+
+    def filtered(data: bytes, addr: tuple[str, int]) -> None:
+        if addr[0] in hosts and addr[1] == sdp_port:
+            receive(data, addr)
+        else:
+            dropped_rtp[0] += 1
+
+    protocol._on_rtp = filtered
+
+
+dropped_rtp = [0]
+"""RTP packets dropped for coming from an address no call negotiated (all calls, for tests)."""

@@ -1,0 +1,404 @@
+"""The SIP endpoint (`[sip]`, issue 29.1) against a real SIP client: Debian's `baresip`.
+
+baresip dials `sip:ROOM@127.0.0.1:PORT` with digest credentials, plays a WAV file into the call
+(`aufile`) and dumps what it hears (`sndfile`). STT is the local Deepgram-protocol server: it
+finds the received audio in the demo meeting and says the meeting's words and speakers, so a
+speakerphone leg's voices come back labelled. `make system-deps` installs baresip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from realtime.testing.openai_server import OpenAIRealtimeServer
+from server.auth import issue_token
+from server.client import EventFeed
+from server.sip import DigestCheck
+from server.testing.harness import SECRET, RunningServer, eventually, running_server_with_local_stt
+from voice.audio import read_audio_16k, resample
+from voice.testing.deepgram_server import MeetingWords
+
+pytestmark = pytest.mark.skipif(shutil.which("baresip") is None, reason="needs baresip (make system-deps)")
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
+BOUND_S = 120.0
+USERS = {"speakerphone": "s3cret-a", "dana": "s3cret-b"}
+
+
+def phone_wav(path: Path, start: float, end: float, silence: float = 1.0) -> Path:
+    audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
+    narrow = np.concatenate([resample(audio, 16000, 8000), np.zeros(int(silence * 8000), np.float32)])
+    sf.write(path, narrow, 8000, subtype="PCM_16")
+    return path
+
+
+def write_baresip_config(conf: Path, sip_port: int, user: str, password: str, wav: Path,
+                         display: str | None) -> None:  # fmt: skip
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "dump").mkdir(exist_ok=True)
+    (conf / "config").write_text(
+        "sip_listen 127.0.0.1:0\n"
+        f"audio_source aufile,{wav}\n"
+        "audio_player aufile,/dev/null\n"
+        "module_path /usr/lib/baresip/modules\n"
+        "module g711.so\nmodule aufile.so\nmodule sndfile.so\n"
+        f"snd_path {conf / 'dump'}\n"
+        "module account.so\nmodule menu.so\n"
+    )
+    name = f'"{display}" ' if display else ""
+    (conf / "accounts").write_text(
+        f"{name}<sip:{user}@127.0.0.1:{sip_port};transport=udp>;auth_pass={password};regint=0;"
+        "audio_codecs=PCMU\n"
+    )
+
+
+async def baresip(
+    conf: Path, sip_port: int, room: str, user: str, password: str, wav: Path, seconds: int,
+    display: str | None = None,
+) -> str:  # fmt: skip
+    """One baresip call: dial, play `wav`, hang up after `seconds`; its log. What it heard is
+    dumped under `conf/dump` (`sndfile`)."""
+    write_baresip_config(conf, sip_port, user, password, wav, display)
+    proc = await asyncio.create_subprocess_exec(
+        "baresip", "-f", str(conf), "-t", str(seconds), "-e", f"/dial sip:{room}@127.0.0.1:{sip_port}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
+    return out.decode(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def sip_server(**config: Any) -> AsyncIterator[RunningServer]:
+    section = {
+        "enabled": True, "listen": "127.0.0.1:0", "users": USERS,
+        "shared_mic_users": ["speakerphone"], **config.pop("sip", {}),
+    }  # fmt: skip
+    words = MeetingWords.from_meeting(MEETING)
+    async with running_server_with_local_stt({"sip": section, **config}, words) as srv:
+        yield srv
+
+
+def sip_port(srv: RunningServer) -> int:
+    assert srv.server.sip is not None
+    return srv.server.sip.port
+
+
+async def test_a_speakerphone_leg_and_a_one_person_leg_are_their_own_participants(
+    tmp_path: Path,
+) -> None:
+    async with sip_server() as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        port = sip_port(srv)
+        two_voices = phone_wav(tmp_path / "two.wav", 0.6, 8.95)  # Alice, then Bob
+        one_voice = phone_wav(tmp_path / "one.wav", 9.1, 12.6)  # one more voice, alone
+        logs = await asyncio.gather(
+            baresip(tmp_path / "a", port, "standup", "speakerphone", USERS["speakerphone"],
+                    two_voices, 12),
+            baresip(tmp_path / "b", port, "standup", "dana", USERS["dana"], one_voice, 8,
+                    display="Dana Lee"),
+        )  # fmt: skip
+        await eventually(
+            lambda: sum(m.type == "stream_stopped" for m in feed.received) == 2, BOUND_S,
+            "both legs to end",
+        )  # fmt: skip
+        await feed.close()
+    assert all("Call established" in log for log in logs), logs
+    starts = {m.participant: m for m in feed.received if m.type == "stream_started"}
+    assert len(starts) == 2 and {m.kind for m in starts.values()} == {"sip"}
+    phone = next(m for p, m in starts.items() if p.startswith("sip-speakerphone-"))
+    dana = next(m for p, m in starts.items() if p.startswith("sip-dana-"))
+    phone_turns = [t for t in feed.turns if t.stream == phone.stream]
+    dana_turns = [t for t in feed.turns if t.stream == dana.stream]
+    assert len({t.label for t in phone_turns}) >= 2, phone_turns  # two voices, diarized
+    assert "Good morning everyone" in " ".join(t.text for t in phone_turns)
+    assert dana_turns and {t.speaker for t in dana_turns} == {"Dana Lee"}
+
+
+async def test_a_call_hung_up_mid_utterance_keeps_what_was_said(tmp_path: Path) -> None:
+    """baresip hangs up (BYE) 3 s into Alice's 3.7 s of speech: the turn so far is committed."""
+    async with sip_server(stt={"diarize": False}) as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        wav = phone_wav(tmp_path / "cut.wav", 0.6, 8.95)
+        await baresip(tmp_path / "c", sip_port(srv), "standup", "dana", USERS["dana"], wav, 3,
+                      display="Dana Lee")  # fmt: skip
+        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
+        await feed.close()
+    said = " ".join(t.text for t in feed.turns)
+    assert "Good morning everyone" in said, feed.turns
+
+
+async def test_a_wrong_password_is_refused_and_nothing_joins(tmp_path: Path) -> None:
+    async with sip_server() as srv:
+        wav = phone_wav(tmp_path / "x.wav", 0.6, 2.0)
+        log = await baresip(tmp_path / "w", sip_port(srv), "standup", "dana", "wrong", wav, 4)
+        bad_room = await baresip(tmp_path / "r", sip_port(srv), "no%2Fslash", "dana",
+                                 USERS["dana"], wav, 4)  # fmt: skip
+        assert srv.server.sip is not None
+        refused = srv.server.sip.refused
+        assert refused.get(403, 0) >= 1 and refused.get(401, 0) >= 1, (refused, log)
+        assert refused.get(404, 0) >= 1, bad_room
+        assert "Call established" not in log
+        assert srv.server.metrics.streams_total["sip"] == 0
+
+
+async def test_a_reply_reaches_the_caller_as_audio(tmp_path: Path) -> None:
+    async with OpenAIRealtimeServer(replies=["Hello Dana."], reply_audio_seconds=1.5) as model:
+        config = {
+            "stt": {"diarize": False},
+            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
+            "policy": {"answer_only": ["Dana Lee"]},
+        }
+        async with sip_server(**config) as srv:
+            feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+            wav = phone_wav(tmp_path / "d.wav", 0.6, 4.3, silence=5.0)
+            await baresip(tmp_path / "d", sip_port(srv), "standup", "dana", USERS["dana"], wav,
+                          10, display="Dana Lee")  # fmt: skip
+            await feed.close()
+    assert any(m.type == "reply" for m in feed.received)
+    heard = sorted((tmp_path / "d" / "dump").glob("*dec*.wav"))
+    assert heard, list((tmp_path / "d" / "dump").iterdir())
+    audio, rate = sf.read(heard[0], dtype="int16")
+    loud = np.abs(audio.astype(np.int32)) > 500
+    assert loud.sum() / rate >= 0.5, "the reply was not heard"  # 1.5 s of reply, some quiet
+
+
+def test_digest_check_reads_a_right_wrong_and_stale_answer() -> None:
+    import hashlib
+
+    check = DigestCheck("chorus", {"dana": "pw"}, "secret")
+    nonce = check.nonce()
+
+    def answer(pw: str, nonce: str) -> str:
+        h = lambda s: hashlib.md5(s.encode()).hexdigest()  # noqa: E731
+        ha1, ha2 = h(f"dana:chorus:{pw}"), h("INVITE:sip:r@h")
+        resp = h(f"{ha1}:{nonce}:00000001:c0ffee:auth:{ha2}")
+        return (f'Digest username="dana", realm="chorus", nonce="{nonce}", uri="sip:r@h", '
+                f'response="{resp}", qop=auth, nc=00000001, cnonce="c0ffee"')  # fmt: skip
+
+    assert check.check(answer("pw", nonce), "INVITE") == ("ok", "dana")
+    assert check.check(answer("no", nonce), "INVITE")[0] == "wrong"
+    assert check.check(answer("pw", check.nonce(now=1.0)), "INVITE")[0] == "stale"
+    assert check.check(answer("pw", "1.forged"), "INVITE")[0] == "wrong"
+    assert check.check(None, "INVITE")[0] == "missing"
+
+
+# --- limits and bad input, with a minimal SIP client written here --------------------------------
+
+SIPP_BAD_SDP = Path(__file__).resolve().parent / "data" / "sipp" / "bad_sdp.xml"
+
+
+class RawCaller:
+    """Just enough of a SIP UA to send INVITEs (answering a digest challenge), ACK, BYE and
+    RTP by hand: for what a well-behaved client like baresip would never do."""
+
+    def __init__(self, server_port: int) -> None:
+        import socket
+        import uuid
+
+        self.server = ("127.0.0.1", server_port)
+        self.sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sip.bind(("127.0.0.1", 0))
+        self.sip.setblocking(False)
+        self.rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rtp.bind(("127.0.0.1", 0))
+        self.port = self.sip.getsockname()[1]
+        self.rtp_port = self.rtp.getsockname()[1]
+        self.call_id = uuid.uuid4().hex
+        self.cseq = 0
+        self.received: list[str] = []
+        self.to_tag = ""
+        self.answer_port = 0
+
+    def close(self) -> None:
+        self.sip.close()
+        self.rtp.close()
+
+    def request(self, method: str, room: str, headers: dict[str, str] | None = None,
+                body: str = "") -> None:  # fmt: skip
+        self.cseq += 1
+        lines = [
+            f"{method} sip:{room}@127.0.0.1:{self.server[1]} SIP/2.0",
+            f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch=z9hG4bK{self.call_id[:8]}{self.cseq}",
+            f"From: <sip:dana@127.0.0.1:{self.port}>;tag=t{self.call_id[:6]}",
+            f"To: <sip:{room}@127.0.0.1:{self.server[1]}>{self.to_tag}",
+            f"Call-ID: {self.call_id}",
+            f"CSeq: {self.cseq} {method}",
+            f"Contact: <sip:dana@127.0.0.1:{self.port}>",
+            "Max-Forwards: 70",
+            *(f"{k}: {v}" for k, v in (headers or {}).items()),
+        ]
+        if body:
+            lines.append("Content-Type: application/sdp")
+        lines += [f"Content-Length: {len(body)}", "", body]
+        self.sip.sendto("\r\n".join(lines).encode(), self.server)
+
+    def sdp(self) -> str:
+        return ("v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+                f"m=audio {self.rtp_port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
+                "a=rtpmap:101 telephone-event/8000\r\n")  # fmt: skip
+
+    async def until(self, predicate: Any, within_s: float = 30.0) -> str:
+        """The first message received (now or later) that `predicate` accepts."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        seen = 0
+        while True:
+            for message in self.received[seen:]:
+                if predicate(message):
+                    return message
+            seen = len(self.received)
+            if loop.time() > deadline:
+                raise TimeoutError(f"no such SIP message; got {self.received}")
+            with contextlib.suppress(TimeoutError):
+                data = await asyncio.wait_for(loop.sock_recv(self.sip, 65535), 0.2)
+                self.received.append(data.decode(errors="replace"))
+
+    async def status(self, within_s: float = BOUND_S) -> int:
+        """The next final response's status (100 Trying read past)."""
+        def final(m: str) -> bool:
+            return m.startswith("SIP/2.0 ") and not m.startswith("SIP/2.0 1")
+        message = await self.until(final, within_s)
+        self.received.remove(message)
+        self.last = message
+        return int(message.split(" ", 2)[1])
+
+    def header(self, name: str) -> str:
+        for line in self.last.split("\r\n"):
+            if line.lower().startswith(name.lower() + ":"):
+                return line.split(":", 1)[1].strip()
+        return ""
+
+    async def invite(self, room: str, password: str, headers: dict[str, str] | None = None) -> int:
+        """INVITE, answer the 401 with digest credentials; the final status. On 200: ACKed."""
+        import hashlib
+        import re as _re
+
+        self.request("INVITE", room, headers, self.sdp())
+        status = await self.status()
+        if status != 401:
+            return status
+        self.request("ACK", room)
+        nonce = _re.search(r'nonce="([^"]+)"', self.header("WWW-Authenticate"))
+        assert nonce is not None
+        uri = f"sip:{room}@127.0.0.1:{self.server[1]}"
+        h = lambda s: hashlib.md5(s.encode()).hexdigest()  # noqa: E731
+        ha1, ha2 = h(f"dana:chorus:{password}"), h(f"INVITE:{uri}")
+        response = h(f"{ha1}:{nonce.group(1)}:00000001:abcdef:auth:{ha2}")
+        auth = (f'Digest username="dana", realm="chorus", nonce="{nonce.group(1)}", '
+                f'uri="{uri}", response="{response}", qop=auth, nc=00000001, cnonce="abcdef"')  # fmt: skip
+        self.request("INVITE", room, {**(headers or {}), "Authorization": auth}, self.sdp())
+        status = await self.status()
+        if status == 200:
+            tag = _re.search(r";tag=([^;>\s]+)", self.header("To"))
+            self.to_tag = f";tag={tag.group(1)}" if tag else ""
+            port = _re.search(r"m=audio (\d+)", self.last)
+            self.answer_port = int(port.group(1)) if port else 0
+            self.request("ACK", room)
+        return status
+
+    def send_rtp(self, mulaw: bytes, sock: Any = None, seq0: int = 0) -> None:
+        """PCMU audio as 20 ms RTP packets, all at once (the jitter buffer keeps the order)."""
+        import struct as _struct
+
+        for n, i in enumerate(range(0, len(mulaw), 160)):
+            header = _struct.pack(">BBHII", 0x80, 0, (seq0 + n) & 0xFFFF, (seq0 + n) * 160, 0x1234)
+            (sock or self.rtp).sendto(header + mulaw[i : i + 160], ("127.0.0.1", self.answer_port))
+
+
+def pcmu(start: float, end: float, silence: float = 0.6) -> bytes:
+    from voice.audio import float_to_pcm16, mulaw_encode
+
+    audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
+    narrow = np.concatenate([resample(audio, 16000, 8000), np.zeros(int(silence * 8000), np.float32)])
+    return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
+
+
+async def test_malformed_sip_and_sdp_get_an_error_and_the_server_keeps_serving() -> None:
+    async with sip_server() as srv:
+        port = sip_port(srv)
+        if shutil.which("sipp") is not None:  # SIPp: an INVITE whose SDP does not parse
+            proc = await asyncio.create_subprocess_exec(
+                "sipp", f"127.0.0.1:{port}", "-sf", str(SIPP_BAD_SDP), "-s", "standup", "-m", "1",
+                "-i", "127.0.0.1", "-p", "0", "-timeout", "30s", "-nostdin",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            assert await asyncio.wait_for(proc.wait(), 60) == 0, "SIPp did not get its 400"
+        caller = RawCaller(port)
+        try:
+            caller.sip.sendto(b"\x00\xffnot sip at all", caller.server)  # dropped, no crash
+            caller.request("INVITE", "standup", body="v=0\r\nnonsense\r\n")  # no audio offer
+            assert await caller.status() == 401  # authentication comes first
+            caller.close()
+            caller = RawCaller(port)
+            assert await caller.invite("standup", USERS["dana"]) == 200  # still serving
+            assert srv.server.sip is not None and srv.server.sip.refused.get(401, 0) >= 2
+        finally:
+            caller.close()
+
+
+async def test_rtp_from_an_address_the_call_did_not_negotiate_is_dropped() -> None:
+    import socket
+
+    from server import sip as sip_module
+
+    async with sip_server() as srv:
+        caller = RawCaller(sip_port(srv))
+        stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        stranger.bind(("127.0.0.1", 0))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            before = sip_module.dropped_rtp[0]
+            caller.send_rtp(pcmu(0.6, 1.6, 0), sock=stranger)  # another port: not the SDP's
+            await eventually(lambda: sip_module.dropped_rtp[0] - before >= 50, BOUND_S, "drops")
+            assert srv.audio_read() == 0
+            caller.send_rtp(pcmu(0.6, 1.6, 0), seq0=100)  # the negotiated address: heard
+            await eventually(lambda: srv.audio_read() >= 0.5, BOUND_S, "the caller's audio")
+            caller.request("BYE", "standup")
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 0, BOUND_S)
+        finally:
+            stranger.close()
+            caller.close()
+
+
+async def test_a_caller_that_never_sends_audio_is_hung_up_and_calls_are_capped() -> None:
+    config = {"sip": {"rtp_timeout_s": 1.0, "max_calls_per_room": 1, "max_calls": 2}}
+    async with sip_server(**config) as srv:
+        silent, second, third, fourth = (RawCaller(sip_port(srv)) for _ in range(4))
+        try:
+            assert await silent.invite("standup", USERS["dana"]) == 200
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
+            assert await second.invite("standup", USERS["dana"]) == 486  # one call per room
+            assert await third.invite("other", USERS["dana"]) == 200
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 2, BOUND_S)
+            assert await fourth.invite("third", USERS["dana"]) == 503  # two calls in all
+            # no RTP for rtp_timeout_s: the server hangs the silent leg up with a BYE
+            await silent.until(lambda m: m.startswith("BYE "))
+        finally:
+            for caller in (silent, second, third, fourth):
+                caller.close()
+
+
+async def test_a_drain_says_bye_to_every_leg_after_its_last_turns() -> None:
+    async with sip_server(sip={"rtp_timeout_s": 60.0}, stt={"diarize": False}) as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        caller = RawCaller(sip_port(srv))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            caller.send_rtp(pcmu(0.6, 2.0, 0))  # "Good morning everyone." and no pause
+            await eventually(lambda: srv.audio_read() >= 1.3, BOUND_S, "audio")
+            stopping = asyncio.create_task(srv.server.stop())
+            await caller.until(lambda m: m.startswith("BYE "), BOUND_S)
+            await asyncio.wait_for(stopping, BOUND_S)
+        finally:
+            caller.close()
+            await feed.close()
+    assert "Good morning everyone" in " ".join(t.text for t in feed.turns)
