@@ -10,7 +10,7 @@ name; `check_participant` for a participant its token does not allow,
 once its stream is open (audio out of each message, the greeting, reply audio in its framing).
 
 Each wire protocol is one module of this shape (`server.device`, `server.twilio`,
-`server.audiosocket`); a new ingress (SIP) is one more. The server (`server.app`) keeps the sockets,
+`server.audiosocket`, `server.sip`); a new ingress is one more. The server (`server.app`) keeps the sockets,
 the tokens, the limits and the drain: a module never reads a socket, it parses what it is given.
 """
 

@@ -399,7 +399,7 @@ class SipEndpoint:
             self._reject(call, 488, "Not Acceptable Here (no audio offer)")
             return
         offered = {c.payload_type for c in offer.audio.codecs}
-        codecs = [G722] if G722 in offered else [PCMU, PCMA]
+        codecs = [G722] if G722 in offered and _has_g722() else [PCMU, PCMA]
         try:
             from aiosipua import CallSession
 
@@ -451,6 +451,14 @@ class SipEndpoint:
         leg = self.legs.get(request.call_id or "")
         if leg is not None:
             leg.hung_up()
+
+
+def _has_g722() -> bool:
+    """aiortp's G.722 needs sippy's libg722 (`aiortp[g722]`, in the `sip` extra); without it
+    calls fall back to G.711."""
+    import importlib.util
+
+    return importlib.util.find_spec("G722") is not None
 
 
 def _free_udp_port(host: str) -> int:
