@@ -32,7 +32,7 @@ import logging
 import re
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, WebSocket
@@ -73,6 +73,9 @@ from server.streaming import Drain, run_stream
 from server.twilio import SIGNATURE_HEADER, TwilioFraming, TwilioOpening, TwilioSignatures
 
 log = logging.getLogger("chorus.server")
+
+Opening = TypeVar("Opening")
+"""What a protocol's opening messages read into (`TwilioOpening`, `AudioSocketOpening`)."""
 
 TWILIO_ROUTE = "/v1/twilio"
 
@@ -439,15 +442,7 @@ class ChorusServer:
     async def _twilio_opening(self, ws: Socket, framing: TwilioFraming) -> TwilioOpening | None:
         """Messages up to `start`, all within one deadline from the connection's opening (a
         `connected`, `mark` or `dtmf` never extends it); None when the leg stopped first."""
-        deadline = asyncio.get_running_loop().time() + self.config.limits.start_timeout_s
-        try:
-            opening = None
-            while opening is None:
-                opening = framing.opening(await self._first_message(ws, deadline))
-        except StoppedBeforeStart:
-            await ws.close(CloseCode.NORMAL, "stopped before start")
-            return None
-        return opening
+        return await self._opening(ws, framing.opening, "stopped before start")
 
     # ------------------------------------------------------------------ AudioSocket call
 
@@ -508,13 +503,21 @@ class ChorusServer:
     ) -> AudioSocketOpening | None:
         """Frames up to the first audio, all within `limits.start_timeout_s` of the connection
         (a DTMF digit never extends it); None when the call hung up first."""
+        return await self._opening(ws, framing.opening, "hung up before audio")
+
+    async def _opening(
+        self, ws: StreamSocket, opening_of: Callable[[str | bytes], Opening | None], stopped: str
+    ) -> Opening | None:
+        """Messages read into `opening_of` until it gives the stream's opening, all within
+        `limits.start_timeout_s` of the connection (what it skips never extends it); None, with
+        the socket closed saying `stopped`, when the peer stopped first."""
         deadline = asyncio.get_running_loop().time() + self.config.limits.start_timeout_s
         try:
             opening = None
             while opening is None:
-                opening = framing.opening(await self._first_message(ws, deadline))
+                opening = opening_of(await self._first_message(ws, deadline))
         except StoppedBeforeStart:
-            await ws.close(CloseCode.NORMAL, "hung up before audio")
+            await ws.close(CloseCode.NORMAL, stopped)
             return None
         return opening
 

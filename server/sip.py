@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from server.framing import Outgoing, StreamDeclaration, StreamKind, declared_format
 from server.protocol import ROOM_ID
 from server.reply_audio import FRAME_SECONDS, convert_reply
-from server.sockets import REFUSAL_WAIT_S, SocketClosed
+from server.sockets import REFUSAL_WAIT_S, SocketClosed, messages_until_closed
 
 if TYPE_CHECKING:
     from aiosipua import CallSession, IncomingCall, SipRequest
@@ -250,14 +250,8 @@ class SipLeg:
             raise SocketClosed("caller hung up")
         return item
 
-    async def messages(self) -> AsyncIterator[str | bytes]:
-        while True:
-            try:
-                yield await self.recv()
-            except SocketClosed:
-                if self.closed_cleanly:
-                    return
-                raise
+    def messages(self) -> AsyncIterator[str | bytes]:
+        return messages_until_closed(self)
 
     async def send(self, message: str | bytes) -> None:
         if isinstance(message, str):

@@ -91,6 +91,24 @@ class StreamSocket(Protocol):
     async def refuse(self, code: int, reason: str) -> None: ...
 
 
+class _Receiving(Protocol):
+    closed_cleanly: bool
+
+    async def recv(self) -> str | bytes: ...
+
+
+async def messages_until_closed(socket: _Receiving) -> AsyncIterator[str | bytes]:
+    """`socket.recv()` until the peer closes cleanly (`closed_cleanly`); a broken connection
+    raises `SocketClosed`. Every `StreamSocket`'s `messages` (websocket, TCP, SIP leg)."""
+    while True:
+        try:
+            yield await socket.recv()
+        except SocketClosed:
+            if socket.closed_cleanly:
+                return
+            raise
+
+
 class Socket:
     """One accepted websocket, as the route handlers use it: `recv`, `send`, `close`.
 
@@ -128,15 +146,8 @@ class Socket:
             return bytes(data)
         return str(message.get("text") or "")
 
-    async def messages(self) -> AsyncIterator[str | bytes]:
-        """Messages until the peer closes cleanly; a broken connection raises `SocketClosed`."""
-        while True:
-            try:
-                yield await self.recv()
-            except SocketClosed:
-                if self.closed_cleanly:
-                    return
-                raise
+    def messages(self) -> AsyncIterator[str | bytes]:
+        return messages_until_closed(self)
 
     async def send(self, message: str | bytes) -> None:
         try:
@@ -277,14 +288,8 @@ class TcpSocket:
             self._ready.extend(self._splitter.feed(data))
         return self._ready.popleft()
 
-    async def messages(self) -> AsyncIterator[str | bytes]:
-        while True:
-            try:
-                yield await self.recv()
-            except SocketClosed:
-                if self.closed_cleanly:
-                    return
-                raise
+    def messages(self) -> AsyncIterator[str | bytes]:
+        return messages_until_closed(self)
 
     async def send(self, message: str | bytes) -> None:
         if isinstance(message, str):
