@@ -740,11 +740,13 @@ class ResultReader:
         if self.provider.diarizes and generation > 0:
             # replayed audio: a label whose words fall on words an earlier connection labelled
             # is that speaker (before duplicates are dropped: they are the evidence)
-            every: dict[object, list[tuple[float, float]]] = {}
+            # (only for labels not bound yet: once a connection's voices are bound, nothing)
+            unbound: dict[object, list[tuple[float, float]]] = {}
             for w, s, e in raw:
-                if w.speaker is not None:
-                    every.setdefault(w.speaker, []).append((s, e))
-            self.speakers.bind_by_time(generation, every, self._heard_before(generation))
+                if w.speaker is not None and self.speakers.letters.get((generation, w.speaker)) is None:
+                    unbound.setdefault(w.speaker, []).append((s, e))
+            if unbound:
+                self.speakers.bind_by_time(generation, unbound, self._heard_before(generation))
         if not result.is_final:
             words = tuple(Word(w.text, s, e, w.confidence, None) for w, s, e in raw)
             hints: tuple[str | None, ...] = ()
