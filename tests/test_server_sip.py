@@ -322,15 +322,15 @@ def pcmu(start: float, end: float, silence: float = 0.6) -> bytes:
     return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
 
 
-async def test_malformed_sip_and_sdp_get_an_error_and_the_server_keeps_serving() -> None:
+async def test_malformed_sip_and_sdp_get_an_error_and_the_server_keeps_serving(tmp_path: Path) -> None:
     async with sip_server() as srv:
         port = sip_port(srv)
         if shutil.which("sipp") is not None:  # SIPp: an INVITE whose SDP does not parse
             proc = await asyncio.create_subprocess_exec(
                 "sipp", f"127.0.0.1:{port}", "-sf", str(SIPP_BAD_SDP), "-s", "standup", "-m", "1",
                 "-i", "127.0.0.1", "-p", "0", "-timeout", "30s", "-nostdin",
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, cwd=tmp_path,
+            )  # fmt: skip (cwd: SIPp writes its error log there)
             assert await asyncio.wait_for(proc.wait(), 60) == 0, "SIPp did not get its 400"
         caller = RawCaller(port)
         try:
