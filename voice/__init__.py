@@ -9,6 +9,7 @@ across reconnects (`voice.speakers`), the diarization stage interface and its de
 assembler's decisions to the room (`voice.turn_writer`, with the hook payloads of
 `voice.events`), one stream (`voice.session`), the `VoiceChannel` (`voice.channel`), file
 transcription through the live path
-(`voice.transcribe`) and a local Deepgram-protocol server for tests (`voice.testing`).
+(`voice.transcribe`), names suggested from introductions (`voice.introductions`, a pure rule) and a
+local Deepgram-protocol server for tests (`voice.testing`).
 May import: models, attribution, rooms. Never imports diarization, realtime or server.
 """
