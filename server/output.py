@@ -17,8 +17,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from models import RoomEvent
-from rooms import Channel, HookContext, RoomContext
+from models import RoomEvent, VoiceTurn
+from rooms import Channel, HookContext, RoomContext, TurnAudioSource
+from server.excerpts import EXCERPT_RATE
 from server.framing import Outgoing
 from server.metrics import ServerMetrics
 from server.overload import DiarizationDegraded, DiarizationStatus
@@ -129,6 +130,7 @@ class ServerOutput(Channel):
         if corrected:
             self.metrics.turn_corrections_total += 1
         else:
+            self._keep_excerpt(live, event, turn)
             self.metrics.turns_total += 1
             latency = stream.latency_of(end) if stream is not None else None
             if latency is not None:
@@ -137,6 +139,20 @@ class ServerOutput(Channel):
         live.feed.publish(text)
         if stream is not None:
             self._send(stream, text)
+
+    def _keep_excerpt(self, live: LiveRoom, event: RoomEvent, turn: TurnMessage) -> None:
+        """The turn's audio joins its speaker's excerpt (`server.excerpts`), read from the voice
+        channel that posted it while the stream still holds it (this channel is inline)."""
+        try:
+            source = self.require_kit().get_channel(event.source.channel_id)
+        except KeyError:
+            return
+        voice_turn = VoiceTurn.of(event)
+        if voice_turn is None or not isinstance(source, TurnAudioSource):
+            return
+        pcm = source.turn_audio(voice_turn, EXCERPT_RATE)
+        if pcm:
+            live.excerpts.take((turn.stream, turn.label), pcm)
 
     def _send(self, stream: LiveStream, message: Outgoing) -> None:
         if not stream.send(message):

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from server.excerpts import VoiceExcerpts
 from server.feed import RenameBook, RoomFeed
 from server.framing import Outgoing, StreamDeclaration, StreamKind
 from server.pipeline import StreamAudio, StreamInfo
@@ -170,6 +171,8 @@ class LiveRoom:
     """A one-person stream's participant id → the name it was renamed to (kept in the store)."""
     last_active: float = field(default_factory=time.monotonic)
     """When a stream or a feed consumer last came or went (idle eviction counts from here)."""
+    excerpts: VoiceExcerpts = field(default_factory=VoiceExcerpts)
+    """The last seconds of each speaker's voice, for the page's speakers panel (in memory)."""
 
     def touch(self) -> None:
         self.last_active = time.monotonic()

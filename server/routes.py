@@ -369,6 +369,38 @@ class HttpRoutes:
                 headers={"Cache-Control": "no-store"},
             )
 
+        @app.get(
+            "/v1/rooms/{room}/speakers/excerpt",
+            response_class=Response,
+            responses={
+                **_AUTH_RESPONSES,
+                200: {"description": "The last seconds of the speaker's voice (mono 16 kHz "
+                      "16-bit WAV)", "content": {"audio/wav": {}}},
+                404: {"model": Problem,
+                      "description": "Nothing of that speaker is kept in the live room"},
+            },
+            summary="A few seconds of one speaker's voice, to tell who is who (the `feed` grant)",
+        )
+        async def speaker_excerpt(
+            room: RoomId,
+            label: Annotated[str | None, Query(
+                max_length=64, description="the raw speaker label (a shared mic's voices)")
+            ] = None,
+            stream: Annotated[str | None, Query(
+                max_length=128, description="the stream the speaker spoke on")
+            ] = None,
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> Response:
+            self._authorize(token, authorization, room, Grant.FEED)
+            live = self.rooms.rooms.get(room)
+            wav = None if live is None else live.excerpts.wav((stream, label))
+            if wav is None:
+                raise ProblemError(
+                    404, "no_excerpt", "no audio of that speaker is kept in this room"
+                )
+            return Response(wav, media_type="audio/wav", headers={"Cache-Control": "no-store"})
+
         @app.delete(
             "/v1/rooms/{room}",
             response_model=RoomDeleted,
