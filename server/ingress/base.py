@@ -132,25 +132,44 @@ class ReplyClient(Protocol):
     async def send_text(self, conversation: Conversation, text: str) -> None: ...
 
 
+MAX_PENDING_REPLIES = 64
+"""Replies waiting for one conversation's provider at most; past it (the provider's API is down
+or slower than the agents answer), the oldest waiting reply is dropped, logged and counted."""
+
+
 class ConversationChannel(Channel):
     """One provider conversation in its room: turns come in through `Ingress`, agents' replies
-    go back out through the provider's `ReplyClient`, one at a time and in order."""
+    go back out through the provider's `ReplyClient`, one at a time and in order, at most
+    `max_pending` waiting (the oldest is dropped past it: `dropped`)."""
 
     channel_type: ClassVar[str] = "chat"
 
-    def __init__(self, channel_id: str, conversation: Conversation, client: ReplyClient) -> None:
+    def __init__(
+        self,
+        channel_id: str,
+        conversation: Conversation,
+        client: ReplyClient,
+        max_pending: int = MAX_PENDING_REPLIES,
+    ) -> None:
         super().__init__(channel_id)
         self.conversation = conversation
         self.client = client
-        self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=max(1, max_pending))
         self._sender: asyncio.Task[None] | None = None
         self.failures = 0
+        self.dropped = 0
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
         if event.kind != "message" or event.source.channel_type not in AGENT_CHANNEL_TYPES:
             return  # people's turns are already in the conversation; only agents reply
         if not event.text.strip():
             return
+        if self._outbox.full():  # the provider is not keeping up: the oldest reply gives way
+            self._outbox.get_nowait()
+            self._outbox.task_done()
+            self.dropped += 1
+            log.warning("%s: %d replies waiting for the provider; the oldest is dropped",
+                        self.channel_id, self._outbox.maxsize)
         self._outbox.put_nowait(event.text)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_all(), name=f"reply-{self.channel_id}")
