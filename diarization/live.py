@@ -552,7 +552,7 @@ class LiveDiarizer:
             self._runs = {}  # speaker -> indices in _segments, in time order
             self._speech: dict[int, float] = {}  # speaker -> seconds decided
             self.decision_delays = []
-            self._prints = StagePrints(self._prints.model)
+            self._prints = StagePrints("")
 
     def feed(self, audio: Audio) -> SpeakerTimeline:
         samples = _checked(audio)
@@ -651,11 +651,12 @@ class LiveDiarizer:
         """Each anonymous voice's centroid (unit length) and decided speech so far, as of the
         last feed: a snapshot replaced whole after each feed, so reading it never waits for the
         lock a running feed holds (issue 27: the voice directory names voices by them)."""
-        return self._prints
-
-    def _snapshot_prints(self) -> None:
         if self._model_id is None:
             self._model_id = self.service.model_id
+        snapshot = self._prints
+        return StagePrints(self._model_id, snapshot.prints, snapshot.speech_s)
+
+    def _snapshot_prints(self) -> None:
         prints: dict[str, FloatArray] = {}
         speech: dict[str, float] = {}
         for k, speaker in enumerate(self._speakers):
@@ -664,7 +665,7 @@ class LiveDiarizer:
                 continue
             prints[speaker.name] = centroid
             speech[speaker.name] = round(self._speech.get(k, 0.0), 3)
-        self._prints = StagePrints(self._model_id, prints, speech)
+        self._prints = StagePrints("", prints, speech)
 
     def _window_audio(self, end: int) -> FloatArray:
         start = end - self._window
