@@ -33,7 +33,13 @@ from diarization.models import (
     default_embedding_model,
     default_segmentation_model,
 )
-from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline, StageAbilities
+from voice.diarization_stage import (
+    Audio,
+    SpeakerSegment,
+    SpeakerTimeline,
+    StageAbilities,
+    StagePrints,
+)
 from voice.turns import letter_label
 from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, speech_regions
 
@@ -73,11 +79,12 @@ class EmbeddedStage:
 
     sample_rate = SAMPLE_RATE
     abilities = StageAbilities(decides_late=True, recent_view=True, provisional_view=True,
-                               stretches_step=True, abandons=True)
+                               stretches_step=True, abandons=True, speaker_prints=True)
     """`voice.diarization_stage.LiveStage`: the live stream decides about a second late
     (`flush`), can hand over its recent segments (`recent`) and its provisional view, and can
     stretch its step under load (`stretch`) and drop its queued windows when the server takes
-    its stream off the stage (`abandon`)."""
+    its stream off the stage (`abandon`), and show its anonymous voices' prints (`speaker_prints`,
+    issue 27)."""
 
     def __init__(
         self,
@@ -253,6 +260,20 @@ class EmbeddedStage:
         """Who the live stream's windows say speaks on the frames not decided yet (may change;
         `LiveDiarizer.provisional`)."""
         return self._stream.provisional()
+
+    def speaker_prints(self) -> StagePrints:
+        """The live stream's anonymous voices: prints and speech so far (`LiveDiarizer`)."""
+        return self._stream.speaker_prints()
+
+    def live_voiceprint(self, audio: Audio) -> FloatArray:
+        """A clip's voiceprint on the live path's model (its speech, VAD; what the voice
+        directory keeps and compares with `speaker_prints`)."""
+        return self._stream.service.voiceprint(self._speech_of(audio))
+
+    @property
+    def live_model(self) -> str:
+        """The id of the model `live_voiceprint` and `speaker_prints` use."""
+        return self._stream.service.model_id
 
     @property
     def live_speakers(self) -> list[str]:

@@ -57,7 +57,7 @@ from diarization.live_models import LiveModels, default_live_models
 from diarization.models import FRAME_DURATION
 from voice.centroids import SpeakerCentroid as _Speaker
 from voice.centroids import unit_or_none
-from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline
+from voice.diarization_stage import Audio, SpeakerSegment, SpeakerTimeline, StagePrints
 from voice.embedding import fbank, release_freed_memory
 from voice.turns import letter_label
 
@@ -259,6 +259,12 @@ class ModelService:
     def voiceprint(self, audio: Audio) -> FloatArray:
         """A CAM++ voiceprint on the live trunk and pooling (enrollment; runs in the caller)."""
         return self.models.voiceprint(audio)
+
+    @property
+    def model_id(self) -> str:
+        """The id of the model its voiceprints come from (the exported trunk: the checkpoint's
+        digest and the export version), stored with every remembered print (issue 27)."""
+        return self.models.trunk_path.stem
 
     def analyse(
         self,
@@ -481,6 +487,8 @@ class LiveDiarizer:
         part of the decision latency; add the model time for the wall-clock latency). Off by
         default: a long stream would grow the list without bound."""
         self.decision_delays: list[float] = []
+        self._model_id: str | None = None
+        self._prints = StagePrints("")
         self.reset()
 
     # -- enrollment ------------------------------------------------------------------------
@@ -542,7 +550,9 @@ class LiveDiarizer:
             self._segments: list[SpeakerSegment] = []
             self._open: dict[int, int] = {}  # speaker -> index in _segments of its open run
             self._runs = {}  # speaker -> indices in _segments, in time order
+            self._speech: dict[int, float] = {}  # speaker -> seconds decided
             self.decision_delays = []
+            self._prints = StagePrints("")
 
     def feed(self, audio: Audio) -> SpeakerTimeline:
         samples = _checked(audio)
@@ -637,6 +647,26 @@ class LiveDiarizer:
     def speakers(self) -> list[str]:
         return [s.name for s in self._speakers]
 
+    def speaker_prints(self) -> StagePrints:
+        """Each anonymous voice's centroid (unit length) and decided speech so far, as of the
+        last feed: a snapshot replaced whole after each feed, so reading it never waits for the
+        lock a running feed holds (issue 27: the voice directory names voices by them)."""
+        if self._model_id is None:
+            self._model_id = self.service.model_id
+        snapshot = self._prints
+        return StagePrints(self._model_id, snapshot.prints, snapshot.speech_s)
+
+    def _snapshot_prints(self) -> None:
+        prints: dict[str, FloatArray] = {}
+        speech: dict[str, float] = {}
+        for k, speaker in enumerate(self._speakers):
+            centroid = speaker.centroid
+            if speaker.enrolled or centroid is None:
+                continue
+            prints[speaker.name] = centroid
+            speech[speaker.name] = round(self._speech.get(k, 0.0), 3)
+        self._prints = StagePrints("", prints, speech)
+
     def _window_audio(self, end: int) -> FloatArray:
         start = end - self._window
         lo = start - self._audio_start
@@ -684,6 +714,7 @@ class LiveDiarizer:
         for job, end, result in zip(jobs, ends, results, strict=True):
             self._integrate(end, result, job.shift_frames)
         self._last_end = ends[-1]
+        self._snapshot_prints()
         self._next_end = max(self._next_end, ends[-1] - ends[-1] % self._step + self._step)
         keep_from = self._next_end - self._window
         if keep_from > self._audio_start:
@@ -840,6 +871,7 @@ class LiveDiarizer:
             t1 = t0 + step
             for speaker in np.flatnonzero(active[offset]):
                 spk = int(speaker)
+                self._speech[spk] = self._speech.get(spk, 0.0) + step
                 index = self._open.get(spk)
                 if index is not None and abs(self._segments[index].end - t0) < 1e-6:
                     seg = self._segments[index]

@@ -6,8 +6,8 @@ kept with the room, G4), the speak policies that decide whether an agent answers
 the realtime channel), delegation of a task from one agent channel to another (G5), the stores
 (in-memory, SQLite, Postgres), each room's participants and register kept in memory between
 commits (`rooms.roster`), and the connect/retry policy (`Backoff`) of channels that hold a
-connection. Imports `models` and `attribution` only; voice, diarization, realtime and the server
-build on it.
+connection, and the voice directory's storage (`rooms.voices`: named voiceprints, issue 27).
+Imports `models` and `attribution` only; voice, diarization, realtime and the server build on it.
 """
 
 from rooms.ai import AIChannel, AIProvider, AIResponse, MockAIProvider
@@ -44,6 +44,7 @@ from rooms.store import (
     StoredEvent,
     open_store,
 )
+from rooms.voices import InMemoryVoices, RememberedVoice, Voiceprint, VoiceStore
 
 __all__ = [
     "AIChannel",
@@ -65,12 +66,14 @@ __all__ = [
     "HookResult",
     "HookTrigger",
     "InMemoryStore",
+    "InMemoryVoices",
     "InProcessLocks",
     "InboundResult",
     "Memory",
     "MockAIProvider",
     "OpenedStore",
     "Recall",
+    "RememberedVoice",
     "Room",
     "RoomContext",
     "RoomKit",
@@ -89,6 +92,8 @@ __all__ = [
     "TaskWorker",
     "TextChannel",
     "TurnAudioSource",
+    "VoiceStore",
+    "Voiceprint",
     "delegate_task",
     "open_kit",
     "open_store",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import types
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -24,6 +25,15 @@ from psycopg.types.json import Jsonb
 from models import Participant, RoomEvent
 from rooms.locks import RoomLockManager, idle
 from rooms.store import ChannelBinding, Room, RoomStore, thaw_event
+from rooms.voices import (
+    MAX_PRINTS_PER_VOICE,
+    RememberedVoice,
+    VoiceStore,
+    checked_name,
+    new_print,
+    new_voice_id,
+    voices_from_rows,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chorus_rooms (
@@ -47,6 +57,13 @@ CREATE TABLE IF NOT EXISTS chorus_revisions (room_id text PRIMARY KEY, revision 
 CREATE TABLE IF NOT EXISTS chorus_memory_state (
     room_id text NOT NULL, key text NOT NULL, data jsonb NOT NULL, PRIMARY KEY (room_id, key));
 CREATE INDEX IF NOT EXISTS chorus_events_room_seq ON chorus_events (room_id, seq);
+CREATE TABLE IF NOT EXISTS chorus_voices (
+    id text PRIMARY KEY, name text NOT NULL UNIQUE, created double precision NOT NULL,
+    last_heard double precision);
+CREATE TABLE IF NOT EXISTS chorus_voiceprints (
+    id text PRIMARY KEY, voice_id text NOT NULL, model text NOT NULL, vector bytea NOT NULL,
+    source text NOT NULL, created double precision NOT NULL);
+CREATE INDEX IF NOT EXISTS chorus_voiceprints_voice ON chorus_voiceprints (voice_id);
 """
 
 _IN_WINDOW = (
@@ -75,8 +92,8 @@ async def _thawed(rows: list[tuple[Any, ...]]) -> list[RoomEvent]:
     return await asyncio.to_thread(lambda: [thaw_event(r[0]) for r in rows])
 
 
-class PostgresStore(RoomStore):
-    """`RoomStore` on one Postgres connection (queries serialised per process)."""
+class PostgresStore(RoomStore, VoiceStore):
+    """`RoomStore` (and the voice directory, `rooms.voices`) on one Postgres connection (queries serialised per process)."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self._conn = conn
@@ -313,6 +330,48 @@ class PostgresStore(RoomStore):
             "ON CONFLICT (room_id, key) DO UPDATE SET data = EXCLUDED.data",
             (room_id, key, Jsonb(value)),
         )
+
+
+    # ----------------------------------------------------------------- the voice directory
+
+    async def remember_print(self, name: str, model: str, vector: bytes, source: str
+                             ) -> RememberedVoice:
+        name = checked_name(name)
+        async with self._query_lock, self._conn.transaction(), self._conn.cursor() as cur:
+            await cur.execute(
+                "INSERT INTO chorus_voices (id, name, created) VALUES (%s, %s, %s) "
+                "ON CONFLICT (name) DO NOTHING", (new_voice_id(), name, time.time()))
+            await cur.execute("SELECT id FROM chorus_voices WHERE name = %s", (name,))
+            row = await cur.fetchone()
+            assert row is not None
+            voice_id = str(row[0])
+            made = new_print(voice_id, model, vector, source)
+            await cur.execute(
+                "INSERT INTO chorus_voiceprints (id, voice_id, model, vector, source, created) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                (made.id, voice_id, made.model, made.vector, made.source, made.created))
+            await cur.execute(
+                "DELETE FROM chorus_voiceprints WHERE voice_id = %s AND id NOT IN (SELECT id "
+                "FROM chorus_voiceprints WHERE voice_id = %s ORDER BY created DESC, id DESC "
+                "LIMIT %s)", (voice_id, voice_id, MAX_PRINTS_PER_VOICE))
+        voice = next((v for v in await self.list_voices() if v.name == name), None)
+        assert voice is not None
+        return voice
+
+    async def list_voices(self) -> list[RememberedVoice]:
+        people = await self._rows("SELECT id, name, created, last_heard FROM chorus_voices")
+        prints = await self._rows(
+            "SELECT id, voice_id, model, vector, source, created FROM chorus_voiceprints")
+        return voices_from_rows(people, prints)
+
+    async def forget_voice(self, voice_id: str) -> bool:
+        async with self._query_lock, self._conn.transaction(), self._conn.cursor() as cur:
+            await cur.execute("DELETE FROM chorus_voiceprints WHERE voice_id = %s", (voice_id,))
+            await cur.execute("DELETE FROM chorus_voices WHERE id = %s", (voice_id,))
+            return bool(cur.rowcount)
+
+    async def voice_heard(self, voice_id: str, at: float) -> None:
+        await self._rows("UPDATE chorus_voices SET last_heard = %s WHERE id = %s", (at, voice_id))
 
 
 class _AdvisoryLock(AbstractAsyncContextManager[None]):

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,15 @@ from typing import Any, TypeVar
 
 from models import Participant, RoomEvent
 from rooms.store import ChannelBinding, Room, RoomStore, StoredEvent, freeze_event, thaw_event
+from rooms.voices import (
+    MAX_PRINTS_PER_VOICE,
+    RememberedVoice,
+    VoiceStore,
+    checked_name,
+    new_print,
+    new_voice_id,
+    voices_from_rows,
+)
 
 T = TypeVar("T")
 
@@ -66,6 +76,12 @@ CREATE TABLE IF NOT EXISTS register_entries (
     room_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (room_id, seq));
 CREATE TABLE IF NOT EXISTS memory_state (
     room_id TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (room_id, key));
+CREATE TABLE IF NOT EXISTS voices (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, created REAL NOT NULL, last_heard REAL);
+CREATE TABLE IF NOT EXISTS voiceprints (
+    id TEXT PRIMARY KEY, voice_id TEXT NOT NULL, model TEXT NOT NULL, vector BLOB NOT NULL,
+    source TEXT NOT NULL, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS voiceprints_voice ON voiceprints (voice_id);
 """
 
 _IN_WINDOW = (
@@ -126,8 +142,8 @@ class SQLiteLock:
             os.close(self._fds.pop())  # closing the descriptor drops its flock
 
 
-class SQLiteStore(RoomStore):
-    """`RoomStore` in one SQLite file, its queries on a worker thread of its own."""
+class SQLiteStore(RoomStore, VoiceStore):
+    """`RoomStore` (and the voice directory, `rooms.voices`) in one SQLite file, its queries on a worker thread of its own."""
 
     def __init__(self, path: str | Path, *, cache_events: int = 20_000) -> None:
         self.path = str(path)
@@ -497,3 +513,61 @@ class SQLiteStore(RoomStore):
             "ON CONFLICT (room_id, key) DO UPDATE SET data = excluded.data",
             (room_id, key, json.dumps(value)),
         )
+
+    # ----------------------------------------------------------------- the voice directory
+
+    async def remember_print(self, name: str, model: str, vector: bytes, source: str
+                             ) -> RememberedVoice:
+        name = checked_name(name)
+
+        def run() -> None:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute("SELECT id FROM voices WHERE name = ?", (name,)).fetchone()
+                voice_id = row[0] if row else new_voice_id()
+                if row is None:
+                    db.execute("INSERT INTO voices (id, name, created) VALUES (?, ?, ?)",
+                               (voice_id, name, time.time()))
+                made = new_print(voice_id, model, vector, source)
+                db.execute(
+                    "INSERT INTO voiceprints (id, voice_id, model, vector, source, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (made.id, voice_id, made.model, made.vector, made.source, made.created))
+                db.execute(
+                    "DELETE FROM voiceprints WHERE voice_id = ? AND id NOT IN (SELECT id FROM "
+                    "voiceprints WHERE voice_id = ? ORDER BY created DESC, id DESC LIMIT ?)",
+                    (voice_id, voice_id, MAX_PRINTS_PER_VOICE))
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+        await self._call(run)
+        voice = next((v for v in await self.list_voices() if v.name == name), None)
+        assert voice is not None
+        return voice
+
+    async def list_voices(self) -> list[RememberedVoice]:
+        people = await self._rows("SELECT id, name, created, last_heard FROM voices")
+        prints = await self._rows(
+            "SELECT id, voice_id, model, vector, source, created FROM voiceprints")
+        return voices_from_rows(people, prints)
+
+    async def forget_voice(self, voice_id: str) -> bool:
+        def run() -> bool:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM voiceprints WHERE voice_id = ?", (voice_id,))
+                gone = db.execute("DELETE FROM voices WHERE id = ?", (voice_id,)).rowcount
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return bool(gone)
+
+        return await self._call(run)
+
+    async def voice_heard(self, voice_id: str, at: float) -> None:
+        await self._rows("UPDATE voices SET last_heard = ? WHERE id = ?", (at, voice_id))

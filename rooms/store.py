@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from models import CompositeContent, Content, Participant, RoomEvent
 from models.extras import require
 from rooms.locks import InProcessLocks, RoomLockManager
+from rooms.voices import InMemoryVoices
 
 
 def _immutable(*_: Any, **__: Any) -> NoReturn:
@@ -296,12 +297,13 @@ class _Timeline:
         return self.events[max(0, position - max(before, 0)) : position + max(after, 0) + 1]
 
 
-class InMemoryStore(RoomStore):
-    """Everything in dictionaries. Events are frozen once and shared; rooms, bindings,
+class InMemoryStore(RoomStore, InMemoryVoices):
+    """Everything in dictionaries (the voice directory too, `rooms.voices`). Events are frozen once and shared; rooms, bindings,
     participants, registers and memory state are copied in and out, so no caller can change
     stored state."""
 
     def __init__(self) -> None:
+        InMemoryVoices.__init__(self)
         self._rooms: dict[str, Room] = {}
         self._bindings: dict[str, dict[str, ChannelBinding]] = {}
         self._senders: dict[tuple[str, str], str] = {}

@@ -171,6 +171,7 @@ class ChorusServer:
             warnings.simplefilter("ignore")
             config.load()
         server.lifespan = config.lifespan_class(config)
+        await self.rooms.load_voices()  # before the first stream can open
         await server.startup()
         if not server.started:
             raise OSError(f"could not listen on {host}:{port}")

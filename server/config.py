@@ -394,6 +394,29 @@ def default_store_url() -> str:
     return "sqlite:///" + str(Path(platformdirs.user_data_dir("chorus")) / "chorus.db").lstrip("/")
 
 
+class VoicesConfig(_Section):
+    """`[voices]`: the voice directory (issue 27, docs/voices.md): named voiceprints kept in the
+    server's store that name voices in every room. Off by default: a voiceprint is biometric
+    data, kept only when someone turns this on."""
+
+    enabled: bool = False
+    auto: float = Field(default=0.6, ge=-1.0, le=1.0)
+    """Cosine similarity of a voice with a remembered person's print at or above which the voice
+    takes the name (docs/benchmarks.md, "Voice directory")."""
+    suggest: float = Field(default=0.45, ge=-1.0, le=1.0)
+    """From this up to `auto`, the voice keeps its letter and the feed hears a suggestion."""
+    min_speech_s: float = Field(default=5.0, ge=1.0)
+    """`remember` refuses a speaker with less speech than this (its print would be noise)."""
+    min_heard_s: float = Field(default=2.0, ge=0.0)
+    """A voice is compared with the directory once it has spoken this long."""
+
+    @model_validator(mode="after")
+    def _tiers_in_order(self) -> VoicesConfig:
+        if self.suggest > self.auto:
+            raise ValueError("need suggest <= auto")
+        return self
+
+
 class StoreConfig(_Section):
     url: str | None = None
     """Where rooms are kept: `sqlite:///var/lib/chorus/chorus.db` (the default is `chorus.db` in
@@ -433,6 +456,7 @@ class ServerConfig(_Section):
     sip: SipConfig = Field(default_factory=SipConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    voices: VoicesConfig = Field(default_factory=VoicesConfig)
 
 
 class ConfigError(ValueError):
@@ -454,6 +478,7 @@ _SECTIONS = (
     "sip",
     "limits",
     "store",
+    "voices",
 )
 _LIST_FIELDS = {("policy", "answer_only"), ("agent", "command"), ("sip", "shared_mic_users")}
 

@@ -33,11 +33,12 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Literal
 
 from models import InboundMessage, RoomEvent, TextContent
-from rooms import HookTrigger, RoomKit
+from rooms import HookTrigger, RoomKit, VoiceStore
 from server.chat import ChatInput, ChatRateLimit
-from server.config import ServerConfig
+from server.config import ConfigError, ServerConfig
 from server.feed import FeedConsumer, RoomFeed
 from server.framing import Outgoing, StreamDeclaration, StreamKind
 from server.metrics import ServerMetrics
@@ -47,6 +48,7 @@ from server.pipeline import Pipeline, StreamInfo, StreamStatus
 from server.protocol import DtmfMessage, dump
 from server.renames import RoomRenames
 from server.room_state import KeyLock, LiveRoom, LiveStream, StreamPacer, held
+from server.voices import VoiceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,15 @@ class LiveRooms:
         """Typed messages per room and client (`limits.chat_burst`, `limits.chat_rate`)."""
         self.renames = RoomRenames(self.kit, self.rooms, self._sessions)
         """Renames from the feed (`rename`), applied to turns by an ON_TRANSCRIPTION hook."""
+        self.voices: VoiceDirectory | None = None
+        """The voice directory (`[voices] enabled`), naming voices through the rename hook."""
+        if config.voices.enabled:
+            store = self.kit.store
+            if not isinstance(store, VoiceStore):
+                raise ConfigError(
+                    f"voices.enabled: the {type(store).__name__} store cannot keep voices")
+            self.voices = VoiceDirectory(store, config.voices, self.renames.suggest)
+            self.renames.voices = self.voices
         self._room_locks: dict[str, KeyLock] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._stream_count = 0
@@ -134,6 +145,33 @@ class LiveRooms:
             yield
 
     # ------------------------------------------------------------------ idle rooms
+
+    async def load_voices(self) -> None:
+        """Read the voice directory from the store (`[voices] enabled`; before streams open)."""
+        if self.voices is not None:
+            await self.voices.load()
+
+    def suggest(
+        self,
+        room_id: str,
+        label: str,
+        name: str,
+        source: Literal["voice", "introduction"],
+        stream_id: str | None = None,
+        voice_id: str | None = None,
+    ) -> None:
+        """Publish a `speaker_suggestion` for `label` to the room's feed (`RoomRenames.suggest`,
+        the one path of every suggestion: the voice directory's and introductions')."""
+        self.renames.suggest(room_id, label, name, source, stream_id, voice_id)
+
+    async def forget_voice(self, voice_id: str) -> bool:
+        """Delete a remembered person from the store and from every open stream at once: what
+        its voice named (and the renames `remember` made) read as letters from the next turn."""
+        assert self.voices is not None
+        gone, unnamed = await self.voices.forget(voice_id)
+        for stream, label, name in unnamed:
+            self.renames.unname(stream.room_id, stream.id, label, name)
+        return gone
 
     def start(self) -> None:
         """Start evicting idle rooms (`limits.idle_room_seconds`; 0: never). Needs the loop."""

@@ -40,7 +40,7 @@ from server.overload import (
 )
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
-from voice.diarization_stage import DiarizationStage
+from voice.diarization_stage import ClipPrints, DiarizationStage, SpeakerPrints, StagePrints
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
 
@@ -79,6 +79,11 @@ class StreamAudio(Protocol):
         """End of stream: flush the last turns and close the session."""
         ...
 
+    def speaker_prints(self) -> StagePrints | None:
+        """The stream's stage's anonymous voices now (issue 27); None without a stage that
+        shows them, or while the stream is off its stage."""
+        ...
+
 
 class Pipeline(Protocol):
     async def attach_room(self, kit: RoomKit, room_id: str) -> None: ...
@@ -97,6 +102,12 @@ class Pipeline(Protocol):
 
     def stage_load(self) -> StageLoad | None:
         """The diarization stage's load now (None: no stream can use a stage)."""
+        ...
+
+    async def clip_voiceprint(self, audio: Any) -> tuple[str, Any]:
+        """(model id, unit voiceprint) of a 16 kHz clip on the model the stages' voices are
+        printed with (the voice directory's enrollment); ValueError for a clip that cannot
+        make one (too little speech), LookupError when no stage can print voices."""
         ...
 
     async def close(self) -> None: ...
@@ -174,6 +185,8 @@ class VoicePipeline:
         """Open stage streams (on the stage or fallen back), by session id."""
         self._last_check = -math.inf
         self._tasks: set[asyncio.Task[None]] = set()
+        self._printer: DiarizationStage | None = None
+        """A stage kept for printing clips (the voice directory), made on first use."""
 
     @property
     def diarizes_with_stage(self) -> bool:
@@ -261,6 +274,17 @@ class VoicePipeline:
             if self.enrollments:
                 await asyncio.to_thread(enroll_voices, stage, self.enrollments)
             return stage
+
+    async def clip_voiceprint(self, audio: Any) -> tuple[str, Any]:
+        if self._printer is None:
+            if not self.diarizes_with_stage:
+                raise LookupError("no diarization stage: voices cannot be printed")
+            self._printer = await self._new_stage()
+        printer = self._printer
+        if not isinstance(printer, ClipPrints):
+            raise LookupError(f"the {type(printer).__name__} stage cannot print voices")
+        vector = await asyncio.to_thread(printer.live_voiceprint, audio)
+        return printer.live_model, vector
 
     async def open_stream(
         self, kit: RoomKit, info: StreamInfo, on_status: StreamStatusCallback | None = None
@@ -412,6 +436,13 @@ class VoiceStreamAudio:
             return
         if self._on_audio is not None:
             self._on_audio()
+
+    def speaker_prints(self) -> StagePrints | None:
+        driver = self.session.stage
+        if driver is None or driver.suspended or not driver.abilities.speaker_prints:
+            return None
+        stage = driver.stage
+        return stage.speaker_prints() if isinstance(stage, SpeakerPrints) else None
 
     async def finish(self) -> None:
         try:

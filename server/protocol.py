@@ -154,6 +154,21 @@ class RenamedMessage(_Wire):
     stream: str | None = None
 
 
+class SpeakerSuggestionMessage(_Wire):
+    """Who a speaker label may be (feed only; never applied by itself): `source` says what
+    suggests it — `voice`, the voice directory (its voice is near a remembered person's, below
+    the `auto` threshold; `voice` is that person's id), or `introduction` (what they said).
+    Confirming it is a `rename` (or `POST …/speakers/remember`)."""
+
+    type: Literal["speaker_suggestion"] = "speaker_suggestion"
+    room: str
+    label: str
+    name: str
+    source: Literal["voice", "introduction"]
+    stream: str | None = None
+    voice: str | None = None
+
+
 class StreamEventMessage(_Wire):
     """A device or phone leg joined or left the room (feed only)."""
 
@@ -233,6 +248,7 @@ FeedMessage = (
     | SpeakerChangeMessage
     | ReplyMessage
     | RenamedMessage
+    | SpeakerSuggestionMessage
     | StreamEventMessage
     | DtmfMessage
     | ChatMessage

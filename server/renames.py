@@ -19,12 +19,15 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rooms import HookContext, HookResult, RoomKit
-from server.protocol import RenamedMessage, dump
+from server.protocol import RenamedMessage, SpeakerSuggestionMessage, dump
 from server.room_state import KeyLock, LiveRoom, LiveStream, held
 from voice.channel import TranscriptionEvent
+
+if TYPE_CHECKING:
+    from server.voices import VoiceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,8 @@ class RoomRenames:
         """The registry's open streams, by the `voice_session_id` their turns carry."""
         self._saves: set[asyncio.Task[None]] = set()
         self._save_locks: dict[str, KeyLock] = {}
+        self.voices: VoiceDirectory | None = None
+        """The voice directory (`[voices] enabled`): names a shared-mic voice no rename names."""
 
     def rename(self, room_id: str, label: str, name: str, stream_id: str | None = None) -> None:
         """From now on turns of `label` (in `stream_id`, or any stream) read `name` (V6 path)."""
@@ -67,6 +72,32 @@ class RoomRenames:
         live.feed.publish(
             dump(RenamedMessage(room=room_id, label=label, name=name, stream=stream_id))
         )
+
+    def suggest(
+        self,
+        room_id: str,
+        label: str,
+        name: str,
+        source: Literal["voice", "introduction"],
+        stream_id: str | None = None,
+        voice_id: str | None = None,
+    ) -> None:
+        """Tell the room's feed that `label` (of `stream_id`, or any stream) may be `name`
+        (`speaker_suggestion`); nothing is renamed: a client confirms with a rename. The one
+        path every suggestion takes (the voice directory's, and what introductions suggest)."""
+        live = self.rooms.get(room_id)
+        if live is None:
+            return
+        live.feed.publish(dump(SpeakerSuggestionMessage(
+            room=room_id, label=label, name=name, source=source, stream=stream_id,
+            voice=voice_id)))
+
+    def unname(self, room_id: str, stream_id: str, label: str, name: str) -> None:
+        """Drop the rename of `label` in `stream_id` when it still reads `name` (its remembered
+        voice was forgotten)."""
+        live = self.rooms.get(room_id)
+        if live is not None and live.renames.get((stream_id, label)) == name:
+            del live.renames[(stream_id, label)]
 
     def current_names(self, room_id: str) -> Callable[[Mapping[str, Any]], str | None]:
         """What a committed voice turn of the room reads now (its metadata in, a name or None
@@ -108,6 +139,10 @@ class RoomRenames:
             if name == value.sender_name:
                 return None
             return HookResult.modify(dataclasses.replace(value, sender_name=name))
+        if name is None and stream is not None and self.voices is not None:
+            naming = self.voices.name_for(stream, label, value.sender_name)
+            if naming is not None:
+                name = naming.name
         if name is None or name == value.sender_name:
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=name))

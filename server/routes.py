@@ -12,6 +12,8 @@ this app and adds its socket routes after these.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from models import RoomEvent
+from rooms.voices import RememberedVoice
 from server.audiosocket import PARTICIPANT, AudioSocketCall, AudioSocketCalls
 from server.auth import Grant, RoomGrant, TokenError, TokenProblem, verify_token
 from server.chat import ChatPost, ChatPosted, client_key, retry_after, typist_id
@@ -34,6 +37,8 @@ from server.live import LiveRooms
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import ServerMetrics
 from server.protocol import ROOM_ID, error_location
+from server.voices import VoiceDirectory, VoicesError
+from voice.audio import AudioError, read_audio_16k
 from voice.transcribe import Turn, format_turns
 
 
@@ -156,6 +161,64 @@ class AudioSocketRoute(BaseModel):
 
 class AudioSocketRouted(AudioSocketRoute):
     uuid: str
+
+
+class RememberSpeaker(BaseModel):
+    """`POST /v1/rooms/{room}/speakers/remember`: keep `label`'s voice as `name`'s."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str = Field(min_length=1, max_length=80)
+    name: str = Field(min_length=1, max_length=80)
+    stream: str | None = Field(default=None, min_length=1, max_length=64)
+    """The stream whose voice it is (needed only when two open streams have the label)."""
+
+
+class VoiceInfo(BaseModel):
+    """A remembered person as the directory shows them: never a print's vector."""
+
+    id: str
+    name: str
+    prints: int
+    """How many prints are kept (one per meeting remembered or clip enrolled)."""
+    created: float
+    """When first remembered (unix seconds)."""
+    last_heard: float | None
+    """When a room last named them (unix seconds; None: never yet)."""
+
+
+class SpeakerRemembered(BaseModel):
+    room: str
+    label: str
+    name: str
+    stream: str
+    voice: VoiceInfo
+
+
+class VoiceClip(BaseModel):
+    """`POST /v1/voices`: enroll `name` from a clip of their speech."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=80)
+    audio: str = Field(min_length=1)
+    """A WAV (or any format `chorus transcribe` reads), base64; a few seconds of speech."""
+
+
+class VoiceForgotten(BaseModel):
+    id: str
+    deleted: Literal[True] = True
+
+
+def voice_info(voice: RememberedVoice) -> VoiceInfo:
+    return VoiceInfo(id=voice.id, name=voice.name, prints=len(voice.prints),
+                     created=voice.created, last_heard=voice.last_heard)
+
+
+VOICE_CLIP_MAX_BYTES = 8 * 1024 * 1024
+"""Largest `POST /v1/voices` body (about a minute of 48 kHz 16-bit WAV, base64)."""
+SERVER_WIDE = "*"
+"""The room claim of a server-wide token (`chorus token '*' --grant admin`)."""
 
 
 class RoomDeleted(BaseModel):
@@ -562,21 +625,159 @@ class HttpRoutes:
                 raise ProblemError(status, "handshake_refused", text)
             return PlainTextResponse(text)
 
+        voice_responses: dict[int | str, dict[str, Any]] = {
+            401: _AUTH_RESPONSES[401],
+            403: {"model": Problem, "description": "Not a server-wide admin token (`chorus "
+                  "token '*' --grant admin`): a room's token is refused"},
+            404: {"model": Problem, "description": "The voice directory is off (`[voices] "
+                  "enabled`), or no such voice"},
+        }
+
+        @app.post(
+            "/v1/rooms/{room}/speakers/remember",
+            response_model=SpeakerRemembered,
+            status_code=201,
+            responses={
+                **_AUTH_RESPONSES,
+                404: {"model": Problem, "description": "The directory is off, the room is not "
+                      "live, or no open stream has that label"},
+                409: {"model": Problem, "description": "Two open streams have that label"},
+                422: {"model": Problem, "description": "Too little of the speaker's speech "
+                      "(`voices.min_speech_s`)"},
+            },
+            summary="Rename a speaker and remember their voice (the room's `admin` grant)",
+        )
+        async def remember_speaker(
+            room: RoomId,
+            body: RememberSpeaker,
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> SpeakerRemembered:
+            self._authorize(token, authorization, room, Grant.ADMIN, server_wide=True)
+            voices = self._directory()
+            live = self.rooms.rooms.get(room)
+            if live is None:
+                raise ProblemError(404, "unknown_room", f"room {room!r} has no open stream")
+            try:
+                voice, stream = await voices.remember(live, body.label, body.name, body.stream)
+            except VoicesError as exc:
+                raise ProblemError(exc.status, exc.problem, exc.detail) from exc
+            self.rooms.rename(room, body.label, voice.name, stream.id)
+            return SpeakerRemembered(room=room, label=body.label, name=voice.name,
+                                     stream=stream.id, voice=voice_info(voice))
+
+        @app.get(
+            "/v1/voices",
+            response_model=list[VoiceInfo],
+            responses=voice_responses,
+            summary="The remembered voices (a server-wide `admin` token); never a voiceprint",
+        )
+        async def list_voices(
+            token: TokenQuery = None, authorization: AuthorizationHeader = None
+        ) -> list[VoiceInfo]:
+            self._authorize_server(token, authorization)
+            return [voice_info(v) for v in await self._directory().voices()]
+
+        @app.post(
+            "/v1/voices",
+            response_model=VoiceInfo,
+            status_code=201,
+            responses={
+                **voice_responses,
+                413: {"model": Problem, "description": f"Body over {VOICE_CLIP_MAX_BYTES} bytes"},
+                422: {"model": Problem, "description": "Not audio, or too little speech"},
+            },
+            openapi_extra={"requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": VoiceClip.model_json_schema()}},
+            }},
+            summary="Remember a voice from a clip (a server-wide `admin` token)",
+        )
+        async def add_voice(
+            request: Request, token: TokenQuery = None, authorization: AuthorizationHeader = None
+        ) -> VoiceInfo:
+            self._authorize_server(token, authorization)
+            voices = self._directory()
+            raw = await _read_body(request, VOICE_CLIP_MAX_BYTES, "voice clip")
+            try:
+                body = VoiceClip.model_validate_json(raw)
+            except ValidationError as exc:
+                errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+                raise RequestValidationError(errors) from exc
+            try:
+                data = base64.b64decode(body.audio, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ProblemError(422, "bad_audio", "audio is not base64") from exc
+            try:
+                audio = await asyncio.to_thread(read_audio_16k, data)
+            except AudioError as exc:
+                raise ProblemError(422, "bad_audio", str(exc)) from exc
+            try:
+                model, vector = await self.rooms.pipeline.clip_voiceprint(audio)
+            except LookupError as exc:
+                raise ProblemError(404, "not_configured", str(exc)) from exc
+            except ValueError as exc:
+                raise ProblemError(422, "not_enough_speech", str(exc)) from exc
+            try:
+                voice = await voices.add_print(body.name, model, vector, "clip")
+            except VoicesError as exc:
+                raise ProblemError(exc.status, exc.problem, exc.detail) from exc
+            return voice_info(voice)
+
+        @app.delete(
+            "/v1/voices/{voice_id}",
+            response_model=VoiceForgotten,
+            responses=voice_responses,
+            summary="Forget a voice: every print, from the store and every open room at once",
+        )
+        async def forget_voice(
+            voice_id: Annotated[str, PathParam(pattern=r"^[A-Za-z0-9_-]{1,64}$")],
+            token: TokenQuery = None,
+            authorization: AuthorizationHeader = None,
+        ) -> VoiceForgotten:
+            self._authorize_server(token, authorization)
+            self._directory()
+            if not await self.rooms.forget_voice(voice_id):
+                raise ProblemError(404, "unknown_voice", f"no voice {voice_id!r}")
+            return VoiceForgotten(id=voice_id)
+
         for path in websocket_paths:
             app.add_api_route(path, _websocket_only, methods=["GET"], include_in_schema=False)
         return app
 
     def _authorize(
-        self, token: str | None, authorization: str | None, room: str, need: Grant
+        self, token: str | None, authorization: str | None, room: str, need: Grant,
+        *, server_wide: bool = False,
     ) -> RoomGrant:
-        """The token of an HTTP request (`?token=` or `Authorization: Bearer`), or a problem."""
+        """The token of an HTTP request (`?token=` or `Authorization: Bearer`), or a problem.
+        `server_wide`: a server-wide token (`room` claim `*`) with the grant is taken too."""
         if not token and authorization and authorization.lower().startswith("bearer "):
             token = authorization[7:].strip()
         try:
             return verify_token(self.secret, token, room, need=need)
         except TokenError as exc:
+            if server_wide and exc.problem is TokenProblem.WRONG_ROOM:
+                return self._authorize(token, None, SERVER_WIDE, need)
             status = _TOKEN_STATUS.get(exc.problem, 401)
             raise ProblemError(status, f"token_{exc.problem.value}", str(exc)) from exc
+
+    def _authorize_server(self, token: str | None, authorization: str | None) -> RoomGrant:
+        """A server-wide admin token (`chorus token '*' --grant admin`), the only kind the
+        voice directory's routes take: a room's token, even with `admin`, is refused (403)."""
+        try:
+            return self._authorize(token, authorization, SERVER_WIDE, Grant.ADMIN)
+        except ProblemError as exc:
+            if exc.problem == f"token_{TokenProblem.WRONG_ROOM.value}":
+                raise ProblemError(
+                    403, exc.problem, "the voice directory needs a server-wide token "
+                    "(`chorus token '*' --grant admin`), not a room's") from exc
+            raise
+
+    def _directory(self) -> VoiceDirectory:
+        if self.rooms.voices is None:
+            raise ProblemError(404, "not_configured", "the voice directory is off "
+                               "(`[voices] enabled = true` turns it on)")
+        return self.rooms.voices
 
 
 class TranscriptBuilder:

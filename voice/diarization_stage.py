@@ -148,7 +148,7 @@ class DiarizationStage(Protocol):
 class StageAbilities:
     """What a live stage can do beyond `DiarizationStage` (declared, never probed). Each ability
     is a method the stage then implements (`DecidesLate`, `RecentView`, `ProvisionalView`,
-    `StretchesStep`, `Abandons`)."""
+    `StretchesStep`, `Abandons`, `SpeakerPrints`)."""
 
     decides_late: bool = False
     """It holds decisions back while fed (the embedded stage decides about a second late):
@@ -168,6 +168,10 @@ class StageAbilities:
     """`abandon()`: drop the work it has queued and not started (its stream left the stage, so
     other streams need not wait for it); its feeds fail until `reset()`. Called from any thread
     while a feed may be running: it must not wait for the stage."""
+    speaker_prints: bool = False
+    """`speaker_prints()`: each anonymous voice's voiceprint so far and how long it spoke, with
+    the id of the model that made the prints (the voice directory, issue 27, names voices by
+    them). Read from the event loop: it must not wait for a running feed."""
 
 
 NO_ABILITIES = StageAbilities()
@@ -209,6 +213,37 @@ class Abandons(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StagePrints:
+    """A snapshot of a live stage's anonymous voices: per speaker label, a unit-length
+    voiceprint (its centroid so far) and the seconds of speech decided for it; `model` names the
+    embedding model (prints of two models are never compared)."""
+
+    model: str
+    prints: dict[str, Audio] = field(default_factory=dict)
+    speech_s: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class SpeakerPrints(Protocol):
+    def speaker_prints(self) -> StagePrints:
+        """The latest snapshot (never waits for a feed)."""
+        ...
+
+
+@runtime_checkable
+class ClipPrints(Protocol):
+    """A stage that can make a voiceprint of a clip on the model its `speaker_prints` use (the
+    voice directory's enrollment from a clip)."""
+
+    @property
+    def live_model(self) -> str: ...
+
+    def live_voiceprint(self, audio: Audio) -> Audio:
+        """The clip's speech's print (unit length); ValueError for too little speech."""
+        ...
+
+
 @runtime_checkable
 class StretchesStep(Protocol):
     def stretch(self, factor: float) -> None:
@@ -231,7 +266,9 @@ def abilities_of(stage: DiarizationStage) -> StageAbilities:
                                                  "provisional()"),
                                                 ("stretches_step", StretchesStep,
                                                  "stretch(factor)"),
-                                                ("abandons", Abandons, "abandon()"))
+                                                ("abandons", Abandons, "abandon()"),
+                                                ("speaker_prints", SpeakerPrints,
+                                                 "speaker_prints()"))
     for ability, protocol, method in needs:
         if getattr(declared, ability) and not isinstance(stage, protocol):
             raise TypeError(f"{type(stage).__name__} declares {ability} but has no {method}")

@@ -1,0 +1,373 @@
+"""Voices remembered across meetings (issue 27): how often the directory names a voice right.
+
+`chorus bench voices [DIR]` (DIR: the LibriSpeech meetings fixture) runs every meeting of the
+fixture through the live stage (`diarization.embedded.EmbeddedStage`, the stage `chorus serve`
+gives a shared-mic stream), fed in 0.5 s chunks as fast as it answers (faster-than-real-time
+replay: the same `feed` calls a live stream makes, without waiting for the wall clock). After
+every feed it keeps the stage's `speaker_prints()` and the stretches of speech decided by that
+feed; the identification (`voice.identify.StreamVoices`, what the server's rename hook runs on
+each turn) is then replayed over them for any directory and thresholds, cheaply. Each stretch
+reads the name (or suggestion) its label held just after the feed that decided it; the server
+names a turn when the turn is committed, which is no earlier, so the time to a first name here
+is a lower bound of the server's.
+
+Measured:
+
+- **Thresholds** by leave-one-speaker-out over the five dev speakers and the ten dev meeting
+  files (close and far): directory = every speaker's enrollment clip (close and far prints) but
+  the held-out one, who is the new voice. `auto` minimises miss + 2 × wrong (a wrong name is
+  worse than a letter) on the other folds, `suggest` then minimises (miss of named-or-suggested)
+  + wrong suggestions; the held-out folds' errors are the figures to expect.
+- **The voiceprint pair** (`*_vpA` / `*_vpB`, far renders, different rooms) at the chosen
+  thresholds: the speakers of meeting A remembered from A (each voice's stage print, as
+  `POST …/speakers/remember` keeps it, only with ≥ `min_speech_s` of speech), then meeting B;
+  and the same with the enrollment clips instead. Per remembered speaker of B: the share of
+  their speech time named correctly, and named-or-suggested correctly; the time from their
+  first word to the first correct name; the share of all speech given a wrong name; and the
+  time the speaker only B has is given any remembered name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from voice.diarization_stage import SpeakerTimeline, StagePrints
+from voice.identify import IdentifySettings, KnownVoice, StreamVoices
+
+STEP_S = 0.5
+GRID_S = 0.01
+RATE = 16000
+MIN_SPEECH_S = 5.0
+"""What `remember` needs (`[voices] min_speech_s`)."""
+WRONG_WEIGHT = 2.0
+
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass
+class Fed:
+    """What one feed left: the stage's prints after it, and the speech it decided."""
+
+    at: float
+    prints: StagePrints
+    pieces: list[tuple[str, float, float]]
+
+
+@dataclass
+class Meeting:
+    name: str
+    duration: float
+    reference: dict[str, BoolArray]
+    fed: list[Fed] = field(default_factory=list)
+    seconds: float = 0.0
+    """Wall-clock seconds the stage took."""
+
+    @property
+    def speakers(self) -> list[str]:
+        return sorted(self.reference)
+
+    @property
+    def speech(self) -> BoolArray:
+        out: BoolArray = np.logical_or.reduce(list(self.reference.values()))
+        return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    fixtures = Path(os.environ.get("CHORUS_FIXTURES", "../shared/fixtures"))
+    parser.add_argument("dir", nargs="?", type=Path, default=fixtures / "librispeech-meetings",
+                        help="the LibriSpeech meetings fixture (manifest.json, RTTMs, clips)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+
+
+def _frames(t: float) -> int:
+    return round(t / GRID_S)
+
+
+def _reference(rttm: Path, duration: float) -> dict[str, BoolArray]:
+    n = _frames(duration) + 1
+    out: dict[str, BoolArray] = {}
+    for seg in SpeakerTimeline.read_rttm(rttm):
+        grid = out.setdefault(seg.speaker, np.zeros(n, dtype=bool))
+        grid[_frames(seg.start) : _frames(seg.end)] = True
+    return out
+
+
+def _delta(before: dict[tuple[str, float], float], timeline: SpeakerTimeline
+           ) -> list[tuple[str, float, float]]:
+    """The speech `timeline` decided that `before` (each run's end by (speaker, start)) had not."""
+    pieces: list[tuple[str, float, float]] = []
+    for seg in timeline.segments:
+        key = (seg.speaker, round(seg.start, 4))
+        old = before.get(key, seg.start)
+        if seg.end > old:
+            pieces.append((seg.speaker, old, seg.end))
+        before[key] = seg.end
+    return pieces
+
+
+def run_meeting(stage: Any, audio: npt.NDArray[np.float32], name: str, reference: Path
+                ) -> Meeting:
+    """Feed `audio` through the live stage in `STEP_S` chunks; what each feed left."""
+    duration = len(audio) / RATE
+    meeting = Meeting(name, duration, _reference(reference, duration))
+    stage.reset()
+    seen: dict[tuple[str, float], float] = {}
+    step = int(STEP_S * RATE)
+    began = time.perf_counter()
+    for k in range(0, len(audio), step):
+        timeline = stage.feed(audio[k : k + step])
+        meeting.fed.append(Fed(min(k + step, len(audio)) / RATE, stage.speaker_prints(),
+                               _delta(seen, timeline)))
+    timeline = stage.flush()
+    meeting.fed.append(Fed(duration, stage.speaker_prints(), _delta(seen, timeline)))
+    meeting.seconds = time.perf_counter() - began
+    return meeting
+
+
+@dataclass
+class Outcome:
+    """One meeting named by one directory at one pair of thresholds (speech frames)."""
+
+    own: dict[str, int]
+    """Remembered speaker → frames of their speech."""
+    named: dict[str, int]
+    """...named correctly."""
+    named_or_suggested: dict[str, int]
+    first_named: dict[str, float | None]
+    """Seconds from their first speech to the first correct name (None: never)."""
+    first_suggested: dict[str, float | None]
+    wrong: int
+    """Speech frames given a name not of a speaker talking then."""
+    wrong_suggested: int
+    speech: int
+    strangers: dict[str, int]
+    """Each speaker not in the directory → their speech frames."""
+    strangers_named: dict[str, int]
+
+
+def name_meeting(meeting: Meeting, directory: Sequence[KnownVoice],
+                 settings: IdentifySettings) -> Outcome:
+    n = len(meeting.speech)
+    named = {v.name: np.zeros(n, dtype=bool) for v in directory}
+    suggested = {v.name: np.zeros(n, dtype=bool) for v in directory}
+    first_named: dict[str, float | None] = {v.name: None for v in directory}
+    first_suggested: dict[str, float | None] = {v.name: None for v in directory}
+    names = {v.id: v.name for v in directory}
+    state = StreamVoices()
+    ref = meeting.reference
+    for fed in meeting.fed:
+        if fed.prints.model:
+            state.update(fed.prints.prints, fed.prints.speech_s, directory, settings)
+        for label, t0, t1 in fed.pieces:
+            lo, hi = _frames(t0), min(_frames(t1), n)
+            if hi <= lo:
+                continue
+            name = state.name_of(label)
+            target, first = named, first_named
+            if name is None and label in state.suggested:
+                name = names.get(state.suggested[label])
+                target, first = suggested, first_suggested
+            if name is None:
+                continue
+            target[name][lo:hi] = True
+            if first[name] is None and name in ref and ref[name][lo:hi].any():
+                first[name] = fed.at
+    speech = meeting.speech
+    own = {s: int(ref[s].sum()) for s in ref if s in named}
+    start = {s: float(np.argmax(ref[s])) * GRID_S for s in own}
+    anyone_named = np.logical_or.reduce([*named.values(), np.zeros(n, dtype=bool)])
+
+    def wrong_of(grids: dict[str, BoolArray]) -> int:
+        bad = np.zeros(n, dtype=bool)
+        for name, grid in grids.items():
+            bad |= grid & speech & ~ref.get(name, np.zeros(n, dtype=bool))
+        return int(bad.sum())
+
+    strangers = {s: int(ref[s].sum()) for s in ref if s not in named}
+    return Outcome(
+        own=own,
+        named={s: int((named[s] & ref[s]).sum()) for s in own},
+        named_or_suggested={s: int(((named[s] | suggested[s]) & ref[s]).sum()) for s in own},
+        first_named={s: _after(first_named[s], start[s]) for s in own},
+        first_suggested={s: _after(first_suggested[s], start[s]) for s in own},
+        wrong=wrong_of(named),
+        wrong_suggested=wrong_of(suggested),
+        speech=int(speech.sum()),
+        strangers=strangers,
+        strangers_named={s: int((anyone_named & ref[s]).sum()) for s in strangers},
+    )
+
+
+def _after(at: float | None, start: float) -> float | None:
+    return None if at is None else round(at - start, 2)
+
+
+def _rates(outcomes: Iterable[Outcome]) -> tuple[float, float, float, float]:
+    """(miss, wrong, miss of named-or-suggested, wrong suggestions) over outcomes, by time."""
+    items = list(outcomes)
+    own = sum(sum(o.own.values()) for o in items) or 1
+    speech = sum(o.speech for o in items) or 1
+    named = sum(sum(o.named.values()) for o in items)
+    either = sum(sum(o.named_or_suggested.values()) for o in items)
+    wrong = sum(o.wrong for o in items)
+    wrong_s = sum(o.wrong_suggested for o in items)
+    return 1 - named / own, wrong / speech, 1 - either / own, (wrong + wrong_s) / speech
+
+
+def _clip_voices(stage: Any, folder: Path, enrollment: list[dict[str, Any]], kinds: Sequence[str],
+                 without: str | None = None) -> list[KnownVoice]:
+    from voice.audio import read_audio_16k
+
+    out: list[KnownVoice] = []
+    for entry in enrollment:
+        speaker = entry["speaker"]
+        if speaker == without:
+            continue
+        rows = [stage.live_voiceprint(read_audio_16k(folder / entry[kind]["file"]))
+                for kind in kinds]
+        out.append(KnownVoice(speaker, speaker, np.stack(rows).astype(np.float32)))
+    return out
+
+
+def remembered_from(meeting: Meeting) -> list[KnownVoice]:
+    """Each reference speaker of `meeting` as `remember` would keep them: the final print of the
+    stage voice that overlaps them most, when it spoke at least `MIN_SPEECH_S`."""
+    n = len(meeting.speech)
+    heard: dict[str, BoolArray] = {}
+    for fed in meeting.fed:
+        for label, t0, t1 in fed.pieces:
+            heard.setdefault(label, np.zeros(n, dtype=bool))[_frames(t0) : _frames(t1)] = True
+    final = meeting.fed[-1].prints
+    out: list[KnownVoice] = []
+    for speaker, grid in meeting.reference.items():
+        overlap = {label: int((g & grid).sum()) for label, g in heard.items()
+                   if label in final.prints}
+        if not overlap:
+            continue
+        label = max(overlap, key=lambda k: overlap[k])
+        if final.speech_s.get(label, 0.0) >= MIN_SPEECH_S:
+            out.append(KnownVoice(speaker, speaker, final.prints[label][None, :]))
+    return out
+
+
+AUTO_GRID = [round(0.30 + 0.02 * i, 2) for i in range(26)]
+
+
+def _choose(trials: list[tuple[str, Meeting, list[KnownVoice]]], fixed_auto: float | None = None
+            ) -> tuple[float, float]:
+    """(auto, suggest) minimising the module's costs over `trials`."""
+    if fixed_auto is None:
+        costs = {}
+        for auto in AUTO_GRID:
+            settings = IdentifySettings(auto=auto, suggest=auto)
+            miss, wrong, _, _ = _rates(name_meeting(m, d, settings) for _, m, d in trials)
+            costs[auto] = miss + WRONG_WEIGHT * wrong
+        fixed_auto = min(costs, key=lambda a: (costs[a], -a))
+    costs = {}
+    for suggest in [a for a in AUTO_GRID if a <= fixed_auto]:
+        settings = IdentifySettings(auto=fixed_auto, suggest=suggest)
+        _, _, miss_s, wrong_s = _rates(name_meeting(m, d, settings) for _, m, d in trials)
+        costs[suggest] = miss_s + wrong_s
+    return fixed_auto, min(costs, key=lambda s: (costs[s], -s))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f} %"
+
+
+def run(args: argparse.Namespace) -> int:
+    from diarization.embedded import EmbeddedStage
+    from voice.audio import read_audio_16k
+
+    folder: Path = args.dir
+    manifest = json.loads((folder / "manifest.json").read_text())
+    stage = EmbeddedStage()
+    meetings: dict[str, Meeting] = {}
+    for entry in manifest["files"]:
+        name = entry["id"]
+        audio = read_audio_16k(folder / f"{name}.flac")
+        meetings[name] = run_meeting(stage, audio, name, folder / f"{name}.rttm")
+        m = meetings[name]
+        print(f"  {name}: {m.duration:.0f} s of audio through the live stage in {m.seconds:.1f} s",
+              flush=True)
+    enrollment = manifest["enrollment"]
+    speakers = sorted(e["speaker"] for e in enrollment)
+    # -- thresholds: leave one speaker out ------------------------------------------------
+    directories = {h: _clip_voices(stage, folder, enrollment, ("close", "far"), without=h)
+                   for h in speakers}
+    trials = [(h, m, directories[h]) for h in speakers for m in meetings.values()]
+    folds: list[dict[str, Any]] = []
+    for held in speakers:
+        auto, suggest = _choose([t for t in trials if t[0] != held])
+        test = [t for t in trials if t[0] == held]
+        settings = IdentifySettings(auto=auto, suggest=suggest)
+        outcomes = [name_meeting(m, d, settings) for _, m, d in test]
+        miss, wrong, miss_s, wrong_s = _rates(outcomes)
+        stranger = sum(o.strangers_named.get(held, 0) for o in outcomes)
+        stranger_time = sum(o.strangers.get(held, 0) for o in outcomes) or 1
+        folds.append({"held_out": held, "auto": auto, "suggest": suggest, "miss": miss,
+                      "wrong": wrong, "miss_named_or_suggested": miss_s,
+                      "wrong_with_suggestions": wrong_s,
+                      "held_out_named": stranger / stranger_time})
+    auto, suggest = _choose(trials)
+    print("\nleave-one-speaker-out (directory: the other speakers' clips, close + far prints)")
+    print("held out  auto  suggest  miss     wrong    miss(n|s) wrong(n+s) held-out named")
+    for f in folds:
+        print(f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_pct(f['miss'])}  "
+              f"{_pct(f['wrong'])}  {_pct(f['miss_named_or_suggested'])}  "
+              f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}")
+    print(f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f} (folds: auto "
+          f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
+          f"{statistics.median(f['auto'] for f in folds):.2f})")
+    # -- the voiceprint pair -------------------------------------------------------------
+    pair = manifest["voiceprint_pair"]
+    a = meetings[pair["files"]["far"]["A"]]
+    b = meetings[pair["files"]["far"]["B"]]
+    in_a = sorted(a.reference)
+    conditions = {
+        "remembered from meeting A (far)": remembered_from(a),
+        "enrolled from close clips": [v for v in _clip_voices(stage, folder, enrollment,
+                                                              ("close",)) if v.id in in_a],
+        "enrolled from far clips": [v for v in _clip_voices(stage, folder, enrollment, ("far",))
+                                    if v.id in in_a],
+    }
+    settings = IdentifySettings(auto=auto, suggest=suggest)
+    report: dict[str, Any] = {"auto": auto, "suggest": suggest, "folds": folds, "pair": {}}
+    print(f"\nmeeting B ({b.name}) at auto {auto:.2f}, suggest {suggest:.2f}; directory: "
+          f"the speakers of meeting A ({', '.join(in_a)})")
+    for label, directory in conditions.items():
+        o = name_meeting(b, directory, settings)
+        row: dict[str, Any] = {"directory": [v.id for v in directory], "speakers": {}}
+        print(f"  {label}: {len(directory)} voices")
+        for s in sorted(o.own):
+            share = o.named[s] / o.own[s]
+            either = o.named_or_suggested[s] / o.own[s]
+            row["speakers"][s] = {"named": share, "named_or_suggested": either,
+                                  "first_named_after_s": o.first_named[s],
+                                  "first_suggested_after_s": o.first_suggested[s],
+                                  "speech_s": o.own[s] * GRID_S}
+            print(f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
+                  f"suggested {_pct(either)}; first name {o.first_named[s]} s after they "
+                  f"began, first suggestion {o.first_suggested[s]} s")
+        row["wrong"] = o.wrong / o.speech
+        row["wrong_suggested"] = o.wrong_suggested / o.speech
+        row["strangers_named"] = {s: o.strangers_named[s] / max(o.strangers[s], 1)
+                                  for s in o.strangers}
+        print(f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
+              f"{_pct(row['wrong_suggested'])}; speakers not remembered given a name: " + ", ".join(
+                  f"{s} {_pct(v)}" for s, v in row["strangers_named"].items()))
+        report["pair"][label] = row
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0

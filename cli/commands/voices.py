@@ -1,0 +1,102 @@
+"""`chorus voices list|add NAME CLIP|forget ID [--config chorus.toml]`: the voice directory
+(issue 27, docs/voices.md) on the command line, against the server's store (`[store] url`).
+
+`list` prints each remembered person (id, name, prints, created, last heard; never a print's
+vector); `add` keeps a print of CLIP's speech under NAME, made on the live stage's model (the
+one a running server compares with); `forget` deletes the person and every print. A SQLite
+store is one process's: while `chorus serve` holds the file, use the server's `/v1/voices`
+routes instead (a server-wide token, `chorus token '*' --grant admin`); a Postgres store is
+shared, but a running server learns of a change made here only when it starts again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from rooms import VoiceStore, open_store
+from rooms.sqlite import SQLiteInUse
+from rooms.voices import pack_vector
+from server.config import ConfigError, load_config
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("voices", help="list, add or forget remembered voices")
+    parser.add_argument("--config", default=None, help="chorus.toml naming the store")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", help="every remembered person (never a voiceprint)")
+    add = actions.add_parser("add", help="remember NAME's voice from a clip of their speech")
+    add.add_argument("name")
+    add.add_argument("clip", help="audio of NAME alone (a few seconds of speech)")
+    forget = actions.add_parser("forget", help="delete a person and every print of theirs")
+    forget.add_argument("id")
+    parser.set_defaults(run=run)
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return "never"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def clip_print(clip: str) -> tuple[str, list[float]]:
+    """(model id, print) of a clip's speech on the live stage's model."""
+    from diarization.embedded import EmbeddedStage
+    from voice.audio import read_audio_16k
+
+    stage = EmbeddedStage()
+    vector = stage.live_voiceprint(read_audio_16k(clip))
+    return stage.live_model, [float(x) for x in vector]
+
+
+async def _run(args: argparse.Namespace, url: str) -> int:
+    printed: tuple[str, list[float]] | None = None
+    if args.action == "add":  # the model first: a bad clip never opens the store
+        printed = await asyncio.to_thread(clip_print, args.clip)
+    opened = await open_store(url)
+    try:
+        store = opened.store
+        if not isinstance(store, VoiceStore):
+            print(f"chorus voices: the store at {url} cannot keep voices", file=sys.stderr)
+            return 2
+        if args.action == "list":
+            for voice in await store.list_voices():
+                print(
+                    f"{voice.id}\t{voice.name}\t{len(voice.prints)} prints\t"
+                    f"created {_when(voice.created)}\theard {_when(voice.last_heard)}"
+                )
+        elif args.action == "add":
+            assert printed is not None
+            model, vector = printed
+            voice = await store.remember_print(args.name, model, pack_vector(vector), "clip")
+            print(f"{voice.id}\t{voice.name}\t{len(voice.prints)} prints")
+        elif not await store.forget_voice(args.id):
+            print(f"chorus voices: no voice {args.id!r}", file=sys.stderr)
+            return 1
+        else:
+            print(f"forgot {args.id}")
+        return 0
+    finally:
+        await opened.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"chorus voices: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_run(args, config.store.resolved_url()))
+    except SQLiteInUse as exc:
+        print(
+            f"chorus voices: {exc}; while `chorus serve` runs, use its /v1/voices routes",
+            file=sys.stderr,
+        )
+        return 2
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"chorus voices: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,251 @@
+"""Issue 27.2: remembered voices name a stream's anonymous voices in tiers — the name above
+`auto`, a feed suggestion between `suggest` and `auto`, nothing below — one voice never takes two
+names and two voices never one; a forgotten voice reads as its letter again from its next turn.
+Checked on the pure `StreamVoices`, then through the server's real rename hook
+(`RoomRenames.apply`) with a real `VoiceDirectory` on an in-memory store."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rooms import HookContext, InMemoryStore, RoomKit
+from server.config import VoicesConfig
+from server.feed import RoomFeed
+from server.framing import StreamDeclaration
+from server.pipeline import StreamInfo
+from server.renames import RoomRenames
+from server.room_state import LiveRoom, LiveStream
+from server.voices import VoiceDirectory
+from voice.audio import StreamFormat
+from voice.diarization_stage import StagePrints
+from voice.events import TranscriptionEvent
+from voice.identify import IdentifySettings, KnownVoice, StreamVoices
+
+ROOM = "standup"
+MODEL = "campplus-test"
+SETTINGS = IdentifySettings(auto=0.6, suggest=0.45, min_heard_s=2.0)
+
+
+_spare = iter(range(4, 64))
+
+
+def near(base: np.ndarray, cosine: float) -> np.ndarray:
+    """A unit vector at exactly `cosine` from `base` and orthogonal to every other vector made
+    here (its remainder is on an axis of its own)."""
+    other = np.zeros_like(base)
+    other[next(_spare)] = 1.0
+    return (cosine * base + np.sqrt(1 - cosine**2) * other).astype(np.float32)
+
+
+def unit(*values: float) -> np.ndarray:
+    v = np.zeros(64, dtype=np.float32)
+    v[: len(values)] = values
+    return v / np.linalg.norm(v)
+
+
+IAN, PEGGY = unit(1, 0, 0, 0), unit(0, 1, 0, 0)
+KNOWN = [KnownVoice("v-ian", "Ian", IAN[None, :]), KnownVoice("v-peggy", "Peggy", PEGGY[None, :])]
+
+
+def test_tiers_name_suggest_or_leave_alone() -> None:
+    state = StreamVoices()
+    found = state.update(
+        {"Speaker A": near(IAN, 0.8), "Speaker B": near(PEGGY, 0.5), "Speaker C": unit(0, 0, 1, 0)},
+        {"Speaker A": 3.0, "Speaker B": 3.0, "Speaker C": 3.0},
+        KNOWN,
+        SETTINGS,
+    )
+    assert [(f.label, f.name, f.tier) for f in found] == [
+        ("Speaker A", "Ian", "auto"),
+        ("Speaker B", "Peggy", "suggest"),
+    ]
+    assert state.name_of("Speaker A") == "Ian"
+    assert state.name_of("Speaker B") is None and state.name_of("Speaker C") is None
+    # the same suggestion is not made twice
+    again = state.update({"Speaker B": near(PEGGY, 0.5)}, {"Speaker B": 4.0}, KNOWN, SETTINGS)
+    assert again == []
+
+
+def test_a_voice_is_scored_only_once_it_spoke_long_enough() -> None:
+    state = StreamVoices()
+    assert state.update({"Speaker A": IAN}, {"Speaker A": 1.0}, KNOWN, SETTINGS) == []
+    assert [
+        f.name for f in state.update({"Speaker A": IAN}, {"Speaker A": 2.5}, KNOWN, SETTINGS)
+    ] == ["Ian"]
+
+
+def test_two_voices_never_take_one_name_and_a_name_stays_with_its_voice() -> None:
+    state = StreamVoices()
+    both = {"Speaker A": near(IAN, 0.9), "Speaker B": near(IAN, 0.7)}
+    speech = {"Speaker A": 3.0, "Speaker B": 3.0}
+    found = state.update(both, speech, KNOWN[:1], SETTINGS)
+    assert [(f.label, f.name) for f in found] == [("Speaker A", "Ian")]
+    # later, B sounds even more like Ian, and A drifts: A keeps Ian, B never takes it
+    assert (
+        state.update({"Speaker A": near(IAN, 0.3), "Speaker B": IAN}, speech, KNOWN[:1], SETTINGS)
+        == []
+    )
+    assert state.name_of("Speaker A") == "Ian" and state.name_of("Speaker B") is None
+
+
+def test_one_voice_never_takes_two_names() -> None:
+    state = StreamVoices()
+    both = unit(1, 1, 0, 0)  # cos 0.707 with Ian and with Peggy
+    found = state.update({"Speaker A": both}, {"Speaker A": 3.0}, KNOWN, SETTINGS)
+    assert len(found) == 1 and found[0].tier == "auto"
+    assert state.update({"Speaker A": both}, {"Speaker A": 9.0}, KNOWN, SETTINGS) == []
+
+
+def test_prints_of_the_best_matching_recording_count() -> None:
+    ian_two_rooms = KnownVoice("v-ian", "Ian", np.stack([unit(0, 0, 1, 0), IAN]))
+    state = StreamVoices()
+    found = state.update(
+        {"Speaker A": near(IAN, 0.7)}, {"Speaker A": 3.0}, [ian_two_rooms], SETTINGS
+    )
+    assert [f.name for f in found] == ["Ian"]
+
+
+def test_thresholds_out_of_order_are_refused() -> None:
+    with pytest.raises(ValueError, match="suggest <= auto"):
+        IdentifySettings(auto=0.4, suggest=0.5)
+    with pytest.raises(ValueError, match="suggest <= auto"):
+        VoicesConfig(auto=0.4, suggest=0.5)
+
+
+# -- through the server's rename hook --------------------------------------------------------
+
+
+class StageAudio:
+    """A stream's audio session as the directory sees it: only its stage's prints."""
+
+    session_id = "device-1"
+
+    def __init__(self) -> None:
+        self.prints = StagePrints(MODEL)
+
+    async def push(self, frame: bytes) -> None: ...
+
+    async def finish(self) -> None: ...
+
+    def speaker_prints(self) -> StagePrints | None:
+        return self.prints
+
+
+class Room:
+    def __init__(self, kit: RoomKit, store: InMemoryStore) -> None:
+        self.kit = kit
+        self.live = LiveRoom(ROOM, RoomFeed(queue_size=64, history=64))
+        self.sessions: dict[str, LiveStream] = {}
+        self.renames = RoomRenames(kit, {ROOM: self.live}, self.sessions)
+        self.voices = VoiceDirectory(store, VoicesConfig(enabled=True), self.renames.suggest)
+        self.renames.voices = self.voices
+        declaration = StreamDeclaration("desk", None, True, StreamFormat(16000, "pcm16", 1))
+        self.stream = LiveStream(
+            StreamInfo(ROOM, "device-1", declaration), "device", lambda pcm, rate: []
+        )
+        self.audio = StageAudio()
+        self.stream.audio = self.audio
+        self.live.streams[self.stream.id] = self.stream
+        self.sessions[self.stream.id] = self.stream
+        self.sticky: dict[str, str] = {}
+        """What the voice session's turn writer keeps (sticky renames, V6)."""
+
+    def turn(self, label: str) -> str | None:
+        """One committed turn of `label`: its name after the hook, kept sticky as a session
+        keeps a hook's rename."""
+        session: Any = SimpleNamespace(id=self.stream.id)
+        sender = self.sticky.get(label, label)
+        value = TranscriptionEvent(
+            text="We ship on Friday.",
+            speaker=label,
+            sender_name=sender,
+            start=0.0,
+            end=3.0,
+            words=(),
+            participant_id="desk",
+            session=session,
+        )
+        result = self.renames.apply(value, HookContext(ROOM, "voice-diarized", self.kit))
+        if result is not None and isinstance(result.value, TranscriptionEvent):
+            final = result.value.sender_name
+            if final and final != sender:
+                self.sticky[label] = final
+            return final
+        return sender
+
+    def hears(self, **voices: tuple[np.ndarray, float]) -> None:
+        labels = {k.replace("_", " "): v for k, v in voices.items()}
+        self.audio.prints = StagePrints(
+            MODEL, {k: v[0] for k, v in labels.items()}, {k: v[1] for k, v in labels.items()}
+        )
+
+    def feed_messages(self, type_: str) -> list[dict[str, Any]]:
+        return [m for m in map(json.loads, self.live.feed.history) if m["type"] == type_]
+
+
+async def room_with(*people: tuple[str, np.ndarray]) -> Room:
+    store = InMemoryStore()
+    for name, vector in people:
+        await store.remember_print(name, MODEL, vector.astype("<f4").tobytes(), "clip")
+    room = Room(RoomKit(store=store), store)
+    await room.voices.load()
+    return room
+
+
+async def test_a_remembered_voice_names_its_turns_and_a_likely_one_is_suggested() -> None:
+    room = await room_with(("Ian", IAN), ("Peggy", PEGGY))
+    room.hears(Speaker_A=(near(IAN, 0.8), 1.0))
+    assert room.turn("Speaker A") == "Speaker A"  # not heard long enough yet
+    room.hears(Speaker_A=(near(IAN, 0.8), 3.0), Speaker_B=(near(PEGGY, 0.5), 3.0))
+    assert room.turn("Speaker A") == "Ian"
+    assert room.turn("Speaker B") == "Speaker B"  # keeps its letter
+    [suggestion] = room.feed_messages("speaker_suggestion")
+    assert suggestion == {
+        "type": "speaker_suggestion",
+        "room": ROOM,
+        "label": "Speaker B",
+        "name": "Peggy",
+        "source": "voice",
+        "stream": "device-1",
+        "voice": suggestion["voice"],
+    }
+    assert "vector" not in json.dumps(list(room.live.feed.history))
+
+
+async def test_a_rename_wins_over_the_directory() -> None:
+    room = await room_with(("Ian", IAN))
+    room.hears(Speaker_A=(IAN, 3.0))
+    room.renames.rename(ROOM, "Speaker A", "Ian Smith", stream_id="device-1")
+    assert room.turn("Speaker A") == "Ian Smith"
+
+
+async def test_forgetting_a_voice_in_a_running_room_turns_its_next_turn_back_into_a_letter() -> (
+    None
+):
+    room = await room_with(("Ian", IAN), ("Peggy", PEGGY))
+    room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(PEGGY, 3.0))
+    assert (room.turn("Speaker A"), room.turn("Speaker B")) == ("Ian", "Peggy")
+    [ian] = [v for v in await room.voices.voices() if v.name == "Ian"]
+    gone, unnamed = await room.voices.forget(ian.id)
+    assert gone and [(label, name) for _, label, name in unnamed] == [("Speaker A", "Ian")]
+    assert room.turn("Speaker A") == "Speaker A"
+    assert room.turn("Speaker A") == "Speaker A"  # and stays a letter
+    assert room.turn("Speaker B") == "Peggy"
+    assert [v.name for v in await room.voices.voices()] == ["Peggy"]
+    # a voice that sounds like Ian now is never named Ian again
+    room.hears(Speaker_C=(IAN, 5.0))
+    assert room.turn("Speaker C") == "Speaker C"
+
+
+async def test_prints_of_another_model_are_never_compared() -> None:
+    store = InMemoryStore()
+    await store.remember_print("Ian", "another-model", IAN.astype("<f4").tobytes(), "clip")
+    room = Room(RoomKit(store=store), store)
+    await room.voices.load()
+    room.hears(Speaker_A=(IAN, 5.0))
+    assert room.turn("Speaker A") == "Speaker A"

@@ -1,0 +1,149 @@
+"""Naming a stream's anonymous voices from the voice directory, in tiers (issue 27.2).
+
+Pure numpy over prints: no store, no loop, no room. A stream's stage shows, per anonymous voice
+(its letter), a unit voiceprint and the seconds it has spoken (`StagePrints`); the directory
+holds, per person, the prints of that same model (never another model's). A voice's score
+against a person is its best cosine similarity with one of the person's prints (one print per
+meeting or clip: the nearest recording condition counts).
+
+Tiers, per `IdentifySettings`: a score at or above `auto` names the voice (the person's name on
+its turns); from `suggest` up to `auto`, the voice keeps its letter and the feed hears a
+suggestion; below, nothing. Only voices heard at least `min_heard_s` are scored (a centroid of
+one short stretch is noise). The assignment is one-to-one within a stream (Hungarian, highest
+total score): one voice never takes two names and two voices never one name; a name given is
+kept for the stream (it never moves to another voice, and the voice never takes another name),
+until its person is forgotten (`StreamVoices.forget`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class IdentifySettings:
+    auto: float = 0.6
+    """Cosine similarity at or above which a voice takes the person's name."""
+    suggest: float = 0.45
+    """...and from which up to `auto` the name is suggested."""
+    min_heard_s: float = 2.0
+    """Seconds a voice must have spoken before it is scored."""
+
+    def __post_init__(self) -> None:
+        if not (-1.0 <= self.suggest <= self.auto <= 1.0):
+            raise ValueError(f"need -1 <= suggest <= auto <= 1, got {self.suggest}, {self.auto}")
+        if self.min_heard_s < 0:
+            raise ValueError("min_heard_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class KnownVoice:
+    """A remembered person's prints of one model (rows: unit vectors)."""
+
+    id: str
+    name: str
+    prints: FloatArray
+
+
+@dataclass(frozen=True)
+class Identified:
+    label: str
+    voice_id: str
+    name: str
+    score: float
+    tier: Literal["auto", "suggest"]
+
+
+def scores(voices: Mapping[str, FloatArray], known: Sequence[KnownVoice]) -> FloatArray:
+    """(labels × people) best cosine similarity of each voice with each person's prints."""
+    out = np.full((len(voices), len(known)), -1.0, dtype=np.float32)
+    if not voices or not known:
+        return out
+    stack = np.stack([np.asarray(v, dtype=np.float32) for v in voices.values()])
+    for j, person in enumerate(known):
+        if person.prints.size:
+            out[:, j] = (stack @ person.prints.T).max(axis=1)
+    return out
+
+
+@dataclass
+class StreamVoices:
+    """One stream's names from the directory: which voice took which person (kept), which
+    suggestions were made (each once)."""
+
+    named: dict[str, Identified] = field(default_factory=dict)
+    """label → the person it was named (tier auto)."""
+    suggested: dict[str, str] = field(default_factory=dict)
+    """label → the person last suggested for it (a suggestion is made once per pair)."""
+    forgotten: dict[str, str] = field(default_factory=dict)
+    """label → the name it carried before its person was forgotten (read as a letter again)."""
+
+    def update(
+        self,
+        voices: Mapping[str, FloatArray],
+        speech_s: Mapping[str, float],
+        known: Sequence[KnownVoice],
+        settings: IdentifySettings,
+    ) -> list[Identified]:
+        """Score the voices not named yet against the people not taken yet; what changed: new
+        names (tier auto) and new suggestions (tier suggest)."""
+        taken = {i.voice_id for i in self.named.values()}
+        labels = [
+            label
+            for label in voices
+            if label not in self.named and speech_s.get(label, 0.0) >= settings.min_heard_s
+        ]
+        people = [p for p in known if p.id not in taken]
+        if not labels or not people:
+            return []
+        table = scores({label: voices[label] for label in labels}, people)
+        from scipy.optimize import linear_sum_assignment
+
+        rows, cols = linear_sum_assignment(-table)
+        changed: list[Identified] = []
+        for r, c in zip(rows, cols, strict=True):
+            score = float(table[r, c])
+            label, person = labels[r], people[c]
+            if score >= settings.auto:
+                found = Identified(label, person.id, person.name, score, "auto")
+                self.named[label] = found
+                self.suggested.pop(label, None)
+                self.forgotten.pop(label, None)
+                changed.append(found)
+            elif score >= settings.suggest and self.suggested.get(label) != person.id:
+                self.suggested[label] = person.id
+                changed.append(Identified(label, person.id, person.name, score, "suggest"))
+        return changed
+
+    def name_of(self, label: str) -> str | None:
+        found = self.named.get(label)
+        return found.name if found is not None else None
+
+    def take(self, label: str, voice_id: str, name: str) -> None:
+        """The voice of `label` is `voice_id` (remembered from this stream): named, and the
+        person taken for no other voice of it."""
+        for other, found in list(self.named.items()):
+            if found.voice_id == voice_id and other != label:
+                del self.named[other]
+        self.named[label] = Identified(label, voice_id, name, 1.0, "auto")
+        self.suggested.pop(label, None)
+
+    def forget(self, voice_id: str) -> list[str]:
+        """The person is gone: the labels it named read as letters again (their former names
+        kept in `forgotten` so the next turn can be turned back); those labels."""
+        gone = [label for label, found in self.named.items() if found.voice_id == voice_id]
+        for label in gone:
+            self.forgotten[label] = self.named.pop(label).name
+        for label in [k for k, v in self.suggested.items() if v == voice_id]:
+            del self.suggested[label]
+        return gone
+
+
+__all__ = ["Identified", "IdentifySettings", "KnownVoice", "StreamVoices", "scores"]
