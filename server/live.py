@@ -86,6 +86,7 @@ class LiveRooms:
         """Typed messages per room and client (`limits.chat_burst`, `limits.chat_rate`)."""
         self.renames = RoomRenames(self.kit, self.rooms, self._sessions)
         """Renames from the feed (`rename`), applied to turns by an ON_TRANSCRIPTION hook."""
+        self.output.suggest = self.renames.suggest  # what introductions suggest
         self.voices: VoiceDirectory | None = None
         """The voice directory (`[voices] enabled`), naming voices through the rename hook."""
         if config.voices.enabled:

@@ -33,7 +33,9 @@ from server.protocol import (
     dump,
 )
 from server.room_state import LiveRoom, LiveStream
+from server.voices import Suggest
 from voice.channel import SpeakerChangeEvent
+from voice.introductions import name_from_introduction
 from voice.stt.base import AudioLost, SttDegraded, SttRecovered, SttRefused, SttStatus
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,9 @@ class ServerOutput(Channel):
         self.streams = streams
         """The registry's open streams, by the `voice_session_id` their turns carry."""
         self.metrics = metrics
+        self.suggest: Suggest | None = None
+        """Publishes a `speaker_suggestion` (`server.renames.RoomRenames.suggest`, set by the
+        registry): what introductions suggest goes the one path every suggestion takes."""
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
         await self.committed(event)
@@ -139,6 +144,19 @@ class ServerOutput(Channel):
         live.feed.publish(text)
         if stream is not None:
             self._send(stream, text)
+        self._suggest_from_introduction(live, turn)
+
+    def _suggest_from_introduction(self, live: LiveRoom, turn: TurnMessage) -> None:
+        """A shared mic's anonymous voice that introduces itself ("Hi, I'm Ian") gets a
+        suggestion on the feed, once per name (`voice.introductions`; never applied by itself:
+        a person confirms it with a rename)."""
+        if self.suggest is None or turn.label is None or turn.speaker != turn.label:
+            return
+        name = name_from_introduction(turn.text)
+        if name is None or (turn.stream, turn.label, name) in live.suggested:
+            return
+        live.suggested.add((turn.stream, turn.label, name))
+        self.suggest(turn.room, turn.label, name, "introduction", turn.stream, None)
 
     def _keep_excerpt(self, live: LiveRoom, event: RoomEvent, turn: TurnMessage) -> None:
         """The turn's audio joins its speaker's excerpt (`server.excerpts`), read from the voice

@@ -173,6 +173,8 @@ class LiveRoom:
     """When a stream or a feed consumer last came or went (idle eviction counts from here)."""
     excerpts: VoiceExcerpts = field(default_factory=VoiceExcerpts)
     """The last seconds of each speaker's voice, for the page's speakers panel (in memory)."""
+    suggested: set[tuple[str | None, str, str]] = field(default_factory=set)
+    """(stream, label, name) already suggested from an introduction (each once)."""
 
     def touch(self) -> None:
         self.last_active = time.monotonic()

@@ -270,8 +270,10 @@ _AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _page() -> bytes:
-    return resources.files("server").joinpath("page.html").read_bytes()
+def _page(voices: bool) -> bytes:
+    """The page; with the voice directory on, it shows each voice's Remember button."""
+    page = resources.files("server").joinpath("page.html").read_bytes()
+    return page.replace(b'<body data-voices="off">', b'<body data-voices="on">') if voices else page
 
 
 def problem_response(
@@ -308,7 +310,7 @@ class HttpRoutes:
         self.audiosocket_calls = audiosocket_calls
         """The AudioSocket UUID→room map (None: `[audiosocket]` is off)."""
         """Whether the server is draining (health says `closing`, messages are refused)."""
-        self._page = _page()
+        self._page = _page(voices=rooms.voices is not None)
 
     def app(self, websocket_paths: tuple[str, ...]) -> FastAPI:
         """The app with every HTTP route; a plain GET of a `websocket_paths` route is a 426."""

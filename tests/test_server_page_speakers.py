@@ -6,6 +6,7 @@ Deepgram-protocol server, which says the demo meeting's words)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import wave
 
@@ -13,12 +14,18 @@ import httpx
 import numpy as np
 import pytest
 
-from server.auth import Grant, issue_token
+from server.auth import DEFAULT_GRANTS, Grant, issue_token
 from server.client import DeviceStream, EventFeed
 from server.excerpts import EXCERPT_RATE, VoiceExcerpts
 from server.protocol import StartMessage
-from server.testing.harness import SECRET, RunningServer, eventually
-from tests.test_server_page import find_chromium, headless_page, meeting_pcm, wait_for
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    running_server_with_local_stt,
+)
+from tests.test_server_page import MEETING, find_chromium, headless_page, meeting_pcm, wait_for
+from voice.testing.deepgram_server import MeetingWords, SpokenWord
 
 ROOM = "panel-room"
 ROWS = "[...document.querySelectorAll('#speaker-list .speaker')]"
@@ -140,3 +147,91 @@ async def eventually_deleted(http: httpx.AsyncClient, url: str, token: str) -> N
         assert loop.time() < deadline, "the room stayed in use"
         await asyncio.sleep(0.05)
     assert answer.status_code == 200, answer.text
+
+
+# --------------------------------------------------------------------------- suggestions, remember
+
+
+def introduced_meeting() -> MeetingWords:
+    """The demo meeting's words, with Alice opening "Hi, I'm Ian." instead of "Good morning
+    everyone." (the same audio: the STT stand-in says what the test needs)."""
+    meeting = MeetingWords.from_meeting(MEETING)
+    said = {"good": ("hi", "Hi,"), "morning": ("i'm", "I'm"), "everyone": ("ian", "Ian.")}
+    words = [
+        SpokenWord(said[w.word][0], w.start, w.end, w.speaker, said[w.word][1])
+        if w.start < 2.0 and w.word in said
+        else w
+        for w in meeting.words
+    ]
+    return dataclasses.replace(meeting, words=words)
+
+
+@pytest.mark.asyncio
+@pytest.mark.slow
+@pytest.mark.skipif(
+    find_chromium() is None, reason="chromium is not installed (make test installs it)"
+)
+async def test_page_confirms_a_name_from_an_introduction_and_remembers_the_voice() -> None:
+    config = {
+        "stt": {"diarize": False},
+        "diarizer": {"kind": "embedded"},
+        "voices": {"enabled": True},
+    }
+    async with running_server_with_local_stt(config, introduced_meeting()) as server:
+        token = issue_token(SECRET, ROOM, grants=[*DEFAULT_GRANTS, Grant.ADMIN])
+        feed = await EventFeed.open(server.base, ROOM, token)
+        async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+            await wait_for(page, "document.body.dataset.voices === 'on'")
+            await wait_for(
+                page, f"document.getElementById('status').textContent === 'live: {ROOM}'"
+            )
+            device = await DeviceStream.open(
+                server.base, ROOM, token, StartMessage(participant="room-7", shared_mic=True)
+            )
+            await device.send_audio(meeting_pcm(0.0, 26.0), chunk_s=0.5, realtime=False)
+            await eventually(
+                lambda: any(m.type == "speaker_suggestion" for m in feed.received),
+                60,
+                "a suggestion from the introduction",
+            )
+            [suggestion] = [m for m in feed.received if m.type == "speaker_suggestion"]
+            assert suggestion.name == "Ian" and suggestion.source == "introduction"
+            label = suggestion.label
+            first = next(t for t in feed.turns if t.label == label)
+            assert first.speaker == label  # a suggestion renames nobody by itself
+            # the panel offers it; one click confirms it (a rename)
+            confirm = f"#speaker-list .speaker[data-label={label!r}] .suggestion button.confirm"
+            await page.wait_for_selector(confirm, timeout=30_000)
+            await page.click(confirm)
+            await eventually(
+                lambda: any(m.type == "renamed" and m.name == "Ian" for m in feed.received),
+                10,
+                "renamed to Ian",
+            )
+            await wait_for(
+                page,
+                f"{ROWS}.some(r => r.dataset.label === {label!r}"
+                " && r.querySelector('.name').textContent === 'Ian'"
+                " && !r.querySelector('.suggestion'))",
+            )
+            # then Remember keeps the voice for later meetings (the room's admin grant)
+            await page.click(f"#speaker-list .speaker[data-label={label!r}] button.remember")
+            await wait_for(
+                page,
+                f"{ROWS}.some(r => r.dataset.label === {label!r}"
+                " && (r.querySelector('.excerpt-status') || {}).textContent)",
+                30,
+            )
+            said = await page.evaluate(
+                f"{ROWS}.find(r => r.dataset.label === {label!r})"
+                ".querySelector('.excerpt-status').textContent"
+            )
+            assert said == "remembered as Ian"
+            async with httpx.AsyncClient(base_url=server.http_base) as http:
+                server_admin = issue_token(SECRET, "*", grants=[Grant.ADMIN])
+                listed = await http.get(
+                    "/v1/voices", headers={"Authorization": f"Bearer {server_admin}"}
+                )
+                assert [(v["name"], v["prints"] >= 1) for v in listed.json()] == [("Ian", True)]
+            await device.stop()
+        await feed.close()
