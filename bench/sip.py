@@ -234,8 +234,9 @@ class CallResult:
     error: str | None = None
 
 
-async def _one_call(base: str, sip_port: int, room: str, mulaw: bytes) -> CallResult:
-    from server.auth import issue_token
+async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str) -> CallResult:
+    """One SIP call into `room`: `mulaw` sent at real time, the latency of every turn its feed
+    (opened with `token`) receives."""
     from server.client import EventFeed
     from server.protocol import FeedMessage, TurnMessage
 
@@ -251,7 +252,7 @@ async def _one_call(base: str, sip_port: int, room: str, mulaw: bytes) -> CallRe
 
     sent_audio: list[float] = []
     sent_wall: list[float] = []
-    feed = await EventFeed.open(base, room, issue_token(SECRET, room, 7200), on_message=on_message)
+    feed = await EventFeed.open(base, room, token, on_message=on_message)
     caller = SipCaller(sip_port, room)
     try:
         await caller.open()
@@ -319,8 +320,11 @@ class Step:
 async def _step(base: str, sip_port: int, probe: ProcessProbe, mulaw: bytes, n: int,
                 seconds: float) -> Step:  # fmt: skip
     cpu_before, wall_before, peak = probe.cpu_seconds(), time.monotonic(), probe.rss_mib()
-    tasks = [asyncio.create_task(_one_call(base, sip_port, f"sipbench-{n}-{i}", mulaw))
-             for i in range(n)]  # fmt: skip
+    from server.auth import issue_token
+
+    rooms = [f"sipbench-{n}-{i}" for i in range(n)]
+    tasks = [asyncio.create_task(one_call(base, sip_port, room, mulaw, issue_token(SECRET, room, 7200)))
+             for room in rooms]  # fmt: skip
     while not all(t.done() for t in tasks):
         peak = max(peak, probe.rss_mib())
         await asyncio.sleep(0.5)

@@ -582,3 +582,16 @@ async def test_g722_is_chosen_when_offered(tmp_path: Path) -> None:
         assert srv.server.sip.calls_by_codec == {"G722": 1}
     assert "Call established" in log, log
     assert "Good morning everyone" in " ".join(t.text for t in feed.turns), feed.turns
+
+
+async def test_the_sip_bench_caller_measures_its_turns() -> None:
+    """`chorus bench sip`'s user agent (digest INVITE, RTP at real time, BYE) against the
+    endpoint: its call is answered and each turn the feed gets has a latency."""
+    from bench.sip import PASSWORD, USER, one_call, phone_audio
+
+    async with sip_server(sip={"users": {**USERS, USER: PASSWORD}}, stt={"diarize": False}) as srv:
+        mulaw = phone_audio(str(MEETING / "meeting.wav"), 2.6)[int(0.6 * 8000) :]
+        result = await one_call(srv.base, sip_port(srv), "standup", mulaw,
+                                issue_token(SECRET, "standup"))  # fmt: skip
+    assert result.error is None and result.turns >= 1, result
+    assert len(result.latencies) == result.turns and all(x > 0 for x in result.latencies)
