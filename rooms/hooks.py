@@ -35,6 +35,8 @@ class HookTrigger(StrEnum):
     """Observer: the speaker differs from the previous turn's (V6)."""
     ON_ROOM_CREATED = "on_room_created"
     """Observer of a new `Room`."""
+    ON_DTMF = "on_dtmf"
+    """Observer: a caller pressed a key on a phone leg (the feed's `dtmf` message as value)."""
 
 
 SYNC_TRIGGERS = frozenset({HookTrigger.BEFORE_BROADCAST, HookTrigger.ON_TRANSCRIPTION})

@@ -5,7 +5,7 @@ uvicorn with its `websockets` implementation:
 
 - `/v1/rooms/{room}/stream?token=…`  a conference-room device (`server.device` framing)
 - `/v1/twilio`                        a phone bridge leg (`server.twilio`: Media Streams framing)
-- `[sip] listen` (UDP)                 a SIP call (`server.sip`): digest auth, room from the URI
+- `[sip] listen` (UDP+TCP)             a SIP call (`server.sip`): digest auth, room from the URI
 - `[audiosocket] listen` (TCP)         an Asterisk AudioSocket call (`server.audiosocket`), its
                                       room from the UUID map (`PUT /v1/audiosocket/{uuid}`)
 - `/v1/rooms/{room}/events?token=…`  the live JSON feed of a room (renames and typed messages
@@ -185,7 +185,7 @@ class ChorusServer:
             log.info("audiosocket: listening on %s:%d", as_host, self.audiosocket_port)
         if self.sip is not None:
             await self.sip.start()
-            log.info("sip: listening on %s (udp)", self.sip.port)
+            log.info("sip: listening on %s (udp and tcp)", self.sip.port)
         self.rooms.start()
 
     @property

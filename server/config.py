@@ -313,7 +313,7 @@ class SipConfig(_Section):
 
     enabled: bool = False
     listen: str = "127.0.0.1:5070"
-    """`host:port` for SIP over UDP."""
+    """`host:port` for SIP over UDP, and over TCP on the same port."""
     realm: str = Field(default="chorus", min_length=1, max_length=64, pattern=r'^[^"\\]+$')
     users: dict[str, str] = Field(default_factory=dict)
     """`name = "secret"`: who may call (digest authentication); every INVITE must authenticate."""

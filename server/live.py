@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
 from models import InboundMessage, RoomEvent, TextContent
-from rooms import HookTrigger, RoomKit, VoiceStore
+from rooms import HookContext, HookTrigger, RoomKit, VoiceStore
 from server.chat import ChatInput, ChatRateLimit
 from server.config import ConfigError, ServerConfig
 from server.feed import FeedConsumer, RoomFeed
@@ -355,7 +355,8 @@ class LiveRooms:
                 live.feed.publish(stream.event_message("stream_stopped"))
 
     def publish_dtmf(self, stream: LiveStream | str, digit: str) -> None:
-        """A caller's DTMF digit on a phone leg, to its room's feed (`dtmf`)."""
+        """A caller's DTMF digit on a phone leg, to its room's feed (`dtmf`) and its hooks
+        (`HookTrigger.ON_DTMF` observers, the `DtmfMessage` as value)."""
         if isinstance(stream, str):
             found = next(
                 (s for live in self.rooms.values() for s in live.streams.values() if s.id == stream),
@@ -368,16 +369,20 @@ class LiveRooms:
         if live is None:
             return
         self.metrics.dtmf_total += 1
-        live.feed.publish(
-            dump(
-                DtmfMessage(
-                    room=stream.room_id,
-                    stream=stream.id,
-                    participant=stream.declaration.participant,
-                    digit=digit,
-                )
-            )
+        message = DtmfMessage(
+            room=stream.room_id,
+            stream=stream.id,
+            participant=stream.declaration.participant,
+            digit=digit,
         )
+        live.feed.publish(dump(message))
+        context = HookContext(
+            room_id=stream.room_id,
+            channel_id=None,
+            kit=self.kit,
+            participant_id=stream.declaration.participant,
+        )
+        self.kit.hooks.emit(HookTrigger.ON_DTMF, message, context)
 
     # ------------------------------------------------------------------ chat
 

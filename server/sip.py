@@ -6,7 +6,8 @@ who the leg is (the From display name, else the authenticated user; never the ca
 whether it is a speakerphone (`X-Chorus-Shared-Mic: true` or a user in `shared_mic_users`), and
 which codec (G.722 when offered, else PCMU/PCMA) — and the leg as a `server.sockets.StreamSocket`
 (`SipLeg`: decoded audio in, paced RTP out, BYE) with its `server.framing` shape (`SipFraming`),
-so `server.streaming` runs it like every other stream.
+so `server.streaming` runs it like every other stream. A leg is put on hold and resumed by
+re-INVITE, and the caller talking over a reply drops the reply audio queued for it (barge-in).
 
 The SIP and RTP wire is not written here: `aiosipua` (SIP transactions, dialogs, SDP offer/answer)
 and `aiortp` (RTP, G.711/G.722, jitter buffer with reordering, PLC, RFC 4733 DTMF), the `sip`
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("chorus.server.sip")
 
 G722, PCMU, PCMA = 9, 0, 8
+_CODEC_NAMES = {G722: "G722", PCMU: "PCMU", PCMA: "PCMA"}
 NONCE_TTL_S = 300.0
 RTP_FRAME_S = 0.02
 _DISPLAY_NAME = re.compile(r"[^\w .'-]+")
@@ -174,6 +176,8 @@ class SipFraming:
         self.sample_rate = sample_rate
         self.stream_id: str | None = None
         self.on_dtmf: Callable[[str], None] | None = None
+        self.on_reply_queued: Callable[[int], None] | None = None
+        """Told how many chunks each reply was cut into (the leg's barge-in drops them)."""
 
     def declare(self, plan: SipCallPlan) -> StreamDeclaration:
         return StreamDeclaration(
@@ -195,14 +199,39 @@ class SipFraming:
     def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
         data = convert_reply(pcm16, sample_rate, self.sample_rate, "pcm16")
         step = int(self.sample_rate * FRAME_SECONDS) * 2
-        return [data[i : i + step] for i in range(0, len(data), step)]
+        chunks: list[Outgoing] = [data[i : i + step] for i in range(0, len(data), step)]
+        if self.on_reply_queued is not None:
+            self.on_reply_queued(len(chunks))
+        return chunks
+
+
+BARGE_IN_DBFS = -35.0
+"""A caller's 20 ms frame at least this loud (RMS) is speech for barge-in."""
+BARGE_IN_FRAMES = 3
+"""Consecutive loud frames (60 ms) that clear the reply audio queued for the caller."""
+
+
+def _dbfs(pcm: bytes) -> float:
+    import numpy as np
+
+    samples = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], "<i2").astype(np.float64)
+    if samples.size == 0:
+        return -120.0
+    rms = float(np.sqrt(np.mean(samples * samples))) / 32768.0
+    return 20.0 * float(np.log10(max(rms, 1e-6)))
 
 
 class SipLeg:
     """One accepted call as a `StreamSocket`: the caller's decoded audio (from aiortp's jitter
     buffer) as messages until a BYE, a CANCEL or `rtp_timeout_s` without audio; binary messages
     sent go out as RTP 20 ms frames paced at real time; `close` sends BYE (unless the caller
-    hung up) and closes the RTP session."""
+    hung up) and closes the RTP session.
+
+    On hold (a re-INVITE with `a=sendonly`, `a=inactive` or `c=0.0.0.0`: `hold(True)`) no RTP
+    timeout hangs up and no reply audio is sent (it is dropped); `hold(False)` resumes, the RTP
+    timeout counting from then. Barge-in: while reply audio is queued for the caller,
+    `BARGE_IN_FRAMES` consecutive caller frames at `BARGE_IN_DBFS` or louder drop all of it
+    (the frame being sent included); a reply queued afterwards plays."""
 
     def __init__(
         self, call: IncomingCall, session: CallSession, rtp_timeout_s: float, max_queued: int = 500
@@ -214,6 +243,18 @@ class SipLeg:
         self.closed_cleanly = False
         self.timed_out = False
         self.dropped_frames = 0
+        self.held = False
+        self.idle_while_held = 0
+        """RTP timeouts that passed while the leg was on hold (no hang-up for them)."""
+        self.dropped_while_held = 0
+        """Reply RTP frames not sent because the leg was on hold."""
+        self.barge_ins = 0
+        self.cleared_s = 0.0
+        """Seconds of reply audio dropped by barge-in."""
+        self._queued_chunks = 0
+        self._drop_chunks = 0
+        self._loud = 0
+        self._since = 0.0
         self._rtp_timeout_s = rtp_timeout_s
         self._audio: asyncio.Queue[bytes | None] = asyncio.Queue(max_queued)
         self._hung_up = False
@@ -223,10 +264,33 @@ class SipLeg:
         session.on_audio = self._on_audio
 
     def _on_audio(self, pcm: bytes, timestamp: int) -> None:
+        if self._queued_chunks > self._drop_chunks:
+            self._loud = self._loud + 1 if _dbfs(pcm) >= BARGE_IN_DBFS else 0
+            if self._loud >= BARGE_IN_FRAMES:
+                self.barge_in()
+        else:
+            self._loud = 0
         try:
             self._audio.put_nowait(pcm)
         except asyncio.QueueFull:
             self.dropped_frames += 1
+
+    def reply_queued(self, chunks: int) -> None:
+        self._queued_chunks += chunks
+
+    def barge_in(self) -> None:
+        """The caller speaks over the reply: every reply chunk queued so far is dropped."""
+        self.barge_ins += 1
+        self._loud = 0
+        self._drop_chunks = self._queued_chunks
+        log.info("sip leg %s: barge-in, %d reply chunks dropped", self.call.call_id,
+                 self._drop_chunks)  # fmt: skip
+
+    def hold(self, held: bool) -> None:
+        if held != self.held:
+            log.info("sip leg %s: %s", self.call.call_id, "on hold" if held else "resumed")
+        self.held = held
+        self._since = asyncio.get_running_loop().time()
 
     def hung_up(self) -> None:
         """The caller sent BYE (or CANCEL): the stream ends after what it already sent."""
@@ -237,14 +301,24 @@ class SipLeg:
     async def recv(self) -> bytes:
         if self._closed:
             raise SocketClosed("closed")
-        try:
-            item = await asyncio.wait_for(self._audio.get(), self._rtp_timeout_s)
-        except TimeoutError:
+        loop = asyncio.get_running_loop()
+        while True:
+            since = loop.time() - self._since  # a resume: the timeout counts from it
+            wait = self._rtp_timeout_s - since if since < self._rtp_timeout_s else self._rtp_timeout_s
+            try:
+                item = await asyncio.wait_for(self._audio.get(), max(wait, 0.05))
+                break
+            except TimeoutError:
+                if self.held:
+                    self.idle_while_held += 1
+                    continue
+                if loop.time() - self._since < self._rtp_timeout_s:
+                    continue  # resumed from hold less than a timeout ago
             self.timed_out = True
             self.closed_cleanly = True
             log.info("sip leg %s: no RTP for %.0f s, hanging up", self.call.call_id,
                      self._rtp_timeout_s)  # fmt: skip
-            raise SocketClosed("rtp timeout") from None
+            raise SocketClosed("rtp timeout")
         if item is None:
             self.closed_cleanly = True
             raise SocketClosed("caller hung up")
@@ -258,11 +332,23 @@ class SipLeg:
             return
         if self._closed:
             raise SocketClosed("closed")
+        self._queued_chunks = max(0, self._queued_chunks - 1)
         rate = self.session.codec_sample_rate
+        if self._drop_chunks > 0:
+            self._drop_chunks -= 1
+            self.cleared_s += len(message) / 2 / rate
+            return
+        barges = self.barge_ins
         clock = self.session.clock_rate
         step = int(rate * RTP_FRAME_S) * 2
         loop = asyncio.get_running_loop()
         for i in range(0, len(message), step):
+            if self.barge_ins != barges:  # barged in while this chunk was being sent
+                self.cleared_s += (len(message) - i) / 2 / rate
+                return
+            if self.held:
+                self.dropped_while_held += 1
+                continue
             frame = message[i : i + step]
             if len(frame) < step:
                 frame = frame + bytes(step - len(frame))
@@ -283,7 +369,7 @@ class SipLeg:
         self._closed = True
         if not self._hung_up:
             with contextlib.suppress(Exception):
-                self.call.hangup()  # BYE
+                _hangup(self.call)  # BYE
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.session.close(), within_s)
 
@@ -297,8 +383,9 @@ OnLeg = Callable[[SipLeg, SipFraming, SipCallPlan], Awaitable[None]]
 
 
 class SipEndpoint:
-    """The UAS on `[sip] listen` (UDP): INVITEs checked and answered here, each accepted call
-    handed to `on_leg` (the server runs it as a stream). `admit()` says whether the server takes
+    """The UAS on `[sip] listen` (UDP, and TCP on the same port): INVITEs checked and answered
+    here, re-INVITEs hold or resume a leg, each accepted call handed to `on_leg` (the server runs
+    it as a stream). `admit()` says whether the server takes
     another call now: None, or the SIP status and reason to refuse it with."""
 
     def __init__(
@@ -317,11 +404,16 @@ class SipEndpoint:
         self._admit = admit
         self._uas: Any = None
         self._transport: Any = None
+        self._tcp_uas: Any = None
+        self._tcp_transport: Any = None
         self.legs: dict[str, SipLeg] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.refused: dict[int, int] = {}
+        self.calls_by_codec: dict[str, int] = {}
+        """Calls answered, by the codec chosen (`PCMU`, `PCMA`, `G722`)."""
 
     async def start(self) -> None:
+        """Listen on `[sip] listen` over UDP, and over TCP on the same port."""
         from aiosipua import SipUAS
         from aiosipua.transport import UdpSipTransport
 
@@ -329,6 +421,7 @@ class SipEndpoint:
 
         host, port = split_host_port(self.config.listen)
         self._transport = UdpSipTransport(local_addr=(host, port))
+
         class ChorusUAS(SipUAS):
             """A request the library cannot take (a malformed SDP raises in its parser) is
             answered 400 instead of going unanswered; the endpoint keeps serving."""
@@ -342,13 +435,20 @@ class SipEndpoint:
                         self._send_error(request, 400, "Bad Request (malformed message)")
 
         self._uas = ChorusUAS(self._transport, user_agent="chorus")
-        self._uas.on_invite = self._on_invite
-        self._uas.on_bye = self._on_bye
-        self._uas.on_cancel = self._on_cancel
-        await self._uas.start()
+        await self._serve(self._uas)
         udp = self._transport._udp_transport
         if udp is not None:  # port 0: the one the system chose, for Via and Contact
             self._transport.local_addr = udp.get_extra_info("sockname")[:2]
+        self._tcp_transport = _tcp_transport(self._transport.local_addr)
+        self._tcp_uas = ChorusUAS(self._tcp_transport, user_agent="chorus")
+        await self._serve(self._tcp_uas)
+
+    async def _serve(self, uas: Any) -> None:
+        uas.on_invite = self._on_invite
+        uas.on_reinvite = self._on_reinvite
+        uas.on_bye = self._on_bye
+        uas.on_cancel = self._on_cancel
+        await uas.start()
 
     @property
     def port(self) -> int:
@@ -358,8 +458,9 @@ class SipEndpoint:
         for task in list(self._tasks):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(task), 5)
-        if self._uas is not None:
-            await self._uas.stop()
+        for uas in (self._uas, self._tcp_uas):
+            if uas is not None:
+                await uas.stop()
 
     def _reject(self, call: IncomingCall, status: int, reason: str,
                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
@@ -425,16 +526,40 @@ class SipEndpoint:
         leg = SipLeg(call, session, self.config.rtp_timeout_s)
         leg.room = plan.room
         framing = SipFraming(session.codec_sample_rate)
+        framing.on_reply_queued = leg.reply_queued
         session.on_dtmf = lambda digit, duration: (
             framing.on_dtmf(digit) if framing.on_dtmf is not None else None
         )
         call.accept(session.sdp_answer)
+        codec = _CODEC_NAMES.get(session.chosen_payload_type, str(session.chosen_payload_type))
+        self.calls_by_codec[codec] = self.calls_by_codec.get(codec, 0) + 1
         self.legs[call.call_id] = leg
         try:
             await self._on_leg(leg, framing, plan)
         finally:
             self.legs.pop(call.call_id, None)
             await leg.close(1000)
+
+    def _on_reinvite(self, call: IncomingCall) -> None:
+        """A re-INVITE in an established call: hold (`a=sendonly`, `a=inactive`, or the old
+        `c=0.0.0.0`) or resume (`sendrecv`), answered 200 with our SDP in the matching
+        direction (RFC 3264 §8.4). A re-INVITE that is not for a running leg gets 481; one
+        without an audio offer keeps the media as it is."""
+        leg = self.legs.get(call.call_id)
+        if leg is None:
+            call._send_response(481, "Call/Transaction Does Not Exist")
+            return
+        offer = call.sdp_offer
+        direction = "sendrecv"
+        if offer is not None and offer.audio is not None:
+            audio = offer.audio
+            conn = audio.connection or offer.connection
+            direction = audio.direction
+            if conn is not None and conn.address == "0.0.0.0" and direction == "sendrecv":
+                direction = "sendonly"  # RFC 2543 hold
+            leg.hold(direction in ("sendonly", "inactive"))
+        answer = _answer_with_direction(leg.session.sdp_answer, _ANSWER_DIRECTION[direction])
+        call.accept(answer)
 
     def _on_bye(self, call: IncomingCall, request: SipRequest) -> None:
         leg = self.legs.get(call.call_id)
@@ -445,6 +570,74 @@ class SipEndpoint:
         leg = self.legs.get(request.call_id or "")
         if leg is not None:
             leg.hung_up()
+
+
+_ANSWER_DIRECTION = {
+    "sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive",
+}  # fmt: skip
+_DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
+
+
+def _answer_with_direction(answer: Any, direction: str) -> Any:
+    """A copy of the call's SDP answer with its audio direction set and its version bumped."""
+    import copy
+
+    sdp = copy.deepcopy(answer)
+    sdp.origin.session_version = str(int(sdp.origin.session_version or "0") + 1)
+    for media in sdp.media:
+        for name in _DIRECTIONS:
+            media.attributes.pop(name, None)
+        media.attributes[direction] = []
+    return sdp
+
+
+def _hangup(call: IncomingCall) -> None:
+    """BYE, with a Via naming the call's own transport (aiosipua's `hangup` always says UDP)."""
+    from aiosipua import DialogState
+
+    transport = call.transport
+    if not getattr(transport, "reliable", False):
+        call.hangup()
+        return
+    if call.dialog.state != DialogState.CONFIRMED or transport is None:
+        return
+    host, port = transport.local_addr
+    bye = call.dialog.create_request("BYE", via_host=host, via_port=port, via_transport="TCP")
+    call.dialog.terminate()
+    transport.send(bye, call.source_addr)
+
+
+def _tcp_transport(local_addr: tuple[str, int]) -> Any:
+    """aiosipua's TCP transport, answering on the connection each request came in on: the
+    request's top Via gets `received` and `rport` from the connection (aiosipua routes by Via,
+    and a TCP client's Via names its listening port, not the connection's)."""
+    from aiosipua import SipMessage, SipRequest
+    from aiosipua.headers import parse_via, stringify_via
+    from aiosipua.transport import TcpSipTransport
+
+    class ConnectionTcpTransport(TcpSipTransport):
+        def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
+            try:
+                message = SipMessage.parse(data)
+            except Exception:
+                log.info("sip: unparsable message over TCP from %s", addr[0])
+                return
+            if isinstance(message, SipRequest):
+                vias = message.headers.get("via")
+                if vias:
+                    via = parse_via(vias[0])
+                    via.params["received"] = addr[0]
+                    via.params["rport"] = str(addr[1])
+                    message.headers.remove("Via")
+                    for value in [stringify_via(via), *vias[1:]]:
+                        message.headers.append("Via", value)
+            if self.on_message is not None:
+                try:
+                    self.on_message(message, addr)
+                except Exception:
+                    log.exception("sip: error handling a TCP message from %s", addr[0])
+
+    return ConnectionTcpTransport(local_addr=local_addr)
 
 
 def _has_g722() -> bool:

@@ -34,15 +34,16 @@ BOUND_S = 120.0
 USERS = {"speakerphone": "s3cret-a", "dana": "s3cret-b"}
 
 
-def phone_wav(path: Path, start: float, end: float, silence: float = 1.0) -> Path:
+def phone_wav(path: Path, start: float, end: float, silence: float = 1.0, rate: int = 8000) -> Path:
     audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
-    narrow = np.concatenate([resample(audio, 16000, 8000), np.zeros(int(silence * 8000), np.float32)])
-    sf.write(path, narrow, 8000, subtype="PCM_16")
+    narrow = np.concatenate([resample(audio, 16000, rate), np.zeros(int(silence * rate), np.float32)])
+    sf.write(path, narrow, rate, subtype="PCM_16")
     return path
 
 
 def write_baresip_config(conf: Path, sip_port: int, user: str, password: str, wav: Path,
-                         display: str | None) -> None:  # fmt: skip
+                         display: str | None, transport: str = "udp",
+                         codec: str = "PCMU") -> None:  # fmt: skip
     conf.mkdir(parents=True, exist_ok=True)
     (conf / "dump").mkdir(exist_ok=True)
     (conf / "config").write_text(
@@ -50,26 +51,27 @@ def write_baresip_config(conf: Path, sip_port: int, user: str, password: str, wa
         f"audio_source aufile,{wav}\n"
         "audio_player aufile,/dev/null\n"
         "module_path /usr/lib/baresip/modules\n"
-        "module g711.so\nmodule aufile.so\nmodule sndfile.so\n"
+        "module g711.so\nmodule g722.so\nmodule aufile.so\nmodule sndfile.so\n"
         f"snd_path {conf / 'dump'}\n"
         "module account.so\nmodule menu.so\n"
     )
     name = f'"{display}" ' if display else ""
     (conf / "accounts").write_text(
-        f"{name}<sip:{user}@127.0.0.1:{sip_port};transport=udp>;auth_pass={password};regint=0;"
-        "audio_codecs=PCMU\n"
+        f"{name}<sip:{user}@127.0.0.1:{sip_port};transport={transport}>;auth_pass={password};"
+        f"regint=0;audio_codecs={codec}\n"
     )
 
 
 async def baresip(
     conf: Path, sip_port: int, room: str, user: str, password: str, wav: Path, seconds: int,
-    display: str | None = None,
+    display: str | None = None, transport: str = "udp", codec: str = "PCMU",
 ) -> str:  # fmt: skip
     """One baresip call: dial, play `wav`, hang up after `seconds`; its log. What it heard is
     dumped under `conf/dump` (`sndfile`)."""
-    write_baresip_config(conf, sip_port, user, password, wav, display)
+    write_baresip_config(conf, sip_port, user, password, wav, display, transport, codec)
+    target = f"sip:{room}@127.0.0.1:{sip_port}" + (";transport=tcp" if transport == "tcp" else "")
     proc = await asyncio.create_subprocess_exec(
-        "baresip", "-f", str(conf), "-t", str(seconds), "-e", f"/dial sip:{room}@127.0.0.1:{sip_port}",
+        "baresip", "-f", str(conf), "-t", str(seconds), "-e", f"/dial {target}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
@@ -241,10 +243,42 @@ class RawCaller:
         lines += [f"Content-Length: {len(body)}", "", body]
         self.sip.sendto("\r\n".join(lines).encode(), self.server)
 
-    def sdp(self) -> str:
-        return ("v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    def sdp(self, direction: str | None = None, host: str = "127.0.0.1") -> str:
+        return (f"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 {host}\r\nt=0 0\r\n"
                 f"m=audio {self.rtp_port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
-                "a=rtpmap:101 telephone-event/8000\r\n")  # fmt: skip
+                "a=rtpmap:101 telephone-event/8000\r\n"
+                + (f"a={direction}\r\n" if direction else ""))  # fmt: skip
+
+    async def reinvite(self, room: str, direction: str | None, host: str = "127.0.0.1") -> str:
+        """A re-INVITE in the dialog with this SDP direction; its 200's body (ACKed)."""
+        self.request("INVITE", room, body=self.sdp(direction, host))
+        assert await self.status() == 200, self.last
+        self.request("ACK", room)
+        return self.last.split("\r\n\r\n", 1)[1]
+
+    def send_dtmf(self, digit: int, payload_type: int, seq0: int) -> None:
+        """One RFC 4733 telephone-event: a start packet (marker), two more, three end packets."""
+        import struct as _struct
+
+        stamp = seq0 * 160
+        for n in range(6):
+            end = n >= 3
+            duration = 160 * (min(n, 3) + 1)
+            header = _struct.pack(">BBHII", 0x80, payload_type | (0x80 if n == 0 else 0),
+                                  (seq0 + n) & 0xFFFF, stamp, 0x1234)  # fmt: skip
+            event = _struct.pack(">BBH", digit, (0x80 if end else 0) | 10, duration)
+            self.rtp.sendto(header + event, ("127.0.0.1", self.answer_port))
+
+    def rtp_received(self) -> int:
+        """RTP packets that came in on the caller's RTP socket since the last call."""
+        count = 0
+        self.rtp.setblocking(False)
+        while True:
+            try:
+                self.rtp.recv(2048)
+            except BlockingIOError:
+                return count
+            count += 1
 
     async def until(self, predicate: Any, within_s: float = 30.0) -> str:
         """The first message received (now or later) that `predicate` accepts."""
@@ -402,3 +436,162 @@ async def test_a_drain_says_bye_to_every_leg_after_its_last_turns() -> None:
             caller.close()
             await feed.close()
     assert "Good morning everyone" in " ".join(t.text for t in feed.turns)
+
+
+# --- re-INVITE (hold), DTMF, barge-in -------------------------------------------------------------
+
+
+def only_leg(srv: RunningServer) -> Any:
+    assert srv.server.sip is not None
+    (leg,) = srv.server.sip.legs.values()
+    return leg
+
+
+async def test_a_re_invite_holds_the_leg_and_another_resumes_it() -> None:
+    """Held (`a=sendonly`, then the old `c=0.0.0.0`): no RTP-timeout hang-up however long, no
+    reply audio sent; resumed (`sendrecv`): the timeout counts again. Each answered 200 with
+    our SDP in the matching direction."""
+    async with sip_server(sip={"rtp_timeout_s": 1.0}) as srv:
+        caller = RawCaller(sip_port(srv))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
+            leg = only_leg(srv)
+            answer = await caller.reinvite("standup", "sendonly")
+            assert "a=recvonly" in answer and f"m=audio {caller.answer_port} " in answer, answer
+            assert leg.held
+            await eventually(lambda: leg.idle_while_held >= 2, BOUND_S, "two timeouts on hold")
+            assert await caller.reinvite("standup", None, host="0.0.0.0")  # RFC 2543 hold
+            await eventually(lambda: leg.idle_while_held >= 3, BOUND_S, "a third on hold")
+            with pytest.raises(TimeoutError):  # three RTP timeouts held, and no BYE
+                await caller.until(lambda m: m.startswith("BYE "), within_s=0.2)
+            assert srv.server.metrics.streams_active["sip"] == 1 and leg.held
+            await leg.send(bytes(3200))  # a 200 ms reply chunk while held: not sent
+            assert leg.dropped_while_held == 10
+            assert "a=sendrecv" in await caller.reinvite("standup", "sendrecv")
+            assert not leg.held
+            await leg.send(bytes(3200))  # resumed: sent
+            received = 0
+
+            def heard_ten() -> bool:
+                nonlocal received
+                received += caller.rtp_received()
+                return received >= 10
+
+            await eventually(heard_ten, BOUND_S, "the resumed reply's RTP")
+            assert received == 10  # nothing of the held chunk came
+            await caller.until(lambda m: m.startswith("BYE "))  # the RTP timeout is back
+        finally:
+            caller.close()
+
+
+async def test_a_dtmf_digit_reaches_the_feed_and_the_rooms_hooks() -> None:
+    from rooms import HookTrigger
+
+    async with sip_server() as srv:
+        pressed: list[Any] = []
+        srv.server.rooms.kit.hooks.add(HookTrigger.ON_DTMF, lambda m, ctx: pressed.append((m, ctx)))
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        caller = RawCaller(sip_port(srv))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            match = re_search(r"a=rtpmap:(\d+) telephone-event", caller.last)
+            caller.send_rtp(pcmu(0.6, 1.0, 0))
+            caller.send_dtmf(5, int(match), seq0=100)
+            await eventually(lambda: any(m.type == "dtmf" for m in feed.received), BOUND_S)
+            await eventually(lambda: bool(pressed), BOUND_S, "the ON_DTMF hook")
+        finally:
+            caller.close()
+            await feed.close()
+    dtmf = next(m for m in feed.received if m.type == "dtmf")
+    assert dtmf.digit == "5" and dtmf.participant.startswith("sip-dana-")
+    message, ctx = pressed[0]
+    assert message.digit == "5" and ctx.room_id == "standup" and ctx.participant_id == dtmf.participant
+
+
+def re_search(pattern: str, text: str) -> str:
+    import re
+
+    found = re.search(pattern, text)
+    assert found is not None, text
+    return found.group(1)
+
+
+async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> None:
+    """A 6 s reply is playing; the caller talks: the rest of it is dropped, not sent."""
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
+        config = {
+            "sip": {"rtp_timeout_s": 60.0},
+            "stt": {"diarize": False},
+            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
+            "policy": {"answer_only": ["dana"]},
+        }
+        async with sip_server(**config) as srv:
+            caller = RawCaller(sip_port(srv))
+            try:
+                assert await caller.invite("standup", USERS["dana"]) == 200
+                caller.send_rtp(pcmu(0.6, 2.0, 0.8))  # "Good morning everyone." then quiet
+                received = 0
+
+                def hearing(packets: int) -> Any:
+                    def check() -> bool:
+                        nonlocal received
+                        received += caller.rtp_received()
+                        return received >= packets
+                    return check
+
+                await eventually(hearing(10), BOUND_S, "the reply's first RTP")
+                leg = only_leg(srv)
+                caller.send_rtp(pcmu(2.0, 3.5, 0), seq0=1000)  # the caller talks over it
+                await eventually(lambda: leg.barge_ins >= 1, BOUND_S, "barge-in")
+                # the rest of the 6 s reply is dropped (a reply to the new turn may follow)
+                await eventually(lambda: leg.cleared_s >= 3.0, BOUND_S, "the reply dropped")
+            finally:
+                caller.close()
+    assert leg.barge_ins >= 1
+
+
+# --- SIP over TCP, G.722 ------------------------------------------------------------------------
+
+
+async def test_a_call_over_tcp(tmp_path: Path) -> None:
+    """baresip's account on `transport=tcp`: the INVITE, its challenge, the call and its BYE
+    all over one TCP connection to the same port as UDP; the turn arrives."""
+    async with sip_server(stt={"diarize": False}) as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        wav = phone_wav(tmp_path / "t.wav", 0.6, 2.6)
+        log = await baresip(tmp_path / "t", sip_port(srv), "standup", "dana", USERS["dana"], wav,
+                            6, display="Dana Lee", transport="tcp")  # fmt: skip
+        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
+        await feed.close()
+    assert "Call established" in log, log
+    assert "Good morning everyone" in " ".join(t.text for t in feed.turns), feed.turns
+
+
+async def test_g722_is_chosen_when_offered(tmp_path: Path) -> None:
+    """baresip offers only G.722 (`audio_codecs=G722`): the leg runs at 16 kHz and is heard."""
+    pytest.importorskip("G722", reason="needs sippy's G722 codec (the sip extra)")
+    async with sip_server(stt={"diarize": False}) as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        wav = phone_wav(tmp_path / "g.wav", 0.6, 2.6, rate=16000)
+        log = await baresip(tmp_path / "g", sip_port(srv), "standup", "dana", USERS["dana"], wav,
+                            6, display="Dana Lee", codec="G722")  # fmt: skip
+        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
+        await feed.close()
+        assert srv.server.sip is not None
+        assert srv.server.sip.calls_by_codec == {"G722": 1}
+    assert "Call established" in log, log
+    assert "Good morning everyone" in " ".join(t.text for t in feed.turns), feed.turns
+
+
+async def test_the_sip_bench_caller_measures_its_turns() -> None:
+    """`chorus bench sip`'s user agent (digest INVITE, RTP at real time, BYE) against the
+    endpoint: its call is answered and each turn the feed gets has a latency."""
+    from bench.sip import PASSWORD, USER, one_call, phone_audio
+
+    async with sip_server(sip={"users": {**USERS, USER: PASSWORD}}, stt={"diarize": False}) as srv:
+        mulaw = phone_audio(str(MEETING / "meeting.wav"), 2.6)[int(0.6 * 8000) :]
+        result = await one_call(srv.base, sip_port(srv), "standup", mulaw,
+                                issue_token(SECRET, "standup"))  # fmt: skip
+    assert result.error is None and result.turns >= 1, result
+    assert len(result.latencies) == result.turns and all(x > 0 for x in result.latencies)
