@@ -48,8 +48,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--enroll", action="append", default=[], metavar="NAME=clip.wav",
                         help="with --pipeline-speakers: name a voice from a clip of it, so its "
                              "turns carry the name from the first one (repeatable)")
-    parser.add_argument("--whisper-model", default=None,
-                        help="faster-whisper model path or name (default: the shipped tiny.en)")
+    parser.add_argument("--model", "--whisper-model", dest="whisper_model", default=None,
+                        metavar="tiny.en|base|DIR",
+                        help="Whisper model: tiny.en (default, shipped), base (multilingual; the "
+                             "whisper-base extra) or a faster-whisper model directory; never "
+                             "downloaded")
+    parser.add_argument("--language", default=None,
+                        help="language a multilingual Whisper model decodes (default en; auto: "
+                             "detected per utterance)")
     parser.add_argument("--realtime", choices=("openai", "gemini", "recorder"), default=None,
                         help="replay the turns into a realtime session and print what it was sent")
     parser.add_argument("--output", "-o", type=Path, default=None, help="write here instead of stdout")
@@ -68,7 +74,7 @@ def _stt(args: argparse.Namespace) -> Any:
                         url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
-    return WhisperSTT(args.whisper_model)
+    return WhisperSTT(args.whisper_model, language=args.language or "en")
 
 
 def run(args: argparse.Namespace) -> int:

