@@ -74,6 +74,11 @@ utterance at (the stage places a change within a word or two)."""
 CHANGE_PAD = 0.1
 """Seconds of audio after a voice-change cut that the piece before it still hears (pause and cap
 cuts hear `pad`): less, so the next voice's first word is not decoded twice."""
+MIN_AUDIO = 0.3
+"""Seconds: a piece shorter than this (padding included) is not decoded: on 0.2 s pieces Whisper
+said "Thank you very much" where nobody spoke (issue 23)."""
+QUIET_DBFS = -65.0
+"""A piece quieter than this (RMS) is not decoded: far-field speech here is about -45 to -30."""
 MIN_PIECE = 0.5
 """Seconds: a voice change closer than this to the utterance's start cuts nothing (Whisper makes
 things up on very short pieces)."""
@@ -157,6 +162,11 @@ class WhisperSTT(SttProvider):
         temperature: float = 0.0,
         max_tokens_per_second: float | None = 8.0,
         cut_at_voice_changes: bool = True,
+        min_audio: float = MIN_AUDIO,
+        no_speech_threshold: float = 0.6,
+        speech_logprob: float = -0.5,
+        compression_ratio_threshold: float = 2.4,
+        hallucination_silence_threshold: float | None = 2.0,
     ) -> None:
         self.multilingual = check_whisper_model(model)
         """Known before loading, so a bad name or language fails where the provider is built."""
@@ -184,6 +194,17 @@ class WhisperSTT(SttProvider):
         self.cut_at_voice_changes = cut_at_voice_changes
         """End the utterance in progress where a diarization stage decided the voice changes
         (`SttConnection.voice_change`), so the turn before the change is decoded then."""
+        self.min_audio = min_audio
+        """Seconds: shorter audio is not decoded (Whisper makes up words for it)."""
+        self.no_speech_threshold = no_speech_threshold
+        self.speech_logprob = speech_logprob
+        """A segment Whisper thinks is not speech (`no_speech_prob` over `no_speech_threshold`)
+        is dropped unless its decoding is this sure (average log-probability above)."""
+        self.compression_ratio_threshold = compression_ratio_threshold
+        """A segment whose text compresses better than this (a loop: "okay, okay, okay…") is
+        dropped."""
+        self.hallucination_silence_threshold = hallucination_silence_threshold
+        """faster-whisper skips silences longer than this around a likely hallucination."""
         self._model: Any = None
 
     def describe(self) -> str:
@@ -208,6 +229,8 @@ class WhisperSTT(SttProvider):
         """Words of one utterance, in connection time (blocking: call from a worker thread)."""
         model = self.model()
         seconds = len(audio) / STT_SAMPLE_RATE
+        if seconds < self.min_audio or loudness_dbfs(audio) < QUIET_DBFS:
+            return ()
         cap = (None if self.max_tokens_per_second is None
                else int(seconds * self.max_tokens_per_second) + 8)
         with _TRANSCRIBE_LOCKS[id(model)]:
@@ -222,17 +245,23 @@ class WhisperSTT(SttProvider):
                     word_timestamps=True,
                     condition_on_previous_text=False,
                     vad_filter=False,
+                    no_speech_threshold=self.no_speech_threshold,
+                    compression_ratio_threshold=self.compression_ratio_threshold,
+                    hallucination_silence_threshold=self.hallucination_silence_threshold,
                 )
                 segments = list(segments)  # the generator decodes lazily: decode under the window
             finally:
                 model.encode_frames = None
             words: list[RawWord] = []
             for segment in segments:
+                if not self.heard_speech(segment):
+                    continue
                 for w in segment.words or []:
                     text = w.word.strip()
-                    if not text:
-                        continue
-                    if words and not w.word.startswith(" "):
+                    glued = bool(words) and not w.word.startswith(" ")
+                    if not text or (not glued and not any(c.isalnum() for c in text)):
+                        continue  # nothing, or a lone "." Whisper heard in noise
+                    if glued:
                         # A piece glued to the previous word ("o" + "'clock", "day" + "-to").
                         prev = words[-1]
                         words[-1] = RawWord(prev.text + text, prev.start, offset + float(w.end),
@@ -241,6 +270,23 @@ class WhisperSTT(SttProvider):
                     words.append(RawWord(text, offset + float(w.start), offset + float(w.end),
                                          float(w.probability)))
         return tuple(words)
+
+
+    def heard_speech(self, segment: Any) -> bool:
+        """Whether a decoded segment is words someone said, not Whisper's inventions on noise
+        (with one temperature faster-whisper keeps whatever it decoded: the checks are here)."""
+        if segment.compression_ratio > self.compression_ratio_threshold:
+            return False
+        return not (segment.no_speech_prob > self.no_speech_threshold
+                    and segment.avg_logprob < self.speech_logprob)
+
+
+def loudness_dbfs(audio: FloatAudio) -> float:
+    """RMS level of `audio` in dB relative to full scale (-inf-safe: silence is -200)."""
+    if not len(audio):
+        return -200.0
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+    return 20.0 * float(np.log10(max(rms, 1e-10)))
 
 
 class WhisperConnection(SttConnection):
