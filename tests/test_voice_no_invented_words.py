@@ -53,12 +53,14 @@ async def test_the_live_path_commits_no_turn_for_room_noise(
     await kit.close()
 
 
+@pytest.mark.parametrize("decoding", ["batch", "pieces"])
 def test_chorus_transcribe_prints_no_turn_for_room_noise(
-    noise: np.ndarray, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    decoding: str, noise: np.ndarray, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     wav = tmp_path / "room.wav"
     write_wav(wav, noise, RATE)
-    assert main(["transcribe", str(wav), "--no-progress", "--format", "json"]) == 0
+    argv = ["transcribe", str(wav), "--no-progress", "--format", "json", "--decoding", decoding]
+    assert main(argv) == 0
     assert capsys.readouterr().out.strip() == "[]"
 
 

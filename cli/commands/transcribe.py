@@ -1,5 +1,8 @@
 """`chorus transcribe AUDIO`: a recording → per-speaker turns, through the live VoiceChannel path.
 
+Whisper decodes the file in long stretches of speech (`--decoding batch`, the default: no live
+latency to meet, so none of the live path's short pieces); the words are then split by speaker.
+
 Speakers come from the STT's own labels (Deepgram) or, with `--pipeline-speakers`, from a
 diarization stage (`--diarizer embedded|pyannote`). `--rename "Speaker A=Alice"` renames a voice
 (an ON_TRANSCRIPTION hook, as an application would). `--realtime openai|gemini|recorder` then
@@ -53,6 +56,10 @@ def register(subparsers: Any) -> None:
                         help="Whisper model: tiny.en (default, shipped), base (multilingual; the "
                              "whisper-base extra) or a faster-whisper model directory; never "
                              "downloaded")
+    parser.add_argument("--decoding", choices=("batch", "pieces"), default="batch",
+                        help="Whisper: batch (default) decodes long stretches of speech in "
+                             "Whisper's 30 s window, for accuracy; pieces decodes the live path's "
+                             "short utterances (what a live stream gets)")
     parser.add_argument("--language", default=None,
                         help="language a multilingual Whisper model decodes (default en; auto: "
                              "detected per utterance)")
@@ -74,7 +81,8 @@ def _stt(args: argparse.Namespace) -> Any:
                         url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
 
-    return WhisperSTT(args.whisper_model, language=args.language or "en")
+    return WhisperSTT(args.whisper_model, language=args.language or "en",
+                      batch=args.decoding == "batch")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -79,6 +79,9 @@ MIN_AUDIO = 0.3
 said "Thank you very much" where nobody spoke (issue 23)."""
 QUIET_DBFS = -65.0
 """A piece quieter than this (RMS) is not decoded: far-field speech here is about -45 to -30."""
+BATCH_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+"""Batch decoding re-decodes a segment at these temperatures when it loops or is unsure
+(faster-whisper's defaults): no latency to meet."""
 MIN_PIECE = 0.5
 """Seconds: a voice change closer than this to the utterance's start cuts nothing (Whisper makes
 things up on very short pieces)."""
@@ -167,6 +170,9 @@ class WhisperSTT(SttProvider):
         speech_logprob: float = -0.5,
         compression_ratio_threshold: float = 2.4,
         hallucination_silence_threshold: float | None = 2.0,
+        batch: bool = False,
+        batch_prompt: bool = True,
+        max_stretch: float = 30.0,
     ) -> None:
         self.multilingual = check_whisper_model(model)
         """Known before loading, so a bad name or language fails where the provider is built."""
@@ -205,12 +211,20 @@ class WhisperSTT(SttProvider):
         dropped."""
         self.hallucination_silence_threshold = hallucination_silence_threshold
         """faster-whisper skips silences longer than this around a likely hallucination."""
+        self.batch = batch
+        """Decode a whole recording in long stretches (`voice.stt.whisper_batch`: `chorus
+        transcribe`), not in the live path's short pieces."""
+        self.batch_prompt = batch_prompt
+        """Batch: the previous stretch's text is the next one's prompt."""
+        self.max_stretch = max_stretch
+        """Batch: seconds of speech decoded at once (Whisper's window is 30 s)."""
         self._model: Any = None
 
     def describe(self) -> str:
         name = self.model_name or "tiny.en"
         lang = "" if not self.multilingual else f", language {self.language or 'auto'}"
-        return f"whisper ({name}{lang})"
+        decoding = ", batch" if self.batch else ""
+        return f"whisper ({name}{lang}{decoding})"
 
     def model(self) -> Any:
         if self._model is None:
@@ -223,25 +237,45 @@ class WhisperSTT(SttProvider):
 
     async def connect(self) -> SttConnection:
         await self.load()
+        if self.batch:
+            from voice.stt.whisper_batch import BatchWhisperConnection
+
+            return BatchWhisperConnection(self)
         return WhisperConnection(self)
 
     def transcribe(self, audio: FloatAudio, offset: float) -> tuple[RawWord, ...]:
-        """Words of one utterance, in connection time (blocking: call from a worker thread)."""
+        """Words of one live utterance, in connection time (blocking: call from a worker
+        thread): the shortened encoder window, one temperature, a token cap."""
+        seconds = len(audio) / STT_SAMPLE_RATE
+        cap = (None if self.max_tokens_per_second is None
+               else int(seconds * self.max_tokens_per_second) + 8)
+        return self._decode(audio, offset, window=self.encoder_window,
+                            temperature=self.temperature, max_new_tokens=cap, prompt=None)
+
+    def transcribe_stretch(self, audio: FloatAudio, offset: float,
+                           prompt: str | None = None) -> tuple[RawWord, ...]:
+        """Words of a long stretch of a recording (batch decoding): Whisper's 30 s window,
+        faster-whisper's temperature fallback, `prompt` as the previous text."""
+        return self._decode(audio, offset, window=None, temperature=BATCH_TEMPERATURES,
+                            max_new_tokens=None, prompt=prompt)
+
+    def _decode(self, audio: FloatAudio, offset: float, *, window: float | None,
+                temperature: float | tuple[float, ...], max_new_tokens: int | None,
+                prompt: str | None) -> tuple[RawWord, ...]:
         model = self.model()
         seconds = len(audio) / STT_SAMPLE_RATE
         if seconds < self.min_audio or loudness_dbfs(audio) < QUIET_DBFS:
             return ()
-        cap = (None if self.max_tokens_per_second is None
-               else int(seconds * self.max_tokens_per_second) + 8)
         with _TRANSCRIBE_LOCKS[id(model)]:
-            model.encode_frames = encoder_frames(len(audio), self.encoder_window)
+            model.encode_frames = encoder_frames(len(audio), window)
             try:
                 segments, _info = model.transcribe(
                     audio,
                     language=self.language,
                     beam_size=self.beam_size,
-                    temperature=self.temperature,
-                    max_new_tokens=cap,
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
+                    initial_prompt=prompt,
                     word_timestamps=True,
                     condition_on_previous_text=False,
                     vad_filter=False,
