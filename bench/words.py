@@ -11,8 +11,9 @@ diarized first), and its committed turns are scored against the reference:
   package's `EnglishTextNormalizer`: case, punctuation, numbers, British spellings);
 - **word speaker accuracy**: the share of words, among those whose middle falls in exactly one
   reference segment, whose label maps to that segment's speaker (labels mapped one-to-one);
-- **invented words per minute of non-speech**: hypothesis words whose middle lies outside every
-  reference segment widened by `--collar` (0.25 s), per minute of such time;
+- **invented words per minute of non-speech**: hypothesis words that touch no reference segment
+  widened by `--collar` (0.25 s), per minute of such time (a word Whisper stretched over a pause
+  is late, not invented: it touches speech);
 - **RTF**: wall time of the transcription / audio time (the model loaded before timing).
 
 Recordings: `--set meetings-close|meetings-far|conversations-close|conversations-far` (the
@@ -214,7 +215,7 @@ def error_rates(reference: list[Segment], turns: list[Any], session: str) -> dic
 def invented_words(
     reference: list[Segment], turns: list[Any], duration: float, collar: float
 ) -> tuple[int, float]:
-    """Hypothesis words in non-speech (outside every reference segment ± collar) and the
+    """Hypothesis words wholly in non-speech (touching no reference segment ± collar) and the
     minutes of such non-speech."""
     spans = sorted((max(0.0, s.start - collar), min(duration, s.end + collar)) for s in reference)
     merged: list[list[float]] = []
@@ -227,8 +228,7 @@ def invented_words(
     count = 0
     for t in turns:
         for w in t.words:
-            mid = (w.start + w.end) / 2
-            if not any(a <= mid <= b for a, b in merged):
+            if not any(w.start <= b and a <= w.end for a, b in merged):
                 count += 1
     return count, max(0.0, duration - speech) / 60.0
 
