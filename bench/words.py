@@ -285,6 +285,16 @@ def pooled(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def by_render(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pooled figures of the close-talk and the far-field renders apart (`*_close`, `*_far`)."""
+    out = {}
+    for render in ("close", "far"):
+        chosen = [e for e in entries if Path(e["audio"]).stem.endswith(f"_{render}")]
+        if chosen and len(chosen) < len(entries):
+            out[render] = pooled(chosen)
+    return out
+
+
 def _stt(args: argparse.Namespace) -> Any:
     from voice.stt.whisper import WhisperSTT
 
@@ -346,6 +356,15 @@ def choose(paths: list[Path]) -> int:
         figures = json.loads(path.read_text())
         runs[path.stem] = figures["recordings"]
     result = leave_one_out(runs)
+    for render in ("close", "far"):
+        held = [h for h in result["held_out"] if Path(h["audio"]).stem.endswith(f"_{render}")]
+        if held:
+            result[f"held_out_{render}"] = {
+                m: round(
+                    sum(h[m]["errors"] for h in held) / max(1, sum(h[m]["length"] for h in held)), 4
+                )
+                for m in ("wer", "cpwer")
+            }
     print(f"Leave-one-file-out over {len(result['held_out'])} recordings (chosen by cpWER)")
     for h in result["held_out"]:
         print(f"{h['audio']:<34} {h['chosen']:<24} WER {_rate(h, 'wer')} cpWER {_rate(h, 'cpwer')}")
@@ -354,6 +373,9 @@ def choose(paths: list[Path]) -> int:
         f"held-out pooled: WER {pooled_out['wer']:.3f}, cpWER {pooled_out['cpwer']:.3f}; "
         f"chosen: {result['choices']}; every run on all: {result['overall']}"
     )
+    for render in ("close", "far"):
+        if f"held_out_{render}" in result:
+            print(f"held-out pooled, {render} renders: {result[f'held_out_{render}']}")
     return 0
 
 
@@ -392,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
         "path": "live" if args.live else "batch",
         "recordings": entries,
         "pooled": pooled(entries),
+        "by_render": by_render(entries),
     }
     print(
         f"Words bench: {len(files)} recordings, STT {stt.describe()}, "
@@ -400,6 +423,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'recording':<32} {'WER':>7} {'cpWER':>7} {'spk acc':>8} {'inv/min':>8} {'RTF':>6}")
     for e in entries:
         print(f"{e['audio']:<32} {_row(e)}")
+    for render, of_render in figures["by_render"].items():
+        print(f"{'pooled ' + render:<32} {_pooled_row(of_render)}")
     print(f"{'pooled':<32} {_pooled_row(figures['pooled'])}")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

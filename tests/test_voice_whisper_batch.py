@@ -34,7 +34,7 @@ class StretchesSeen(WhisperSTT):
     """The embedded Whisper, noting each stretch it is asked to decode."""
 
     def __init__(self) -> None:
-        super().__init__(batch=True)
+        super().__init__(batch=True, batch_prompt=True)
         self.stretches: list[tuple[float, float, str | None]] = []
 
     def transcribe_stretch(

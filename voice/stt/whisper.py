@@ -171,7 +171,7 @@ class WhisperSTT(SttProvider):
         compression_ratio_threshold: float = 2.4,
         hallucination_silence_threshold: float | None = 2.0,
         batch: bool = False,
-        batch_prompt: bool = True,
+        batch_prompt: bool = False,
         max_stretch: float = 30.0,
     ) -> None:
         self.multilingual = check_whisper_model(model)
@@ -215,7 +215,9 @@ class WhisperSTT(SttProvider):
         """Decode a whole recording in long stretches (`voice.stt.whisper_batch`: `chorus
         transcribe`), not in the live path's short pieces."""
         self.batch_prompt = batch_prompt
-        """Batch: the previous stretch's text is the next one's prompt."""
+        """Batch: the previous stretch's text is the next one's prompt. Off: chosen by
+        leave-one-file-out on the librispeech meetings (9 of 10 folds; a prompt once sent the
+        decoder past 20 s of speech, docs/benchmarks.md "Words a meeting can trust")."""
         self.max_stretch = max_stretch
         """Batch: seconds of speech decoded at once (Whisper's window is 30 s)."""
         self._model: Any = None

@@ -6,9 +6,9 @@ so that a turn comes back within a second; on far-field speech those cuts cost a
 WER (issue 23's table). `chorus transcribe` has no latency to meet. This connection gathers the
 Silero VAD's speech regions into stretches of up to `max_stretch` (30 s: Whisper's trained
 window), each cut only in a pause between regions (a region longer than the window at its
-quietest frame near the end), decodes each with the full encoder window, faster-whisper's
-temperature fallback, and the previous stretch's text as the prompt (`batch_prompt`), and sends
-each stretch's words back as one final result. The speakers are split after, word by word, by
+quietest frame near the end), decodes each with the full encoder window and faster-whisper's
+temperature fallback (the previous stretch's text as the prompt only with `batch_prompt`: it
+made things worse, measured), and sends each stretch's words back as one final result. The speakers are split after, word by word, by
 the voice channel against the diarization timeline, exactly as for live results.
 
 A stretch is decoded as soon as it is closed (the next speech would not fit the window), so a
