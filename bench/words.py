@@ -73,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decoding",
         choices=("batch", "pieces"),
         default=None,
-        help="batch: long VAD regions in Whisper's 30 s window (chorus transcribe's "
-        "default); pieces: the live path's ≤ 4 s utterances",
+        help="batch (default; chorus transcribe's): long VAD regions in Whisper's 30 s "
+        "window; pieces: the live path's ≤ 4 s utterances (always with --live)",
     )
     parser.add_argument(
         "--prompt",
@@ -298,11 +298,9 @@ def by_render(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def _stt(args: argparse.Namespace) -> Any:
     from voice.stt.whisper import WhisperSTT
 
-    options: dict[str, Any] = {}
-    if args.decoding is not None:
-        options["batch"] = args.decoding == "batch" and not args.live
-    elif args.live:
-        options["batch"] = False
+    options: dict[str, Any] = {
+        "batch": not args.live and (args.decoding or "batch") == "batch"
+    }  # chorus transcribe decodes in batch; a live stream in pieces
     if args.prompt is not None:
         options["batch_prompt"] = args.prompt == "on"
     if args.max_stretch is not None:

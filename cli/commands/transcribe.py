@@ -53,9 +53,9 @@ def register(subparsers: Any) -> None:
                              "turns carry the name from the first one (repeatable)")
     parser.add_argument("--model", "--whisper-model", dest="whisper_model", default=None,
                         metavar="tiny.en|base|DIR",
-                        help="Whisper model: tiny.en (default, shipped), base (multilingual; the "
+                        help="Whisper model: tiny.en (shipped), base (multilingual; the "
                              "whisper-base extra) or a faster-whisper model directory; never "
-                             "downloaded")
+                             "downloaded (default: base where installed, else tiny.en)")
     parser.add_argument("--decoding", choices=("batch", "pieces"), default="batch",
                         help="Whisper: batch (default) decodes long stretches of speech in "
                              "Whisper's 30 s window, for accuracy; pieces decodes the live path's "
@@ -80,9 +80,10 @@ def _stt(args: argparse.Namespace) -> Any:
         return load_stt("deepgram", api_key=os.environ.get("DEEPGRAM_API_KEY"),
                         url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
+    from voice.stt.whisper_models import default_batch_model
 
-    return WhisperSTT(args.whisper_model, language=args.language or "en",
-                      batch=args.decoding == "batch")
+    model = args.whisper_model or (default_batch_model() if args.decoding == "batch" else None)
+    return WhisperSTT(model, language=args.language or "en", batch=args.decoding == "batch")
 
 
 def run(args: argparse.Namespace) -> int:

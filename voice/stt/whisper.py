@@ -82,6 +82,10 @@ QUIET_DBFS = -65.0
 BATCH_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 """Batch decoding re-decodes a segment at these temperatures when it loops or is unsure
 (faster-whisper's defaults): no latency to meet."""
+MAX_NEW_TOKENS = 440
+"""Whisper's decoder holds 448 tokens, its start sequence included."""
+PROMPT_TOKENS = 224
+"""At most this many prompt tokens precede the decoded ones (faster-whisper keeps the last 223)."""
 MIN_PIECE = 0.5
 """Seconds: a voice change closer than this to the utterance's start cuts nothing (Whisper makes
 things up on very short pieces)."""
@@ -257,9 +261,15 @@ class WhisperSTT(SttProvider):
     def transcribe_stretch(self, audio: FloatAudio, offset: float,
                            prompt: str | None = None) -> tuple[RawWord, ...]:
         """Words of a long stretch of a recording (batch decoding): Whisper's 30 s window,
-        faster-whisper's temperature fallback, `prompt` as the previous text."""
+        faster-whisper's temperature fallback, `prompt` as the previous text. Tokens are capped
+        as live (`max_tokens_per_second`): a decode that loops at every temperature once took
+        long enough under load for the stream's flush to give up on it."""
+        seconds = len(audio) / STT_SAMPLE_RATE
+        cap = (None if self.max_tokens_per_second is None
+               else min(int(seconds * self.max_tokens_per_second) + 8,
+                        MAX_NEW_TOKENS - (PROMPT_TOKENS if prompt else 0)))
         return self._decode(audio, offset, window=None, temperature=BATCH_TEMPERATURES,
-                            max_new_tokens=None, prompt=prompt)
+                            max_new_tokens=cap, prompt=prompt)
 
     def _decode(self, audio: FloatAudio, offset: float, *, window: float | None,
                 temperature: float | tuple[float, ...], max_new_tokens: int | None,
