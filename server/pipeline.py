@@ -43,6 +43,7 @@ from voice.channel import VoiceChannel, VoiceSession
 from voice.diarization_stage import ClipPrints, DiarizationStage, SpeakerPrints, StagePrints
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
+from voice.stt.whisper_models import check_whisper_model
 
 if TYPE_CHECKING:
     from rooms.acp import ACPAgentChannel
@@ -471,6 +472,8 @@ def require_extras(config: ServerConfig) -> None:
     build one part alone."""
     if config.stt.provider == "deepgram":
         require("deepgram", "the Deepgram STT provider")
+    else:  # a Whisper model by name (`base` needs its extra) or a complete local directory
+        check_whisper_model(config.stt.model)
     require_provider(config.realtime.provider)
     if config.chat.provider != "none":
         require(*CHAT_EXTRA)

@@ -1,5 +1,8 @@
 """`chorus transcribe AUDIO`: a recording → per-speaker turns, through the live VoiceChannel path.
 
+Whisper decodes the file in long stretches of speech (`--decoding batch`, the default: no live
+latency to meet, so none of the live path's short pieces); the words are then split by speaker.
+
 Speakers come from the STT's own labels (Deepgram) or, with `--pipeline-speakers`, from a
 diarization stage (`--diarizer embedded|pyannote`). `--rename "Speaker A=Alice"` renames a voice
 (an ON_TRANSCRIPTION hook, as an application would). `--realtime openai|gemini|recorder` then
@@ -48,8 +51,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--enroll", action="append", default=[], metavar="NAME=clip.wav",
                         help="with --pipeline-speakers: name a voice from a clip of it, so its "
                              "turns carry the name from the first one (repeatable)")
-    parser.add_argument("--whisper-model", default=None,
-                        help="faster-whisper model path or name (default: the shipped tiny.en)")
+    parser.add_argument("--model", "--whisper-model", dest="whisper_model", default=None,
+                        metavar="tiny.en|base|DIR",
+                        help="Whisper model: tiny.en (shipped), base (multilingual; the "
+                             "whisper-base extra) or a faster-whisper model directory; never "
+                             "downloaded (default: base where installed, else tiny.en)")
+    parser.add_argument("--decoding", choices=("batch", "pieces"), default="batch",
+                        help="Whisper: batch (default) decodes long stretches of speech in "
+                             "Whisper's 30 s window, for accuracy; pieces decodes the live path's "
+                             "short utterances (what a live stream gets)")
+    parser.add_argument("--language", default=None,
+                        help="language a multilingual Whisper model decodes (default en; auto: "
+                             "detected per utterance)")
     parser.add_argument("--realtime", choices=("openai", "gemini", "recorder"), default=None,
                         help="replay the turns into a realtime session and print what it was sent")
     parser.add_argument("--output", "-o", type=Path, default=None, help="write here instead of stdout")
@@ -67,8 +80,10 @@ def _stt(args: argparse.Namespace) -> Any:
         return load_stt("deepgram", api_key=os.environ.get("DEEPGRAM_API_KEY"),
                         url=os.environ.get("DEEPGRAM_URL"))
     from voice.stt.whisper import WhisperSTT
+    from voice.stt.whisper_models import default_batch_model
 
-    return WhisperSTT(args.whisper_model)
+    model = args.whisper_model or (default_batch_model() if args.decoding == "batch" else None)
+    return WhisperSTT(model, language=args.language or "en", batch=args.decoding == "batch")
 
 
 def run(args: argparse.Namespace) -> int:

