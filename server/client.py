@@ -113,7 +113,10 @@ class DeviceStream:
     ) -> DeviceStream:
         ws = await connect(stream_url(base, room, token), **connect_options)
         stream = cls(ws=ws, start=start, on_message=on_message)
-        await ws.send(dump(start))
+        # a server that refuses at once (a bad token) may close before `start` is written: its
+        # `error` is still read, by the reader, from what arrived before the close
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(dump(start))
         stream._reader = asyncio.create_task(stream._read())
         return stream
 
