@@ -453,11 +453,25 @@ async def test_a_re_invite_holds_the_leg_and_another_resumes_it() -> None:
     our SDP in the matching direction."""
     async with sip_server(sip={"rtp_timeout_s": 1.0}) as srv:
         caller = RawCaller(sip_port(srv))
+        talking = asyncio.Event()
+
+        async def keep_talking() -> None:
+            """Silence every 0.1 s while `talking` is set: the leg is never idle by accident."""
+            seq = 0
+            while True:
+                await talking.wait()
+                caller.send_rtp(b"\xff" * 160, seq0=seq)
+                seq += 1
+                await asyncio.sleep(0.1)
+
+        talker = asyncio.create_task(keep_talking())
         try:
             assert await caller.invite("standup", USERS["dana"]) == 200
+            talking.set()
             await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
             leg = only_leg(srv)
             answer = await caller.reinvite("standup", "sendonly")
+            talking.clear()
             assert "a=recvonly" in answer and f"m=audio {caller.answer_port} " in answer, answer
             assert leg.held
             await eventually(lambda: leg.idle_while_held >= 2, BOUND_S, "two timeouts on hold")
@@ -469,6 +483,7 @@ async def test_a_re_invite_holds_the_leg_and_another_resumes_it() -> None:
             await leg.send(bytes(3200))  # a 200 ms reply chunk while held: not sent
             assert leg.dropped_while_held == 10
             assert "a=sendrecv" in await caller.reinvite("standup", "sendrecv")
+            talking.set()
             assert not leg.held
             await leg.send(bytes(3200))  # resumed: sent
             received = 0
@@ -480,8 +495,11 @@ async def test_a_re_invite_holds_the_leg_and_another_resumes_it() -> None:
 
             await eventually(heard_ten, BOUND_S, "the resumed reply's RTP")
             assert received == 10  # nothing of the held chunk came
+            talking.clear()
             await caller.until(lambda m: m.startswith("BYE "))  # the RTP timeout is back
         finally:
+            talker.cancel()
+            await asyncio.gather(talker, return_exceptions=True)
             caller.close()
 
 
