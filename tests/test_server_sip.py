@@ -41,6 +41,27 @@ def phone_wav(path: Path, start: float, end: float, silence: float = 1.0, rate: 
     return path
 
 
+async def hang_up_once_heard(srv: RunningServer, procs: list[asyncio.subprocess.Process],
+                             seconds: float) -> list[str]:  # fmt: skip
+    """SIGTERM (baresip hangs up with a BYE) once the server has read `seconds` of audio from
+    all streams — counted from the audio, not from baresip's start, which a loaded machine
+    delays; each one's log."""
+    try:
+        await eventually(
+            lambda: srv.audio_read() >= seconds or all(p.returncode is not None for p in procs),
+            BOUND_S, f"{seconds} s of audio",
+        )  # fmt: skip
+        for proc in procs:
+            proc.terminate()
+        outs = [await asyncio.wait_for(proc.communicate(), 60) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    return [out.decode(errors="replace") for out, _ in outs]
+
+
 def write_baresip_config(conf: Path, sip_port: int, user: str, password: str, wav: Path,
                          display: str | None, transport: str = "udp",
                          codec: str = "PCMU") -> None:  # fmt: skip
@@ -68,14 +89,24 @@ async def baresip(
 ) -> str:  # fmt: skip
     """One baresip call: dial, play `wav`, hang up after `seconds`; its log. What it heard is
     dumped under `conf/dump` (`sndfile`)."""
+    proc = await start_baresip(conf, sip_port, room, user, password, wav, seconds, display,
+                               transport, codec)  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
+    return out.decode(errors="replace")
+
+
+async def start_baresip(
+    conf: Path, sip_port: int, room: str, user: str, password: str, wav: Path, seconds: int,
+    display: str | None = None, transport: str = "udp", codec: str = "PCMU",
+) -> asyncio.subprocess.Process:  # fmt: skip
+    """baresip dialling `room` and playing `wav`; it quits after `seconds` (or on SIGTERM),
+    hanging the call up (BYE) either way."""
     write_baresip_config(conf, sip_port, user, password, wav, display, transport, codec)
     target = f"sip:{room}@127.0.0.1:{sip_port}" + (";transport=tcp" if transport == "tcp" else "")
-    proc = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         "baresip", "-f", str(conf), "-t", str(seconds), "-e", f"/dial {target}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
-    return out.decode(errors="replace")
 
 
 @contextlib.asynccontextmanager
@@ -102,12 +133,13 @@ async def test_a_speakerphone_leg_and_a_one_person_leg_are_their_own_participant
         port = sip_port(srv)
         two_voices = phone_wav(tmp_path / "two.wav", 0.6, 8.95)  # Alice, then Bob
         one_voice = phone_wav(tmp_path / "one.wav", 9.1, 12.6)  # one more voice, alone
-        logs = await asyncio.gather(
-            baresip(tmp_path / "a", port, "standup", "speakerphone", USERS["speakerphone"],
-                    two_voices, 12),
-            baresip(tmp_path / "b", port, "standup", "dana", USERS["dana"], one_voice, 8,
-                    display="Dana Lee"),
-        )  # fmt: skip
+        procs = [
+            await start_baresip(tmp_path / "a", port, "standup", "speakerphone",
+                                USERS["speakerphone"], two_voices, 60),
+            await start_baresip(tmp_path / "b", port, "standup", "dana", USERS["dana"],
+                                one_voice, 60, display="Dana Lee"),
+        ]  # fmt: skip
+        logs = await hang_up_once_heard(srv, procs, 8.35 + 3.5 + 0.5)  # speech 11.85 of 13.85 s
         await eventually(
             lambda: sum(m.type == "stream_stopped" for m in feed.received) == 2, BOUND_S,
             "both legs to end",
@@ -126,16 +158,20 @@ async def test_a_speakerphone_leg_and_a_one_person_leg_are_their_own_participant
 
 
 async def test_a_call_hung_up_mid_utterance_keeps_what_was_said(tmp_path: Path) -> None:
-    """baresip hangs up (BYE) 3 s into Alice's 3.7 s of speech: the turn so far is committed."""
+    """baresip hangs up (BYE, on SIGTERM) once the server has read 1.6 s of Alice's 3.7 s of
+    speech — counted from the audio, not from baresip's start, which a loaded machine delays:
+    the turn so far is committed."""
     async with sip_server(stt={"diarize": False}) as srv:
         feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
         wav = phone_wav(tmp_path / "cut.wav", 0.6, 8.95)
-        await baresip(tmp_path / "c", sip_port(srv), "standup", "dana", USERS["dana"], wav, 3,
-                      display="Dana Lee")  # fmt: skip
+        proc = await start_baresip(tmp_path / "c", sip_port(srv), "standup", "dana",
+                                   USERS["dana"], wav, 60, display="Dana Lee")  # fmt: skip
+        (out,) = await hang_up_once_heard(srv, [proc], 1.6)
         await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
         await feed.close()
+        assert srv.server.metrics.audio_seconds_total < 3.7, "the call outlived the utterance"
     said = " ".join(t.text for t in feed.turns)
-    assert "Good morning everyone" in said, feed.turns
+    assert "Good morning everyone" in said, (feed.turns, out[-2000:])
 
 
 async def test_a_wrong_password_is_refused_and_nothing_joins(tmp_path: Path) -> None:
@@ -453,11 +489,25 @@ async def test_a_re_invite_holds_the_leg_and_another_resumes_it() -> None:
     our SDP in the matching direction."""
     async with sip_server(sip={"rtp_timeout_s": 1.0}) as srv:
         caller = RawCaller(sip_port(srv))
+        talking = asyncio.Event()
+
+        async def keep_talking() -> None:
+            """Silence every 0.1 s while `talking` is set: the leg is never idle by accident."""
+            seq = 0
+            while True:
+                await talking.wait()
+                caller.send_rtp(b"\xff" * 160, seq0=seq)
+                seq += 1
+                await asyncio.sleep(0.1)
+
+        talker = asyncio.create_task(keep_talking())
         try:
             assert await caller.invite("standup", USERS["dana"]) == 200
+            talking.set()
             await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
             leg = only_leg(srv)
             answer = await caller.reinvite("standup", "sendonly")
+            talking.clear()
             assert "a=recvonly" in answer and f"m=audio {caller.answer_port} " in answer, answer
             assert leg.held
             await eventually(lambda: leg.idle_while_held >= 2, BOUND_S, "two timeouts on hold")
@@ -469,6 +519,7 @@ async def test_a_re_invite_holds_the_leg_and_another_resumes_it() -> None:
             await leg.send(bytes(3200))  # a 200 ms reply chunk while held: not sent
             assert leg.dropped_while_held == 10
             assert "a=sendrecv" in await caller.reinvite("standup", "sendrecv")
+            talking.set()
             assert not leg.held
             await leg.send(bytes(3200))  # resumed: sent
             received = 0
@@ -480,8 +531,11 @@ async def test_a_re_invite_holds_the_leg_and_another_resumes_it() -> None:
 
             await eventually(heard_ten, BOUND_S, "the resumed reply's RTP")
             assert received == 10  # nothing of the held chunk came
+            talking.clear()
             await caller.until(lambda m: m.startswith("BYE "))  # the RTP timeout is back
         finally:
+            talker.cancel()
+            await asyncio.gather(talker, return_exceptions=True)
             caller.close()
 
 
@@ -560,8 +614,9 @@ async def test_a_call_over_tcp(tmp_path: Path) -> None:
     async with sip_server(stt={"diarize": False}) as srv:
         feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
         wav = phone_wav(tmp_path / "t.wav", 0.6, 2.6)
-        log = await baresip(tmp_path / "t", sip_port(srv), "standup", "dana", USERS["dana"], wav,
-                            6, display="Dana Lee", transport="tcp")  # fmt: skip
+        proc = await start_baresip(tmp_path / "t", sip_port(srv), "standup", "dana",
+                                   USERS["dana"], wav, 60, display="Dana Lee", transport="tcp")  # fmt: skip
+        (log,) = await hang_up_once_heard(srv, [proc], 2.6)  # of 3 s
         await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
         await feed.close()
     assert "Call established" in log, log
@@ -574,8 +629,9 @@ async def test_g722_is_chosen_when_offered(tmp_path: Path) -> None:
     async with sip_server(stt={"diarize": False}) as srv:
         feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
         wav = phone_wav(tmp_path / "g.wav", 0.6, 2.6, rate=16000)
-        log = await baresip(tmp_path / "g", sip_port(srv), "standup", "dana", USERS["dana"], wav,
-                            6, display="Dana Lee", codec="G722")  # fmt: skip
+        proc = await start_baresip(tmp_path / "g", sip_port(srv), "standup", "dana",
+                                   USERS["dana"], wav, 60, display="Dana Lee", codec="G722")  # fmt: skip
+        (log,) = await hang_up_once_heard(srv, [proc], 2.6)  # of 3 s
         await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
         await feed.close()
         assert srv.server.sip is not None
