@@ -415,12 +415,11 @@ class SipEndpoint:
     async def start(self) -> None:
         """Listen on `[sip] listen` over UDP, and over TCP on the same port."""
         from aiosipua import SipUAS
-        from aiosipua.transport import UdpSipTransport
 
         from server.config import split_host_port
 
         host, port = split_host_port(self.config.listen)
-        self._transport = UdpSipTransport(local_addr=(host, port))
+        self._transport = _udp_transport((host, port))
 
         class ChorusUAS(SipUAS):
             """A request the library cannot take (a malformed SDP raises in its parser) is
@@ -605,6 +604,34 @@ def _hangup(call: IncomingCall) -> None:
     bye = call.dialog.create_request("BYE", via_host=host, via_port=port, via_transport="TCP")
     call.dialog.terminate()
     transport.send(bye, call.source_addr)
+
+
+def _udp_transport(local_addr: tuple[str, int]) -> Any:
+    """aiosipua's UDP transport, without its `connection_made` assertion that the transport is
+    an `asyncio.DatagramTransport`: Python 3.11's selector datagram transport is not one (3.12's
+    is), so every start logged an AssertionError traceback (the transport worked: `start` keeps
+    it)."""
+    from aiosipua.transport import UdpSipTransport
+
+    class Protocol(asyncio.DatagramProtocol):
+        def __init__(self, owner: UdpSipTransport) -> None:
+            self.owner = owner
+
+        def datagram_received(self, data: bytes, addr: tuple[str, int] | Any) -> None:
+            self.owner._dispatch(data, (str(addr[0]), int(addr[1])))
+
+        def error_received(self, exc: Exception) -> None:
+            log.warning("sip: UDP error: %s", exc)
+
+    class Udp(UdpSipTransport):
+        async def start(self) -> None:
+            loop = asyncio.get_running_loop()
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: Protocol(self), local_addr=self.local_addr
+            )
+            self._udp_transport = transport
+
+    return Udp(local_addr=local_addr)
 
 
 def _tcp_transport(local_addr: tuple[str, int]) -> Any:

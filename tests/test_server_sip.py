@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -123,6 +124,20 @@ async def sip_server(**config: Any) -> AsyncIterator[RunningServer]:
 def sip_port(srv: RunningServer) -> int:
     assert srv.server.sip is not None
     return srv.server.sip.port
+
+
+async def test_the_endpoint_starts_without_an_error_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    async with sip_server() as srv:
+        caller = RawCaller(sip_port(srv))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200  # it serves over UDP
+        finally:
+            caller.close()
+    # aiosipua asserted on Python 3.11's datagram transport at every start (a traceback logged)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_a_speakerphone_leg_and_a_one_person_leg_are_their_own_participants(
