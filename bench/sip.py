@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ from bench.load import (
     ProcessProbe,
     _free_port,
     _process,
+    _wait_file,
     _wait_port,
+    deepgram_server_command,
     settled_versions,
     turn_latencies,
 )
@@ -60,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="recording to send (any rate)")
     parser.add_argument(
         "--stt-model", default=None, help="[stt] model for the server's Whisper (default tiny.en)"
+    )
+    parser.add_argument(
+        "--stt",
+        choices=("whisper", "deepgram"),
+        default="whisper",
+        help="whisper: the server's default; deepgram: bench.load's local Deepgram-protocol "
+        "stand-in in its own process (it knows only the demo meeting's words), so the figure is "
+        "the SIP leg's and the server's own cost, not the recogniser's",
     )
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument(
@@ -374,10 +385,33 @@ async def _run(args: argparse.Namespace) -> int:
     port, sip_port = _free_port(), _free_udp_port()
     most = max(counts) + 4
     model = f'model = "{args.stt_model}"\n' if args.stt_model else ""
+    async with contextlib.AsyncExitStack() as stack:
+        stt = f'[stt]\nprovider = "whisper"\n{model}'
+        if args.stt == "deepgram":
+            dg_port = await stack.enter_async_context(_deepgram_stand_in(workdir, env))
+            stt = ('[stt]\nprovider = "deepgram"\n'
+                   f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\n')
+        return await _serve_and_call(args, counts, mulaw, seconds, workdir, env, port, sip_port,
+                                     most, stt)
+
+
+@contextlib.asynccontextmanager
+async def _deepgram_stand_in(workdir: Path, env: dict[str, str]) -> AsyncIterator[int]:
+    """`bench.load`'s Deepgram-protocol stand-in in its own process; yields its port."""
+    port_file = workdir / "deepgram.port"
+    command = deepgram_server_command(sys.executable, port_file, REPO / "examples" / "meeting")
+    with _process(command, env, workdir / "deepgram.log") as dg:
+        yield await _wait_file(port_file, dg, "deepgram-protocol server")
+
+
+async def _serve_and_call(
+    args: argparse.Namespace, counts: list[int], mulaw: bytes, seconds: float, workdir: Path,
+    env: dict[str, str], port: int, sip_port: int, most: int, stt: str,
+) -> int:
     config = workdir / "chorus.toml"
     config.write_text(
-        f'[stt]\nprovider = "whisper"\n{model}'
-        '[realtime]\nprovider = "recorder"\n'
+        stt
+        + '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {most}\n"
         f'[sip]\nenabled = true\nlisten = "127.0.0.1:{sip_port}"\n'
         f'users = {{ {USER} = "{PASSWORD}" }}\nmax_calls = {most}\n'
