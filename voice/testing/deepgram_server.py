@@ -129,6 +129,11 @@ class MeetingWords(WordSource):
     rotate_speakers: bool = False
     """Shift speaker ids by the connection number (mod the voices in the script), so a test can
     be sure a reconnect renumbers the voices (Deepgram guarantees no numbering across connections)."""
+    _spectra: dict[int, tuple[int, npt.NDArray[np.complex128], npt.NDArray[np.float64]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Per probe length: the FFT size, the reference's spectrum and its windowed energy, computed
+    once (the reference does not change), so locating a resampled connection costs two FFTs."""
 
     @classmethod
     def from_meeting(cls, directory: str | Path) -> MeetingWords:
@@ -172,14 +177,25 @@ class MeetingWords(WordSource):
         # Not bit-exact (gain or resampling on the way): normalised cross-correlation.
         a = probe.astype(np.float64)
         a -= a.mean()
-        r = ref.astype(np.float64)
-        n = len(r) + len(a)
-        corr = np.fft.irfft(np.fft.rfft(r, n) * np.conj(np.fft.rfft(a, n)), n)[: len(r) - need + 1]
-        power = np.concatenate([[0.0], np.cumsum(r**2)])
-        energy = np.sqrt(np.maximum(power[need:] - power[:-need], 0.0))[: len(corr)] + 1e-9
-        score = corr / (energy * (np.linalg.norm(a) + 1e-9))
+        n, spectrum, energy = self._spectrum(need)
+        corr = np.fft.irfft(spectrum * np.conj(np.fft.rfft(a, n)), n)[: len(ref) - need + 1]
+        score = corr / (energy[: len(corr)] * (np.linalg.norm(a) + 1e-9))
         best = int(np.argmax(score))
         return best if score[best] > 0.8 else None
+
+    def _spectrum(
+        self, need: int
+    ) -> tuple[int, npt.NDArray[np.complex128], npt.NDArray[np.float64]]:
+        cached = self._spectra.get(need)
+        if cached is None:
+            from scipy.fft import next_fast_len
+
+            r = self.reference.astype(np.float64)
+            n = next_fast_len(len(r) + need, real=True)  # an awkward size is 5x slower
+            power = np.concatenate([[0.0], np.cumsum(r**2)])
+            energy = np.sqrt(np.maximum(power[need:] - power[:-need], 0.0)) + 1e-9
+            cached = self._spectra[need] = (n, np.fft.rfft(r, n), energy)
+        return cached
 
     def finals_for(self, conn: ConnectionState) -> list[list[SpokenWord]] | None:
         if conn.offset is None:
