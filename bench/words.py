@@ -251,6 +251,9 @@ def score(path: Path, result: Any, collar: float) -> dict[str, Any]:
     if accuracy is not None:
         entry["speaker_accuracy"] = round(accuracy["speaker_accuracy"], 4)
         entry["speaker_words"] = int(accuracy["speaker_words"])
+    latencies = [t.latency for t in result.turns if t.latency is not None]
+    if latencies:  # a paced (--live) run: end of a turn's speech to its room event
+        entry["latencies_s"] = [round(x, 3) for x in latencies]
     invented, minutes = invented_words(reference, result.turns, result.duration, collar)
     entry["invented_words"] = invented
     entry["non_speech_min"] = round(minutes, 3)
@@ -280,6 +283,12 @@ def pooled(entries: list[dict[str, Any]]) -> dict[str, Any]:
     out["invented_per_min"] = (
         round(sum(e["invented_words"] for e in entries) / minutes, 3) if minutes else None
     )
+    latencies = [x for e in entries for x in e.get("latencies_s", [])]
+    if latencies:
+        import numpy as np
+
+        out["latency_p50_s"] = round(float(np.percentile(latencies, 50)), 3)
+        out["latency_p95_s"] = round(float(np.percentile(latencies, 95)), 3)
     audio = sum(e["duration_s"] for e in entries)
     out["real_time_factor"] = round(sum(e["wall_s"] for e in entries) / audio, 3) if audio else None
     return out
@@ -424,6 +433,12 @@ def run(args: argparse.Namespace) -> int:
     for render, of_render in figures["by_render"].items():
         print(f"{'pooled ' + render:<32} {_pooled_row(of_render)}")
     print(f"{'pooled':<32} {_pooled_row(figures['pooled'])}")
+    if "latency_p95_s" in figures["pooled"]:
+        p = figures["pooled"]
+        print(
+            f"turn latency (end of speech → room event): p50 {p['latency_p50_s']:.2f} s, "
+            f"p95 {p['latency_p95_s']:.2f} s"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

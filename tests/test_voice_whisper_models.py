@@ -78,8 +78,9 @@ def test_each_model_loads_from_its_package_and_transcribes_an_utterance(
 
 
 def test_tiny_en_and_base_say_the_same_utterance_nearly_alike(
-    utterance: tuple[object, float], offline: None
+    utterance: tuple[object, float], offline: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("CHORUS_CACHE_DIR", str(tmp_path))  # base is joined there, not in ~/.cache
     import jiwer
 
     audio, _ = utterance

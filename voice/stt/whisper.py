@@ -215,6 +215,8 @@ class WhisperSTT(SttProvider):
         dropped."""
         self.hallucination_silence_threshold = hallucination_silence_threshold
         """faster-whisper skips silences longer than this around a likely hallucination."""
+        if not 5.0 <= max_stretch <= 30.0:
+            raise ValueError(f"max_stretch must be 5-30 s (Whisper's window is 30 s), got {max_stretch}")
         self.batch = batch
         """Decode a whole recording in long stretches (`voice.stt.whisper_batch`: `chorus
         transcribe`), not in the live path's short pieces."""
