@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         "load_average": list(os.getloadavg()),
     }
     header = (
-        f"{'file':<28} {'set':<26} {'dur':>5} {'DER@0':>6} {'miss':>5} {'FA':>5} {'conf':>5}"
+        f"{'file':<28} {'set':<32} {'dur':>5} {'DER@0':>6} {'miss':>5} {'FA':>5} {'conf':>5}"
         f" {'DER@.25':>7} {'miss':>5} {'FA':>5} {'conf':>5} {'c/err':>5} {'spk':>5} {'RTF':>6}"
         + (f" {'live@.25':>8} {'lat50':>5} {'lat90':>5}" if args.live else "")
     )
@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     for r in results:
         line = (
-            f"{r.file_id:<28} {r.set_name:<26} {r.duration:5.1f} {_parts(r.batch)}"
+            f"{r.file_id:<28} {r.set_name:<32} {r.duration:5.1f} {_parts(r.batch)}"
             f" {r.speakers_found:>2}/{r.speakers_ref:<2} {r.seconds / r.duration:6.3f}"
         )
         entry: dict[str, Any] = {
@@ -312,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         found = sum(r.speakers_found for r in members)
         expected = sum(r.speakers_ref for r in members)
         lines.append(
-            f"{'= ' + name:<55} {audio:5.0f} {_parts(overall)}"
+            f"{'= ' + name:<61} {audio:5.0f} {_parts(overall)}"
             f" {found:>2}/{expected:<2} {cpu / audio:6.3f}"
         )
         block: dict[str, Any] = {
@@ -415,7 +415,7 @@ def cross_validation_lines(
         by_set.setdefault(set_of(w, set_names), []).append(w.stem)
     held: dict[str, dict[str, Any]] = {}
     lines.append(
-        f"  {'held out by set':<26} {'DER@0':>6} {'miss':>5} {'FA':>5} {'conf':>5}"
+        f"  {'held out by set':<32} {'DER@0':>6} {'miss':>5} {'FA':>5} {'conf':>5}"
         f" {'DER@.25':>7} {'miss':>5} {'FA':>5} {'conf':>5} {'c/err':>5} {'spk':>7}"
     )
     for name, ids in by_set.items():
@@ -434,7 +434,7 @@ def cross_validation_lines(
             "speakers_ref": expected,
             "exact_counts": sum(cv.speakers[i][0] == cv.speakers[i][1] for i in ids),
         }
-        lines.append(f"  {name:<26} {_parts(scores)} {found:>3}/{expected:<3}")
+        lines.append(f"  {name:<32} {_parts(scores)} {found:>3}/{expected:<3}")
     summary["cross_validation"]["held_out_by_set"] = held
     return lines
 
