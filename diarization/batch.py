@@ -70,7 +70,7 @@ class BatchSettings:
     fold_below: float = 1.2
     """… unless it is this far (Euclidean, between L2-normalised centroids) from every large
     cluster: a short recording holds a distinct voice in only one or two windows."""
-    merge_threshold: float = 0.9
+    merge_threshold: float = 1.0
     """After the cut, clusters whose centroids are closer than this merge, closest first, unless
     they were ever heard as two different voices in one window (then they are two people).
     0: off."""

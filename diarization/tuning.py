@@ -42,7 +42,7 @@ NME_GRID: dict[str, Sequence[Any]] = {
     "nme_cannot_link": (False, True),
     "nme_connected": (False, True),
     "nme_min_embeddings": (0, 30),
-    "merge_threshold": (0.0, 0.9),
+    "merge_threshold": (0.0, 0.9, 1.0),
     "min_cluster_size": (1, 2),
 }
 GRIDS: dict[str, dict[str, Sequence[Any]]] = {"ahc": GRID, "nme-sc": NME_GRID}
