@@ -95,6 +95,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run the leave-one-file-out settings search (embedded only)",
     )
     parser.add_argument(
+        "--cv-grid",
+        action="append",
+        default=[],
+        choices=["ahc", "nme-sc"],
+        metavar="METHOD",
+        help="cross-validate over this clustering method's grid (repeat for both: the method is "
+        "then chosen per fold too); default: the method of the settings",
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the models' analyses here for the cross-validation (re-used across runs)",
+    )
+    parser.add_argument(
         "--threads", type=int, default=1, help="torch and onnxruntime threads (default 1)"
     )
     parser.add_argument(
@@ -248,18 +264,19 @@ def run(args: argparse.Namespace) -> int:
         "load_average": list(os.getloadavg()),
     }
     header = (
-        f"{'file':<24} {'set':<28} {'dur':>5} {'DER@0':>6} {'DER@.25':>7} {'miss':>5} {'FA':>5}"
-        f" {'conf':>5} {'spk':>5} {'RTF':>6}"
+        f"{'file':<28} {'set':<32} {'dur':>5} {'DER@0':>6} {'miss':>5} {'FA':>5} {'conf':>5}"
+        f" {'DER@.25':>7} {'miss':>5} {'FA':>5} {'conf':>5} {'c/err':>5} {'spk':>5} {'RTF':>6}"
         + (f" {'live@.25':>8} {'lat50':>5} {'lat90':>5}" if args.live else "")
     )
-    lines = [header]
+    lines = [
+        "DER and its parts in % of scored reference speech; c/err: confusion's share of the "
+        "errors (collar 0.25); spk: speakers found/reference",
+        header,
+    ]
     for r in results:
-        b0, b25 = r.batch[0.0], r.batch[0.25]
         line = (
-            f"{r.file_id:<24} {r.set_name:<28} {r.duration:5.1f} {b0.der * 100:6.1f}"
-            f" {b25.der * 100:7.1f} {_pct(b25.missed, b25)} {_pct(b25.false_alarm, b25)}"
-            f" {_pct(b25.confusion, b25)} {r.speakers_found:>2}/{r.speakers_ref:<2}"
-            f" {r.seconds / r.duration:6.3f}"
+            f"{r.file_id:<28} {r.set_name:<32} {r.duration:5.1f} {_parts(r.batch)}"
+            f" {r.speakers_found:>2}/{r.speakers_ref:<2} {r.seconds / r.duration:6.3f}"
         )
         entry: dict[str, Any] = {
             "file": r.file_id,
@@ -270,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
             "seconds": r.seconds,
             "rtf": r.seconds / r.duration,
             "batch": {str(c): s.as_dict() for c, s in r.batch.items()},
+            "confusion_share": _share(r.batch[0.25]),
         }
         if args.live:
             l25 = r.live[0.25]
@@ -289,14 +307,12 @@ def run(args: argparse.Namespace) -> int:
         groups.setdefault(r.set_name, []).append(r)
     for name, members in [*groups.items(), ("overall", results)]:
         overall = {c: DerScore.sum(r.batch[c] for r in members) for c in COLLARS}
-        o0, o25 = overall[0.0], overall[0.25]
         audio = sum(r.duration for r in members)
         cpu = sum(r.seconds for r in members)
         found = sum(r.speakers_found for r in members)
         expected = sum(r.speakers_ref for r in members)
         lines.append(
-            f"{'= ' + name:<53} {audio:5.0f} {o0.der * 100:6.1f} {o25.der * 100:7.1f}"
-            f" {_pct(o25.missed, o25)} {_pct(o25.false_alarm, o25)} {_pct(o25.confusion, o25)}"
+            f"{'= ' + name:<61} {audio:5.0f} {_parts(overall)}"
             f" {found:>2}/{expected:<2} {cpu / audio:6.3f}"
         )
         block: dict[str, Any] = {
@@ -307,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
             "speakers_found": found,
             "speakers_ref": expected,
             "batch": {str(c): s.as_dict() for c, s in overall.items()},
+            "confusion_share": _share(overall[0.25]),
         }
         if name == "overall":
             summary["overall"] = block["batch"]
@@ -350,6 +367,22 @@ def _pct(part: float, score: Any) -> str:
     return f"{part / max(score.total, 1e-9) * 100:5.1f}"
 
 
+def _share(score: Any) -> float:
+    """Confusion's share of all the errors (0 when there are none)."""
+    return float(score.confusion / score.errors) if score.errors > 0 else 0.0
+
+
+def _parts(by_collar: dict[float, Any]) -> str:
+    """DER, missed, false alarm and confusion at collar 0 and 0.25 (in % of reference speech),
+    and confusion's share of the errors at 0.25: the table's middle columns."""
+    z, q = by_collar[0.0], by_collar[0.25]
+    return (
+        f"{z.der * 100:6.1f} {_pct(z.missed, z)} {_pct(z.false_alarm, z)} {_pct(z.confusion, z)}"
+        f" {q.der * 100:7.1f} {_pct(q.missed, q)} {_pct(q.false_alarm, q)} {_pct(q.confusion, q)}"
+        f" {_share(q) * 100:5.1f}"
+    )
+
+
 def cross_validation_lines(
     args: argparse.Namespace,
     stage: Any,
@@ -367,26 +400,42 @@ def cross_validation_lines(
     members = [w for w in scored if set_of(w, set_names) not in skip]
     if len(members) < 2:
         return ["cross-validation: fewer than two files to hold out"]
-    files = [TuningFile.load(w, references[w.stem], uems.get(w.stem)) for w in members]
+    files = [
+        TuningFile.load(w, references[w.stem], uems.get(w.stem), cache=args.cache) for w in members
+    ]
     base = stage.batch
-    cv = cross_validate(
-        files,
-        stage.segmentation,
-        stage.embedding,
-        grid_settings(base=base),
-        progress=True,
-    )
+    methods = list(dict.fromkeys(args.cv_grid)) or [base.clustering]
+    candidates = [s for m in methods for s in grid_settings(base=base.but(clustering=m))]
+    cv = cross_validate(files, stage.segmentation, stage.embedding, candidates, progress=True)
     summary["cross_validation"] = cv.as_dict()
-    lines = [cv.describe()]
-    by_set: dict[str, list[DerScore]] = {}
+    summary["cross_validation"]["methods"] = methods
+    lines = [f"cross-validated methods: {', '.join(methods)}", cv.describe()]
+    by_set: dict[str, list[str]] = {}
     for w in members:
-        by_set.setdefault(set_of(w, set_names), []).append(cv.held_out_scores[w.stem])
-    per_set = {name: DerScore.sum(scores) for name, scores in by_set.items()}
-    summary["cross_validation"]["held_out_by_set"] = {k: v.as_dict() for k, v in per_set.items()}
+        by_set.setdefault(set_of(w, set_names), []).append(w.stem)
+    held: dict[str, dict[str, Any]] = {}
     lines.append(
-        "  held out by set: "
-        + ", ".join(f"{name} {s.der * 100:.1f} %" for name, s in per_set.items())
+        f"  {'held out by set':<32} {'DER@0':>6} {'miss':>5} {'FA':>5} {'conf':>5}"
+        f" {'DER@.25':>7} {'miss':>5} {'FA':>5} {'conf':>5} {'c/err':>5} {'spk':>7}"
     )
+    for name, ids in by_set.items():
+        scores = {
+            0.25: DerScore.sum(cv.held_out_scores[i] for i in ids),
+            0.0: DerScore.sum(cv.held_out_scores_collar0[i] for i in ids),
+        }
+        found = sum(cv.speakers[i][0] for i in ids)
+        expected = sum(cv.speakers[i][1] for i in ids)
+        held[name] = {
+            "files": len(ids),
+            "collar_0.25": scores[0.25].as_dict(),
+            "collar_0": scores[0.0].as_dict(),
+            "confusion_share": _share(scores[0.25]),
+            "speakers_found": found,
+            "speakers_ref": expected,
+            "exact_counts": sum(cv.speakers[i][0] == cv.speakers[i][1] for i in ids),
+        }
+        lines.append(f"  {name:<32} {_parts(scores)} {found:>3}/{expected:<3}")
+    summary["cross_validation"]["held_out_by_set"] = held
     return lines
 
 

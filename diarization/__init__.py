@@ -66,23 +66,34 @@ def load_stage(
     min_speakers: int | None = None,
     pipeline: Any = None,
     hf_token: str | None = None,
+    clustering: str | None = None,
 ) -> DiarizationStage:
     """A diarization stage by kind: `embedded` (offline, CPU; P1) or `pyannote` (P2; needs the
     optional pyannote environment; `pipeline` is a Hugging Face id, a local directory or a
-    pipeline object, `hf_token` the token for a hub id)."""
+    pipeline object, `hf_token` the token for a hub id). `clustering`: the embedded stage's
+    batch clustering method (`diarization.batch.CLUSTERING_METHODS`; default its settings')."""
     if kind == "embedded":
         if pipeline is not None or hf_token is not None:
             raise ValueError(
                 "the embedded stage takes no pipeline or hf_token (those are for pyannote)"
             )
+        from diarization.batch import BatchSettings
         from diarization.embedded import EmbeddedStage
 
+        batch_settings = BatchSettings()
+        if clustering is not None:
+            batch_settings = batch_settings.but(clustering=clustering)
         return EmbeddedStage(
-            num_speakers=num_speakers, min_speakers=min_speakers, max_speakers=max_speakers
+            num_speakers=num_speakers,
+            min_speakers=min_speakers,
+            max_speakers=max_speakers,
+            batch_settings=batch_settings,
         )
     if kind == "pyannote":
         if min_speakers is not None:
             raise ValueError("min_speakers is an option of the embedded stage only")
+        if clustering is not None:
+            raise ValueError("clustering is an option of the embedded stage only")
         try:
             from diarization.pyannote_stage import PyannoteStage  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.optimize import linear_sum_assignment
 
+from diarization import spectral
 from diarization.models import (
     CHUNK_SAMPLES,
     FRAME_DURATION,
@@ -48,6 +49,7 @@ SAMPLE_RATE = 16000
 BLOCK = 4
 """Windows per block: one segmentation call and one fbank pass each (onnxruntime holds about
 25 MB per window of a batch, and larger batches cost no less CPU per window)."""
+CLUSTERING_METHODS = ("ahc", "nme-sc")
 SILENCE_PEAK = 1e-5
 """A window whose samples all stay under this is digital silence: no model runs on it."""
 
@@ -68,7 +70,7 @@ class BatchSettings:
     fold_below: float = 1.2
     """… unless it is this far (Euclidean, between L2-normalised centroids) from every large
     cluster: a short recording holds a distinct voice in only one or two windows."""
-    merge_threshold: float = 0.9
+    merge_threshold: float = 1.0
     """After the cut, clusters whose centroids are closer than this merge, closest first, unless
     they were ever heard as two different voices in one window (then they are two people).
     0: off."""
@@ -84,6 +86,32 @@ class BatchSettings:
     min_embed_seconds: float = 0.2
     """A local speaker heard less than this (alone, else at all) gets no embedding."""
     max_speakers: int = 20
+    clustering: str = "ahc"
+    """`ahc` (centroid linkage cut at `threshold`, then the folding and merging above) or
+    `nme-sc` (spectral clustering that prunes its own affinity graph and counts speakers by the
+    eigengap, `diarization.spectral`; `threshold` unused, the folding and merging still apply)."""
+    nme_max_prune: float = 0.25
+    """NME-SC: the largest pruning level tried, as a fraction of the embeddings (p ≤ N · this)."""
+    nme_max_speakers: int = 8
+    """NME-SC: the eigengap is searched among this many smallest eigenvalues (NeMo's default; a
+    larger `max_speakers` asked for widens it): further up the spectrum the gaps say nothing of
+    speakers."""
+    nme_connected: bool = False
+    """NME-SC: only pruning levels whose graph is connected are tried (tried; see
+    docs/benchmarks.md)."""
+    nme_min_embeddings: int = 0
+    """NME-SC: with fewer training embeddings than this, AHC clusters instead (the eigengap of a
+    graph of a dozen points says little; as `spectralcluster`'s fallback clusterer)."""
+    nme_cannot_link: bool = False
+    """NME-SC: two local speakers of one window are never neighbours in the affinity graph."""
+    count_bound: bool = False
+    """AHC: the NME-SC eigengap count (plus one) bounds the number of speakers found."""
+
+    def __post_init__(self) -> None:
+        if self.clustering not in CLUSTERING_METHODS:
+            raise ValueError(
+                f"clustering {self.clustering!r}: choose one of {', '.join(CLUSTERING_METHODS)}"
+            )
 
     def but(self, **changes: Any) -> BatchSettings:
         return replace(self, **changes)
@@ -190,12 +218,30 @@ def cluster_embeddings(
 ) -> IntArray:
     """Cluster labels (0 … k-1) of L2-normalised training embeddings: centroid-linkage AHC cut at
     `settings.threshold`, small clusters folded into the nearest large one, then the count forced
-    into [min_speakers, max_speakers] (or to num_speakers) by cutting the dendrogram elsewhere."""
+    into [min_speakers, max_speakers] (or to num_speakers) by cutting the dendrogram elsewhere.
+    With `settings.clustering == "nme-sc"`, NME-SC instead (`diarization.spectral`)."""
     n = len(train)
     if n == 0:
         return np.zeros(0, np.int64)
     if n == 1:
         return np.zeros(1, np.int64)
+    if settings.clustering == "nme-sc" and n >= settings.nme_min_embeddings:
+        return _cluster_nme_sc(
+            train,
+            settings,
+            windows=windows,
+            num_speakers=num_speakers,
+            min_speakers=min_speakers,
+            max_speakers=max_speakers,
+        )
+    if settings.count_bound and num_speakers is None:
+        counted = spectral.nme_sc(
+            train,
+            max_prune=settings.nme_max_prune,
+            search=settings.nme_max_speakers,
+            connected=settings.nme_connected,
+        ).eigengap_count
+        max_speakers = min(max_speakers or settings.max_speakers, counted + 1)
     tree = linkage(train.astype(np.float64), method="centroid", metric="euclidean")
     labels = fcluster(tree, settings.threshold, criterion="distance") - 1
     min_size = settings.min_cluster_size
@@ -214,6 +260,42 @@ def cluster_embeddings(
     if target is not None and target != k:
         labels = _cut(tree, n, target)
         labels = _fold_small(train, labels, min_size, keep=target, fold_below=settings.fold_below)
+    return _relabel(labels)
+
+
+def _cluster_nme_sc(
+    train: FloatArray,
+    settings: BatchSettings,
+    *,
+    windows: IntArray | None,
+    num_speakers: int | None,
+    min_speakers: int | None,
+    max_speakers: int | None,
+) -> IntArray:
+    """NME-SC labels, then the same folding of small clusters and merging of clusters never heard
+    together as after AHC (the count asked for is kept)."""
+    n = len(train)
+    cap = min(max_speakers or settings.max_speakers, settings.max_speakers, n)
+    cannot_link = None
+    if settings.nme_cannot_link and windows is not None:
+        cannot_link = windows[:, None] == windows[None, :]
+    result = spectral.nme_sc(
+        train,
+        max_prune=settings.nme_max_prune,
+        num_speakers=None if num_speakers is None else min(num_speakers, n),
+        min_speakers=min(min_speakers or 1, cap),
+        max_speakers=cap,
+        search=max(settings.nme_max_speakers, max_speakers or 0),
+        cannot_link=cannot_link,
+        connected=settings.nme_connected,
+    )
+    labels = result.labels
+    keep = int(labels.max()) + 1 if num_speakers is not None or min_speakers else None
+    labels = _fold_small(
+        train, labels, settings.min_cluster_size, keep=keep, fold_below=settings.fold_below
+    )
+    if windows is not None and settings.merge_threshold > 0 and keep is None:
+        labels = _merge_apart(train, _relabel(labels), windows, settings.merge_threshold)
     return _relabel(labels)
 
 

@@ -12,9 +12,10 @@ only re-clusters those arrays, so a grid of a hundred settings costs seconds per
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,24 @@ GRID: dict[str, Sequence[Any]] = {
     "fold_below": (1.2, 1.3, 2.0),
     "open_unmatched": (False, True),
 }
+# NME-SC's own (it has no threshold: the pruning level and the count come from the eigengap)
+NME_GRID: dict[str, Sequence[Any]] = {
+    "nme_max_prune": (0.15, 0.25, 0.4),
+    "nme_cannot_link": (False, True),
+    "nme_connected": (False, True),
+    "nme_min_embeddings": (0, 30),
+    "merge_threshold": (0.0, 0.9, 1.0),
+    "min_cluster_size": (1, 2),
+}
+GRIDS: dict[str, dict[str, Sequence[Any]]] = {"ahc": GRID, "nme-sc": NME_GRID}
 
 
 def grid_settings(
     grid: dict[str, Sequence[Any]] | None = None, base: BatchSettings | None = None
 ) -> list[BatchSettings]:
-    """Every combination of the grid over `base`."""
-    grid = GRID if grid is None else grid
+    """Every combination of the grid over `base` (by default the grid of `base`'s method)."""
     base = base or BatchSettings()
+    grid = GRIDS[base.clustering] if grid is None else grid
     keys = list(grid)
     return [
         base.but(**dict(zip(keys, values, strict=True)))
@@ -58,15 +69,22 @@ class TuningFile:
     audio: Any
     reference: SpeakerTimeline
     uem: list[tuple[float, float]] | None
+    cache: Path | None = None
+    """A folder where the models' analyses are kept between runs (`<file id>-<step>-<audio
+    hash>.npz`), so a new clustering variant does not re-run the models."""
     _analyses: dict[float, Analysis] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(
-        cls, path: Path, reference: SpeakerTimeline, uem: list[tuple[float, float]] | None
+        cls,
+        path: Path,
+        reference: SpeakerTimeline,
+        uem: list[tuple[float, float]] | None,
+        cache: Path | None = None,
     ) -> TuningFile:
         from voice.audio import read_audio_16k
 
-        return cls(path.stem, read_audio_16k(path), reference, uem)
+        return cls(path.stem, read_audio_16k(path), reference, uem, cache)
 
     @property
     def duration(self) -> float:
@@ -77,8 +95,36 @@ class TuningFile:
     ) -> Analysis:
         key = settings.step
         if key not in self._analyses:
-            self._analyses[key] = batch.analyse(self.audio, segmentation, embedding, settings)
+            self._analyses[key] = self._cached(
+                settings, lambda: batch.analyse(self.audio, segmentation, embedding, settings)
+            )
         return self._analyses[key]
+
+    def _cached(self, settings: BatchSettings, compute: Callable[[], Analysis]) -> Analysis:
+        if self.cache is None:
+            return compute()
+        digest = hashlib.sha1(np.ascontiguousarray(self.audio).tobytes()).hexdigest()[:12]
+        path = self.cache / f"{self.file_id}-{settings.step_samples}-{digest}.npz"
+        if path.is_file():
+            with np.load(path) as data:
+                return Analysis(
+                    float(data["duration"]),
+                    [int(x) for x in data["starts"]],
+                    data["decisions"],
+                    data["embeddings"],
+                    data["clean_frames"],
+                )
+        analysis = compute()
+        self.cache.mkdir(parents=True, exist_ok=True)
+        np.savez(
+            path,
+            duration=analysis.duration,
+            starts=np.array(analysis.starts, np.int64),
+            decisions=analysis.decisions,
+            embeddings=analysis.embeddings,
+            clean_frames=analysis.clean_frames,
+        )
+        return analysis
 
     def run(
         self, settings: BatchSettings, segmentation: SegmentationModel, embedding: EmbeddingModel
@@ -117,11 +163,30 @@ class CrossValidation:
     per_file: dict[str, float]
     grid_size: int
     held_out_scores: dict[str, DerScore] = field(default_factory=dict)
+    held_out_collar0: DerScore | None = None
+    """The same held-out timelines scored at collar 0."""
+    held_out_scores_collar0: dict[str, DerScore] = field(default_factory=dict)
+    speakers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per file: speakers found by its held-out settings, and in the reference."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "loo_cv_der": self.held_out.der,
             "loo_cv": self.held_out.as_dict(),
+            "loo_cv_collar0": None
+            if self.held_out_collar0 is None
+            else self.held_out_collar0.as_dict(),
+            "per_file_held_out": {
+                k: {
+                    "collar_0.25": v.as_dict(),
+                    "collar_0": self.held_out_scores_collar0[k].as_dict()
+                    if k in self.held_out_scores_collar0
+                    else None,
+                    "speakers_found": self.speakers.get(k, (0, 0))[0],
+                    "speakers_ref": self.speakers.get(k, (0, 0))[1],
+                }
+                for k, v in self.held_out_scores.items()
+            },
             "best_on_all_der": self.best_on_all.der,
             "best_settings": asdict(self.best_settings),
             "per_file_held_out_der": self.per_file,
@@ -130,15 +195,28 @@ class CrossValidation:
         }
 
     def describe(self) -> str:
-        best = ", ".join(
-            f"{k}={getattr(self.best_settings, k)}" for k in GRID if hasattr(self.best_settings, k)
+        keys = ["clustering", *GRIDS[self.best_settings.clustering]]
+        best = ", ".join(f"{k}={getattr(self.best_settings, k)}" for k in keys)
+        zero = (
+            ""
+            if self.held_out_collar0 is None
+            else f", {self.held_out_collar0.der * 100:.1f} % at collar 0"
         )
+        h = self.held_out
         return "\n".join(
             [
                 f"leave-one-file-out CV over {self.grid_size} settings and {len(self.per_file)} "
-                f"files: DER {self.held_out.der * 100:.1f} % (collar 0.25; best-on-all "
+                f"files: DER {h.der * 100:.1f} % (collar 0.25{zero}; missed "
+                f"{h.missed / h.total * 100:.1f}, false alarm {h.false_alarm / h.total * 100:.1f}, "
+                f"confusion {h.confusion / h.total * 100:.1f}; best-on-all "
                 f"{self.best_on_all.der * 100:.1f} % with {best})",
-                "  held out: " + ", ".join(f"{k} {v * 100:.1f}" for k, v in self.per_file.items()),
+                "  held out (collar 0.25, speakers found/ref): "
+                + ", ".join(
+                    f"{k} {v * 100:.1f} ({self.speakers[k][0]}/{self.speakers[k][1]})"
+                    if k in self.speakers
+                    else f"{k} {v * 100:.1f}"
+                    for k, v in self.per_file.items()
+                ),
             ]
         )
 
@@ -175,6 +253,14 @@ def cross_validate(
         held.append(table[best][j])
         held_scores[f.file_id] = table[best][j]
         per_file[f.file_id] = table[best][j].der
+    held_zero: dict[str, DerScore] = {}
+    speakers: dict[str, tuple[int, int]] = {}
+    for f in files:
+        hypothesis = f.run(chosen[f.file_id], segmentation, embedding)
+        held_zero[f.file_id] = score(
+            f.reference, hypothesis, uem=f.uem, duration=f.duration, collar=0.0, uri=f.file_id
+        )
+        speakers[f.file_id] = (len(hypothesis.speakers), len(f.reference.speakers))
     overall = errors.sum(axis=1) / max(totals.sum(), 1e-9)
     best_all = int(np.argmin(overall))
     return CrossValidation(
@@ -185,4 +271,7 @@ def cross_validate(
         per_file=per_file,
         grid_size=len(candidates),
         held_out_scores=held_scores,
+        held_out_collar0=DerScore.sum(held_zero.values()),
+        held_out_scores_collar0=held_zero,
+        speakers=speakers,
     )

@@ -85,3 +85,16 @@ def test_diarize_speaker_count_options(
     assert main(["diarize", str(sample), "--rttm", str(tmp_path / "bad.rttm"), *bad]) == 2
     assert "min_speakers (3) is more than max_speakers (2)" in capsys.readouterr().err
     assert not (tmp_path / "bad.rttm").exists()
+
+
+@pytest.mark.slow
+def test_P1_diarize_clusters_with_nme_sc_when_asked(
+    shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sample = shared_fixtures / "pyannote-sample" / "sample.wav"
+    rttm = tmp_path / "out.rttm"
+    assert main(["diarize", str(sample), "--rttm", str(rttm), "--clustering", "nme-sc"]) == 0
+    assert len(SpeakerTimeline.read_rttm(rttm, "sample").speakers) == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["diarize", str(sample), "--rttm", str(rttm), "--clustering", "kmeans"])

@@ -150,3 +150,35 @@ def test_P4_bench_reads_references_next_to_the_audio_and_reports_per_set(
     assert set(result["sets"]) == {"clips"}
     assert result["sets"]["clips"]["speakers_ref"] == 5
     assert "= clips" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_P4_bench_reports_like_the_field_and_cross_validates_both_clustering_methods(
+    shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per file and per set: DER at collar 0 and 0.25 with missed / false alarm / confusion and
+    confusion's share of the errors; held out: the same, and speakers found against the
+    reference per file (issue 30.3). The analyses are cached for the next run."""
+    out = tmp_path / "bench.json"
+    clips = shared_fixtures / "short-clips"
+    args = ["bench", "diarization", str(clips), "--json", str(out), "--cross-validate"]
+    args += ["--cv-grid", "ahc", "--cv-grid", "nme-sc", "--cache", str(tmp_path / "cache")]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "c/err" in printed and "held out by set" in printed
+    result = json.loads(out.read_text())
+    entry = result["files"][0]
+    assert set(entry["batch"]) == {"0.0", "0.25"}
+    assert {"missed", "false_alarm", "confusion", "der"} <= set(entry["batch"]["0.0"])
+    assert 0.0 <= entry["confusion_share"] <= 1.0
+    assert 0.0 <= result["sets"]["short-clips"]["confusion_share"] <= 1.0
+    cv = result["cross_validation"]
+    assert cv["methods"] == ["ahc", "nme-sc"]
+    assert cv["grid_size"] > 216
+    held = cv["per_file_held_out"]
+    assert held["falcon_test"]["speakers_ref"] == 3
+    assert held["falcon_test"]["speakers_found"] >= 1
+    assert set(held["fw_stereo_mix"]) >= {"collar_0", "collar_0.25"}
+    by_set = cv["held_out_by_set"]["short-clips"]
+    assert by_set["speakers_ref"] == 5 and "collar_0" in by_set and "confusion_share" in by_set
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 2

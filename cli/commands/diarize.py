@@ -30,6 +30,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--max-speakers", type=int, default=None, metavar="N", help="at most N")
     parser.add_argument(
+        "--clustering",
+        choices=["ahc", "nme-sc"],
+        default=None,
+        help="embedded: how speakers are clustered and counted (default: ahc; docs/diarization.md)",
+    )
+    parser.add_argument(
         "--enroll",
         action="append",
         default=[],
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             max_speakers=args.max_speakers,
             pipeline=args.pipeline,
             hf_token=args.hf_token,
+            clustering=args.clustering,
         )
         for name, clip in clips:
             stage.enroll(name, clip)
