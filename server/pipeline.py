@@ -40,7 +40,13 @@ from server.overload import (
 )
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
-from voice.diarization_stage import ClipPrints, DiarizationStage, SpeakerPrints, StagePrints
+from voice.diarization_stage import (
+    Anchors,
+    ClipPrints,
+    DiarizationStage,
+    SpeakerPrints,
+    StagePrints,
+)
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
 
@@ -82,6 +88,11 @@ class StreamAudio(Protocol):
     def speaker_prints(self) -> StagePrints | None:
         """The stream's stage's anonymous voices now (issue 27); None without a stage that
         shows them, or while the stream is off its stage."""
+        ...
+
+    def anchor(self, prints_of: Callable[[str], dict[str, Any]]) -> None:
+        """Hand the stream's stage the known voices of its model (`prints_of(model)`), when it
+        takes anchors (`voice.diarization_stage.Anchors`); otherwise nothing."""
         ...
 
 
@@ -436,6 +447,14 @@ class VoiceStreamAudio:
             return
         if self._on_audio is not None:
             self._on_audio()
+
+    def anchor(self, prints_of: Callable[[str], dict[str, Any]]) -> None:
+        driver = self.session.stage
+        if driver is None or not driver.abilities.anchors:
+            return
+        stage = driver.stage
+        if isinstance(stage, Anchors) and isinstance(stage, ClipPrints):
+            stage.anchor(prints_of(stage.live_model))
 
     def speaker_prints(self) -> StagePrints | None:
         driver = self.session.stage

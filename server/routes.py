@@ -631,6 +631,7 @@ class HttpRoutes:
             except VoicesError as exc:
                 raise ProblemError(exc.status, exc.problem, exc.detail) from exc
             self.rooms.rename(room, body.label, voice.name, stream.id)
+            self.rooms.reanchor()
             return SpeakerRemembered(room=room, label=body.label, name=voice.name,
                                      stream=stream.id, voice=voice_info(voice))
 
@@ -690,6 +691,7 @@ class HttpRoutes:
                 voice = await voices.add_print(body.name, model, vector, "clip")
             except VoicesError as exc:
                 raise ProblemError(exc.status, exc.problem, exc.detail) from exc
+            self.rooms.reanchor()
             return voice_info(voice)
 
         @app.delete(
