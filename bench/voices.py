@@ -173,6 +173,9 @@ class Outcome:
     strangers: dict[str, int]
     """Each speaker not in the directory → their speech frames."""
     strangers_named: dict[str, int]
+    strangers_voice: dict[str, str | None]
+    """Each speaker not in the directory → the name their own voice (the stage label holding
+    most of their speech) ended with (None: it kept its letter)."""
 
 
 def name_meeting(
@@ -215,6 +218,14 @@ def name_meeting(
         return int(bad.sum())
 
     strangers = {s: int(ref[s].sum()) for s in ref if s not in named}
+    labels: dict[str, BoolArray] = {}
+    for fed in meeting.fed:
+        for label, t0, t1 in fed.pieces:
+            labels.setdefault(label, np.zeros(n, dtype=bool))[_frames(t0) : _frames(t1)] = True
+    voice_of = {
+        s: max(labels, key=lambda k: int((labels[k] & ref[s]).sum()), default=None)
+        for s in strangers
+    }
     return Outcome(
         own=own,
         named={s: int((named[s] & ref[s]).sum()) for s in own},
@@ -226,6 +237,9 @@ def name_meeting(
         speech=int(speech.sum()),
         strangers=strangers,
         strangers_named={s: int((anyone_named & ref[s]).sum()) for s in strangers},
+        strangers_voice={
+            s: None if label is None else state.name_of(label) for s, label in voice_of.items()
+        },
     )
 
 
@@ -354,8 +368,11 @@ def run(args: argparse.Namespace) -> int:
         miss, wrong, miss_s, wrong_s = _rates(outcomes)
         stranger = sum(o.strangers_named.get(held, 0) for o in outcomes)
         stranger_time = sum(o.strangers.get(held, 0) for o in outcomes) or 1
+        own_voice = [o.strangers_voice[held] for o in outcomes if held in o.strangers_voice]
         folds.append(
             {
+                "held_out_voice_named": sum(v is not None for v in own_voice),
+                "held_out_meetings": len(own_voice),
                 "held_out": held,
                 "auto": auto,
                 "suggest": suggest,
@@ -371,12 +388,16 @@ def run(args: argparse.Namespace) -> int:
         "\nleave-one-speaker-out over the far renders (directory: the other speakers' clips, "
         "close + far prints)"
     )
-    print("held out  auto  suggest  miss     wrong    miss(n|s) wrong(n+s) held-out named")
+    print(
+        "held out  auto  suggest  miss     wrong    miss(n|s) wrong(n+s) held-out named  "
+        "its own voice named"
+    )
     for f in folds:
         print(
             f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_pct(f['miss'])}  "
             f"{_pct(f['wrong'])}  {_pct(f['miss_named_or_suggested'])}  "
-            f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}"
+            f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}        "
+            f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings"
         )
     print(
         f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f} (folds: auto "
@@ -428,10 +449,15 @@ def run(args: argparse.Namespace) -> int:
         row["strangers_named"] = {
             s: o.strangers_named[s] / max(o.strangers[s], 1) for s in o.strangers
         }
+        row["strangers_voice_named"] = o.strangers_voice
         print(
             f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
             f"{_pct(row['wrong_suggested'])}; speech of speakers not remembered given a "
-            "name: " + ", ".join(f"{s} {_pct(v)}" for s, v in row["strangers_named"].items())
+            "name: "
+            + ", ".join(
+                f"{s} {_pct(v)} (their own voice: {o.strangers_voice[s] or 'its letter'})"
+                for s, v in row["strangers_named"].items()
+            )
         )
         report["pair"][label] = row
     if args.json:
