@@ -6,16 +6,18 @@ gives a shared-mic stream), fed in 0.5 s chunks as fast as it answers (faster-th
 replay: the same `feed` calls a live stream makes, without waiting for the wall clock). After
 every feed it keeps the stage's `speaker_prints()` and the stretches of speech decided by that
 feed; the identification (`voice.identify.StreamVoices`, what the server's rename hook runs on
-each turn) is then replayed over them for any directory and thresholds, cheaply. Each stretch
+each turn) is then replayed over them for any thresholds, cheaply. The stage's clustering is
+anchored on the directory's people (`Anchors`), so each meeting is run once per directory. Each stretch
 reads the name (or suggestion) its label held just after the feed that decided it; the server
 names a turn when the turn is committed, which is no earlier, so the time to a first name here
 is a lower bound of the server's.
 
 Measured:
 
-- **Thresholds** by leave-one-speaker-out over the five dev speakers and the ten dev meeting
-  files (close and far): directory = every speaker's enrollment clip (close and far prints) but
-  the held-out one, who is the new voice. `auto` minimises miss + 2 × wrong (a wrong name is
+- **Thresholds** by leave-one-speaker-out over the five dev speakers and the five far-field dev
+  meetings: directory = every speaker's enrollment clip (close and far prints) but the held-out
+  one, who is the new voice; each meeting runs anchored on that directory, as a server's stage
+  is (so 25 stage runs). `auto` minimises miss + 2 × wrong (a wrong name is
   worse than a letter) on the other folds, `suggest` then minimises (miss of named-or-suggested)
   + wrong suggestions; the held-out folds' errors are the figures to expect.
 - **The voiceprint pair** (`*_vpA` / `*_vpB`, far renders, different rooms) at the chosen

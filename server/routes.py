@@ -2,7 +2,7 @@
 
 Owns every HTTP route of `chorus serve` (the transcript page, `/healthz`, `/metrics`, a room's
 transcript, deleting a room, typed messages, the AudioSocket UUID→room map, the Teams and
-WhatsApp webhooks, and the `426` a
+WhatsApp webhooks, the voice directory (`/v1/voices`, `…/speakers/remember`), and the `426` a
 plain GET of a websocket route gets) and their error shape: JSON `{"problem": …, "detail": …}`
 with the problem names the metrics and the websocket close reasons use. JSON bodies are pydantic
 models, so `/openapi.json` describes every route. The websockets are `server.app`'s: it builds
