@@ -20,12 +20,13 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_add_list_forget(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not CLIP.is_file():
-        pytest.skip("the LibriSpeech meetings fixture is not here")
+def test_add_list_forget(
+    config: Path, shared_fixtures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clip = str(shared_fixtures / CLIP)
     assert main(["voices", "--config", str(config), "list"]) == 0
     assert capsys.readouterr().out == ""
-    assert main(["voices", "--config", str(config), "add", "Ian", str(CLIP)]) == 0
+    assert main(["voices", "--config", str(config), "add", "Ian", clip]) == 0
     voice_id = capsys.readouterr().out.split("\t")[0]
     assert main(["voices", "--config", str(config), "list"]) == 0
     listed = capsys.readouterr().out
