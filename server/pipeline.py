@@ -247,7 +247,12 @@ class VoicePipeline:
         return await self._new_stage()
 
     def _idle(self, room_id: str, stage: DiarizationStage) -> None:
-        """A stream's stage is free again: back to its room's pool."""
+        """A stream's stage is free again: back to its room's pool. A stage that took the voice
+        directory's people (`Anchors`) lets go of them and of the stream's voices now (no print
+        waits in an idle stage; the next stream is anchored afresh)."""
+        if isinstance(stage, Anchors):
+            stage.anchor({})
+            stage.reset()
         self._pools.setdefault(room_id, []).append(stage)
 
     async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:

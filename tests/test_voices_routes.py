@@ -262,10 +262,17 @@ async def test_every_stream_stage_starts_from_the_directory_and_hears_a_forget()
         await eventually(lambda: bool(stage.anchors), 30, "anchors")
         assert list(stage.anchors[-1]) == [ian]
         assert np.allclose(stage.anchors[-1][ian], IAN)
+        async with asyncio.timeout(60):
+            await device.stop()
+        # its stream ended: the pooled stage holds nobody's print while idle
+        await eventually(lambda: stage.anchors[-1] == {}, 30, "the idle stage let go")
+        again = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
+        await eventually(lambda: list(stage.anchors[-1]) == [ian], 30, "anchored again")
+        assert len(PrintedStage.made) == 2  # the same stage, from the room's pool
         await http.delete(f"/v1/voices/{ian}", headers=SERVER_ADMIN)
         assert stage.anchors[-1] == {}
         async with asyncio.timeout(60):
-            await device.stop()
+            await again.stop()
 
 
 @pytest.mark.parametrize("route", ["/v1/voices"])
