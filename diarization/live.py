@@ -39,6 +39,10 @@ Two parts, shaped by where the cost is:
 
 Enrolled voices (V8) are centroids from the start, named; other voices get `Speaker A`, `B` …
 in order of creation (V7). Voiceprints are CAM++ embeddings on the same trunk and pooling.
+The voice directory's people (issue 27, `anchor`) are centroids from the start too, but unnamed:
+each takes the next letter when first heard, and `speaker_prints` shows each voice's centroid of
+this stream's embeddings alone (never the known print it started from), which the server
+compares with the directory's prints to name it.
 """
 
 from __future__ import annotations
