@@ -6,16 +6,18 @@ gives a shared-mic stream), fed in 0.5 s chunks as fast as it answers (faster-th
 replay: the same `feed` calls a live stream makes, without waiting for the wall clock). After
 every feed it keeps the stage's `speaker_prints()` and the stretches of speech decided by that
 feed; the identification (`voice.identify.StreamVoices`, what the server's rename hook runs on
-each turn) is then replayed over them for any directory and thresholds, cheaply. Each stretch
+each turn) is then replayed over them for any thresholds, cheaply. The stage's clustering is
+anchored on the directory's people (`Anchors`), so each meeting is run once per directory. Each stretch
 reads the name (or suggestion) its label held just after the feed that decided it; the server
 names a turn when the turn is committed, which is no earlier, so the time to a first name here
 is a lower bound of the server's.
 
 Measured:
 
-- **Thresholds** by leave-one-speaker-out over the five dev speakers and the ten dev meeting
-  files (close and far): directory = every speaker's enrollment clip (close and far prints) but
-  the held-out one, who is the new voice. `auto` minimises miss + 2 × wrong (a wrong name is
+- **Thresholds** by leave-one-speaker-out over the five dev speakers and the five far-field dev
+  meetings: directory = every speaker's enrollment clip (close and far prints) but the held-out
+  one, who is the new voice; each meeting runs anchored on that directory, as a server's stage
+  is (so 25 stage runs). `auto` minimises miss + 2 × wrong (a wrong name is
   worse than a letter) on the other folds, `suggest` then minimises (miss of named-or-suggested)
   + wrong suggestions; the held-out folds' errors are the figures to expect.
 - **The voiceprint pair** (`*_vpA` / `*_vpB`, far renders, different rooms) at the chosen
@@ -85,8 +87,13 @@ class Meeting:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     fixtures = Path(os.environ.get("CHORUS_FIXTURES", "../shared/fixtures"))
-    parser.add_argument("dir", nargs="?", type=Path, default=fixtures / "librispeech-meetings",
-                        help="the LibriSpeech meetings fixture (manifest.json, RTTMs, clips)")
+    parser.add_argument(
+        "dir",
+        nargs="?",
+        type=Path,
+        default=fixtures / "librispeech-meetings",
+        help="the LibriSpeech meetings fixture (manifest.json, RTTMs, clips)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
 
 
@@ -103,8 +110,9 @@ def _reference(rttm: Path, duration: float) -> dict[str, BoolArray]:
     return out
 
 
-def _delta(before: dict[tuple[str, float], float], timeline: SpeakerTimeline
-           ) -> list[tuple[str, float, float]]:
+def _delta(
+    before: dict[tuple[str, float], float], timeline: SpeakerTimeline
+) -> list[tuple[str, float, float]]:
     """The speech `timeline` decided that `before` (each run's end by (speaker, start)) had not."""
     pieces: list[tuple[str, float, float]] = []
     for seg in timeline.segments:
@@ -116,19 +124,32 @@ def _delta(before: dict[tuple[str, float], float], timeline: SpeakerTimeline
     return pieces
 
 
-def run_meeting(stage: Any, audio: npt.NDArray[np.float32], name: str, reference: Path
-                ) -> Meeting:
-    """Feed `audio` through the live stage in `STEP_S` chunks; what each feed left."""
+def run_meeting(
+    stage: Any,
+    audio: npt.NDArray[np.float32],
+    name: str,
+    reference: Path,
+    directory: Sequence[KnownVoice] = (),
+) -> Meeting:
+    """Feed `audio` through the live stage in `STEP_S` chunks, its clustering anchored on the
+    directory's people as a server's stage is (`Anchors`: each person's unit mean print);
+    what each feed left."""
     duration = len(audio) / RATE
     meeting = Meeting(name, duration, _reference(reference, duration))
+    anchors = {}
+    for voice in directory:
+        mean = voice.prints.sum(axis=0)
+        anchors[voice.id] = (mean / np.linalg.norm(mean)).astype(np.float32)
+    stage.anchor(anchors)
     stage.reset()
     seen: dict[tuple[str, float], float] = {}
     step = int(STEP_S * RATE)
     began = time.perf_counter()
     for k in range(0, len(audio), step):
         timeline = stage.feed(audio[k : k + step])
-        meeting.fed.append(Fed(min(k + step, len(audio)) / RATE, stage.speaker_prints(),
-                               _delta(seen, timeline)))
+        meeting.fed.append(
+            Fed(min(k + step, len(audio)) / RATE, stage.speaker_prints(), _delta(seen, timeline))
+        )
     timeline = stage.flush()
     meeting.fed.append(Fed(duration, stage.speaker_prints(), _delta(seen, timeline)))
     meeting.seconds = time.perf_counter() - began
@@ -154,10 +175,14 @@ class Outcome:
     strangers: dict[str, int]
     """Each speaker not in the directory → their speech frames."""
     strangers_named: dict[str, int]
+    strangers_voice: dict[str, str | None]
+    """Each speaker not in the directory → the name their own voice (the stage label holding
+    most of their speech) ended with (None: it kept its letter)."""
 
 
-def name_meeting(meeting: Meeting, directory: Sequence[KnownVoice],
-                 settings: IdentifySettings) -> Outcome:
+def name_meeting(
+    meeting: Meeting, directory: Sequence[KnownVoice], settings: IdentifySettings
+) -> Outcome:
     n = len(meeting.speech)
     named = {v.name: np.zeros(n, dtype=bool) for v in directory}
     suggested = {v.name: np.zeros(n, dtype=bool) for v in directory}
@@ -195,6 +220,14 @@ def name_meeting(meeting: Meeting, directory: Sequence[KnownVoice],
         return int(bad.sum())
 
     strangers = {s: int(ref[s].sum()) for s in ref if s not in named}
+    labels: dict[str, BoolArray] = {}
+    for fed in meeting.fed:
+        for label, t0, t1 in fed.pieces:
+            labels.setdefault(label, np.zeros(n, dtype=bool))[_frames(t0) : _frames(t1)] = True
+    voice_of = {
+        s: max(labels, key=lambda k: int((labels[k] & ref[s]).sum()), default=None)
+        for s in strangers
+    }
     return Outcome(
         own=own,
         named={s: int((named[s] & ref[s]).sum()) for s in own},
@@ -206,6 +239,9 @@ def name_meeting(meeting: Meeting, directory: Sequence[KnownVoice],
         speech=int(speech.sum()),
         strangers=strangers,
         strangers_named={s: int((anyone_named & ref[s]).sum()) for s in strangers},
+        strangers_voice={
+            s: None if label is None else state.name_of(label) for s, label in voice_of.items()
+        },
     )
 
 
@@ -225,8 +261,13 @@ def _rates(outcomes: Iterable[Outcome]) -> tuple[float, float, float, float]:
     return 1 - named / own, wrong / speech, 1 - either / own, (wrong + wrong_s) / speech
 
 
-def _clip_voices(stage: Any, folder: Path, enrollment: list[dict[str, Any]], kinds: Sequence[str],
-                 without: str | None = None) -> list[KnownVoice]:
+def _clip_voices(
+    stage: Any,
+    folder: Path,
+    enrollment: list[dict[str, Any]],
+    kinds: Sequence[str],
+    without: str | None = None,
+) -> list[KnownVoice]:
     from voice.audio import read_audio_16k
 
     out: list[KnownVoice] = []
@@ -234,8 +275,9 @@ def _clip_voices(stage: Any, folder: Path, enrollment: list[dict[str, Any]], kin
         speaker = entry["speaker"]
         if speaker == without:
             continue
-        rows = [stage.live_voiceprint(read_audio_16k(folder / entry[kind]["file"]))
-                for kind in kinds]
+        rows = [
+            stage.live_voiceprint(read_audio_16k(folder / entry[kind]["file"])) for kind in kinds
+        ]
         out.append(KnownVoice(speaker, speaker, np.stack(rows).astype(np.float32)))
     return out
 
@@ -251,8 +293,9 @@ def remembered_from(meeting: Meeting) -> list[KnownVoice]:
     final = meeting.fed[-1].prints
     out: list[KnownVoice] = []
     for speaker, grid in meeting.reference.items():
-        overlap = {label: int((g & grid).sum()) for label, g in heard.items()
-                   if label in final.prints}
+        overlap = {
+            label: int((g & grid).sum()) for label, g in heard.items() if label in final.prints
+        }
         if not overlap:
             continue
         label = max(overlap, key=lambda k: overlap[k])
@@ -264,8 +307,9 @@ def remembered_from(meeting: Meeting) -> list[KnownVoice]:
 AUTO_GRID = [round(0.30 + 0.02 * i, 2) for i in range(26)]
 
 
-def _choose(trials: list[tuple[str, Meeting, list[KnownVoice]]], fixed_auto: float | None = None
-            ) -> tuple[float, float]:
+def _choose(
+    trials: list[tuple[str, Meeting, list[KnownVoice]]], fixed_auto: float | None = None
+) -> tuple[float, float]:
     """(auto, suggest) minimising the module's costs over `trials`."""
     if fixed_auto is None:
         costs = {}
@@ -293,20 +337,30 @@ def run(args: argparse.Namespace) -> int:
     folder: Path = args.dir
     manifest = json.loads((folder / "manifest.json").read_text())
     stage = EmbeddedStage()
-    meetings: dict[str, Meeting] = {}
-    for entry in manifest["files"]:
-        name = entry["id"]
-        audio = read_audio_16k(folder / f"{name}.flac")
-        meetings[name] = run_meeting(stage, audio, name, folder / f"{name}.rttm")
-        m = meetings[name]
-        print(f"  {name}: {m.duration:.0f} s of audio through the live stage in {m.seconds:.1f} s",
-              flush=True)
+    audio_of: dict[str, Any] = {}
+
+    def meeting(name: str, directory: Sequence[KnownVoice], why: str) -> Meeting:
+        if name not in audio_of:
+            audio_of[name] = read_audio_16k(folder / f"{name}.flac")
+        m = run_meeting(stage, audio_of[name], name, folder / f"{name}.rttm", directory)
+        print(
+            f"  {name} ({why}): {m.duration:.0f} s through the live stage in {m.seconds:.1f} s",
+            flush=True,
+        )
+        return m
+
     enrollment = manifest["enrollment"]
     speakers = sorted(e["speaker"] for e in enrollment)
+    far = [e["id"] for e in manifest["files"] if e["id"].endswith("_far")]
     # -- thresholds: leave one speaker out ------------------------------------------------
-    directories = {h: _clip_voices(stage, folder, enrollment, ("close", "far"), without=h)
-                   for h in speakers}
-    trials = [(h, m, directories[h]) for h in speakers for m in meetings.values()]
+    directories = {
+        h: _clip_voices(stage, folder, enrollment, ("close", "far"), without=h) for h in speakers
+    }
+    trials = [
+        (h, meeting(name, directories[h], f"without {h}"), directories[h])
+        for h in speakers
+        for name in far
+    ]
     folds: list[dict[str, Any]] = []
     for held in speakers:
         auto, suggest = _choose([t for t in trials if t[0] != held])
@@ -316,57 +370,97 @@ def run(args: argparse.Namespace) -> int:
         miss, wrong, miss_s, wrong_s = _rates(outcomes)
         stranger = sum(o.strangers_named.get(held, 0) for o in outcomes)
         stranger_time = sum(o.strangers.get(held, 0) for o in outcomes) or 1
-        folds.append({"held_out": held, "auto": auto, "suggest": suggest, "miss": miss,
-                      "wrong": wrong, "miss_named_or_suggested": miss_s,
-                      "wrong_with_suggestions": wrong_s,
-                      "held_out_named": stranger / stranger_time})
+        own_voice = [o.strangers_voice[held] for o in outcomes if held in o.strangers_voice]
+        folds.append(
+            {
+                "held_out_voice_named": sum(v is not None for v in own_voice),
+                "held_out_meetings": len(own_voice),
+                "held_out": held,
+                "auto": auto,
+                "suggest": suggest,
+                "miss": miss,
+                "wrong": wrong,
+                "miss_named_or_suggested": miss_s,
+                "wrong_with_suggestions": wrong_s,
+                "held_out_named": stranger / stranger_time,
+            }
+        )
     auto, suggest = _choose(trials)
-    print("\nleave-one-speaker-out (directory: the other speakers' clips, close + far prints)")
-    print("held out  auto  suggest  miss     wrong    miss(n|s) wrong(n+s) held-out named")
+    print(
+        "\nleave-one-speaker-out over the far renders (directory: the other speakers' clips, "
+        "close + far prints)"
+    )
+    print(
+        "held out  auto  suggest  miss     wrong    miss(n|s) wrong(n+s) held-out named  "
+        "its own voice named"
+    )
     for f in folds:
-        print(f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_pct(f['miss'])}  "
-              f"{_pct(f['wrong'])}  {_pct(f['miss_named_or_suggested'])}  "
-              f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}")
-    print(f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f} (folds: auto "
-          f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
-          f"{statistics.median(f['auto'] for f in folds):.2f})")
+        print(
+            f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_pct(f['miss'])}  "
+            f"{_pct(f['wrong'])}  {_pct(f['miss_named_or_suggested'])}  "
+            f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}        "
+            f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings"
+        )
+    print(
+        f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f} (folds: auto "
+        f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
+        f"{statistics.median(f['auto'] for f in folds):.2f})"
+    )
     # -- the voiceprint pair -------------------------------------------------------------
     pair = manifest["voiceprint_pair"]
-    a = meetings[pair["files"]["far"]["A"]]
-    b = meetings[pair["files"]["far"]["B"]]
+    a = meeting(pair["files"]["far"]["A"], (), "meeting A, nobody remembered yet")
     in_a = sorted(a.reference)
     conditions = {
         "remembered from meeting A (far)": remembered_from(a),
-        "enrolled from close clips": [v for v in _clip_voices(stage, folder, enrollment,
-                                                              ("close",)) if v.id in in_a],
-        "enrolled from far clips": [v for v in _clip_voices(stage, folder, enrollment, ("far",))
-                                    if v.id in in_a],
+        "enrolled from close clips": [
+            v for v in _clip_voices(stage, folder, enrollment, ("close",)) if v.id in in_a
+        ],
+        "enrolled from far clips": [
+            v for v in _clip_voices(stage, folder, enrollment, ("far",)) if v.id in in_a
+        ],
     }
     settings = IdentifySettings(auto=auto, suggest=suggest)
     report: dict[str, Any] = {"auto": auto, "suggest": suggest, "folds": folds, "pair": {}}
-    print(f"\nmeeting B ({b.name}) at auto {auto:.2f}, suggest {suggest:.2f}; directory: "
-          f"the speakers of meeting A ({', '.join(in_a)})")
+    b_name = pair["files"]["far"]["B"]
+    print(
+        f"\nmeeting B ({b_name}) at auto {auto:.2f}, suggest {suggest:.2f}; directory: "
+        f"the speakers of meeting A ({', '.join(in_a)})"
+    )
     for label, directory in conditions.items():
+        b = meeting(b_name, directory, label)
         o = name_meeting(b, directory, settings)
         row: dict[str, Any] = {"directory": [v.id for v in directory], "speakers": {}}
         print(f"  {label}: {len(directory)} voices")
         for s in sorted(o.own):
             share = o.named[s] / o.own[s]
             either = o.named_or_suggested[s] / o.own[s]
-            row["speakers"][s] = {"named": share, "named_or_suggested": either,
-                                  "first_named_after_s": o.first_named[s],
-                                  "first_suggested_after_s": o.first_suggested[s],
-                                  "speech_s": o.own[s] * GRID_S}
-            print(f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
-                  f"suggested {_pct(either)}; first name {o.first_named[s]} s after they "
-                  f"began, first suggestion {o.first_suggested[s]} s")
+            row["speakers"][s] = {
+                "named": share,
+                "named_or_suggested": either,
+                "first_named_after_s": o.first_named[s],
+                "first_suggested_after_s": o.first_suggested[s],
+                "speech_s": o.own[s] * GRID_S,
+            }
+            print(
+                f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
+                f"suggested {_pct(either)}; first name {o.first_named[s]} s after they "
+                f"began, first suggestion {o.first_suggested[s]} s"
+            )
         row["wrong"] = o.wrong / o.speech
         row["wrong_suggested"] = o.wrong_suggested / o.speech
-        row["strangers_named"] = {s: o.strangers_named[s] / max(o.strangers[s], 1)
-                                  for s in o.strangers}
-        print(f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
-              f"{_pct(row['wrong_suggested'])}; speakers not remembered given a name: " + ", ".join(
-                  f"{s} {_pct(v)}" for s, v in row["strangers_named"].items()))
+        row["strangers_named"] = {
+            s: o.strangers_named[s] / max(o.strangers[s], 1) for s in o.strangers
+        }
+        row["strangers_voice_named"] = o.strangers_voice
+        print(
+            f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
+            f"{_pct(row['wrong_suggested'])}; speech of speakers not remembered given a "
+            "name: "
+            + ", ".join(
+                f"{s} {_pct(v)} (their own voice: {o.strangers_voice[s] or 'its letter'})"
+                for s, v in row["strangers_named"].items()
+            )
+        )
         report["pair"][label] = row
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -79,7 +79,8 @@ class EmbeddedStage:
 
     sample_rate = SAMPLE_RATE
     abilities = StageAbilities(decides_late=True, recent_view=True, provisional_view=True,
-                               stretches_step=True, abandons=True, speaker_prints=True)
+                               stretches_step=True, abandons=True, speaker_prints=True,
+                               anchors=True)
     """`voice.diarization_stage.LiveStage`: the live stream decides about a second late
     (`flush`), can hand over its recent segments (`recent`) and its provisional view, and can
     stretch its step under load (`stretch`) and drop its queued windows when the server takes
@@ -264,6 +265,10 @@ class EmbeddedStage:
     def speaker_prints(self) -> StagePrints:
         """The live stream's anonymous voices: prints and speech so far (`LiveDiarizer`)."""
         return self._stream.speaker_prints()
+
+    def anchor(self, prints: dict[str, FloatArray]) -> None:
+        """Known voices the live clustering starts from (`LiveDiarizer.anchor`; any thread)."""
+        self._stream.anchor(prints)
 
     def live_voiceprint(self, audio: Audio) -> FloatArray:
         """A clip's voiceprint on the live path's model (its speech, VAD; what the voice

@@ -39,6 +39,10 @@ Two parts, shaped by where the cost is:
 
 Enrolled voices (V8) are centroids from the start, named; other voices get `Speaker A`, `B` …
 in order of creation (V7). Voiceprints are CAM++ embeddings on the same trunk and pooling.
+The voice directory's people (issue 27, `anchor`) are centroids from the start too, but unnamed:
+each takes the next letter when first heard, and `speaker_prints` shows each voice's centroid of
+this stream's embeddings alone (never the known print it started from), which the server
+compares with the directory's prints to name it.
 """
 
 from __future__ import annotations
@@ -489,6 +493,10 @@ class LiveDiarizer:
         self.decision_delays: list[float] = []
         self._model_id: str | None = None
         self._prints = StagePrints("")
+        self._anchors: dict[str, FloatArray] = {}
+        """Known voices the clustering starts from (`anchor`), by key; applied."""
+        self._anchors_next: dict[str, FloatArray] | None = None
+        """Set from any thread by `anchor`; applied at the next feed, under the lock."""
         self.reset()
 
     # -- enrollment ------------------------------------------------------------------------
@@ -523,6 +531,36 @@ class LiveDiarizer:
                     speaker.enrolled = False
                     speaker.total = None
 
+    def anchor(self, prints: dict[str, FloatArray]) -> None:
+        """Known voices (the voice directory's people, by key: unit prints of this stage's model)
+        the clustering starts from, as it starts from enrolled voices, so two known voices are
+        kept apart from the first window. Unlike an enrolled voice an anchor is not named: it
+        takes a letter when it is first heard, and its print in `speaker_prints` is of this
+        stream's audio alone (what the voice directory compares with the person's prints). A
+        key no longer given turns its speaker into a plain voice of this stream (its known print
+        taken out of its centroid). Safe from any thread: applied with the next feed."""
+        self._anchors_next = {key: v for key, v in ((k, unit_or_none(p)) for k, p in prints.items())
+                              if v is not None}
+
+    def _add_anchors(self, anchors: dict[str, FloatArray]) -> None:
+        present = set(self._anchor_of.values())
+        for key, vector in anchors.items():
+            if key not in present:
+                self._speakers.append(_Speaker("", vector.copy()))
+                self._anchor_of[len(self._speakers) - 1] = key
+
+    def _apply_anchors(self) -> None:
+        pending, self._anchors_next = self._anchors_next, None
+        if pending is None:
+            return
+        self._anchors = pending
+        for index, key in list(self._anchor_of.items()):
+            if key not in pending:  # forgotten: only this stream's audio is left of it
+                del self._anchor_of[index]
+                heard = self._heard.get(index)
+                self._speakers[index].total = None if heard is None else heard.copy()
+        self._add_anchors(pending)
+
     # -- live ------------------------------------------------------------------------------
 
     def reset(self) -> None:
@@ -540,6 +578,11 @@ class LiveDiarizer:
             self._fbank_next = 0  # first stream frame not computed yet
             self._speakers = [_Speaker(n, v.copy(), enrolled=True) for n, v in self._enrolled.items()]
             self._letters = 0
+            if self._anchors_next is not None:  # a new stream starts from the newest anchors
+                self._anchors, self._anchors_next = self._anchors_next, None
+            self._heard: dict[int, FloatArray] = {}  # speaker -> sum of this stream's embeddings
+            self._anchor_of: dict[int, str] = {}  # speaker -> the anchor (known voice) it started as
+            self._add_anchors(self._anchors)
             self._previous: Activity | None = None
             self._previous_map: dict[int, int] = {}
             self._since_embedding = self.settings.embed_every
@@ -645,7 +688,7 @@ class LiveDiarizer:
 
     @property
     def speakers(self) -> list[str]:
-        return [s.name for s in self._speakers]
+        return [s.name for s in self._speakers if s.name]
 
     def speaker_prints(self) -> StagePrints:
         """Each anonymous voice's centroid (unit length) and decided speech so far, as of the
@@ -660,8 +703,9 @@ class LiveDiarizer:
         prints: dict[str, FloatArray] = {}
         speech: dict[str, float] = {}
         for k, speaker in enumerate(self._speakers):
-            centroid = speaker.centroid
-            if speaker.enrolled or centroid is None:
+            heard = self._heard.get(k)
+            centroid = None if heard is None else unit_or_none(heard)
+            if speaker.enrolled or not speaker.name or centroid is None:
                 continue
             prints[speaker.name] = centroid
             speech[speaker.name] = round(self._speech.get(k, 0.0), 3)
@@ -700,6 +744,7 @@ class LiveDiarizer:
         return out
 
     def _process(self, ends: list[int]) -> None:
+        self._apply_anchors()
         jobs: list[WindowJob] = []
         previous_end = self._last_end
         for end in ends:
@@ -777,7 +822,8 @@ class LiveDiarizer:
             for r, j in enumerate(locals_):
                 if j in mapping:
                     continue
-                room = len(self._speakers) < self.max_speakers
+                unheard = sum(1 for k in self._anchor_of if not self._speakers[k].name)
+                room = len(self._speakers) - unheard < self.max_speakers
                 if room and (alone[j] >= new_min or not any(s.total is not None for s in self._speakers)):
                     self._speakers.append(_Speaker(letter_label(self._letters), None))
                     self._letters += 1
@@ -799,14 +845,22 @@ class LiveDiarizer:
                 if j in mapping and (
                     alone[j] >= self.settings.rho_update * frames
                     or self._speakers[mapping[j]].total is None
+                    or mapping[j] not in self._heard
                 ):
                     self._speakers[mapping[j]].add(vectors[r])
+                    k = mapping[j]
+                    self._heard[k] = vectors[r].copy() if k not in self._heard else (
+                        self._heard[k] + vectors[r])
         # too little speech for an embedding: keep what overlap stitching says
         for j, prev_local in stitched.items():
             if j not in mapping and prev_local in self._previous_map:
                 target = self._previous_map[prev_local]
                 if target not in mapping.values():
                     mapping[j] = target
+        for target in mapping.values():  # an anchor heard for the first time takes a letter
+            if not self._speakers[target].name:
+                self._speakers[target].name = letter_label(self._letters)
+                self._letters += 1
         return mapping
 
     # -- aggregation and decisions ---------------------------------------------------------

@@ -13,8 +13,9 @@ Shaped so: `app` keeps the sockets, tokens, limits and drain; each stream protoc
 (`device`, `twilio`, `audiosocket`, `sip`) that reads its framing into one
 `framing.StreamDeclaration` plus audio, which `streaming` runs the same way for every protocol;
 `live` is the room registry, `output` what the rooms say (turns, replies, speaker changes, STT and
-diarization status), `renames` the page's renames; `routes` the HTTP routes, `events` the feed
-socket, `pipeline` the per-room speech pipeline; `overload` the pure policy for a diarization
+diarization status), `renames` the page's renames and suggestions, `voices` the voice
+directory (remembered voices named in every room, issue 27); `routes` the HTTP routes, `events`
+the feed socket, `pipeline` the per-room speech pipeline; `overload` the pure policy for a diarization
 stage that falls behind (stretch, fall back, refuse, recover) and `load` the load figure
 `/healthz`, `/metrics` and `chorus agent` report.
 """

@@ -400,10 +400,10 @@ class VoicesConfig(_Section):
     data, kept only when someone turns this on."""
 
     enabled: bool = False
-    auto: float = Field(default=0.6, ge=-1.0, le=1.0)
+    auto: float = Field(default=0.62, ge=-1.0, le=1.0)
     """Cosine similarity of a voice with a remembered person's print at or above which the voice
     takes the name (docs/benchmarks.md, "Voice directory")."""
-    suggest: float = Field(default=0.45, ge=-1.0, le=1.0)
+    suggest: float = Field(default=0.44, ge=-1.0, le=1.0)
     """From this up to `auto`, the voice keeps its letter and the feed hears a suggestion."""
     min_speech_s: float = Field(default=5.0, ge=1.0)
     """`remember` refuses a speaker with less speech than this (its print would be noise)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -172,7 +173,17 @@ class LiveRooms:
         gone, unnamed = await self.voices.forget(voice_id)
         for stream, label, name in unnamed:
             self.renames.unname(stream.room_id, stream.id, label, name)
+        self.reanchor()
         return gone
+
+    def reanchor(self) -> None:
+        """Every open stream's stage hears the directory's people as they are now."""
+        if self.voices is None:
+            return
+        voices = self.voices
+        for stream in list(self._sessions.values()):
+            if stream.audio is not None:
+                stream.audio.anchor(functools.partial(voices.anchors_for, stream=stream))
 
     def start(self) -> None:
         """Start evicting idle rooms (`limits.idle_room_seconds`; 0: never). Needs the loop."""
@@ -321,6 +332,9 @@ class LiveRooms:
             self._stream_count -= 1
             raise
         self._sessions[stream.audio.session_id] = stream
+        if self.voices is not None:  # the directory's people, kept apart from the first window
+            voices = self.voices
+            stream.audio.anchor(voices.anchors_for)
         self.metrics.streams_active[kind] += 1
         self.metrics.streams_total[kind] += 1
         live.feed.publish(stream.event_message("stream_started"))

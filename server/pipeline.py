@@ -40,7 +40,13 @@ from server.overload import (
 )
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
-from voice.diarization_stage import ClipPrints, DiarizationStage, SpeakerPrints, StagePrints
+from voice.diarization_stage import (
+    Anchors,
+    ClipPrints,
+    DiarizationStage,
+    SpeakerPrints,
+    StagePrints,
+)
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
 from voice.stt.whisper_models import check_whisper_model
@@ -83,6 +89,11 @@ class StreamAudio(Protocol):
     def speaker_prints(self) -> StagePrints | None:
         """The stream's stage's anonymous voices now (issue 27); None without a stage that
         shows them, or while the stream is off its stage."""
+        ...
+
+    def anchor(self, prints_of: Callable[[str], dict[str, Any]]) -> None:
+        """Hand the stream's stage the known voices of its model (`prints_of(model)`), when it
+        takes anchors (`voice.diarization_stage.Anchors`); otherwise nothing."""
         ...
 
 
@@ -237,7 +248,12 @@ class VoicePipeline:
         return await self._new_stage()
 
     def _idle(self, room_id: str, stage: DiarizationStage) -> None:
-        """A stream's stage is free again: back to its room's pool."""
+        """A stream's stage is free again: back to its room's pool. A stage that took the voice
+        directory's people (`Anchors`) lets go of them and of the stream's voices now (no print
+        waits in an idle stage; the next stream is anchored afresh)."""
+        if isinstance(stage, Anchors):
+            stage.anchor({})
+            stage.reset()
         self._pools.setdefault(room_id, []).append(stage)
 
     async def _stream_status(self, session: VoiceSession, status: SttStatus) -> None:
@@ -437,6 +453,14 @@ class VoiceStreamAudio:
             return
         if self._on_audio is not None:
             self._on_audio()
+
+    def anchor(self, prints_of: Callable[[str], dict[str, Any]]) -> None:
+        driver = self.session.stage
+        if driver is None or not driver.abilities.anchors:
+            return
+        stage = driver.stage
+        if isinstance(stage, Anchors) and isinstance(stage, ClipPrints):
+            stage.anchor(prints_of(stage.live_model))
 
     def speaker_prints(self) -> StagePrints | None:
         driver = self.session.stage

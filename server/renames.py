@@ -9,7 +9,10 @@ label rename lives as long as its stream: with `stream` it names that stream's v
 the voice of that label in every shared-mic stream open now, never one that starts later. The
 renames that outlive a stream are a one-person stream's participant's (the participant is who the
 token says): kept in the store as the room's memory state `server.renames` and read back when
-the room is taken up again. Saves of one room run in order under a lock whose entry lives only while
+the room is taken up again. The same hook asks the voice directory (`server.voices`, when on)
+for the name of a shared-mic voice no rename names, and `suggest` is the one path of every
+`speaker_suggestion` the feed hears (the directory's, and what introductions suggest). Saves of
+one room run in order under a lock whose entry lives only while
 a save of that room is pending, so the locks do not grow with every room ever renamed.
 """
 
@@ -120,7 +123,8 @@ class RoomRenames:
         return name_of
 
     def apply(self, value: object, ctx: HookContext) -> HookResult[TranscriptionEvent] | None:
-        """ON_TRANSCRIPTION: page renames, and one-person streams named by their participant."""
+        """ON_TRANSCRIPTION: page renames, one-person streams named by their participant, and
+        (with `[voices]` on) shared-mic voices the voice directory names (`server.voices`)."""
         live = self.rooms.get(ctx.room_id)
         if live is None or not isinstance(value, TranscriptionEvent):
             return None

@@ -2,7 +2,7 @@
 
 Owns every HTTP route of `chorus serve` (the transcript page, `/healthz`, `/metrics`, a room's
 transcript, deleting a room, typed messages, the AudioSocket UUID→room map, the Teams and
-WhatsApp webhooks, and the `426` a
+WhatsApp webhooks, the voice directory (`/v1/voices`, `…/speakers/remember`), and the `426` a
 plain GET of a websocket route gets) and their error shape: JSON `{"problem": …, "detail": …}`
 with the problem names the metrics and the websocket close reasons use. JSON bodies are pydantic
 models, so `/openapi.json` describes every route. The websockets are `server.app`'s: it builds
@@ -665,6 +665,7 @@ class HttpRoutes:
             except VoicesError as exc:
                 raise ProblemError(exc.status, exc.problem, exc.detail) from exc
             self.rooms.rename(room, body.label, voice.name, stream.id)
+            self.rooms.reanchor()
             return SpeakerRemembered(room=room, label=body.label, name=voice.name,
                                      stream=stream.id, voice=voice_info(voice))
 
@@ -724,6 +725,7 @@ class HttpRoutes:
                 voice = await voices.add_print(body.name, model, vector, "clip")
             except VoicesError as exc:
                 raise ProblemError(exc.status, exc.problem, exc.detail) from exc
+            self.rooms.reanchor()
             return voice_info(voice)
 
         @app.delete(

@@ -100,6 +100,21 @@ class VoiceDirectory:
                 )
         self._known = known
 
+    def anchors_for(self, model: str, stream: LiveStream | None = None) -> dict[str, np.ndarray]:
+        """Each person with prints of `model` (but those a voice of `stream` is named already):
+        the unit mean of them, by person id (what a stream's stage starts its clustering from,
+        `Anchors`)."""
+        out: dict[str, np.ndarray] = {}
+        state = self._streams.get(stream) if stream is not None else None
+        named = {found.voice_id for found in state.named.values()} if state is not None else set()
+        for person in self._known.get(model, []):
+            if person.id in named:
+                continue
+            mean = unit_or_none(person.prints.sum(axis=0))
+            if mean is not None:
+                out[person.id] = mean
+        return out
+
     async def voices(self) -> list[RememberedVoice]:
         return await self.store.list_voices()
 

@@ -107,7 +107,8 @@ def test_the_embedded_stage_declares_what_it_can_do() -> None:
 
     assert EmbeddedStage.abilities == StageAbilities(decides_late=True, recent_view=True,
                                                       provisional_view=True, stretches_step=True,
-                                                      abandons=True, speaker_prints=True)
+                                                      abandons=True, speaker_prints=True,
+                                                      anchors=True)
 
 
 async def test_an_undeclared_method_is_never_called() -> None:

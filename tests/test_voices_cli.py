@@ -23,10 +23,10 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_add_list_forget(
     config: Path, shared_fixtures: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    clip = shared_fixtures / CLIP
+    clip = str(shared_fixtures / CLIP)
     assert main(["voices", "--config", str(config), "list"]) == 0
     assert capsys.readouterr().out == ""
-    assert main(["voices", "--config", str(config), "add", "Ian", str(clip)]) == 0
+    assert main(["voices", "--config", str(config), "add", "Ian", clip]) == 0
     voice_id = capsys.readouterr().out.split("\t")[0]
     assert main(["voices", "--config", str(config), "list"]) == 0
     listed = capsys.readouterr().out

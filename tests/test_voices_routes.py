@@ -11,7 +11,7 @@ import contextlib
 import io
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import numpy as np
@@ -47,11 +47,17 @@ class PrintedStage:
     says (`heard`); clips print as `IAN` when they hold a second or more of audio."""
 
     sample_rate = 16000
-    abilities = StageAbilities(speaker_prints=True)
+    abilities = StageAbilities(speaker_prints=True, anchors=True)
     heard: StagePrints = StagePrints(MODEL)
+    made: ClassVar[list[PrintedStage]] = []
 
     def __init__(self) -> None:
         self.fed = 0
+        self.anchors: list[dict[str, Audio]] = []
+        PrintedStage.made.append(self)
+
+    def anchor(self, prints: dict[str, Audio]) -> None:
+        self.anchors.append(prints)
 
     def feed(self, audio: Audio) -> SpeakerTimeline:
         self.fed += len(audio)
@@ -98,6 +104,7 @@ async def directory_server(
     enabled: bool = True,
 ) -> AsyncIterator[tuple[RunningServer, httpx.AsyncClient]]:
     PrintedStage.heard = StagePrints(MODEL)
+    PrintedStage.made.clear()
     config: dict[str, Any] = {"stt": {"diarize": False}, "voices": {"enabled": enabled}}
     async with running_server_with_local_stt(config, WORDS, stage_factory=PrintedStage) as srv:
         async with httpx.AsyncClient(base_url=srv.http_base, timeout=30) as http:
@@ -238,6 +245,34 @@ async def test_only_a_server_wide_admin_token_reads_or_changes_the_directory() -
         assert {"/v1/voices", "/v1/voices/{voice_id}", "/v1/rooms/{room}/speakers/remember"} <= set(
             spec["paths"]
         )
+
+
+async def test_every_stream_stage_starts_from_the_directory_and_hears_a_forget() -> None:
+    async with directory_server() as (server, http):
+        added = await http.post(
+            "/v1/voices", json={"name": "Ian", "audio": clip(2)}, headers=SERVER_ADMIN
+        )
+        ian = added.json()["id"]
+        token = issue_token(SECRET, ROOM)
+        device = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
+        await device.send_audio(tone(0.5), realtime=False)
+        # the first stage made printed the clip; the second is the stream's
+        await eventually(lambda: len(PrintedStage.made) == 2, 60, "the stream's stage")
+        stage = PrintedStage.made[-1]
+        await eventually(lambda: bool(stage.anchors), 30, "anchors")
+        assert list(stage.anchors[-1]) == [ian]
+        assert np.allclose(stage.anchors[-1][ian], IAN)
+        async with asyncio.timeout(60):
+            await device.stop()
+        # its stream ended: the pooled stage holds nobody's print while idle
+        await eventually(lambda: stage.anchors[-1] == {}, 30, "the idle stage let go")
+        again = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
+        await eventually(lambda: list(stage.anchors[-1]) == [ian], 30, "anchored again")
+        assert len(PrintedStage.made) == 2  # the same stage, from the room's pool
+        await http.delete(f"/v1/voices/{ian}", headers=SERVER_ADMIN)
+        assert stage.anchors[-1] == {}
+        async with asyncio.timeout(60):
+            await again.stop()
 
 
 @pytest.mark.parametrize("route", ["/v1/voices"])

@@ -148,7 +148,7 @@ class DiarizationStage(Protocol):
 class StageAbilities:
     """What a live stage can do beyond `DiarizationStage` (declared, never probed). Each ability
     is a method the stage then implements (`DecidesLate`, `RecentView`, `ProvisionalView`,
-    `StretchesStep`, `Abandons`, `SpeakerPrints`)."""
+    `StretchesStep`, `Abandons`, `SpeakerPrints`, `Anchors`)."""
 
     decides_late: bool = False
     """It holds decisions back while fed (the embedded stage decides about a second late):
@@ -172,6 +172,9 @@ class StageAbilities:
     """`speaker_prints()`: each anonymous voice's voiceprint so far and how long it spoke, with
     the id of the model that made the prints (the voice directory, issue 27, names voices by
     them). Read from the event loop: it must not wait for a running feed."""
+    anchors: bool = False
+    """`anchor(prints)`: known voices its clustering starts from (kept apart from the first
+    window, each taking a letter when heard); any thread, applied with the next feed."""
 
 
 NO_ABILITIES = StageAbilities()
@@ -232,6 +235,13 @@ class SpeakerPrints(Protocol):
 
 
 @runtime_checkable
+class Anchors(Protocol):
+    def anchor(self, prints: dict[str, Audio]) -> None:
+        """Known voices by key (unit prints of the stage's model); the set replaces the last."""
+        ...
+
+
+@runtime_checkable
 class ClipPrints(Protocol):
     """A stage that can make a voiceprint of a clip on the model its `speaker_prints` use (the
     voice directory's enrollment from a clip)."""
@@ -268,7 +278,8 @@ def abilities_of(stage: DiarizationStage) -> StageAbilities:
                                                  "stretch(factor)"),
                                                 ("abandons", Abandons, "abandon()"),
                                                 ("speaker_prints", SpeakerPrints,
-                                                 "speaker_prints()"))
+                                                 "speaker_prints()"),
+                                                ("anchors", Anchors, "anchor(prints)"))
     for ability, protocol, method in needs:
         if getattr(declared, ability) and not isinstance(stage, protocol):
             raise TypeError(f"{type(stage).__name__} declares {ability} but has no {method}")

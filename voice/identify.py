@@ -29,9 +29,9 @@ FloatArray = npt.NDArray[np.float32]
 
 @dataclass(frozen=True)
 class IdentifySettings:
-    auto: float = 0.6
+    auto: float = 0.62
     """Cosine similarity at or above which a voice takes the person's name."""
-    suggest: float = 0.45
+    suggest: float = 0.44
     """...and from which up to `auto` the name is suggested."""
     min_heard_s: float = 2.0
     """Seconds a voice must have spoken before it is scored."""

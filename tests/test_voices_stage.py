@@ -1,0 +1,47 @@
+"""Issue 27: the live stage's side of the voice directory, on the real models — each anonymous
+voice's print and speech (`speaker_prints`, with the model id the directory stores), and anchors
+(`anchor`: known voices the clustering starts from, each taking a letter when first heard)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from diarization.embedded import EmbeddedStage
+from voice.audio import read_audio_16k
+
+CLIPS = "librispeech-meetings/enroll_{}_{}.flac"
+
+
+def test_two_anchored_voices_are_told_apart_and_printed_from_this_stream(
+    shared_fixtures: Path,
+) -> None:
+    stage = EmbeddedStage()
+    clip = {
+        s: read_audio_16k(shared_fixtures / CLIPS.format(s, "far")) for s in ("LS1688", "LS1998")
+    }
+    known = {
+        s: stage.live_voiceprint(read_audio_16k(shared_fixtures / CLIPS.format(s, "close")))
+        for s in ("LS1688", "LS1998", "LS367")
+    }
+    stage.anchor(known)
+    stage.reset()
+    audio = np.concatenate([clip["LS1688"], np.zeros(16000, np.float32), clip["LS1998"]])
+    for k in range(0, len(audio), 8000):
+        stage.feed(audio[k : k + 8000])
+    stage.flush()
+    prints = stage.speaker_prints()
+    assert prints.model == stage.live_model and prints.model.startswith("campplus-trunk-")
+    talkers = sorted(label for label, s in prints.speech_s.items() if s >= 3.0)
+    assert len(talkers) == 2 and all(t.startswith("Speaker ") for t in talkers)  # letters
+    assert "LS367" not in stage.live_speakers and "" not in stage.live_speakers
+    nearest = set()
+    for label in talkers:
+        scores = {p: float(prints.prints[label] @ v) for p, v in known.items()}
+        nearest.add(max(scores, key=lambda p: scores[p]))
+        assert abs(float(np.linalg.norm(prints.prints[label])) - 1.0) < 1e-4
+    assert nearest == {"LS1688", "LS1998"}
+    stage.anchor({})  # everyone forgotten: the voices stay, as plain voices of this stream
+    stage.feed(np.zeros(8000, np.float32))
+    assert set(stage.speaker_prints().prints) >= set(talkers)
