@@ -21,9 +21,6 @@ The steps, in order (each bound is a `[diarizer]` key, `OverloadBounds`):
    share of the stage's streams by which the worst lag is over the bound leaves it (at least
    one; lag 2.5 s over a 2 s bound: a fifth), the last to join the stage first (the older
    streams keep their speakers), so the stage is not emptied when every lag grows together;
-   and no more leave while the last shed is still taking effect: while the stage call that held
-   the streams shed last is out (for `max_lag_s` at most, so a stuck stage still sheds), and
-   while the worst lag is below where it stood at the last shed (the backlog drains first);
    any stream past `max_lag_s` falls back at once, which bounds every admitted stream's lag.
 3. **Refuse.** While any stream is in fallback (the stage could not keep up even so), a NEW
    shared-mic stream that would use the stage is refused (`admitting` is False; 4429).
@@ -170,8 +167,6 @@ class OverloadPolicy:
         self._last_fallback = -math.inf
         self._last_return = -math.inf
         self._stage_calm_since: float | None = None
-        self._lag_at_shed = 0.0
-        """The worst lag when streams were last shed for it (0 once the stage is calm again)."""
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -250,11 +245,6 @@ class OverloadPolicy:
         out: list[Action] = []
         ready = [(n, s) for n, s in on if s.mode is StreamMode.STRETCHED or not s.can_stretch
                  or b.stretch_factor <= 1]
-        if self._shed_in_flight() and now - self._last_fallback < b.max_lag_s:
-            # the stage's round that held the streams shed last is still running: the lags
-            # cannot fall before it returns, and shedding more would not shorten it (a stuck
-            # stage holds this back for max_lag_s at most)
-            return out
         for name, state in ready:  # past the hard bound: at once
             if state.lag > b.max_lag_s:
                 out.append(self._leave(name, state, now, f"stage {state.lag:.1f} s behind "
@@ -266,23 +256,13 @@ class OverloadPolicy:
         if over:
             # the stage batches every stream's windows, so its lag grows with its load: shed the
             # share of its streams by which the worst lag is over the bound, the last to join
-            # the stage first; but not while the last shed is still taking effect (the worst
-            # lag is below where it stood then: the backlog drains), or every stream would
-            # leave before the first ones' absence shows
+            # the stage first
             worst = max(s.lag for _, s in over)
-            if worst < self._lag_at_shed:
-                return out
             shed = max(1, math.ceil(len(on) * (1 - b.fallback_lag_s / worst)))
             for name, state in over[:shed]:
                 out.append(self._leave(name, state, now, f"stage {state.lag:.1f} s behind "
                                                          f"(over {b.fallback_lag_s:g} s)"))
-            self._lag_at_shed = worst
         return out
-
-    def _shed_in_flight(self) -> bool:
-        """Whether a stream shed last still has its last stage call out."""
-        return any(s.busy and s.fell_back_at == self._last_fallback
-                   for s in self._streams.values() if s.mode is StreamMode.FALLBACK)
 
     def _leave(self, name: str, state: _Stream, now: float, reason: str) -> FallBack:
         state.mode = StreamMode.FALLBACK
@@ -298,7 +278,6 @@ class OverloadPolicy:
         b = self.bounds
         on = [s for s in self._streams.values() if s.mode is not StreamMode.FALLBACK]
         if all(s.calm_since is not None for s in on):
-            self._lag_at_shed = 0.0
             if self._stage_calm_since is None:
                 self._stage_calm_since = now
         else:
