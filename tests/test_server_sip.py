@@ -666,3 +666,46 @@ async def test_the_sip_bench_caller_measures_its_turns() -> None:
                                 issue_token(SECRET, "standup"))  # fmt: skip
     assert result.error is None and result.turns >= 1, result
     assert len(result.latencies) == result.turns and all(x > 0 for x in result.latencies)
+
+
+async def test_floods_of_invites_and_rtp_are_answered_and_the_server_keeps_serving() -> None:
+    async with sip_server(sip={"max_calls": 4}) as srv:
+        port = sip_port(srv)
+        flooder, caller, other = RawCaller(port), RawCaller(port), RawCaller(port)
+        try:
+            # 300 INVITEs without credentials as fast as a socket sends them: each one challenged
+            import uuid
+
+            assert srv.server.sip is not None
+            before = srv.server.sip.refused.get(401, 0)
+            for _ in range(300):
+                flooder.call_id = uuid.uuid4().hex  # 300 calls, not one call's retransmissions
+                flooder.request("INVITE", "standup", body=flooder.sdp())
+            # what the kernel's UDP buffer held of the flood is challenged (the rest is dropped
+            # before the server sees it, as any UDP flood); a real caller behind it is answered
+            await eventually(
+                lambda: srv.server.sip is not None
+                and srv.server.sip.refused.get(401, 0) - before >= 50,
+                BOUND_S, "the flood challenged",
+            )
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
+            answers = []  # every answer the flood got is a challenge: none of it is a call
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    answers.append(flooder.sip.recv(65535).split(b" ", 2)[1])
+            assert answers and set(answers) == {b"100", b"401"}  # Trying, then the challenge
+            # an RTP flood: 60 s of audio in one burst from the negotiated address
+            caller.send_rtp(pcmu(0.6, 60.6, 0))
+            # another call in another room is still answered and heard meanwhile
+            assert await other.invite("other", USERS["dana"]) == 200
+            other.send_rtp(pcmu(0.6, 3.0), seq0=0)
+            feed = await EventFeed.open(srv.base, "other", issue_token(SECRET, "other"))
+            await eventually(lambda: len(feed.turns) >= 1, 60, "a turn in the other room")
+            await feed.close()
+            for c in (caller, other):
+                c.request("BYE", "standup" if c is caller else "other")
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 0, BOUND_S)
+        finally:
+            for c in (flooder, caller, other):
+                c.close()
