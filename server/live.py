@@ -34,7 +34,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Literal
 
 from models import InboundMessage, RoomEvent, TextContent
 from rooms import HookContext, HookTrigger, RoomKit, VoiceStore
@@ -152,19 +151,6 @@ class LiveRooms:
         """Read the voice directory from the store (`[voices] enabled`; before streams open)."""
         if self.voices is not None:
             await self.voices.load()
-
-    def suggest(
-        self,
-        room_id: str,
-        label: str,
-        name: str,
-        source: Literal["voice", "introduction"],
-        stream_id: str | None = None,
-        voice_id: str | None = None,
-    ) -> None:
-        """Publish a `speaker_suggestion` for `label` to the room's feed (`RoomRenames.suggest`,
-        the one path of every suggestion: the voice directory's and introductions')."""
-        self.renames.suggest(room_id, label, name, source, stream_id, voice_id)
 
     async def forget_voice(self, voice_id: str) -> bool:
         """Delete a remembered person from the store and from every open stream at once: what
