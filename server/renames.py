@@ -87,9 +87,10 @@ class RoomRenames:
     ) -> None:
         """Tell the room's feed that `label` (of `stream_id`, or any stream) may be `name`
         (`speaker_suggestion`); nothing is renamed: a client confirms with a rename. The one
-        path every suggestion takes (the voice directory's, and what introductions suggest)."""
+        path every suggestion takes (the voice directory's, and what introductions suggest).
+        A voice already renamed (in its stream, or in every stream) gets none: a person named it."""
         live = self.rooms.get(room_id)
-        if live is None:
+        if live is None or (stream_id, label) in live.renames or (None, label) in live.renames:
             return
         live.feed.publish(dump(SpeakerSuggestionMessage(
             room=room_id, label=label, name=name, source=source, stream=stream_id,

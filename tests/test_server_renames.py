@@ -7,6 +7,7 @@ who the participant is). Checked with the real `RoomRenames` hook on a SQLite st
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -123,3 +124,14 @@ async def test_label_renames_an_earlier_version_kept_are_not_read_back() -> None
     await room.renames.load(room.live)
     s = room.open(stream("device-1", "desk", shared_mic=True))
     assert room.name_of(turn(s, "Speaker A")) is None
+
+
+def test_a_suggestion_for_a_voice_already_renamed_is_not_sent() -> None:
+    room = Room(RoomKit())
+    consumer = room.live.feed.subscribe()
+    room.live.renames[("device-1", "Speaker A")] = "Alice"  # renamed in its stream
+    room.live.renames[(None, "Speaker B")] = "Bob"  # renamed in every stream
+    for label in ("Speaker A", "Speaker B", "Speaker C"):
+        room.renames.suggest(ROOM, label, "Ian", "voice", "device-1", "voice-1")
+    sent = [json.loads(consumer.queue.get_nowait()) for _ in range(consumer.queue.qsize())]
+    assert [(m["type"], m["label"]) for m in sent] == [("speaker_suggestion", "Speaker C")]
