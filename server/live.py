@@ -425,5 +425,7 @@ class LiveRooms:
             for stream in list(live.streams.values()):
                 await self.close_stream(stream)
         await self.renames.flush()
+        if self.voices is not None:  # its "last heard" writes in flight, before the store closes
+            await self.voices.flush()
         await self.kit.close()
         await self.pipeline.close()
