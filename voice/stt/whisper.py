@@ -35,6 +35,7 @@ CPU is the bottleneck anyway, and ctranslate2 and torch contend for threads othe
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import functools
 import logging
@@ -42,7 +43,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -337,13 +338,79 @@ def loudness_dbfs(audio: FloatAudio) -> float:
     return 20.0 * float(np.log10(max(rms, 1e-10)))
 
 
-class WhisperConnection(SttConnection):
+Piece = TypeVar("Piece")
+"""What a connection's queue holds: an utterance (live) or a stretch (batch)."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What one queued piece of audio gave: its words and where the result ends."""
+
+    words: tuple[RawWord, ...]
+    audio_end: float
+    speech_final: bool
+    final: bool
+    """The piece a `finalize` asked for: its result is sent even without words, then
+    `RawFinalized`."""
+
+
+class QueuedWhisperConnection(SttConnection, Generic[Piece]):
+    """What the live and the batch Whisper connections share: pieces of audio queued by
+    `send_audio`/`finalize` (None ends the queue), decoded in order by one worker task, off the
+    loop (`decode`), their results read by `events`."""
+
+    def __init__(self, provider: WhisperSTT) -> None:
+        self.provider = provider
+        self.queue: asyncio.Queue[Piece | None] = asyncio.Queue()
+        self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
+        self.worker = asyncio.create_task(self._work())
+        self.closed = False
+
+    @abc.abstractmethod
+    async def decode(self, piece: Piece) -> Decoded:
+        """The words of one piece (runs the model in a worker thread)."""
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.finalize()
+        self.queue.put_nowait(None)
+
+    async def abort(self) -> None:
+        self.closed = True
+        self.worker.cancel()
+        self.out.put_nowait(None)
+
+    async def _work(self) -> None:
+        while True:
+            piece = await self.queue.get()
+            if piece is None:
+                self.out.put_nowait(None)
+                return
+            done = await self.decode(piece)
+            if done.words or done.final:
+                self.out.put_nowait(RawResult(
+                    done.words, is_final=True, speech_final=done.speech_final or done.final,
+                    audio_end=done.audio_end))
+            if done.final:
+                self.out.put_nowait(RawFinalized())
+
+    async def events(self) -> AsyncIterator[RawEvent]:
+        while True:
+            event = await self.out.get()
+            if event is None:
+                return
+            yield event
+
+
+class WhisperConnection(QueuedWhisperConnection[Utterance]):
     """VAD-segmented utterances → Whisper in a worker thread → final results, in order."""
 
     def __init__(self, provider: WhisperSTT) -> None:
         from voice.vad import SpeechDetector, VadStream
 
-        self.provider = provider
+        super().__init__(provider)
         self.vad = VadStream(SpeechDetector(threshold=provider.vad_threshold))
         self.frame = 512
         self.samples: list[FloatAudio] = []
@@ -358,10 +425,6 @@ class WhisperConnection(SttConnection):
         self.changes: list[int] = []
         """Decided voice changes (sample index) waiting for the VAD to score the frames around
         them."""
-        self.queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
-        self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
-        self.worker = asyncio.create_task(self._work())
-        self.closed = False
 
     async def send_audio(self, pcm16: bytes) -> None:
         audio = pcm16_to_float(pcm16)
@@ -470,41 +533,13 @@ class WhisperConnection(SttConnection):
         else:
             self.queue.put_nowait(Utterance(self.total / STT_SAMPLE_RATE, np.zeros(0, np.float32), True))
 
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await self.finalize()
-        self.queue.put_nowait(None)
-
-    async def abort(self) -> None:
-        self.closed = True
-        self.worker.cancel()
-        self.out.put_nowait(None)
-
-    async def _work(self) -> None:
-        while True:
-            item = await self.queue.get()
-            if item is None:
-                self.out.put_nowait(None)
-                return
-            words: tuple[RawWord, ...] = ()
-            if len(item.audio) >= int(0.1 * STT_SAMPLE_RATE):
-                try:
-                    words = await asyncio.to_thread(self.provider.transcribe, item.audio, item.start)
-                except Exception:
-                    log.exception("whisper: transcription failed for %.1f s of audio at %.2f s",
-                                  len(item.audio) / STT_SAMPLE_RATE, item.start)
-            if words or item.finalize:
-                self.out.put_nowait(RawResult(
-                    words, is_final=True, speech_final=item.speech_final or item.finalize,
-                    audio_end=item.start + len(item.audio) / STT_SAMPLE_RATE))
-            if item.finalize:
-                self.out.put_nowait(RawFinalized())
-
-    async def events(self) -> AsyncIterator[RawEvent]:
-        while True:
-            event = await self.out.get()
-            if event is None:
-                return
-            yield event
+    async def decode(self, piece: Utterance) -> Decoded:
+        words: tuple[RawWord, ...] = ()
+        if len(piece.audio) >= int(0.1 * STT_SAMPLE_RATE):
+            try:
+                words = await asyncio.to_thread(self.provider.transcribe, piece.audio, piece.start)
+            except Exception:
+                log.exception("whisper: transcription failed for %.1f s of audio at %.2f s",
+                              len(piece.audio) / STT_SAMPLE_RATE, piece.start)
+        return Decoded(words, piece.start + len(piece.audio) / STT_SAMPLE_RATE,
+                       piece.speech_final, piece.finalize)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from voice.audio import STT_SAMPLE_RATE, pcm16_to_float
-from voice.stt.base import RawEvent, RawFinalized, RawResult, RawWord, SttConnection
+from voice.stt.base import RawWord
+from voice.stt.whisper import Decoded, QueuedWhisperConnection
 
 if TYPE_CHECKING:
     from voice.stt.whisper import WhisperSTT
@@ -76,13 +76,13 @@ def speech_regions(
     return regions, start is not None
 
 
-class BatchWhisperConnection(SttConnection):
+class BatchWhisperConnection(QueuedWhisperConnection[Stretch]):
     """Audio → VAD regions → stretches of up to `max_stretch` → Whisper (30 s window) → finals."""
 
     def __init__(self, provider: WhisperSTT) -> None:
         from voice.vad import SpeechDetector, VadStream
 
-        self.provider = provider
+        super().__init__(provider)
         self.vad = VadStream(SpeechDetector(threshold=provider.vad_threshold))
         self.kept = np.zeros(0, np.float32)
         self.first_kept = 0
@@ -91,10 +91,6 @@ class BatchWhisperConnection(SttConnection):
         self.probs = np.zeros(0, np.float32)
         """VAD probability of each frame from frame `first_frame` on."""
         self.first_frame = 0
-        self.queue: asyncio.Queue[Stretch | None] = asyncio.Queue()
-        self.out: asyncio.Queue[RawEvent | None] = asyncio.Queue()
-        self.worker = asyncio.create_task(self._work())
-        self.closed = False
         self.prompt: str | None = None
 
     async def send_audio(self, pcm16: bytes) -> None:
@@ -159,54 +155,20 @@ class BatchWhisperConnection(SttConnection):
         self.first_frame = self.vad.frames_done
         self.queue.put_nowait(Stretch(self.total, np.zeros(0, np.float32), final=True))
 
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await self.finalize()
-        self.queue.put_nowait(None)
-
-    async def abort(self) -> None:
-        self.closed = True
-        self.worker.cancel()
-        self.out.put_nowait(None)
-
-    async def _work(self) -> None:
-        while True:
-            item = await self.queue.get()
-            if item is None:
-                self.out.put_nowait(None)
-                return
-            offset = item.start / STT_SAMPLE_RATE
-            words: tuple[RawWord, ...] = ()
-            if len(item.audio):
-                try:
-                    words = await asyncio.to_thread(
-                        self.provider.transcribe_stretch, item.audio, offset, self.prompt
-                    )
-                except Exception:
-                    log.exception(
-                        "whisper: transcription failed for %.1f s of audio at %.2f s",
-                        len(item.audio) / STT_SAMPLE_RATE,
-                        offset,
-                    )
-                if self.provider.batch_prompt:
-                    self.prompt = " ".join(w.text for w in words) or None
-            if words or item.final:
-                self.out.put_nowait(
-                    RawResult(
-                        words,
-                        is_final=True,
-                        speech_final=True,
-                        audio_end=offset + len(item.audio) / STT_SAMPLE_RATE,
-                    )
+    async def decode(self, piece: Stretch) -> Decoded:
+        offset = piece.start / STT_SAMPLE_RATE
+        words: tuple[RawWord, ...] = ()
+        if len(piece.audio):
+            try:
+                words = await asyncio.to_thread(
+                    self.provider.transcribe_stretch, piece.audio, offset, self.prompt
                 )
-            if item.final:
-                self.out.put_nowait(RawFinalized())
-
-    async def events(self) -> AsyncIterator[RawEvent]:
-        while True:
-            event = await self.out.get()
-            if event is None:
-                return
-            yield event
+            except Exception:
+                log.exception(
+                    "whisper: transcription failed for %.1f s of audio at %.2f s",
+                    len(piece.audio) / STT_SAMPLE_RATE,
+                    offset,
+                )
+            if self.provider.batch_prompt:
+                self.prompt = " ".join(w.text for w in words) or None
+        return Decoded(words, offset + len(piece.audio) / STT_SAMPLE_RATE, True, piece.final)
