@@ -611,17 +611,11 @@ def _udp_transport(local_addr: tuple[str, int]) -> Any:
     an `asyncio.DatagramTransport`: Python 3.11's selector datagram transport is not one (3.12's
     is), so every start logged an AssertionError traceback (the transport worked: `start` keeps
     it)."""
-    from aiosipua.transport import UdpSipTransport
+    from aiosipua.transport import UdpSipTransport, _UdpProtocol
 
-    class Protocol(asyncio.DatagramProtocol):
-        def __init__(self, owner: UdpSipTransport) -> None:
-            self.owner = owner
-
-        def datagram_received(self, data: bytes, addr: tuple[str, int] | Any) -> None:
-            self.owner._dispatch(data, (str(addr[0]), int(addr[1])))
-
-        def error_received(self, exc: Exception) -> None:
-            log.warning("sip: UDP error: %s", exc)
+    class Protocol(_UdpProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self._owner._udp_transport = transport  # type: ignore[assignment]
 
     class Udp(UdpSipTransport):
         async def start(self) -> None:
