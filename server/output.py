@@ -13,13 +13,14 @@ messages go to the feed's and the streams' bounded queues, and a full one drops 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from models import RoomEvent, VoiceTurn
 from rooms import Channel, HookContext, RoomContext, TurnAudioSource
-from server.excerpts import EXCERPT_RATE
+from server.excerpts import EXCERPT_RATE, EXCERPT_SECONDS
 from server.framing import Outgoing
 from server.metrics import ServerMetrics
 from server.overload import DiarizationDegraded, DiarizationStatus
@@ -168,7 +169,11 @@ class ServerOutput(Channel):
         voice_turn = VoiceTurn.of(event)
         if voice_turn is None or not isinstance(source, TurnAudioSource):
             return
-        pcm = source.turn_audio(voice_turn, EXCERPT_RATE)
+        # only the tail an excerpt keeps is read and converted, however long the turn
+        tail = dataclasses.replace(
+            voice_turn, start=max(voice_turn.start, voice_turn.end - EXCERPT_SECONDS)
+        )
+        pcm = source.turn_audio(tail, EXCERPT_RATE)
         if pcm:
             live.excerpts.take((turn.stream, turn.label), pcm)
 
