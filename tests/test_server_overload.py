@@ -332,7 +332,8 @@ async def test_words_waiting_on_a_stuck_stage_go_on_as_one_speaker_once_it_falls
             turned.set()
 
     config = {"stt": {"diarize": False},
-              "diarizer": {"fallback_every_s": 0.0, "overload_check_s": 0.0}}
+              "diarizer": {"stretch_lag_s": 1.0, "fallback_lag_s": 2.0, "max_lag_s": 4.0,
+                           "fallback_every_s": 0.0, "overload_check_s": 0.0}}
     meeting = read_audio_16k(MEETING / "meeting.wav")
     try:
         async with running_server_with_local_stt(
