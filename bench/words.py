@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -95,6 +96,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stream at real time as a live room does (online diarization)",
     )
     parser.add_argument("--speed", type=float, default=1.0, help="with --live: pace (default 1)")
+    parser.add_argument(
+        "--second-pass",
+        default=None,
+        metavar="tiny.en|base|DIR|off",
+        help="with --live: re-decode each committed turn with this model and correct it in "
+        "place (voice.second_pass); scores the first pass and the corrected turns apart",
+    )
+    parser.add_argument(
+        "--second-pass-window",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the second pass's encoder window (the turn padded to it; default: Whisper's 30 s)",
+    )
+    parser.add_argument(
+        "--prompt-turns",
+        type=int,
+        default=0,
+        help="the second pass's prompt: the text of this many previous turns (default 0)",
+    )
     parser.add_argument(
         "--collar",
         type=float,
@@ -319,6 +340,18 @@ def _stt(args: argparse.Namespace) -> Any:
     return stt
 
 
+def _second_pass_recogniser(args: argparse.Namespace) -> Any:
+    """The second pass's Whisper (`--second-pass`, live only), loaded before timing; or None."""
+    if not args.live or args.second_pass in (None, "off"):
+        return None
+    from voice.stt.whisper import WhisperSTT
+
+    second = WhisperSTT(args.second_pass, encoder_window=args.second_pass_window,
+                        instance="second-pass")
+    second.model()
+    return second
+
+
 def leave_one_out(runs: dict[str, list[dict[str, Any]]], metric: str = "cpwer") -> dict[str, Any]:
     """For each recording: the run with the lowest pooled `metric` over the *other* recordings,
     and that run's errors on the held-out one. Only recordings every run scored take part."""
@@ -396,28 +429,45 @@ def run(args: argparse.Namespace) -> int:
 
     files = recordings(args)
     stt = _stt(args)
+    second = _second_pass_recogniser(args)
     entries = []
     for path in files:
         audio, rate = read_audio(path)
         started = time.perf_counter()
-        result = asyncio.run(
-            transcribe_audio(
-                audio,
-                rate,
-                stt=stt,
-                pipeline_speakers=True,
-                diarizer=load_stage("embedded"),
-                refine_speakers=not args.live,
-                speed=args.speed if args.live else None,
-            )
-        )
+
+        async def once(audio: Any = audio, rate: int = rate) -> Any:
+            from voice.second_pass import SecondPass
+
+            passes = (None if second is None
+                      else SecondPass(second, prompt_turns=args.prompt_turns))
+            try:
+                return await transcribe_audio(
+                    audio,
+                    rate,
+                    stt=stt,
+                    pipeline_speakers=True,
+                    diarizer=load_stage("embedded"),
+                    refine_speakers=not args.live,
+                    speed=args.speed if args.live else None,
+                    second_pass=passes,
+                )
+            finally:
+                if passes is not None:
+                    await passes.aclose()
+
+        result = asyncio.run(once())
         entry = score(path, result, args.collar)
+        if result.first_pass is not None:
+            first = dataclasses.replace(result, turns=result.first_pass)
+            entry["first_pass"] = score(path, first, args.collar)
+            entry["second_pass"] = result.second_pass
         entry["total_s"] = round(time.perf_counter() - started, 2)
         entries.append(entry)
         if not args.no_progress:
             print(f"  {path.name}: {_row(entry)}", file=sys.stderr)
     figures = {
         "stt": stt.describe(),
+        "second_pass": None if second is None else second.describe(),
         "path": "live" if args.live else "batch",
         "recordings": entries,
         "pooled": pooled(entries),
@@ -433,6 +483,19 @@ def run(args: argparse.Namespace) -> int:
     for render, of_render in figures["by_render"].items():
         print(f"{'pooled ' + render:<32} {_pooled_row(of_render)}")
     print(f"{'pooled':<32} {_pooled_row(figures['pooled'])}")
+    if second is not None:
+        firsts = [e["first_pass"] for e in entries]
+        figures["first_pass"] = {"pooled": pooled(firsts), "by_render": by_render(firsts)}
+        for render, of_render in figures["first_pass"]["by_render"].items():
+            print(f"{'first pass, pooled ' + render:<32} {_pooled_row(of_render)}")
+        print(f"{'first pass, pooled':<32} {_pooled_row(figures['first_pass']['pooled'])}")
+        outcomes: dict[str, int] = {}
+        for e in entries:
+            for k, v in e["second_pass"].items():
+                outcomes[k] = outcomes.get(k, 0) + v
+        figures["second_pass_outcomes"] = outcomes
+        print(f"second pass ({second.describe()}): "
+              + ", ".join(f"{k} {v}" for k, v in outcomes.items()))
     if "latency_p95_s" in figures["pooled"]:
         p = figures["pooled"]
         print(

@@ -78,6 +78,9 @@ class ServerMetrics(Collector):
         self.diarization_fallbacks_total = 0
         self.diarization_recoveries_total = 0
         self.rooms = 0
+        self.second_pass: Callable[[], dict[str, int] | None] = lambda: None
+        """What the live second pass did with the turns (`SecondPassStats.as_dict`), read at
+        scrape time; None when it is off."""
         self.stage_load: Callable[[], StageLoad | None] = lambda: None
         """The pipeline's stage load (`Pipeline.stage_load`), read at scrape time."""
         self.load: Callable[[], Load] = lambda: load_figure(stage=0.0, streams=0,
@@ -169,6 +172,18 @@ class ServerMetrics(Collector):
             "final, never retried).",
             self.stt_refused_total,
         )
+        outcomes = self.second_pass()
+        if outcomes is not None:
+            second = CounterMetricFamily(
+                "chorus_second_pass",
+                "Committed turns the live second pass was given, by outcome: corrected (in "
+                "place), same, skipped_behind (it was behind), skipped_edited (a hook's edit), "
+                "stale (revised meanwhile), failed.",
+                labels=["outcome"],
+            )
+            for outcome, n in outcomes.items():
+                second.add_metric([outcome], n)
+            yield second
         yield from _delivery_families(self.delivery())
         yield from self._load_families()
 

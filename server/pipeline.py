@@ -47,6 +47,7 @@ from voice.diarization_stage import (
     SpeakerPrints,
     StagePrints,
 )
+from voice.second_pass import SecondPass
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
 from voice.stt.whisper_models import check_whisper_model
@@ -105,6 +106,10 @@ class Pipeline(Protocol):
     ) -> StreamAudio:
         """The stream's audio session; `on_status` hears this stream's STT status, and only
         this stream's, until it finishes."""
+        ...
+
+    def second_pass_outcomes(self) -> dict[str, int] | None:
+        """What the live second pass did (`/metrics`), or None when it is off."""
         ...
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
@@ -170,12 +175,15 @@ class VoicePipeline:
         (the stream id); dropped when the stream finishes."""
         policy = config.voice.policy()
         bounds = config.stt.bounds()
+        self.second_pass = second_pass(config)
+        """Re-decodes every stream's committed turns (`[stt] second_pass`), or None."""
         self.shared_voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False,
                                          policy=policy, on_status=self._stream_status,
-                                         stt_bounds=bounds)
+                                         stt_bounds=bounds, second_pass=self.second_pass)
         self.diarized_voice = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
                                            stage_per_session=True, policy=policy,
-                                           on_status=self._stream_status, stt_bounds=bounds)
+                                           on_status=self._stream_status, stt_bounds=bounds,
+                                           second_pass=self.second_pass)
         """Shared-mic streams diarized by a stage of their own (one per session, pooled)."""
         self.realtime = realtime_channel(config)
         self.chat_ai = chat_channel(config)
@@ -416,6 +424,10 @@ class VoicePipeline:
             return None
         return self.overload.load()
 
+    def second_pass_outcomes(self) -> dict[str, int] | None:
+        """What the live second pass did (`/metrics`), or None when it is off."""
+        return None if self.second_pass is None else self.second_pass.stats.as_dict()
+
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
         """Drop the room's idle stages (no stream is open). The channels let go of the room
         themselves when the caller deletes it (`RoomKit.delete_room` → `on_detach`)."""
@@ -424,6 +436,8 @@ class VoicePipeline:
     async def close(self) -> None:
         # The kit closes every registered channel; the shared STT provider is closed once here.
         await self.stt.aclose()
+        if self.second_pass is not None:
+            await self.second_pass.aclose()
 
 
 class VoiceStreamAudio:
@@ -498,6 +512,8 @@ def require_extras(config: ServerConfig) -> None:
         require("deepgram", "the Deepgram STT provider")
     else:  # a Whisper model by name (`base` needs its extra) or a complete local directory
         check_whisper_model(config.stt.model)
+    if config.stt.second_pass != "off":
+        check_whisper_model(config.stt.second_pass)
     require_provider(config.realtime.provider)
     if config.chat.provider != "none":
         require(*CHAT_EXTRA)
@@ -522,6 +538,18 @@ def stt_provider(config: ServerConfig) -> SttProvider:
             diarize=stt.diarize,
         )
     return load_stt("whisper", model=stt.model, language=stt.language or "en")
+
+
+def second_pass(config: ServerConfig) -> SecondPass | None:
+    """The live second pass `[stt] second_pass` names (a Whisper model), or None for `off`."""
+    stt = config.stt
+    if stt.second_pass == "off":
+        return None
+    from voice.stt.whisper import WhisperSTT
+
+    recogniser = WhisperSTT(stt.second_pass, language=stt.language or "en",
+                            encoder_window=stt.second_pass_window_s, instance="second-pass")
+    return SecondPass(recogniser, max_age=stt.second_pass_max_age_s)
 
 
 def speak_policy(config: ServerConfig) -> SpeakPolicy:
@@ -622,6 +650,8 @@ async def build_pipeline(
     if load is not None:
         await load()  # Whisper: the model, in a worker thread
     pipeline = VoicePipeline(config, stt, stage_factory)
+    if pipeline.second_pass is not None:
+        await pipeline.second_pass.load()  # its own copy of the model
     if config.diarizer.enroll:
         pipeline.enrollments = await asyncio.to_thread(read_enrollments, config)
     return pipeline

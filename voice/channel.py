@@ -26,6 +26,9 @@ Shape and why:
 - The stream's health (issue 10.1): the STT stream's status events (`SttDegraded`,
   `SttRecovered`, `AudioLost`, `StreamError`) are kept on the session (`status`, bounded) and
   handed to `VoiceChannel(on_status=…)`, the one place a server tells the device and counts them.
+- The live second pass (issue 23, `VoiceChannel(second_pass=…)`, `voice.second_pass`): each
+  committed turn is re-decoded whole in the background and corrected in place where the words
+  differ; a session's `finish()` waits for its turns' second passes.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from voice.assembler import TurnPolicy
 from voice.audio import STT_SAMPLE_RATE, Encoding, StreamFormat, float_to_pcm16, resample
 from voice.diarization_stage import DiarizationStage, abilities_of
 from voice.events import CommittedTurn, SpeakerChangeEvent, TranscriptionEvent
+from voice.second_pass import SecondPass
 from voice.session import KEPT_TURNS, StatusCallback, VoiceSession
 from voice.speakers import VoiceEmbedder
 from voice.stt.base import SttBounds, SttProvider, SttStatus
@@ -92,6 +96,7 @@ class VoiceChannel(Channel):
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
         on_status: StatusCallback | None = None,
         stt_bounds: SttBounds | None = None,
+        second_pass: SecondPass | None = None,
     ) -> None:
         """`policy`: the turn rules (`voice.assembler.TurnPolicy`); `speaker_wait`,
         `early_commit`, `provisional_speakers` and `provisional_changes` override one field of
@@ -99,7 +104,9 @@ class VoiceChannel(Channel):
         channel's `diarizer` (one stream at a time), or the stage each `start_session(stage=…)`
         brings (`stage_per_session=True`: a server pools stages, not channels). `kept_turns`:
         how many committed turns each session keeps (None: all, for a file). `stt_bounds`: how
-        long each session's STT stream waits on its provider (`voice.stt.base.SttBounds`)."""
+        long each session's STT stream waits on its provider (`voice.stt.base.SttBounds`).
+        `second_pass`: re-decodes each committed turn with context and corrects it in place
+        (`voice.second_pass`; one may serve several channels, its owner closes it)."""
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None and not stage_per_session:
             raise ValueError(
@@ -135,6 +142,7 @@ class VoiceChannel(Channel):
         self.on_play = on_play
         self.on_status = on_status
         self.stt_bounds = stt_bounds or SttBounds()
+        self.second_pass = second_pass
         """Hears every session's stream status (degraded, recovered, audio lost, ended): the
         server tells the device and counts it. A failure in it is logged, never raised."""
         self._sessions: dict[str, VoiceSession] = {}

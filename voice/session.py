@@ -116,6 +116,11 @@ class VoiceSession:
         return self.writer.corrections
 
     @property
+    def second_pass_corrections(self) -> int:
+        """Committed turns the live second pass corrected in place (`voice.second_pass`)."""
+        return self.writer.second_pass_corrections
+
+    @property
     def blocked(self) -> deque[TranscriptionEvent]:
         """The latest turns a hook blocked."""
         return self.writer.blocked
@@ -205,6 +210,8 @@ class VoiceSession:
             await self.stt.aclose()
             async with self._lock:
                 await self._advance(force=True)
+            if self.channel.second_pass is not None:
+                await self.channel.second_pass.settled(self.id)  # its turns' second passes
         except asyncio.CancelledError:  # the caller's deadline (a server drain): stop now
             self.finished = True
             self.stt.abort()

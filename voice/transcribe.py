@@ -27,6 +27,7 @@ from voice.assembler import TurnPolicy
 from voice.audio import float_to_pcm16, resample
 from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import DiarizationStage, KnownTimelineStage
+from voice.second_pass import SecondPass
 from voice.stt.base import SttProvider
 from voice.turns import Word
 
@@ -71,6 +72,10 @@ class Transcription:
     errors: list[str] = field(default_factory=list)
     corrections: int = 0
     """Turns committed early (from interim results) that a final result corrected."""
+    first_pass: list[Turn] | None = None
+    """With a second pass: the turns as first committed (before it corrected any)."""
+    second_pass: dict[str, int] | None = None
+    """With a second pass: what it did (`SecondPassStats.as_dict`)."""
 
     @property
     def real_time_factor(self) -> float:
@@ -101,6 +106,7 @@ async def transcribe_audio(
     progress: Callable[[float], None] | None = None,
     refine_speakers: bool = False,
     policy: TurnPolicy | None = None,
+    second_pass: SecondPass | None = None,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -108,14 +114,16 @@ async def transcribe_audio(
     fills `Turn.latency`. `progress(seconds)` is called as audio is transcribed.
     `refine_speakers=True` (a whole file is at hand): the diarization stage first diarizes the
     whole recording in batch mode, and the channel reads that timeline instead of the stage's live
-    decisions; everything after (word alignment, turns, hooks) is the live path."""
+    decisions; everything after (word alignment, turns, hooks) is the live path.
+    `second_pass`: re-decode each committed turn and correct it in place (`voice.second_pass`);
+    the result's `first_pass` has the turns as first committed."""
     if pipeline_speakers and diarizer is not None and refine_speakers:
         whole = resample(audio, sample_rate, diarizer.sample_rate)
         diarizer = KnownTimelineStage(await asyncio.to_thread(diarizer.diarize, whole))
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
     channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer,
-                           policy=policy, kept_turns=None)
+                           policy=policy, kept_turns=None, second_pass=second_pass)
     kit.register_channel(channel)
     await kit.attach_channel(room.id, channel.channel_id)
     names = dict(renames or {})
@@ -124,6 +132,13 @@ async def transcribe_audio(
         def rename(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
             if event.speaker in names and event.sender_name != names[event.speaker]:
                 return HookResult.modify(dataclasses.replace(event, sender_name=names[event.speaker]))
+            return HookResult.allow()
+
+    first_pass: list[TranscriptionEvent] = []
+    if second_pass is not None:
+        @kit.hook(HookTrigger.ON_TRANSCRIPTION, priority=10_000)
+        def heard(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
+            first_pass.append(event)  # the last hook: the turn as committed
             return HookResult.allow()
 
     session = await channel.start_session(room.id, "recording", sample_rate=sample_rate)
@@ -165,6 +180,10 @@ async def transcribe_audio(
     errors = [session.error] if session.error else []
     result = Transcription(turns, len(audio) / sample_rate, elapsed, stt.describe(),
                            session.stt.reconnects, errors, session.corrections)
+    if second_pass is not None:
+        result.first_pass = [Turn(speaker=e.sender_name, text=e.text, start=e.start, end=e.end,
+                                  label=e.speaker, words=e.words) for e in first_pass]
+        result.second_pass = second_pass.stats.as_dict()
     await channel.close()
     await kit.close()
     return result

@@ -7,7 +7,10 @@ participant or block), keeps sticky renames and matches per raw label, stamps V2
 the event (`kit.post_event`) and emits `ON_SPEAKER_CHANGE` when the voice changes; a `Revise`
 updates the committed event in place (`kit.update_event`, `corrected: true`), keeping a hook's
 edit of the text. It tells the assembler which commits were posted (a blocked turn is never
-revised, and never reopened).
+revised, and never reopened). With a live second pass (`voice.second_pass`, the channel's
+`second_pass`), each posted turn, and each revised one, is handed to it with its audio, and what
+it re-decodes replaces the turn in place the same way (metadata `second_pass: true` besides
+`corrected: true`), unless the turn changed meanwhile or a hook had edited its text.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from models import TextContent, VoiceTurn
 from rooms import HookContext, HookTrigger
 from voice.assembler import Commit, Decision, Revise, TurnAssembler
 from voice.events import CommittedTurn, SpeakerChangeEvent, TranscriptionEvent
+from voice.second_pass import SecondPassJob
 from voice.turns import SpeakerTurn, Word, join_words
 
 if TYPE_CHECKING:
@@ -59,6 +63,8 @@ class TurnWriter:
         self.corrections = 0
         """Early-committed turns the final results corrected (and turns reopened because the
         voice went on after an early end)."""
+        self.second_pass_corrections = 0
+        """Committed turns the live second pass corrected in place."""
 
     async def apply(self, decisions: list[Decision]) -> None:
         for decision in decisions:
@@ -68,6 +74,7 @@ class TurnWriter:
                     if committed is not None:
                         self._remember(decision.key, committed)
                         self.assembler.posted(decision.key)
+                        self._second_pass(decision.key, committed)
                 else:
                     await self._revise(decision)
             except Exception:
@@ -96,14 +103,61 @@ class TurnWriter:
             # its end moved: the turn as finally shown arrived now (latency counts from here)
             if await self._update(revise.key, turn, text, words, settled_now=True):
                 self.corrections += 1
+                self._second_pass(revise.key, self._by_key[revise.key])
             return
         self.corrections += 1
         log.info("voice session %s: the final result corrected an early turn: %r -> %r",
                  self.session.id, turn.text, text)
-        await self._update(revise.key, turn, text, words, unconfirmed=revise.reason == "unconfirmed")
+        if await self._update(revise.key, turn, text, words,
+                              unconfirmed=revise.reason == "unconfirmed"):
+            self._second_pass(revise.key, self._by_key[revise.key])
+
+    # -- the live second pass (issue 23) ----------------------------------------------------
+
+    def _second_pass(self, key: int, turn: CommittedTurn) -> None:
+        """Hand a posted (or revised) turn and its audio to the channel's second pass."""
+        second = self.session.channel.second_pass
+        words = turn.transcription.words
+        if second is None or not words:
+            return
+        if turn.text != join_words(w.text for w in words):
+            second.record("skipped_edited")  # a hook's edit stands
+            return
+        held = self.session.audio
+        first = max(round(max(0.0, turn.start - second.pad) * held.sample_rate), held.first)
+        audio = held.samples(first, round((turn.end + second.pad) * held.sample_rate))
+        if not len(audio):
+            return
+        offset = first / held.sample_rate
+        prompt = None
+        if second.prompt_turns:
+            before = [t.text for t in self.turns if t is not turn and t.end <= turn.start]
+            prompt = " ".join(before[-second.prompt_turns:]) or None
+
+        async def heard(redecoded: tuple[Word, ...]) -> str:
+            return await self._second_pass_heard(key, turn, redecoded)
+
+        second.submit(SecondPassJob(self.session.id, audio, offset, words, prompt, heard))
+
+    async def _second_pass_heard(self, key: int, turn: CommittedTurn,
+                                 words: tuple[Word, ...]) -> str:
+        """The second pass re-decoded `turn`: replace it in place if its words differ."""
+        async with self.session._lock:
+            if self._by_key.get(key) is not turn:
+                return "stale"  # revised meanwhile: the newer version has its own job
+            text = join_words(w.text for w in words)
+            if not text or text == turn.text:
+                return "same"
+            log.info("voice session %s: the second pass corrected a turn: %r -> %r",
+                     self.session.id, turn.text, text)
+            if not await self._update(key, turn, text, words, second_pass=True):
+                return "stale"
+            self.second_pass_corrections += 1
+            return "corrected"
 
     async def _update(self, key: int, turn: CommittedTurn, text: str, words: tuple[Word, ...], *,
-                      unconfirmed: bool = False, settled_now: bool = False) -> bool:
+                      unconfirmed: bool = False, settled_now: bool = False,
+                      second_pass: bool = False) -> bool:
         """Replace a committed turn in place (`kit.update_event`, metadata `corrected: true`
         and the words' times) with `text` and `words`; every channel of the room is told.
         `settled_now`: the turn as finally shown arrived now (its end moved), so its
@@ -113,6 +167,10 @@ class TurnWriter:
         metadata["corrected"] = True
         if unconfirmed:
             metadata["unconfirmed"] = True
+        if second_pass:
+            metadata["second_pass"] = True
+        else:
+            metadata.pop("second_pass", None)  # these words are the first pass's again
         metadata.update(VoiceTurn(turn.transcription.speaker, words[0].start, words[-1].end,
                                   session.id).metadata())
         try:

@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 FloatAudio = npt.NDArray[np.float32]
 
-_MODELS: dict[tuple[str, str, int], Any] = {}
+_MODELS: dict[tuple[str, str, int, str], Any] = {}
 _MODELS_LOCK = threading.Lock()
 _TRANSCRIBE_LOCKS: dict[int, threading.Lock] = {}
 CUT_SEARCH_FRAMES = 31
@@ -123,11 +123,14 @@ def encoder_frames(samples: int, window: float | None) -> int | None:
     return min(3000, frames + frames % 2)
 
 
-def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_threads: int = 1) -> Any:
+def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_threads: int = 1,
+                 instance: str = "live") -> Any:
     """A cached faster-whisper model (the shipped tiny.en unless `model` names another: `base`
-    or a model directory, `voice.stt.whisper_models`)."""
+    or a model directory, `voice.stt.whisper_models`). `instance`: models of another name are
+    loaded apart, with a transcription lock of their own (the live second pass: its long decodes
+    never wait on, or hold up, a live one)."""
     path = resolve_whisper_model(model).path
-    key = (path, compute_type, cpu_threads)
+    key = (path, compute_type, cpu_threads, instance)
     with _MODELS_LOCK:
         if key not in _MODELS:
             log.info("whisper: loading %s (%s, %d thread)", path, compute_type, cpu_threads)
@@ -178,6 +181,7 @@ class WhisperSTT(SttProvider):
         batch: bool = False,
         batch_prompt: bool = False,
         max_stretch: float = 30.0,
+        instance: str = "live",
     ) -> None:
         self.multilingual = check_whisper_model(model)
         """Known before loading, so a bad name or language fails where the provider is built."""
@@ -227,6 +231,8 @@ class WhisperSTT(SttProvider):
         decoder past 20 s of speech, docs/benchmarks.md "Words a meeting can trust")."""
         self.max_stretch = max_stretch
         """Batch: seconds of speech decoded at once (Whisper's window is 30 s)."""
+        self.instance = instance
+        """Which loaded copy of the model this provider decodes with (`load_whisper`)."""
         self._model: Any = None
 
     def describe(self) -> str:
@@ -238,7 +244,7 @@ class WhisperSTT(SttProvider):
     def model(self) -> Any:
         if self._model is None:
             self._model = load_whisper(self.model_name, compute_type=self.compute_type,
-                                       cpu_threads=self.cpu_threads)
+                                       cpu_threads=self.cpu_threads, instance=self.instance)
         return self._model
 
     async def load(self) -> None:
@@ -273,6 +279,18 @@ class WhisperSTT(SttProvider):
                         MAX_NEW_TOKENS - (PROMPT_TOKENS if prompt else 0)))
         return self._decode(audio, offset, window=None, temperature=BATCH_TEMPERATURES,
                             max_new_tokens=cap, prompt=prompt)
+
+    def redecode(self, audio: FloatAudio, offset: float,
+                 prompt: str | None = None) -> tuple[RawWord, ...]:
+        """Words of a committed turn heard whole (the live second pass, `voice.second_pass`;
+        blocking): the encoder hears the turn padded to `encoder_window` (None: Whisper's 30 s),
+        faster-whisper's temperature fallback, the token cap, `prompt` as the previous text."""
+        seconds = len(audio) / STT_SAMPLE_RATE
+        cap = (None if self.max_tokens_per_second is None
+               else min(int(seconds * self.max_tokens_per_second) + 8,
+                        MAX_NEW_TOKENS - (PROMPT_TOKENS if prompt else 0)))
+        return self._decode(audio, offset, window=self.encoder_window,
+                            temperature=BATCH_TEMPERATURES, max_new_tokens=cap, prompt=prompt)
 
     def _decode(self, audio: FloatAudio, offset: float, *, window: float | None,
                 temperature: float | tuple[float, ...], max_new_tokens: int | None,

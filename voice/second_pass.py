@@ -1,0 +1,273 @@
+"""The live second pass (issue 23, item 3): each committed turn re-decoded with context, in the
+background, and corrected in place.
+
+Why: the live path decodes speech in pieces of at most 4 s with a shortened encoder window, so that
+a turn comes back within a second; on far-field speech those cuts cost about 20 points of WER
+(issue 23's table), and a turn made of several pieces was never heard whole. Once a turn is
+committed nothing waits on it any more, so its audio (copied from the session's `AudioLog` when it
+is committed) is decoded again here: the turn whole (up to `MAX_CHUNK` seconds at once; a longer
+turn in chunks cut between its first-pass words), with the encoder window of the second-pass
+recogniser, faster-whisper's temperature fallback and, with `prompt_turns`, the text of the
+session's previous turns as Whisper's prompt. Where the words differ, the session's `TurnWriter`
+replaces the committed turn in place, exactly as an early commit the final corrected is replaced
+(`kit.update_event`, metadata `corrected: true`, plus `second_pass: true`): the device, the feed,
+realtime and chat sessions (a correction note), the ACP agent and LiveKit captions all hear it.
+
+What the second pass never does: change who spoke (the turn keeps its speaker, its name and its
+hooks' renames), touch a turn a hook edited the text of, remove a turn (a re-decode that hears no
+words leaves the first pass's), or hold anything back: the first pass goes on while it works, on a
+model instance of its own (its own lock, so a 30 s window never delays a live decode).
+
+When it falls behind (one worker per `SecondPass`, one per server: the CPU is the bound): a turn
+waiting longer than `max_age` seconds is skipped, and at most `max_waiting` wait (the oldest is
+skipped first). Each outcome is counted in `stats` (the server's `/metrics`:
+`chorus_second_pass_total{outcome=…}`).
+
+Which words belong to the turn (`words_of_turn`): the turn's audio is decoded with `pad` seconds
+either side, so a neighbour's edge word may be heard; a re-decoded word belongs to the turn when its
+middle falls within the first pass's span (widened by `SPAN_TOLERANCE`: the two passes time words a
+little differently).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from voice.audio import STT_SAMPLE_RATE
+from voice.stt.base import RawWord
+from voice.turns import Word
+
+log = logging.getLogger(__name__)
+
+FloatAudio = npt.NDArray[np.float32]
+
+MAX_CHUNK = 28.0
+"""Seconds decoded at once (Whisper's window is 30 s; the padding fits beside it)."""
+SPAN_TOLERANCE = 0.15
+"""Seconds either side of the first pass's span a re-decoded word's middle may fall in."""
+
+
+class Redecoder(Protocol):
+    """What re-decodes a turn's audio (`voice.stt.whisper.WhisperSTT.redecode`)."""
+
+    def redecode(self, audio: FloatAudio, offset: float,
+                 prompt: str | None = None) -> tuple[RawWord, ...]:
+        """Words of `audio` (blocking: called from a worker thread), in the times of `offset`."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass
+class SecondPassStats:
+    """What the second pass did with the turns it was given."""
+
+    corrected: int = 0
+    """Re-decoded, and the words differed: the turn was corrected in place."""
+    same: int = 0
+    """Re-decoded, and the words were the same (or it heard none: the first pass's stay)."""
+    skipped_behind: int = 0
+    """Not re-decoded: it waited longer than `max_age`, or `max_waiting` newer turns came."""
+    skipped_edited: int = 0
+    """Not re-decoded: a hook had edited the turn's text (the edit stands)."""
+    stale: int = 0
+    """Re-decoded, but the turn changed meanwhile (the final or a reopening revised it)."""
+    failed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"corrected": self.corrected, "same": self.same,
+                "skipped_behind": self.skipped_behind, "skipped_edited": self.skipped_edited,
+                "stale": self.stale, "failed": self.failed}
+
+
+Apply = Callable[[tuple[Word, ...]], Awaitable[str]]
+"""Hears a job's re-decoded words and says what became of them: one of `SecondPassStats`'
+outcome names (`corrected`, `same`, `stale`, `skipped_edited`)."""
+
+
+@dataclass(eq=False)
+class SecondPassJob:
+    """One committed turn to re-decode."""
+
+    session_id: str
+    audio: FloatAudio
+    offset: float
+    """Session time of `audio[0]`."""
+    words: tuple[Word, ...]
+    """The first pass's words (their span says which re-decoded words are the turn's; their gaps
+    where a long turn is cut)."""
+    prompt: str | None
+    apply: Apply
+    submitted: float = 0.0
+    done: asyncio.Future[str] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def words_of_turn(redecoded: Sequence[RawWord], first: Sequence[Word],
+                  tolerance: float = SPAN_TOLERANCE) -> tuple[Word, ...]:
+    """The re-decoded words that belong to the turn whose first-pass words are `first`: those
+    whose middle falls within the first pass's span widened by `tolerance`, with the first
+    pass's speaker."""
+    if not first:
+        return ()
+    lo, hi = first[0].start - tolerance, first[-1].end + tolerance
+    speaker = first[0].speaker
+    return tuple(Word(w.text, w.start, w.end, w.confidence, speaker) for w in redecoded
+                 if lo <= (w.start + w.end) / 2 <= hi)
+
+
+def chunk_bounds(words: Sequence[Word], offset: float, duration: float,
+                 max_chunk: float = MAX_CHUNK) -> list[tuple[float, float]]:
+    """Where to decode a turn's audio (session times from `offset` over `duration`): in one piece
+    when it fits `max_chunk`, else in pieces of at most `max_chunk` cut in the middle of the
+    widest gap between first-pass words in each piece's last third (at `max_chunk` when no gap)."""
+    start, end = offset, offset + duration
+    bounds: list[tuple[float, float]] = []
+    while end - start > max_chunk:
+        limit = start + max_chunk
+        gaps = [(b.start - a.end, (a.end + b.start) / 2) for a, b in itertools.pairwise(words)
+                if start + max_chunk * 2 / 3 <= (a.end + b.start) / 2 < limit]
+        cut = max(gaps)[1] if gaps else limit
+        bounds.append((start, cut))
+        start = cut
+    bounds.append((start, end))
+    return bounds
+
+
+class SecondPass:
+    """Re-decodes committed turns in the background, one at a time, newest kept when behind."""
+
+    def __init__(self, recogniser: Redecoder, *, max_waiting: int = 8, max_age: float = 20.0,
+                 prompt_turns: int = 0, pad: float = 0.2) -> None:
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
+        if max_age <= 0:
+            raise ValueError(f"max_age must be positive, got {max_age}")
+        self.recogniser = recogniser
+        self.max_waiting = max_waiting
+        self.max_age = max_age
+        """Seconds a turn may wait to be re-decoded; older ones are skipped (the worker is behind)."""
+        self.prompt_turns = prompt_turns
+        """The text of this many previous turns of the session is the prompt (0: none)."""
+        self.pad = pad
+        """Seconds of audio either side of the turn the recogniser hears."""
+        self.stats = SecondPassStats()
+        self._waiting: deque[SecondPassJob] = deque()
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._running: SecondPassJob | None = None
+        self._closed = False
+
+    def describe(self) -> str:
+        return f"second pass: {self.recogniser.describe()}"
+
+    async def load(self) -> None:
+        """Load the recogniser's model now (a worker thread), if it has a `load`."""
+        load = getattr(self.recogniser, "load", None)
+        if load is not None:
+            await load()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, job: SecondPassJob) -> None:
+        """Queue a turn (from the event loop). The worker starts with the first job."""
+        if self._closed:
+            self._finish(job, "skipped_behind")
+            return
+        job.submitted = asyncio.get_running_loop().time()
+        self._waiting.append(job)
+        while len(self._waiting) > self.max_waiting:
+            self._finish(self._waiting.popleft(), "skipped_behind")
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._work())
+        self._wake.set()
+
+    async def settled(self, session_id: str) -> None:
+        """Wait until every job of `session_id` queued so far is done (applied or skipped)."""
+        pending = [j.done for j in self._waiting if j.session_id == session_id]
+        if self._running is not None and self._running.session_id == session_id:
+            pending.append(self._running.done)
+        if pending:
+            await asyncio.gather(*(asyncio.shield(f) for f in pending))
+
+    async def aclose(self) -> None:
+        """Stop: the waiting jobs are skipped, the one in progress is left to finish."""
+        self._closed = True
+        while self._waiting:
+            self._finish(self._waiting.popleft(), "skipped_behind")
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+
+    def record(self, outcome: str) -> None:
+        """Count one turn's outcome (a `SecondPassStats` field name)."""
+        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+
+    def _finish(self, job: SecondPassJob, outcome: str) -> None:
+        self.record(outcome)
+        if not job.done.done():
+            job.done.set_result(outcome)
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            if not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            job = self._waiting.popleft()
+            if loop.time() - job.submitted > self.max_age:
+                self._finish(job, "skipped_behind")
+                continue
+            self._running = job
+            try:
+                words = await asyncio.to_thread(self._decode, job)
+            except asyncio.CancelledError:
+                self._running = None
+                self._finish(job, "skipped_behind")
+                raise
+            except Exception:
+                log.exception("second pass: re-decoding %.1f s of session %s failed",
+                              len(job.audio) / STT_SAMPLE_RATE, job.session_id)
+                self._running = None
+                self._finish(job, "failed")
+                continue
+            try:
+                outcome = await job.apply(words)
+            except Exception:
+                log.exception("second pass: correcting a turn of session %s failed", job.session_id)
+                outcome = "failed"
+            self._running = None
+            self._finish(job, outcome)
+
+    def _decode(self, job: SecondPassJob) -> tuple[Word, ...]:
+        """The turn's words as the second pass hears them (worker thread)."""
+        duration = len(job.audio) / STT_SAMPLE_RATE
+        heard: list[RawWord] = []
+        prompt = job.prompt
+        for a, b in chunk_bounds(job.words, job.offset, duration):
+            lo = max(0, round((a - job.offset) * STT_SAMPLE_RATE))
+            hi = min(len(job.audio), round((b - job.offset) * STT_SAMPLE_RATE))
+            words = self.recogniser.redecode(job.audio[lo:hi], job.offset + lo / STT_SAMPLE_RATE,
+                                             prompt)
+            heard.extend(words)
+            if words and self.prompt_turns:
+                prompt = " ".join(w.text for w in words)
+        return words_of_turn(heard, job.words)
+
+
+__all__ = ["MAX_CHUNK", "SPAN_TOLERANCE", "Redecoder", "SecondPass", "SecondPassJob",
+           "SecondPassStats", "chunk_bounds", "words_of_turn"]
