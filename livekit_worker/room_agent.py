@@ -58,6 +58,7 @@ from voice.assembler import TurnPolicy
 from voice.audio import STT_SAMPLE_RATE, resample
 from voice.channel import TranscriptionEvent, VoiceChannel, VoiceSession
 from voice.diarization_stage import DiarizationStage
+from voice.second_pass import SecondPass
 from voice.stt.base import SttProvider
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,9 @@ class ChorusRoomAgent:
     - `assistants`: text channels that answer in the room (`[chat]`'s chat model, `[agent]`'s ACP
       agent); they read the room's turns as in `chorus serve`, and their replies are published
       on `lk.chat` as the agent.
+    - `second_pass`: the live second pass (`voice.second_pass`, `[stt] second_pass`): a turn it
+      corrects is republished as a caption under the same segment id, as early-commit
+      corrections are.
     - `kit`: the kit on the configured `[store]` (default: one in memory). A room the store
       already holds (an earlier job for the same LiveKit room) is taken up where it was.
     """
@@ -169,16 +173,21 @@ class ChorusRoomAgent:
         local: LocalParticipantLike | None = None,
         kit: RoomKit | None = None,
         assistants: Sequence[Channel] = (),
+        second_pass: SecondPass | None = None,
     ) -> None:
         self.room = room
         self.room_name = room_name
         self.config = livekit or LiveKitConfig()
         self.stt = stt
         self.kit = kit or RoomKit()
+        self.second_pass = second_pass
+        """Re-decodes committed turns and corrects them in place (the captions republish the
+        correction); the agent closes it."""
         self.voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False, policy=policy,
-                                  on_play=self._play)
+                                  on_play=self._play, second_pass=second_pass)
         self.diarized = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
-                                     stage_per_session=True, policy=policy, on_play=self._play)
+                                     stage_per_session=True, policy=policy, on_play=self._play,
+                                     second_pass=second_pass)
         """Shared-mic tracks, each session with a diarization stage of its own (pooled)."""
         self.realtime = realtime
         self.assistants = list(assistants)
@@ -268,6 +277,8 @@ class ChorusRoomAgent:
                 with contextlib.suppress(Exception):
                     await task
         await self.kit.close()  # closes every registered channel (pooled ones included)
+        if self.second_pass is not None:
+            await self.second_pass.aclose()
         await self.reply_source.aclose()
 
     async def wait_idle(self) -> None:

@@ -32,6 +32,7 @@ from server.pipeline import (
     chat_channel,
     read_enrollments,
     realtime_channel,
+    second_pass,
     stt_provider,
 )
 from voice.diarization_stage import DiarizationStage
@@ -75,7 +76,7 @@ async def build_room_agent(
     kit: RoomKit | None = None,
 ) -> ChorusRoomAgent:
     """A started `ChorusRoomAgent` for one LiveKit room, built from the configuration: every
-    section `chorus serve` reads means the same here (`[stt]`, `[diarizer]` with its `enroll`
+    section `chorus serve` reads means the same here (`[stt]` (its `second_pass` too), `[diarizer]` with its `enroll`
     voices, `[voice]`, `[realtime]`, `[policy]`, `[chat]`, `[agent]`; `[store]` through `kit`)."""
     provider = stt or stt_provider(config)
     enrollments: dict[str, Any] = {}
@@ -89,6 +90,9 @@ async def build_room_agent(
     load = getattr(provider, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread
+    redecoder = second_pass(config)
+    if redecoder is not None:
+        await redecoder.load()  # `[stt] second_pass`: its own copy of the model
     agent = ChorusRoomAgent(
         room,
         room_name,
@@ -100,6 +104,7 @@ async def build_room_agent(
         local=local,
         kit=kit,
         assistants=assistants,
+        second_pass=redecoder,
     )
     await agent.start()
     return agent

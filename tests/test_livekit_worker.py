@@ -420,3 +420,46 @@ async def test_a_corrected_turn_is_published_again_under_its_segment_id(
         await agent.wait_idle()
         assert [(p.text, p.attributes["lk.segment_id"]) for p in agent.published] == [
             ("Write.", early.id), ("Right.", early.id)]
+
+
+async def test_the_second_pass_corrects_a_caption_under_its_segment_id() -> None:
+    """`[stt] second_pass` in the job's configuration (issue 23, item 3): the real tiny.en
+    re-decodes a turn the first pass misheard, and the corrected turn is published again under
+    the first caption's `lk.segment_id`."""
+    meeting = MeetingWords.from_meeting(MEETING_DIR)
+    said = clip_words(meeting, *ALICE)
+    wrong = ["lorem", "ipsum", "dolor", "sit", "amet"]
+    misheard = MeetingWords(said.reference, [
+        dataclasses.replace(w, word=wrong[i % len(wrong)], punctuated_word=wrong[i % len(wrong)])
+        for i, w in enumerate(said.words)], RATE)
+    async with DeepgramTestServer(RecordingsWords([misheard])) as server:
+        config = config_for(server.url)
+        config.realtime.provider = "none"
+        config.stt.second_pass = "tiny.en"
+        local = RecordingLocalParticipant()
+        room = FakeRoom("standup", local)
+        with fake_job_context(room=room) as ctx:
+            agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+        alice = remote_participant("alice-1", "Alice")
+        player = TrackPlayer("alice-1")
+        pcm = clip(meeting_pcm(), *ALICE)
+        try:
+            assert agent.second_pass is not None
+            room.join(alice)
+            room.subscribe(alice, player.track, "TR_alice-1")
+            await agent.wait_idle()
+            await player.play(pcm)
+            await heard(agent, "alice-1", len(pcm) / RATE + 0.5)
+            room.leave(alice)  # the session ends: its turns' second passes are waited for
+            await agent.wait_idle()
+            [event] = await voice_events(agent)
+            assert event.metadata["second_pass"] is True
+            first, fixed = agent.published
+            assert first.attributes["lk.segment_id"] == fixed.attributes["lk.segment_id"] == event.id
+            assert set(first.text.split()) <= set(wrong)
+            reference = {w.strip(".,?!").lower() for w in meeting_text(*ALICE).split()}
+            heard_words = [w.strip(".,?!").lower() for w in fixed.text.split()]
+            assert sum(w in reference for w in heard_words) >= 0.7 * len(reference), fixed.text
+        finally:
+            await agent.aclose()
+            await player.aclose()
