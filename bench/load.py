@@ -22,6 +22,8 @@ it was closed) is reported. `--stt whisper` serves with the embedded default ins
 Whisper, no stand-in), so any recording can be streamed (`--audio`, e.g. an unseen LibriSpeech
 conversation): issue 10's latency measurement; `--diarizer none` measures it without pipeline
 speakers. A turn re-sent corrected counts from its settled version (`settled_versions`).
+`--second-pass MODEL` serves with the live second pass on (`[stt] second_pass`): its corrections
+arrive seconds later and are counted apart; the latency stays the first pass's.
 `--server-repo PATH` (repeatable) runs everything against the `chorus serve` of another
 checkout too (e.g. an older commit), in the same run, one server after the other, so old and
 new are measured by the same command on the same machine state. `--chat-delay SECONDS` measures
@@ -107,6 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="the flooder sends frames of BYTES only (65536: the server's default frame limit); "
         "0: 60 KiB frames alternating with runs of 1000 two-byte frames",
+    )
+    parser.add_argument(
+        "--second-pass",
+        default=None,
+        metavar="MODEL",
+        help="with --stt whisper: serve with the live second pass on ([stt] second_pass = MODEL, "
+        "e.g. base); its corrections are counted apart, the latency is the first pass's",
     )
     parser.add_argument(
         "--diarizer",
@@ -282,6 +291,8 @@ class StreamResult:
     """Per turn: from sending the audio up to the turn's own end to receiving it."""
     corrected: int = 0
     """Turns re-sent corrected (`corrected: true`); each counts from its settled version."""
+    second_pass_corrected: int = 0
+    """Turns the live second pass re-sent (`second_pass: true`; not in the latencies)."""
     slowest: list[dict[str, Any]] = field(default_factory=list)
     """The `SLOWEST_KEPT` turns with the largest strict latency (where a tail comes from)."""
     turns_while_streaming: int = 0
@@ -305,7 +316,10 @@ BATCH_S = 0.05
 def settled_versions(versions: list[tuple[float, TurnMessage]]) -> list[tuple[float, TurnMessage]]:
     """(wall time, final version) of each turn as the device finally shows it: a turn committed
     early and corrected later (`corrected: true`, same `event_id`) counts from the first version
-    that already had its final speaker and end, not from its first, wrong one."""
+    that already had its final speaker and end, not from its first, wrong one. The live second
+    pass's versions (`second_pass: true`) are not the first pass's: left out (the latency measured
+    is the first pass's)."""
+    versions = [(now, m) for now, m in versions if not m.second_pass]
     latest: dict[str, TurnMessage] = {}
     for _, m in versions:
         if m.event_id is not None:
@@ -405,7 +419,8 @@ async def _one_device(
             for lat, m in ranked[:SLOWEST_KEPT]
         ]
     result.turns = len(received)
-    result.corrected = sum(1 for _, m in versions if m.corrected)
+    result.corrected = sum(1 for _, m in versions if m.corrected and not m.second_pass)
+    result.second_pass_corrected = sum(1 for _, m in versions if m.second_pass)
     if sent_wall:
         result.turns_while_streaming = sum(
             1 for now, m in versions if not m.corrected and now <= sent_wall[-1]
@@ -438,6 +453,8 @@ class StepResult:
     rss_per_stream_mib: float
     errors: list[str]
     turns_while_streaming: int = 0
+    second_pass_corrected: int = 0
+    """Turns the live second pass corrected (`--second-pass`), re-sent after the latencies."""
     """Turns that reached their device while it was still streaming."""
     replies: int = 0
     """The chat model's (or realtime session's) replies the devices got."""
@@ -487,6 +504,7 @@ async def _step(
             percentile([x for r in results for x in r.strict_latencies], 95), 3
         ),
         corrected=sum(r.corrected for r in results),
+        second_pass_corrected=sum(r.second_pass_corrected for r in results),
         slowest_turns=sorted((t for r in results for t in r.slowest),
                              key=lambda t: -float(t["strict_latency_s"]))[:SLOWEST_KEPT],
         cpu_percent_total=round(cpu, 1),
@@ -847,6 +865,7 @@ async def _one_server(
     config = workdir / "chorus.toml"
     stt = (
         '[stt]\nprovider = "whisper"\n'
+        + (f'second_pass = "{args.second_pass}"\n' if args.second_pass else "")
         if dg_port is None
         else '[stt]\nprovider = "deepgram"\n'
         f'deepgram_url = "ws://127.0.0.1:{dg_port}"\ndeepgram_api_key = "bench"\n'

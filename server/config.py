@@ -65,13 +65,15 @@ class SttConfig(_Section):
     language: str | None = None
     second_pass: str = "off"
     """The live second pass (`voice.second_pass`): `off`, or a Whisper model (`tiny.en`, `base`, a
-    directory) that re-decodes each committed turn whole in the background and corrects it in
-    place (`corrected: true`); with any provider, Deepgram's too."""
+    directory) that re-decodes stretches of committed turns (turns less than 0.8 s apart, up to
+    28 s) whole in the background and corrects each turn in place (`corrected: true`,
+    `second_pass: true`); with any provider, Deepgram's too."""
     second_pass_window_s: float | None = Field(default=None, ge=1.0, le=30.0)
-    """The second pass's encoder window: the turn padded to this many seconds (unset: Whisper's
-    30 s)."""
+    """The second pass's encoder window: the stretch padded to this many seconds (unset:
+    Whisper's 30 s)."""
     second_pass_max_age_s: float = Field(default=20.0, gt=0)
-    """A turn waiting longer than this to be re-decoded is skipped (the second pass is behind)."""
+    """A stretch waiting longer than this to be re-decoded is skipped (the second pass is
+    behind)."""
     connect_timeout_s: float = Field(default=CONNECT_TIMEOUT, gt=0)
     """A connect (TCP and handshake) that has not completed by then is a failed attempt."""
     start_timeout_s: float = Field(default=START_TIMEOUT, gt=0)

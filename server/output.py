@@ -132,6 +132,7 @@ class ServerOutput(Channel):
             stream=stream.id if stream else None,
             event_id=event.id,
             corrected=corrected,
+            second_pass=bool(meta.get("second_pass", False)),
         )
         if corrected:
             self.metrics.turn_corrections_total += 1

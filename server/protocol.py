@@ -110,7 +110,8 @@ class StartedMessage(_Wire):
 class TurnMessage(_Wire):
     """One speaker turn (V2). `speaker` is the name shown (after renames); `label` the raw label.
     `corrected`: this replaces the turn with the same `event_id` sent before (a turn committed
-    early from interim words, corrected by the final result): show this one instead."""
+    early from interim words, corrected by the final result, or re-decoded by the live second
+    pass): show this one instead. `second_pass`: these are the second pass's words."""
 
     type: Literal["turn"] = "turn"
     room: str
@@ -123,6 +124,7 @@ class TurnMessage(_Wire):
     stream: str | None = None
     event_id: str | None = None
     corrected: bool = False
+    second_pass: bool = False
 
 
 class SpeakerChangeMessage(_Wire):

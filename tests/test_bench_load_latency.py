@@ -37,6 +37,15 @@ def test_a_corrected_turn_counts_from_the_version_with_its_final_speaker_and_end
     assert settled == [(10.5, 4.0), (11.0, 3.0), (12.0, 5.0), (14.0, 6.0)]
 
 
+def test_a_second_pass_correction_leaves_the_first_pass_latency_alone() -> None:
+    versions = [
+        (10.0, turn("a", 2.0)),
+        (15.0, turn("a", 2.2, corrected=True, text="re-decoded").model_copy(
+            update={"second_pass": True})),  # seconds later, its end moved: not the first pass's
+    ]
+    assert [(now, m.end) for now, m in settled_versions(versions)] == [(10.0, 2.0)]
+
+
 def test_strict_latency_is_from_the_turn_s_own_end() -> None:
     sent_audio = [float(s) for s in range(1, 11)]
     sent_wall = [100.0 + s for s in range(1, 11)]

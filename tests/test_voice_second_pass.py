@@ -1,5 +1,5 @@
-"""The live second pass (issue 23, item 3): committed turns re-decoded whole in the background and
-corrected in place, never blocking the first pass, skipped when behind.
+"""The live second pass (issue 23, item 3): stretches of committed turns re-decoded whole in the
+background and each turn corrected in place, never blocking the first pass, skipped when behind.
 
 The first pass here is the real Deepgram client against the local Deepgram-protocol server
 (scripted words); the second pass is a scripted recogniser where the test is about what happens to
@@ -21,10 +21,10 @@ import pytest
 
 from models import RoomEvent
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
-from tests.voice_helpers import turns_of, voice_room
+from tests.voice_helpers import stream, turns_of, voice_room
 from voice.audio import read_audio
 from voice.channel import TranscriptionEvent, VoiceChannel
-from voice.second_pass import SecondPass, SecondPassJob, chunk_bounds, words_of_turn
+from voice.second_pass import SecondPass, SecondPassJob, assign_words, chunk_bounds, words_of_turn
 from voice.stt.base import RawWord
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer, ScriptedWords, SpokenWord
@@ -111,9 +111,11 @@ async def test_a_turn_the_second_pass_hears_differently_is_corrected_in_place_ev
                                       "skipped_edited": 0, "stale": 0, "failed": 0}
 
 
-async def test_the_second_pass_hears_the_turn_with_its_padding_and_keeps_only_its_words() -> None:
-    # the re-decode of "Hi." also hears the end of the turn before: that word is not the turn's
-    recogniser = Scripted({1.3: [("everyone", 0.95, 1.05), ("Hi", 1.3, 1.45), ("there.", 1.45, 1.6)]})
+async def test_turns_close_together_are_re_decoded_as_one_stretch_and_its_words_shared_out() -> None:
+    # "Hello everyone." and "Hi." are 0.4 s apart: one stretch, heard once, ± 0.2 s; the word
+    # heard in the padding after it ("so", 1.62-1.72 s) is nobody's in the stretch
+    recogniser = Scripted({0.1: [("Hello", 0.1, 0.4), ("everyone.", 0.5, 0.95), ("Hi", 1.3, 1.42),
+                                 ("there.", 1.42, 1.55), ("so", 1.62, 1.72)]})
     second = SecondPass(recogniser)
     async with DeepgramTestServer(script()) as server:
         channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), second_pass=second)
@@ -122,8 +124,54 @@ async def test_the_second_pass_hears_the_turn_with_its_padding_and_keeps_only_it
         turns = await turns_of(session, AUDIO, 16000)
     await second.aclose()
     assert [t.text for t in turns] == ["Hello everyone.", "Hi there."]
-    spans = sorted((round(a, 2), round(b, 2)) for a, b, _ in recogniser.heard)
-    assert spans == [(0.0, 1.1), (1.1, 1.7)]  # each turn ± 0.2 s (clamped at the start)
+    assert [t.transcription.words[-1].speaker for t in turns] == ["Speaker A", "Speaker B"]
+    spans = [(round(a, 2), round(b, 2)) for a, b, _ in recogniser.heard]
+    assert spans == [(0.0, 1.7)]  # the stretch ± 0.2 s (clamped at the start)
+    assert (second.stats.same, second.stats.corrected) == (1, 1)
+
+
+async def test_a_pause_longer_than_the_gap_starts_another_stretch() -> None:
+    recogniser = Scripted({0.1: [("Hello", 0.1, 0.4), ("everybody.", 0.5, 0.9)],
+                           1.3: [("Hi.", 1.3, 1.5)]})
+    second = SecondPass(recogniser, gap=0.3, pad=0.1)
+    async with DeepgramTestServer(script()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), second_pass=second)
+        await room_with(channel)
+        session = await channel.start_session("room", "mic-1")
+        turns = await turns_of(session, AUDIO, 16000)
+    await second.aclose()
+    assert [t.text for t in turns] == ["Hello everybody.", "Hi."]
+    spans = [(round(a, 2), round(b, 2)) for a, b, _ in recogniser.heard]
+    assert spans == [(0.0, 1.0), (1.2, 1.6)]
+
+
+async def test_a_room_that_goes_quiet_has_its_last_stretch_corrected_without_waiting_for_the_end(
+) -> None:
+    """`hold` seconds with no new turn send the stretch off while the stream goes on."""
+    second = SecondPass(Scripted({0.1: [("Hello", 0.12, 0.4), ("everybody.", 0.5, 0.92)]}),
+                        hold=0.05)
+    corrected = asyncio.Event()
+
+    class Told(Updates):
+        async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
+            await super().deliver_update(event, ctx)
+            corrected.set()
+
+    async with DeepgramTestServer(ScriptedWords(script().finals[:1])) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), second_pass=second)
+        kit = await voice_room(channel)
+        told = Told()
+        kit.register_channel(told)
+        await kit.attach_channel("room", told.channel_id)
+        session = await channel.start_session("room", "mic-1")
+        await stream(session, AUDIO, 16000)
+        await session.flush()  # the turn is committed; the stream stays open
+        async with asyncio.timeout(30):
+            await corrected.wait()
+        assert [e.text for e in told.updated] == ["Hello everybody."]
+        assert not session.finished
+        await session.finish()
+    await second.aclose()
 
 
 async def test_a_hooks_edit_stands_and_a_re_decode_that_hears_nothing_keeps_the_first_pass() -> None:
@@ -163,11 +211,12 @@ class Gated:
 
 
 def job(session: str, outcomes: list[str]) -> SecondPassJob:
-    async def apply(words: tuple[Word, ...]) -> str:
-        outcomes.append(words[0].text if words else "")
-        return "same"
+    async def apply(words: tuple[tuple[Word, ...], ...]) -> list[str]:
+        outcomes.append(words[0][0].text if words[0] else "")
+        return ["same"]
 
-    return SecondPassJob(session, np.zeros(16000, np.float32), 0.0, (Word("w", 0.0, 0.5),), None, apply)
+    return SecondPassJob(session, np.zeros(16000, np.float32), 0.0, ((Word("w", 0.0, 0.5),),),
+                         None, apply)
 
 
 async def test_when_the_second_pass_falls_behind_the_oldest_waiting_turns_are_skipped() -> None:
@@ -180,13 +229,13 @@ async def test_when_the_second_pass_falls_behind_the_oldest_waiting_turns_are_sk
     old, newer, newest = job("s", applied), job("s", applied), job("t", applied)
     second.submit(old)
     second.submit(newer)  # one may wait: the older is skipped
-    assert await old.done == "skipped_behind"
+    assert await old.done == ["skipped_behind"]
     second.submit(newest)  # another room's newer turn: `newer` is skipped
-    assert await newer.done == "skipped_behind"
+    assert await newer.done == ["skipped_behind"]
     gated.go.set()
-    assert await first.done == "same"
+    assert await first.done == ["same"]
     await second.settled("t")
-    assert await newest.done == "same"
+    assert await newest.done == ["same"]
     assert applied == ["later", "later"]
     assert second.stats.skipped_behind == 2 and second.stats.same == 2
     await second.aclose()
@@ -202,8 +251,8 @@ async def test_a_turn_that_waited_past_max_age_is_skipped() -> None:
     second.submit(late)
     late.submitted -= 10.0
     gated.go.set()
-    assert await first.done == "same"
-    assert await late.done == "skipped_behind"
+    assert await first.done == ["same"]
+    assert await late.done == ["skipped_behind"]
     await second.settled("s")
     assert applied == ["later"]
     await second.aclose()
@@ -216,6 +265,20 @@ def test_a_re_decoded_word_belongs_to_the_turn_when_its_middle_is_in_the_turns_s
     assert [(w.text, w.speaker) for w in words_of_turn(heard, first)] == [
         ("a", "Speaker B"), ("b", "Speaker B")]
     assert words_of_turn(heard, ()) == ()
+
+
+def test_a_stretchs_words_go_to_the_turn_whose_first_pass_word_is_nearest() -> None:
+    a = (Word("one", 0.0, 0.4, speaker="A"), Word("two", 0.5, 0.9, speaker="A"))
+    b = (Word("three", 1.4, 1.8, speaker="B"),)
+    c = (Word("four", 1.7, 2.2, speaker="C"),)  # overlaps b
+    heard = [RawWord("one", 0.0, 0.4), RawWord("too", 0.55, 0.95),
+             RawWord("and", 1.0, 1.1),  # in the pause, nearer a's last word
+             RawWord("tree", 1.35, 1.65), RawWord("for", 1.9, 2.2),
+             RawWord("later", 2.5, 2.7)]  # past the stretch (and its tolerance): nobody's
+    mine = assign_words(heard, [a, b, c])
+    assert [[(w.text, w.speaker) for w in t] for t in mine] == [
+        [("one", "A"), ("too", "A"), ("and", "A")], [("tree", "B")], [("for", "C")]]
+    assert assign_words(heard, [(), ()]) == ((), ())
 
 
 def test_a_long_turn_is_decoded_in_chunks_cut_in_its_widest_pause() -> None:

@@ -54,6 +54,12 @@ MAX_CHUNK = 28.0
 """Seconds decoded at once (Whisper's window is 30 s; the padding fits beside it)."""
 SPAN_TOLERANCE = 0.15
 """Seconds either side of the first pass's span a re-decoded word's middle may fall in."""
+STRETCH_GAP = 0.8
+"""Seconds of pause between two turns that end a stretch (the next turn starts another)."""
+STRETCH_HOLD = 6.0
+"""Seconds with no new turn after which a stretch is re-decoded as it is: longer than the first
+pass takes to close a turn in continuous speech (pieces of at most 4 s and its decode), so a
+speaker who goes on is not cut into stretches of one turn."""
 
 
 class Redecoder(Protocol):
@@ -89,45 +95,68 @@ class SecondPassStats:
                 "stale": self.stale, "failed": self.failed}
 
 
-Apply = Callable[[tuple[Word, ...]], Awaitable[str]]
-"""Hears a job's re-decoded words and says what became of them: one of `SecondPassStats`'
-outcome names (`corrected`, `same`, `stale`, `skipped_edited`)."""
+Apply = Callable[[tuple[tuple[Word, ...], ...]], Awaitable[list[str]]]
+"""Hears a job's re-decoded words, one tuple per turn of its stretch (`assign_words`), and says
+what became of each turn: `SecondPassStats`' outcome names (`corrected`, `same`, `stale`,
+`skipped_edited`)."""
 
 
 @dataclass(eq=False)
 class SecondPassJob:
-    """One committed turn to re-decode."""
+    """One stretch of committed turns to re-decode (one turn or several close together)."""
 
     session_id: str
     audio: FloatAudio
     offset: float
     """Session time of `audio[0]`."""
-    words: tuple[Word, ...]
-    """The first pass's words (their span says which re-decoded words are the turn's; their gaps
-    where a long turn is cut)."""
+    turns: tuple[tuple[Word, ...], ...]
+    """The first pass's words of each turn of the stretch, in order (which re-decoded word is
+    whose, and the gaps where a long stretch is cut)."""
     prompt: str | None
     apply: Apply
     submitted: float = 0.0
-    done: asyncio.Future[str] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Future[list[str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def _distance(middle: float, word: Word) -> float:
+    if word.start <= middle <= word.end:
+        return 0.0
+    return min(abs(middle - word.start), abs(middle - word.end))
+
+
+def assign_words(redecoded: Sequence[RawWord], turns: Sequence[Sequence[Word]],
+                 tolerance: float = SPAN_TOLERANCE) -> tuple[tuple[Word, ...], ...]:
+    """The re-decoded words of a stretch split among its turns (first-pass words of each): a word
+    whose middle falls within the stretch's span widened by `tolerance` goes to the turn owning
+    the first-pass word nearest it (a neighbour outside the stretch, heard in the padding, goes
+    nowhere), with that turn's speaker. One tuple per turn, in order; a turn may get none."""
+    owned = [(w, i) for i, words in enumerate(turns) for w in words]
+    out: list[list[Word]] = [[] for _ in turns]
+    if not owned:
+        return tuple(tuple(x) for x in out)
+    lo = min(w.start for w, _ in owned) - tolerance
+    hi = max(w.end for w, _ in owned) + tolerance
+    for raw in redecoded:
+        middle = (raw.start + raw.end) / 2
+        if not lo <= middle <= hi:
+            continue
+        _, i = min(owned, key=lambda o: _distance(middle, o[0]))
+        out[i].append(Word(raw.text, raw.start, raw.end, raw.confidence, turns[i][0].speaker))
+    return tuple(tuple(x) for x in out)
 
 
 def words_of_turn(redecoded: Sequence[RawWord], first: Sequence[Word],
                   tolerance: float = SPAN_TOLERANCE) -> tuple[Word, ...]:
-    """The re-decoded words that belong to the turn whose first-pass words are `first`: those
-    whose middle falls within the first pass's span widened by `tolerance`, with the first
-    pass's speaker."""
-    if not first:
-        return ()
-    lo, hi = first[0].start - tolerance, first[-1].end + tolerance
-    speaker = first[0].speaker
-    return tuple(Word(w.text, w.start, w.end, w.confidence, speaker) for w in redecoded
-                 if lo <= (w.start + w.end) / 2 <= hi)
+    """The re-decoded words that belong to a lone turn whose first-pass words are `first`
+    (`assign_words` for a stretch of one)."""
+    return assign_words(redecoded, [first], tolerance)[0] if first else ()
 
 
 def chunk_bounds(words: Sequence[Word], offset: float, duration: float,
                  max_chunk: float = MAX_CHUNK) -> list[tuple[float, float]]:
-    """Where to decode a turn's audio (session times from `offset` over `duration`): in one piece
-    when it fits `max_chunk`, else in pieces of at most `max_chunk` cut in the middle of the
+    """Where to decode a stretch's audio (session times from `offset` over `duration`): in one
+    piece when it fits `max_chunk`, else in pieces of at most `max_chunk` cut in the middle of the
     widest gap between first-pass words in each piece's last third (at `max_chunk` when no gap)."""
     start, end = offset, offset + duration
     bounds: list[tuple[float, float]] = []
@@ -143,14 +172,19 @@ def chunk_bounds(words: Sequence[Word], offset: float, duration: float,
 
 
 class SecondPass:
-    """Re-decodes committed turns in the background, one at a time, newest kept when behind."""
+    """Re-decodes stretches of committed turns in the background, one at a time, newest kept
+    when behind."""
 
     def __init__(self, recogniser: Redecoder, *, max_waiting: int = 8, max_age: float = 20.0,
-                 prompt_turns: int = 0, pad: float = 0.2) -> None:
+                 prompt_turns: int = 0, pad: float = 0.2, gap: float = STRETCH_GAP,
+                 max_stretch: float = MAX_CHUNK, hold: float = STRETCH_HOLD) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
         if max_age <= 0:
             raise ValueError(f"max_age must be positive, got {max_age}")
+        if gap < 0 or max_stretch <= 0 or hold <= 0:
+            raise ValueError(f"gap, max_stretch and hold must be positive, got {gap}, "
+                             f"{max_stretch}, {hold}")
         self.recogniser = recogniser
         self.max_waiting = max_waiting
         self.max_age = max_age
@@ -158,7 +192,14 @@ class SecondPass:
         self.prompt_turns = prompt_turns
         """The text of this many previous turns of the session is the prompt (0: none)."""
         self.pad = pad
-        """Seconds of audio either side of the turn the recogniser hears."""
+        """Seconds of audio either side of the stretch the recogniser hears."""
+        self.gap = gap
+        """A turn starting more than this many seconds after the stretch's end starts another."""
+        self.max_stretch = max_stretch
+        """Seconds a stretch may span (from its first turn's start to its last turn's end)."""
+        self.hold = hold
+        """Seconds without a new turn after which the stretch is re-decoded as it is (a room that
+        went quiet); the session's end re-decodes it at once."""
         self.stats = SecondPassStats()
         self._waiting: deque[SecondPassJob] = deque()
         self._wake = asyncio.Event()
@@ -180,7 +221,7 @@ class SecondPass:
         return len(self._waiting)
 
     def submit(self, job: SecondPassJob) -> None:
-        """Queue a turn (from the event loop). The worker starts with the first job."""
+        """Queue a stretch (from the event loop). The worker starts with the first job."""
         if self._closed:
             self._finish(job, "skipped_behind")
             return
@@ -212,14 +253,17 @@ class SecondPass:
             except asyncio.CancelledError:
                 pass
 
-    def record(self, outcome: str) -> None:
-        """Count one turn's outcome (a `SecondPassStats` field name)."""
-        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+    def record(self, outcome: str, turns: int = 1) -> None:
+        """Count `turns` turns' outcome (a `SecondPassStats` field name)."""
+        setattr(self.stats, outcome, getattr(self.stats, outcome) + turns)
 
-    def _finish(self, job: SecondPassJob, outcome: str) -> None:
-        self.record(outcome)
+    def _finish(self, job: SecondPassJob, outcome: str | list[str]) -> None:
+        """Count the job's turns' outcomes (one for all of them, or one each) and say so."""
+        outcomes = [outcome] * len(job.turns) if isinstance(outcome, str) else outcome
+        for each in outcomes:
+            self.record(each)
         if not job.done.done():
-            job.done.set_result(outcome)
+            job.done.set_result(outcomes)
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
@@ -245,20 +289,23 @@ class SecondPass:
                 self._running = None
                 self._finish(job, "failed")
                 continue
+            outcome: str | list[str]
             try:
                 outcome = await job.apply(words)
             except Exception:
-                log.exception("second pass: correcting a turn of session %s failed", job.session_id)
+                log.exception("second pass: correcting turns of session %s failed", job.session_id)
                 outcome = "failed"
             self._running = None
             self._finish(job, outcome)
 
-    def _decode(self, job: SecondPassJob) -> tuple[Word, ...]:
-        """The turn's words as the second pass hears them (worker thread)."""
+    def _decode(self, job: SecondPassJob) -> tuple[tuple[Word, ...], ...]:
+        """The stretch's words as the second pass hears them, split among its turns (worker
+        thread)."""
         duration = len(job.audio) / STT_SAMPLE_RATE
         heard: list[RawWord] = []
         prompt = job.prompt
-        for a, b in chunk_bounds(job.words, job.offset, duration):
+        everyone = sorted((w for words in job.turns for w in words), key=lambda w: w.start)
+        for a, b in chunk_bounds(everyone, job.offset, duration):
             lo = max(0, round((a - job.offset) * STT_SAMPLE_RATE))
             hi = min(len(job.audio), round((b - job.offset) * STT_SAMPLE_RATE))
             words = self.recogniser.redecode(job.audio[lo:hi], job.offset + lo / STT_SAMPLE_RATE,
@@ -266,8 +313,8 @@ class SecondPass:
             heard.extend(words)
             if words and self.prompt_turns:
                 prompt = " ".join(w.text for w in words)
-        return words_of_turn(heard, job.words)
+        return assign_words(heard, job.turns)
 
 
-__all__ = ["MAX_CHUNK", "SPAN_TOLERANCE", "Redecoder", "SecondPass", "SecondPassJob",
-           "SecondPassStats", "chunk_bounds", "words_of_turn"]
+__all__ = ["MAX_CHUNK", "SPAN_TOLERANCE", "STRETCH_GAP", "STRETCH_HOLD", "Redecoder", "SecondPass",
+           "SecondPassJob", "SecondPassStats", "assign_words", "chunk_bounds", "words_of_turn"]

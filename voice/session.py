@@ -211,9 +211,11 @@ class VoiceSession:
             async with self._lock:
                 await self._advance(force=True)
             if self.channel.second_pass is not None:
+                self.writer.flush_second_pass()  # the last stretch goes now
                 await self.channel.second_pass.settled(self.id)  # its turns' second passes
         except asyncio.CancelledError:  # the caller's deadline (a server drain): stop now
             self.finished = True
+            self.writer.drop_second_pass()
             self.stt.abort()
             if self.stage is not None:
                 self.stage.cancel()

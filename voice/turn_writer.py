@@ -8,8 +8,10 @@ the event (`kit.post_event`) and emits `ON_SPEAKER_CHANGE` when the voice change
 updates the committed event in place (`kit.update_event`, `corrected: true`), keeping a hook's
 edit of the text. It tells the assembler which commits were posted (a blocked turn is never
 revised, and never reopened). With a live second pass (`voice.second_pass`, the channel's
-`second_pass`), each posted turn, and each revised one, is handed to it with its audio, and what
-it re-decodes replaces the turn in place the same way (metadata `second_pass: true` besides
+`second_pass`), posted and revised turns are gathered into stretches (turns less than `gap` apart,
+spanning at most `max_stretch`), each stretch is handed to it with its audio when the next turn
+falls outside it, after `hold` seconds with no new turn, or at the session's end, and what it
+re-decodes replaces each turn in place the same way (metadata `second_pass: true` besides
 `corrected: true`), unless the turn changed meanwhile or a hook had edited its text.
 """
 
@@ -65,6 +67,9 @@ class TurnWriter:
         voice went on after an early end)."""
         self.second_pass_corrections = 0
         """Committed turns the live second pass corrected in place."""
+        self._stretch: list[int] = []
+        """Keys of the committed turns waiting to go to the second pass together."""
+        self._stretch_timer: asyncio.TimerHandle | None = None
 
     async def apply(self, decisions: list[Decision]) -> None:
         for decision in decisions:
@@ -115,45 +120,87 @@ class TurnWriter:
     # -- the live second pass (issue 23) ----------------------------------------------------
 
     def _second_pass(self, key: int, turn: CommittedTurn) -> None:
-        """Hand a posted (or revised) turn and its audio to the channel's second pass."""
+        """Add a posted (or revised) turn to the stretch waiting for the channel's second pass:
+        a turn that starts more than `gap` after the stretch's end, or would make it span more
+        than `max_stretch`, sends the stretch off first; `hold` seconds with no new turn send it
+        off as it is."""
         second = self.session.channel.second_pass
-        words = turn.transcription.words
-        if second is None or not words:
+        if second is None or not turn.transcription.words:
             return
-        if turn.text != join_words(w.text for w in words):
-            second.record("skipped_edited")  # a hook's edit stands
+        if key not in self._stretch:
+            span = self._stretch_span()
+            if span is not None and (turn.start - span[1] > second.gap
+                                     or max(span[1], turn.end) - min(span[0], turn.start)
+                                     > second.max_stretch):
+                self.flush_second_pass()
+            self._stretch.append(key)
+        if self._stretch_timer is not None:
+            self._stretch_timer.cancel()
+        self._stretch_timer = asyncio.get_running_loop().call_later(
+            second.hold, self.flush_second_pass)
+
+    def _stretch_span(self) -> tuple[float, float] | None:
+        turns = [t for k in self._stretch if (t := self._by_key.get(k)) is not None]
+        if not turns:
+            return None
+        return min(t.start for t in turns), max(t.end for t in turns)
+
+    def flush_second_pass(self) -> None:
+        """Hand the waiting stretch (the latest version of each of its turns) and its audio to
+        the second pass now (the session's end; `hold` seconds of quiet)."""
+        if self._stretch_timer is not None:
+            self._stretch_timer.cancel()
+            self._stretch_timer = None
+        keys, self._stretch = self._stretch, []
+        second = self.session.channel.second_pass
+        turns = sorted(((k, t) for k in keys if (t := self._by_key.get(k)) is not None
+                        and t.transcription.words), key=lambda kt: kt[1].start)
+        if second is None or not turns:
             return
+        lo, hi = min(t.start for _, t in turns), max(t.end for _, t in turns)
         held = self.session.audio
-        first = max(round(max(0.0, turn.start - second.pad) * held.sample_rate), held.first)
-        audio = held.samples(first, round((turn.end + second.pad) * held.sample_rate))
+        first = max(round(max(0.0, lo - second.pad) * held.sample_rate), held.first)
+        audio = held.samples(first, round((hi + second.pad) * held.sample_rate))
         if not len(audio):
-            return
-        offset = first / held.sample_rate
+            return  # the session's audio is gone (it ended)
         prompt = None
         if second.prompt_turns:
-            before = [t.text for t in self.turns if t is not turn and t.end <= turn.start]
+            stretch = {id(t) for _, t in turns}
+            before = [t.text for t in self.turns if id(t) not in stretch and t.end <= lo]
             prompt = " ".join(before[-second.prompt_turns:]) or None
 
-        async def heard(redecoded: tuple[Word, ...]) -> str:
-            return await self._second_pass_heard(key, turn, redecoded)
+        async def heard(redecoded: tuple[tuple[Word, ...], ...]) -> list[str]:
+            async with self.session._lock:
+                return [await self._second_pass_heard(key, turn, words)
+                        for (key, turn), words in zip(turns, redecoded, strict=True)]
 
-        second.submit(SecondPassJob(self.session.id, audio, offset, words, prompt, heard))
+        second.submit(SecondPassJob(self.session.id, audio, first / held.sample_rate,
+                                    tuple(t.transcription.words for _, t in turns), prompt, heard))
+
+    def drop_second_pass(self) -> None:
+        """Forget the waiting stretch (the session stops without its second pass)."""
+        if self._stretch_timer is not None:
+            self._stretch_timer.cancel()
+            self._stretch_timer = None
+        self._stretch = []
 
     async def _second_pass_heard(self, key: int, turn: CommittedTurn,
                                  words: tuple[Word, ...]) -> str:
-        """The second pass re-decoded `turn`: replace it in place if its words differ."""
-        async with self.session._lock:
-            if self._by_key.get(key) is not turn:
-                return "stale"  # revised meanwhile: the newer version has its own job
-            text = join_words(w.text for w in words)
-            if not text or text == turn.text:
-                return "same"
-            log.info("voice session %s: the second pass corrected a turn: %r -> %r",
-                     self.session.id, turn.text, text)
-            if not await self._update(key, turn, text, words, second_pass=True):
-                return "stale"
-            self.second_pass_corrections += 1
-            return "corrected"
+        """The second pass re-decoded `turn` (with its stretch): replace it in place if its words
+        differ (under the session's lock)."""
+        if self._by_key.get(key) is not turn:
+            return "stale"  # revised meanwhile: the newer version has its own job
+        if turn.text != join_words(w.text for w in turn.transcription.words):
+            return "skipped_edited"  # a hook's edit stands
+        text = join_words(w.text for w in words)
+        if not text or text == turn.text:
+            return "same"
+        log.info("voice session %s: the second pass corrected a turn: %r -> %r",
+                 self.session.id, turn.text, text)
+        if not await self._update(key, turn, text, words, second_pass=True):
+            return "stale"
+        self.second_pass_corrections += 1
+        return "corrected"
 
     async def _update(self, key: int, turn: CommittedTurn, text: str, words: tuple[Word, ...], *,
                       unconfirmed: bool = False, settled_now: bool = False,
