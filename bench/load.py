@@ -293,6 +293,8 @@ class StreamResult:
     """Turns re-sent corrected (`corrected: true`); each counts from its settled version."""
     second_pass_corrected: int = 0
     """Turns the live second pass re-sent (`second_pass: true`; not in the latencies)."""
+    second_pass_latencies: list[float] = field(default_factory=list)
+    """Per second-pass correction: from sending the audio up to the turn's end to receiving it."""
     slowest: list[dict[str, Any]] = field(default_factory=list)
     """The `SLOWEST_KEPT` turns with the largest strict latency (where a tail comes from)."""
     turns_while_streaming: int = 0
@@ -421,6 +423,9 @@ async def _one_device(
     result.turns = len(received)
     result.corrected = sum(1 for _, m in versions if m.corrected and not m.second_pass)
     result.second_pass_corrected = sum(1 for _, m in versions if m.second_pass)
+    if result.second_pass_corrected and sent_wall:
+        result.second_pass_latencies = turn_latencies(
+            [(now, m.end) for now, m in versions if m.second_pass], sent_audio, sent_wall)[1]
     if sent_wall:
         result.turns_while_streaming = sum(
             1 for now, m in versions if not m.corrected and now <= sent_wall[-1]
@@ -455,6 +460,8 @@ class StepResult:
     turns_while_streaming: int = 0
     second_pass_corrected: int = 0
     """Turns the live second pass corrected (`--second-pass`), re-sent after the latencies."""
+    p95_second_pass_latency_s: float | None = None
+    """How late its corrections came: p95 from each corrected turn's own end."""
     """Turns that reached their device while it was still streaming."""
     replies: int = 0
     """The chat model's (or realtime session's) replies the devices got."""
@@ -505,6 +512,9 @@ async def _step(
         ),
         corrected=sum(r.corrected for r in results),
         second_pass_corrected=sum(r.second_pass_corrected for r in results),
+        p95_second_pass_latency_s=round(
+            percentile([x for r in results for x in r.second_pass_latencies], 95), 3)
+        if any(r.second_pass_latencies for r in results) else None,
         slowest_turns=sorted((t for r in results for t in r.slowest),
                              key=lambda t: -float(t["strict_latency_s"]))[:SLOWEST_KEPT],
         cpu_percent_total=round(cpu, 1),
@@ -948,6 +958,10 @@ def _print_run(run: ServerRun, named: bool) -> None:
         f"\nlargest N with strict p95 latency (the p95 by turn end column) < "
         f"{LATENCY_TARGET_S:g} s: {run.largest}"
     )
+    for s in run.steps:
+        if s.second_pass_corrected:
+            print(f"second pass, {s.streams} streams: {s.second_pass_corrected} turns corrected, "
+                  f"p95 {s.p95_second_pass_latency_s} s from a turn's end to its correction")
     if run.flood is not None:
         f = run.flood
         print(

