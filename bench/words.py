@@ -124,6 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the second pass's encoder window (the stretch padded to it; default: Whisper's 30 s)",
     )
     parser.add_argument(
+        "--second-pass-stretch",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the longest stretch of turns the second pass re-decodes together (default 28)",
+    )
+    parser.add_argument(
         "--prompt-turns",
         type=int,
         default=0,
@@ -460,7 +467,9 @@ def run(args: argparse.Namespace) -> int:
             from voice.second_pass import SecondPass
 
             passes = (None if second is None
-                      else SecondPass(second, prompt_turns=args.prompt_turns))
+                      else SecondPass(second, prompt_turns=args.prompt_turns,
+                                      **({} if args.second_pass_stretch is None
+                                         else {"max_stretch": args.second_pass_stretch})))
             try:
                 return await transcribe_audio(
                     audio,

@@ -74,3 +74,21 @@ def test_cli_refuses_bad_audio_with_the_problem_named(tmp_path: Path,
     bad.write_text("not a recording")
     assert main(["transcribe", str(bad), "--no-progress"]) == 2
     assert "not audio" in capsys.readouterr().err
+
+
+def test_cli_front_end_cleans_the_recording_first_and_refuses_an_unknown_one(
+        deepgram_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    demo = meeting(seconds=13.0)
+    wav = tmp_path / "start.wav"
+    sf.write(wav, demo.audio, demo.sample_rate, subtype="PCM_16")
+    monkeypatch.setenv("DEEPGRAM_API_KEY", "test")
+    monkeypatch.setenv("DEEPGRAM_URL", deepgram_url)
+    assert main(["transcribe", str(wav), "--front-end", "reverb", "--no-progress"]) == 2
+    assert "unknown front end 'reverb'" in capsys.readouterr().err
+    code = main(["transcribe", str(wav), "--stt", "deepgram", "--format", "json",
+                 "--front-end", "wpe", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "front end wpe" in captured.err
+    assert [t["text"] for t in json.loads(captured.out)] == [t["text"] for t in demo.turns[:3]]

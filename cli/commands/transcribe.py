@@ -65,6 +65,12 @@ def register(subparsers: Any) -> None:
                              "detected per utterance)")
     parser.add_argument("--realtime", choices=("openai", "gemini", "recorder"), default=None,
                         help="replay the turns into a realtime session and print what it was sent")
+    parser.add_argument("--front-end", default="none", metavar="none|wpe|denoise|wpe+denoise",
+                        help="clean the recording first (voice.frontend: WPE dereverberation "
+                             "with the dereverb extra, noise suppression with the denoise extra; "
+                             "default none, see docs/benchmarks.md for what each does to WER)")
+    parser.add_argument("--front-end-for", choices=("stt", "diarizer", "both"), default="stt",
+                        help="who hears the cleaned recording (default: the recogniser)")
     parser.add_argument("--output", "-o", type=Path, default=None, help="write here instead of stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--config", type=Path, default=None, metavar="chorus.toml",
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from server.config import ConfigError, load_config
     from voice.audio import AudioError, read_audio
+    from voice.frontend import apply_front_end, check_front_end
     from voice.transcribe import format_turns, parse_renames, transcribe_audio
 
     try:
@@ -111,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             from realtime.providers import require_provider
 
             require_provider(args.realtime)  # before the transcription, not after it
+        check_front_end(args.front_end)
         audio, rate = read_audio(args.audio)
         stt = _stt(args)
         diarizer = None
@@ -139,11 +147,18 @@ def run(args: argparse.Namespace) -> int:
         if done > bar.n:
             bar.update(done - bar.n)
 
+    cleaned = audio
+    if args.front_end != "none":
+        print(f"chorus transcribe: front end {args.front_end} ({duration:.0f} s of audio)…",
+              file=sys.stderr)
+        cleaned = apply_front_end(args.front_end, audio, rate)
+    heard = cleaned if args.front_end_for in ("stt", "both") else audio
+    diarized = cleaned if args.front_end_for in ("diarizer", "both") else audio
     try:
         result = asyncio.run(transcribe_audio(
-            audio, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
+            heard, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
             renames=renames, progress=progress, refine_speakers=not args.live_diarization,
-            policy=policy))
+            policy=policy, diarizer_audio=diarized))
     except (ConnectionError, OSError) as exc:
         bar.close()
         print(f"chorus transcribe: error: {args.stt}: {exc}", file=sys.stderr)
