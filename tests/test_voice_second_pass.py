@@ -23,7 +23,7 @@ from models import RoomEvent
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
 from tests.voice_helpers import stream, turns_of, voice_room
 from voice.audio import read_audio
-from voice.channel import TranscriptionEvent, VoiceChannel
+from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
 from voice.second_pass import SecondPass, SecondPassJob, assign_words, chunk_bounds, words_of_turn
 from voice.stt.base import RawWord
 from voice.stt.deepgram import DeepgramSTT
@@ -111,18 +111,24 @@ async def test_a_turn_the_second_pass_hears_differently_is_corrected_in_place_ev
                                       "skipped_edited": 0, "stale": 0, "failed": 0}
 
 
-async def test_turns_close_together_are_re_decoded_as_one_stretch_and_its_words_shared_out() -> None:
-    # "Hello everyone." and "Hi." are 0.4 s apart: one stretch, heard once, ± 0.2 s; the word
-    # heard in the padding after it ("so", 1.62-1.72 s) is nobody's in the stretch
-    recogniser = Scripted({0.1: [("Hello", 0.1, 0.4), ("everyone.", 0.5, 0.95), ("Hi", 1.3, 1.42),
-                                 ("there.", 1.42, 1.55), ("so", 1.62, 1.72)]})
-    second = SecondPass(recogniser)
+async def second_passed(second: SecondPass) -> list[CommittedTurn]:
+    """The scripted meeting's turns through the real Deepgram client, then `second`."""
     async with DeepgramTestServer(script()) as server:
         channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), second_pass=second)
         await room_with(channel)
         session = await channel.start_session("room", "mic-1")
         turns = await turns_of(session, AUDIO, 16000)
     await second.aclose()
+    return turns
+
+
+async def test_turns_close_together_are_re_decoded_as_one_stretch_and_its_words_shared_out() -> None:
+    # "Hello everyone." and "Hi." are 0.4 s apart: one stretch, heard once, ± 0.2 s; the word
+    # heard in the padding after it ("so", 1.62-1.72 s) is nobody's in the stretch
+    recogniser = Scripted({0.1: [("Hello", 0.1, 0.4), ("everyone.", 0.5, 0.95), ("Hi", 1.3, 1.42),
+                                 ("there.", 1.42, 1.55), ("so", 1.62, 1.72)]})
+    second = SecondPass(recogniser)
+    turns = await second_passed(second)
     assert [t.text for t in turns] == ["Hello everyone.", "Hi there."]
     assert [t.transcription.words[-1].speaker for t in turns] == ["Speaker A", "Speaker B"]
     spans = [(round(a, 2), round(b, 2)) for a, b, _ in recogniser.heard]
@@ -133,13 +139,7 @@ async def test_turns_close_together_are_re_decoded_as_one_stretch_and_its_words_
 async def test_a_pause_longer_than_the_gap_starts_another_stretch() -> None:
     recogniser = Scripted({0.1: [("Hello", 0.1, 0.4), ("everybody.", 0.5, 0.9)],
                            1.3: [("Hi.", 1.3, 1.5)]})
-    second = SecondPass(recogniser, gap=0.3, pad=0.1)
-    async with DeepgramTestServer(script()) as server:
-        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), second_pass=second)
-        await room_with(channel)
-        session = await channel.start_session("room", "mic-1")
-        turns = await turns_of(session, AUDIO, 16000)
-    await second.aclose()
+    turns = await second_passed(SecondPass(recogniser, gap=0.3, pad=0.1))
     assert [t.text for t in turns] == ["Hello everybody.", "Hi."]
     spans = [(round(a, 2), round(b, 2)) for a, b, _ in recogniser.heard]
     assert spans == [(0.0, 1.0), (1.2, 1.6)]

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from cli.main import main
-from tests.voice_helpers import MEETING_DIR, meeting
+from tests.voice_helpers import MEETING_DIR, Meeting, meeting
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords, ThreadedServer
 from voice.transcribe import Turn, clock, format_turns, parse_renames
 
@@ -50,14 +50,21 @@ def deepgram_url() -> Iterator[str]:
     running.stop()
 
 
-def test_cli_deepgram_json_with_rename(deepgram_url: str, tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def demo_start(deepgram_url: str, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[Meeting, Path]:
+    """The demo meeting's first 13 s as a WAV, and the CLI's Deepgram pointed at the stand-in."""
     demo = meeting(seconds=13.0)
     wav = tmp_path / "start.wav"
     sf.write(wav, demo.audio, demo.sample_rate, subtype="PCM_16")
     monkeypatch.setenv("DEEPGRAM_API_KEY", "test")
     monkeypatch.setenv("DEEPGRAM_URL", deepgram_url)
+    return demo, wav
+
+
+def test_cli_deepgram_json_with_rename(deepgram_url: str, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    demo, wav = demo_start(deepgram_url, tmp_path, monkeypatch)
     code = main(["transcribe", str(wav), "--stt", "deepgram", "--format", "json",
                  "--rename", "Speaker A=Alice", "--no-progress"])
     out = capsys.readouterr().out
@@ -79,11 +86,7 @@ def test_cli_refuses_bad_audio_with_the_problem_named(tmp_path: Path,
 def test_cli_front_end_cleans_the_recording_first_and_refuses_an_unknown_one(
         deepgram_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    demo = meeting(seconds=13.0)
-    wav = tmp_path / "start.wav"
-    sf.write(wav, demo.audio, demo.sample_rate, subtype="PCM_16")
-    monkeypatch.setenv("DEEPGRAM_API_KEY", "test")
-    monkeypatch.setenv("DEEPGRAM_URL", deepgram_url)
+    demo, wav = demo_start(deepgram_url, tmp_path, monkeypatch)
     assert main(["transcribe", str(wav), "--front-end", "reverb", "--no-progress"]) == 2
     assert "unknown front end 'reverb'" in capsys.readouterr().err
     code = main(["transcribe", str(wav), "--stt", "deepgram", "--format", "json",
