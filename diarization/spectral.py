@@ -10,7 +10,7 @@ the smallest ratio (p / N) / g_p with g_p the largest gap normalised by the larg
 is the one used. The speaker count is that graph's eigengap position; the labels are k-means on
 its first k eigenvectors (rows normalised).
 
-Numpy and scipy only (`scipy.linalg.eigh`, `scipy.cluster.vq.kmeans2` with a fixed seed, so the
+Numpy and scipy only (`numpy.linalg.eigh`, `scipy.cluster.vq.kmeans2` with a fixed seed, so the
 labels are deterministic). Google's `spectralcluster` package implements the same method but
 brings scikit-learn and no types; the method is this page long.
 """
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from scipy.cluster.vq import kmeans2
-from scipy.linalg import eigh
 from scipy.sparse.csgraph import connected_components
 
 FloatArray = npt.NDArray[np.float64]
@@ -78,14 +77,15 @@ def laplacian_spectrum(
     np.fill_diagonal(a, 0.0)
     laplacian = np.diag(a.sum(axis=1)) - a
     n = len(laplacian)
+    # numpy's eigh (LAPACK syevd): scipy 1.17's subset drivers (evr, evx) fail to converge on
+    # these pruned 0/1 graphs, whose eigenvalues come in tight clusters
+    values, vectors = np.linalg.eigh(laplacian)
+    values, vectors = np.asarray(values, np.float64), np.asarray(vectors, np.float64)
     if smallest is None or smallest + 1 >= n:
-        values, vectors = eigh(laplacian)
-        return np.asarray(values, np.float64), np.asarray(vectors, np.float64)
-    values, vectors = eigh(laplacian, subset_by_index=[0, smallest - 1])
-    top = eigh(laplacian, eigvals_only=True, subset_by_index=[n - 1, n - 1])
+        return values, vectors
     return (
-        np.concatenate([np.asarray(values, np.float64), np.asarray(top, np.float64)]),
-        np.concatenate([np.asarray(vectors, np.float64), np.zeros((n, 1))], axis=1),
+        np.concatenate([values[:smallest], values[-1:]]),
+        np.concatenate([vectors[:, :smallest], np.zeros((n, 1))], axis=1),
     )
 
 
