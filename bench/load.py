@@ -458,11 +458,11 @@ class StepResult:
     rss_per_stream_mib: float
     errors: list[str]
     turns_while_streaming: int = 0
+    """Turns that reached their device while it was still streaming."""
     second_pass_corrected: int = 0
     """Turns the live second pass corrected (`--second-pass`), re-sent after the latencies."""
     p95_second_pass_latency_s: float | None = None
     """How late its corrections came: p95 from each corrected turn's own end."""
-    """Turns that reached their device while it was still streaming."""
     replies: int = 0
     """The chat model's (or realtime session's) replies the devices got."""
     refused: int = 0

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from models.extras import require
+from voice.frontend import LISTENERS
 
 FIXTURES = Path(
     os.environ.get(
@@ -104,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--front-end-for",
-        choices=("stt", "diarizer", "both"),
+        choices=LISTENERS,
         default="stt",
         help="who hears the cleaned audio: the recogniser (default), the diarizer, or both",
     )
@@ -445,7 +446,7 @@ def run(args: argparse.Namespace) -> int:
         return choose(args.choose)
     from diarization import load_stage  # type: ignore[attr-defined,unused-ignore]
     from voice.audio import read_audio
-    from voice.frontend import apply_front_end, check_front_end
+    from voice.frontend import check_front_end, front_end_audio
     from voice.transcribe import transcribe_audio
 
     check_front_end(args.front_end)
@@ -458,10 +459,8 @@ def run(args: argparse.Namespace) -> int:
     for path in files:
         audio, rate = read_audio(path)
         started = time.perf_counter()
-        cleaned = apply_front_end(args.front_end, audio, rate)
+        heard, diarized = front_end_audio(args.front_end, args.front_end_for, audio, rate)
         front_end_s = time.perf_counter() - started
-        heard = cleaned if args.front_end_for in ("stt", "both") else audio
-        diarized = cleaned if args.front_end_for in ("diarizer", "both") else audio
 
         async def once(audio: Any = heard, rate: int = rate, diarized: Any = diarized) -> Any:
             from voice.second_pass import SecondPass

@@ -24,7 +24,7 @@ from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, Ro
 from tests.voice_helpers import stream, turns_of, voice_room
 from voice.audio import read_audio
 from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
-from voice.second_pass import SecondPass, SecondPassJob, assign_words, chunk_bounds, words_of_turn
+from voice.second_pass import SecondPass, SecondPassJob, assign_words, chunk_bounds
 from voice.stt.base import RawWord
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer, ScriptedWords, SpokenWord
@@ -262,9 +262,9 @@ def test_a_re_decoded_word_belongs_to_the_turn_when_its_middle_is_in_the_turns_s
     first = (Word("a", 1.0, 1.5, speaker="Speaker B"), Word("b", 1.6, 2.0, speaker="Speaker B"))
     heard = [RawWord("x", 0.5, 0.8), RawWord("a", 0.9, 1.4), RawWord("b", 1.6, 2.05),
              RawWord("y", 2.1, 2.4)]
-    assert [(w.text, w.speaker) for w in words_of_turn(heard, first)] == [
-        ("a", "Speaker B"), ("b", "Speaker B")]
-    assert words_of_turn(heard, ()) == ()
+    [mine] = assign_words(heard, [first])
+    assert [(w.text, w.speaker) for w in mine] == [("a", "Speaker B"), ("b", "Speaker B")]
+    assert assign_words(heard, [()]) == ((),)
 
 
 def test_a_stretchs_words_go_to_the_turn_whose_first_pass_word_is_nearest() -> None:

@@ -27,6 +27,11 @@ FloatAudio = npt.NDArray[np.float32]
 
 FRONT_ENDS = ("none", "wpe", "denoise", "wpe+denoise")
 """The names `front_end` takes (`+`: one after the other, in that order)."""
+LISTENERS = ("stt", "diarizer", "both")
+"""Who may hear the cleaned recording (`for_`): the recogniser, the diarizer, or both."""
+_EXTRA = {"wpe": ("dereverb", "the WPE front end"),
+          "denoise": ("denoise", "the noise-suppression front end")}
+"""Each step's extra, and what needs it (`models.extras.require`)."""
 
 
 def dereverberate(audio: FloatAudio, sample_rate: int, *, taps: int = 10, delay: int = 3,
@@ -34,7 +39,7 @@ def dereverberate(audio: FloatAudio, sample_rate: int, *, taps: int = 10, delay:
     """`audio` with its late reverberation removed (WPE, `nara-wpe`; one channel). `taps` and
     `delay` are in STFT frames of `stft_shift` samples (at 16 kHz: 8 ms a frame, the filter
     looking 24–104 ms back); the defaults are nara-wpe's own examples'."""
-    require("dereverb", "the WPE front end")
+    require(*_EXTRA["wpe"])
     from nara_wpe.utils import istft, stft
     from nara_wpe.wpe import wpe
 
@@ -53,7 +58,7 @@ def dereverberate(audio: FloatAudio, sample_rate: int, *, taps: int = 10, delay:
 def denoise(audio: FloatAudio, sample_rate: int) -> FloatAudio:
     """`audio` with stationary and slowly changing noise gated out (`noisereduce`, non-stationary
     mode; one thread)."""
-    require("denoise", "the noise-suppression front end")
+    require(*_EXTRA["denoise"])
     import noisereduce
 
     x = np.asarray(audio, np.float32)
@@ -75,10 +80,8 @@ def check_front_end(name: str) -> None:
     if name not in FRONT_ENDS:
         raise ValueError(f"unknown front end {name!r}: one of {', '.join(FRONT_ENDS)}")
     for step in name.split("+"):
-        if step == "wpe":
-            require("dereverb", "the WPE front end")
-        elif step == "denoise":
-            require("denoise", "the noise-suppression front end")
+        if step != "none":
+            require(*_EXTRA[step])
 
 
 def apply_front_end(name: str, audio: FloatAudio, sample_rate: int) -> FloatAudio:
@@ -92,4 +95,16 @@ def apply_front_end(name: str, audio: FloatAudio, sample_rate: int) -> FloatAudi
     return audio
 
 
-__all__ = ["FRONT_ENDS", "apply_front_end", "check_front_end", "denoise", "dereverberate"]
+def front_end_audio(name: str, for_: str, audio: FloatAudio,
+                    sample_rate: int) -> tuple[FloatAudio, FloatAudio]:
+    """(what the recogniser hears, what the diarizer hears): `audio` through the front end
+    `name` for the listeners `for_` names (`LISTENERS`), the recording itself for the other."""
+    if for_ not in LISTENERS:
+        raise ValueError(f"unknown listener {for_!r}: one of {', '.join(LISTENERS)}")
+    cleaned = apply_front_end(name, audio, sample_rate)
+    return (cleaned if for_ in ("stt", "both") else audio,
+            cleaned if for_ in ("diarizer", "both") else audio)
+
+
+__all__ = ["FRONT_ENDS", "LISTENERS", "apply_front_end", "check_front_end", "denoise",
+           "dereverberate", "front_end_audio"]

@@ -147,13 +147,6 @@ def assign_words(redecoded: Sequence[RawWord], turns: Sequence[Sequence[Word]],
     return tuple(tuple(x) for x in out)
 
 
-def words_of_turn(redecoded: Sequence[RawWord], first: Sequence[Word],
-                  tolerance: float = SPAN_TOLERANCE) -> tuple[Word, ...]:
-    """The re-decoded words that belong to a lone turn whose first-pass words are `first`
-    (`assign_words` for a stretch of one)."""
-    return assign_words(redecoded, [first], tolerance)[0] if first else ()
-
-
 def chunk_bounds(words: Sequence[Word], offset: float, duration: float,
                  max_chunk: float = MAX_CHUNK) -> list[tuple[float, float]]:
     """Where to decode a stretch's audio (session times from `offset` over `duration`): in one
@@ -254,9 +247,9 @@ class SecondPass:
             except asyncio.CancelledError:
                 pass
 
-    def record(self, outcome: str, turns: int = 1) -> None:
-        """Count `turns` turns' outcome (a `SecondPassStats` field name)."""
-        setattr(self.stats, outcome, getattr(self.stats, outcome) + turns)
+    def record(self, outcome: str) -> None:
+        """Count one turn's outcome (a `SecondPassStats` field name)."""
+        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
 
     def _finish(self, job: SecondPassJob, outcome: str | list[str]) -> None:
         """Count the job's turns' outcomes (one for all of them, or one each) and say so."""
@@ -318,4 +311,4 @@ class SecondPass:
 
 
 __all__ = ["MAX_CHUNK", "SPAN_TOLERANCE", "STRETCH_GAP", "STRETCH_HOLD", "Redecoder", "SecondPass",
-           "SecondPassJob", "SecondPassStats", "assign_words", "chunk_bounds", "words_of_turn"]
+           "SecondPassJob", "SecondPassStats", "assign_words", "chunk_bounds"]

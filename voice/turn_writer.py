@@ -148,10 +148,8 @@ class TurnWriter:
     def flush_second_pass(self) -> None:
         """Hand the waiting stretch (the latest version of each of its turns) and its audio to
         the second pass now (the session's end; `hold` seconds of quiet)."""
-        if self._stretch_timer is not None:
-            self._stretch_timer.cancel()
-            self._stretch_timer = None
-        keys, self._stretch = self._stretch, []
+        keys = self._stretch
+        self.drop_second_pass()
         second = self.session.channel.second_pass
         turns = sorted(((k, t) for k in keys if (t := self._by_key.get(k)) is not None
                         and t.transcription.words), key=lambda kt: kt[1].start)

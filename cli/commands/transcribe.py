@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from voice.frontend import LISTENERS
 from voice.transcribe import FORMATS
 
 
@@ -69,7 +70,7 @@ def register(subparsers: Any) -> None:
                         help="clean the recording first (voice.frontend: WPE dereverberation "
                              "with the dereverb extra, noise suppression with the denoise extra; "
                              "default none, see docs/benchmarks.md for what each does to WER)")
-    parser.add_argument("--front-end-for", choices=("stt", "diarizer", "both"), default="stt",
+    parser.add_argument("--front-end-for", choices=LISTENERS, default="stt",
                         help="who hears the cleaned recording (default: the recogniser)")
     parser.add_argument("--output", "-o", type=Path, default=None, help="write here instead of stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from server.config import ConfigError, load_config
     from voice.audio import AudioError, read_audio
-    from voice.frontend import apply_front_end, check_front_end
+    from voice.frontend import check_front_end, front_end_audio
     from voice.transcribe import format_turns, parse_renames, transcribe_audio
 
     try:
@@ -147,13 +148,10 @@ def run(args: argparse.Namespace) -> int:
         if done > bar.n:
             bar.update(done - bar.n)
 
-    cleaned = audio
     if args.front_end != "none":
         print(f"chorus transcribe: front end {args.front_end} ({duration:.0f} s of audio)…",
               file=sys.stderr)
-        cleaned = apply_front_end(args.front_end, audio, rate)
-    heard = cleaned if args.front_end_for in ("stt", "both") else audio
-    diarized = cleaned if args.front_end_for in ("diarizer", "both") else audio
+    heard, diarized = front_end_audio(args.front_end, args.front_end_for, audio, rate)
     try:
         result = asyncio.run(transcribe_audio(
             heard, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
