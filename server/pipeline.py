@@ -643,9 +643,11 @@ async def build_pipeline(
         await asyncio.to_thread(default_embedding_model)
         # live streams: the CAM++ trunk (exported once) and the model service they all share,
         # which batches every stream's windows into one segmentation and one embedding call
-        from diarization.live_models import default_live_models
+        from diarization.live import configure_default_service
 
-        await asyncio.to_thread(default_live_models)
+        await asyncio.to_thread(configure_default_service,
+                                precision=config.diarizer.live_precision,
+                                workers=config.diarizer.live_workers)
     load = getattr(stt, "load", None)
     if load is not None:
         await load()  # Whisper: the model, in a worker thread

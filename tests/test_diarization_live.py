@@ -471,3 +471,43 @@ def test_windows_a_stream_abandoned_are_skipped_by_the_worker() -> None:
         assert service.served == 4
     finally:
         service.close()
+
+
+def test_two_workers_run_two_streams_rounds_at_once(sample: np.ndarray, models: LiveModels) -> None:
+    """Issue 31: one worker's model calls use one core; with two, a second stream's round runs
+    while the first's is still in its model call (and `close` stops both)."""
+    inside = threading.Barrier(2, timeout=120)
+    first_in = threading.Event()
+
+    class Meeting(LiveModels):
+        def __init__(self, inner: LiveModels) -> None:
+            self.__dict__.update(inner.__dict__)
+
+        def segment(self, windows: np.ndarray) -> np.ndarray:
+            first_in.set()
+            inside.wait()  # both rounds in a model call at the same moment, or BrokenBarrierError
+            return super().segment(windows)
+
+    service = ModelService(Meeting(models), workers=2)
+    stages = [LiveDiarizer(service) for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def feed(stage: LiveDiarizer) -> None:
+        try:
+            stage.feed(sample[: RATE * 5 + RATE // 2])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=feed, args=(stage,)) for stage in stages]
+    try:
+        threads[0].start()
+        assert first_in.wait(120)
+        threads[1].start()
+        for t in threads:
+            t.join(180)
+    finally:
+        workers = list(service._threads)
+        service.close()
+    assert not errors, errors
+    assert len(workers) == 2 and not any(w.is_alive() for w in workers)
+    assert service.calls.batches == 2 and service.calls.windows == 2 * 11
