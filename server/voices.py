@@ -30,7 +30,7 @@ from rooms.voices import RememberedVoice, VoiceStore, pack_vector
 from server.config import VoicesConfig
 from server.room_state import LiveRoom, LiveStream
 from voice.centroids import unit_or_none
-from voice.identify import IdentifySettings, KnownVoice, StreamVoices
+from voice.identify import IdentifySettings, KnownVoice, StreamVoices, known_voices
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +87,8 @@ class VoiceDirectory:
 
     def _take(self, voices: list[RememberedVoice]) -> None:
         self._voices = {v.id: v for v in voices}
-        known: dict[str, list[KnownVoice]] = {}
-        for voice in voices:
-            by_model: dict[str, list[np.ndarray]] = {}
-            for p in voice.prints:
-                unit = unit_or_none(np.asarray(p.values, dtype=np.float32))
-                if unit is not None:
-                    by_model.setdefault(p.model, []).append(unit)
-            for model, rows in by_model.items():
-                known.setdefault(model, []).append(
-                    KnownVoice(voice.id, voice.name, np.stack(rows).astype(np.float32))
-                )
-        self._known = known
+        models = dict.fromkeys(p.model for v in voices for p in v.prints)
+        self._known = {model: known_voices(voices, model) for model in models}
 
     def anchors_for(self, model: str, stream: LiveStream | None = None) -> dict[str, np.ndarray]:
         """Each person with prints of `model` (but those a voice of `stream` is named already):
