@@ -367,6 +367,25 @@ def _choose(
     return fixed_auto, min(costs, key=lambda s: (costs[s], -s))
 
 
+def _fold_at(
+    test: list[tuple[str, Meeting, list[KnownVoice]]], held: str, settings: IdentifySettings
+) -> dict[str, Any]:
+    """A held-out fold's errors at `settings` (the figures of the fold table)."""
+    outcomes = [name_meeting(m, d, settings) for _, m, d in test]
+    miss, wrong, miss_s, wrong_s = _rates(outcomes)
+    stranger = sum(o.strangers_named.get(held, 0) for o in outcomes)
+    stranger_time = sum(o.strangers.get(held, 0) for o in outcomes) or 1
+    own_voice = [o.strangers_voice[held] for o in outcomes if held in o.strangers_voice]
+    return {
+        "miss": miss,
+        "wrong": wrong,
+        "miss_named_or_suggested": miss_s,
+        "wrong_with_suggestions": wrong_s,
+        "held_out_named": stranger / stranger_time,
+        "held_out_voice_named": sum(v is not None for v in own_voice),
+    }
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:5.1f} %"
 
@@ -491,6 +510,7 @@ def run(args: argparse.Namespace) -> int:
                 "miss_named_or_suggested": miss_s,
                 "wrong_with_suggestions": wrong_s,
                 "held_out_named": stranger / stranger_time,
+                **({"at_defaults": _fold_at(test, held, IdentifySettings())} if batch else {}),
             }
         )
     auto, suggest = _choose(trials)
@@ -509,6 +529,18 @@ def run(args: argparse.Namespace) -> int:
             f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}        "
             f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings"
         )
+    if batch:
+        print("the same held-out folds at the [voices] defaults (what --voices uses), auto "
+              f"{IdentifySettings().auto:.2f}, suggest {IdentifySettings().suggest:.2f}:")
+        for f in folds:
+            d = f["at_defaults"]
+            print(
+                f"{f['held_out']:8}  {IdentifySettings().auto:.2f}  "
+                f"{IdentifySettings().suggest:.2f}     {_pct(d['miss'])}  {_pct(d['wrong'])}  "
+                f"{_pct(d['miss_named_or_suggested'])}  {_pct(d['wrong_with_suggestions'])}   "
+                f"{_pct(d['held_out_named'])}        {d['held_out_voice_named']} of "
+                f"{f['held_out_meetings']} meetings"
+            )
     print(
         f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f} (folds: auto "
         f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "

@@ -271,3 +271,22 @@ def test_a_store_that_is_held_or_unreadable_stops_the_command_first(
                  "--config", str(config)]) == 2
     assert "chorus diarize: error:" in capsys.readouterr().err
     assert not (tmp_path / "x.rttm").exists()
+
+
+def test_the_batch_bench_names_meeting_b_as_the_commands_do(diarized: Diarized) -> None:
+    """`chorus bench voices --path batch`: one feed at the end, every stretch under the name
+    its label ended with; the remembered voices named, the new one keeping its letter."""
+    from bench.voices import batch_meeting, name_meeting
+    from tests.conftest import SHARED_FIXTURES
+    from voice.identify import known_voices
+
+    meeting = batch_meeting(diarized.stage, diarized.audio, MEETING,
+                            SHARED_FIXTURES / f"{MEETING}.rttm")
+    [fed] = meeting.fed
+    assert fed.prints.model == diarized.stage.live_model
+    voices = directory(diarized, *REMEMBERED)
+    outcome = name_meeting(meeting, known_voices(voices, fed.prints.model), SURE)
+    assert sorted(outcome.own) == sorted(REMEMBERED)
+    assert all(outcome.named[s] / outcome.own[s] > 0.7 for s in REMEMBERED)
+    assert outcome.strangers_voice == {NEW: None}
+    assert outcome.wrong / outcome.speech < 0.02
