@@ -217,6 +217,23 @@ def test_diarize_keeps_the_letter_of_a_likely_voice_and_says_the_suggestion(
     assert "— maybe LS1688? (voice directory)" in out and "— maybe LS1998?" in out
 
 
+def test_diarize_never_names_a_voice_forgotten_with_chorus_voices_forget(
+    remembered: Path, shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["voices", "--config", str(remembered), "list"]) == 0
+    [ls1688] = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()
+                if "\tLS1688\t" in line]
+    assert main(["voices", "--config", str(remembered), "forget", ls1688]) == 0
+    rttm = tmp_path / "b.rttm"
+    audio = str(shared_fixtures / f"{MEETING}.flac")
+    assert main(["diarize", audio, "--rttm", str(rttm), "--voices",
+                 "--config", str(remembered)]) == 0
+    out = capsys.readouterr().out
+    speakers = {line.split()[7] for line in rttm.read_text().splitlines()}
+    assert "LS1688" not in speakers and "LS1998" in speakers
+    assert "LS1688" not in out
+
+
 def test_diarize_without_voices_never_reads_the_directory(
     remembered: Path, shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
