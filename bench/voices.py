@@ -27,6 +27,17 @@ Measured:
   their speech time named correctly, and named-or-suggested correctly; the time from their
   first word to the first correct name; the share of all speech given a wrong name; and the
   time the speaker only B has is given any remembered name.
+
+`--path batch` measures the same for `chorus transcribe --voices` / `chorus diarize --voices`:
+each meeting diarized once, whole, by the batch pipeline (`EmbeddedStage.diarize`; no anchors,
+so one run per meeting serves every directory), each of its speakers printed again on the live
+model from their lone speech (`diarization.directory.speaker_prints`) and the tiers run once over
+the whole recording (`voice.identify.identify_once`, through the same `StreamVoices.update`):
+one feed at the end, every stretch read under the name its label ended with. "Remembered from
+meeting A" keeps each batch speaker's print of A, as `chorus voices` would from it with
+≥ `min_speech_s` of lone speech. The first-name times are not a batch figure (a whole file is
+named at once) and are not printed. The pair is scored at the `[voices]` defaults (what
+`--voices` uses) and at the thresholds the batch folds chose, when those differ.
 """
 
 from __future__ import annotations
@@ -95,6 +106,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the LibriSpeech meetings fixture (manifest.json, RTTMs, clips)",
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--render",
+        choices=("far", "close"),
+        default="far",
+        help="the meetings' render: far (a table microphone in a room, default) or close",
+    )
+    parser.add_argument(
+        "--path",
+        choices=("live", "batch"),
+        default="live",
+        help="live: the live stage fed in 0.5 s steps, as `chorus serve` (default); batch: the "
+        "whole file diarized, then named once, as `chorus transcribe|diarize --voices`",
+    )
 
 
 def _frames(t: float) -> int:
@@ -152,6 +176,23 @@ def run_meeting(
         )
     timeline = stage.flush()
     meeting.fed.append(Fed(duration, stage.speaker_prints(), _delta(seen, timeline)))
+    meeting.seconds = time.perf_counter() - began
+    return meeting
+
+
+def batch_meeting(
+    stage: Any, audio: npt.NDArray[np.float32], name: str, reference: Path
+) -> Meeting:
+    """The whole recording through the batch pipeline, its speakers printed on the live model
+    (`diarization.directory`): one feed at the end holding every stretch (module docstring)."""
+    from diarization.directory import speaker_prints
+
+    duration = len(audio) / RATE
+    meeting = Meeting(name, duration, _reference(reference, duration))
+    began = time.perf_counter()
+    timeline = stage.diarize(audio)
+    prints = speaker_prints(stage, audio, timeline)
+    meeting.fed.append(Fed(duration, prints, [(s.speaker, s.start, s.end) for s in timeline]))
     meeting.seconds = time.perf_counter() - began
     return meeting
 
@@ -326,8 +367,84 @@ def _choose(
     return fixed_auto, min(costs, key=lambda s: (costs[s], -s))
 
 
+def _fold_at(
+    test: list[tuple[str, Meeting, list[KnownVoice]]], held: str, settings: IdentifySettings
+) -> dict[str, Any]:
+    """A held-out fold's errors at `settings` (the figures of the fold table)."""
+    outcomes = [name_meeting(m, d, settings) for _, m, d in test]
+    miss, wrong, miss_s, wrong_s = _rates(outcomes)
+    stranger = sum(o.strangers_named.get(held, 0) for o in outcomes)
+    stranger_time = sum(o.strangers.get(held, 0) for o in outcomes) or 1
+    own_voice = [o.strangers_voice[held] for o in outcomes if held in o.strangers_voice]
+    return {
+        "miss": miss,
+        "wrong": wrong,
+        "miss_named_or_suggested": miss_s,
+        "wrong_with_suggestions": wrong_s,
+        "held_out_named": stranger / stranger_time,
+        "held_out_voice_named": sum(v is not None for v in own_voice),
+    }
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:5.1f} %"
+
+
+def _pair(
+    meeting: Any,
+    conditions: dict[str, list[KnownVoice]],
+    settings: IdentifySettings,
+    b_name: str,
+    in_a: list[str],
+    *,
+    batch: bool,
+) -> dict[str, Any]:
+    """Meeting B named by each directory of `conditions` at `settings`; printed and returned."""
+    out: dict[str, Any] = {}
+    print(
+        f"\nmeeting B ({b_name}) at auto {settings.auto:.2f}, suggest {settings.suggest:.2f}; directory: "
+        f"the speakers of meeting A ({', '.join(in_a)})"
+    )
+    for label, directory in conditions.items():
+        b = meeting(b_name, directory, label)
+        o = name_meeting(b, directory, settings)
+        row: dict[str, Any] = {"directory": [v.id for v in directory], "speakers": {}}
+        print(f"  {label}: {len(directory)} voices")
+        for s in sorted(o.own):
+            share = o.named[s] / o.own[s]
+            either = o.named_or_suggested[s] / o.own[s]
+            row["speakers"][s] = {
+                "named": share,
+                "named_or_suggested": either,
+                "first_named_after_s": None if batch else o.first_named[s],
+                "first_suggested_after_s": None if batch else o.first_suggested[s],
+                "speech_s": o.own[s] * GRID_S,
+            }
+            when = "" if batch else (
+                f"; first name {o.first_named[s]} s after they began, first suggestion "
+                f"{o.first_suggested[s]} s"
+            )
+            print(
+                f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
+                f"suggested {_pct(either)}{when}"
+            )
+        row["wrong"] = o.wrong / o.speech
+        row["wrong_suggested"] = o.wrong_suggested / o.speech
+        row["strangers_named"] = {
+            s: o.strangers_named[s] / max(o.strangers[s], 1) for s in o.strangers
+        }
+        row["strangers_voice_named"] = o.strangers_voice
+        print(
+            f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
+            f"{_pct(row['wrong_suggested'])}; speech of speakers not remembered given a "
+            "name: "
+            + ", ".join(
+                f"{s} {_pct(v)} (their own voice: {o.strangers_voice[s] or 'its letter'})"
+                for s, v in row["strangers_named"].items()
+            )
+        )
+        out[label] = row
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -338,10 +455,19 @@ def run(args: argparse.Namespace) -> int:
     manifest = json.loads((folder / "manifest.json").read_text())
     stage = EmbeddedStage()
     audio_of: dict[str, Any] = {}
+    batch = getattr(args, "path", "live") == "batch"
+    batched: dict[str, Meeting] = {}
 
     def meeting(name: str, directory: Sequence[KnownVoice], why: str) -> Meeting:
         if name not in audio_of:
             audio_of[name] = read_audio_16k(folder / f"{name}.flac")
+        if batch:  # no anchors: one run of a meeting serves every directory
+            if name not in batched:
+                batched[name] = batch_meeting(stage, audio_of[name], name, folder / f"{name}.rttm")
+                m = batched[name]
+                print(f"  {name}: {m.duration:.0f} s through the batch pipeline and printed in "
+                      f"{m.seconds:.1f} s", flush=True)
+            return batched[name]
         m = run_meeting(stage, audio_of[name], name, folder / f"{name}.rttm", directory)
         print(
             f"  {name} ({why}): {m.duration:.0f} s through the live stage in {m.seconds:.1f} s",
@@ -351,7 +477,8 @@ def run(args: argparse.Namespace) -> int:
 
     enrollment = manifest["enrollment"]
     speakers = sorted(e["speaker"] for e in enrollment)
-    far = [e["id"] for e in manifest["files"] if e["id"].endswith("_far")]
+    render = getattr(args, "render", "far")
+    far = [e["id"] for e in manifest["files"] if e["id"].endswith(f"_{render}")]
     # -- thresholds: leave one speaker out ------------------------------------------------
     directories = {
         h: _clip_voices(stage, folder, enrollment, ("close", "far"), without=h) for h in speakers
@@ -383,11 +510,12 @@ def run(args: argparse.Namespace) -> int:
                 "miss_named_or_suggested": miss_s,
                 "wrong_with_suggestions": wrong_s,
                 "held_out_named": stranger / stranger_time,
+                **({"at_defaults": _fold_at(test, held, IdentifySettings())} if batch else {}),
             }
         )
     auto, suggest = _choose(trials)
     print(
-        "\nleave-one-speaker-out over the far renders (directory: the other speakers' clips, "
+        f"\nleave-one-speaker-out over the {render} renders (directory: the other speakers' clips, "
         "close + far prints)"
     )
     print(
@@ -401,6 +529,18 @@ def run(args: argparse.Namespace) -> int:
             f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}        "
             f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings"
         )
+    if batch:
+        print("the same held-out folds at the [voices] defaults (what --voices uses), auto "
+              f"{IdentifySettings().auto:.2f}, suggest {IdentifySettings().suggest:.2f}:")
+        for f in folds:
+            d = f["at_defaults"]
+            print(
+                f"{f['held_out']:8}  {IdentifySettings().auto:.2f}  "
+                f"{IdentifySettings().suggest:.2f}     {_pct(d['miss'])}  {_pct(d['wrong'])}  "
+                f"{_pct(d['miss_named_or_suggested'])}  {_pct(d['wrong_with_suggestions'])}   "
+                f"{_pct(d['held_out_named'])}        {d['held_out_voice_named']} of "
+                f"{f['held_out_meetings']} meetings"
+            )
     print(
         f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f} (folds: auto "
         f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
@@ -408,10 +548,10 @@ def run(args: argparse.Namespace) -> int:
     )
     # -- the voiceprint pair -------------------------------------------------------------
     pair = manifest["voiceprint_pair"]
-    a = meeting(pair["files"]["far"]["A"], (), "meeting A, nobody remembered yet")
+    a = meeting(pair["files"][render]["A"], (), "meeting A, nobody remembered yet")
     in_a = sorted(a.reference)
     conditions = {
-        "remembered from meeting A (far)": remembered_from(a),
+        f"remembered from meeting A ({render})": remembered_from(a),
         "enrolled from close clips": [
             v for v in _clip_voices(stage, folder, enrollment, ("close",)) if v.id in in_a
         ],
@@ -419,49 +559,22 @@ def run(args: argparse.Namespace) -> int:
             v for v in _clip_voices(stage, folder, enrollment, ("far",)) if v.id in in_a
         ],
     }
-    settings = IdentifySettings(auto=auto, suggest=suggest)
-    report: dict[str, Any] = {"auto": auto, "suggest": suggest, "folds": folds, "pair": {}}
-    b_name = pair["files"]["far"]["B"]
-    print(
-        f"\nmeeting B ({b_name}) at auto {auto:.2f}, suggest {suggest:.2f}; directory: "
-        f"the speakers of meeting A ({', '.join(in_a)})"
-    )
-    for label, directory in conditions.items():
-        b = meeting(b_name, directory, label)
-        o = name_meeting(b, directory, settings)
-        row: dict[str, Any] = {"directory": [v.id for v in directory], "speakers": {}}
-        print(f"  {label}: {len(directory)} voices")
-        for s in sorted(o.own):
-            share = o.named[s] / o.own[s]
-            either = o.named_or_suggested[s] / o.own[s]
-            row["speakers"][s] = {
-                "named": share,
-                "named_or_suggested": either,
-                "first_named_after_s": o.first_named[s],
-                "first_suggested_after_s": o.first_suggested[s],
-                "speech_s": o.own[s] * GRID_S,
-            }
-            print(
-                f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
-                f"suggested {_pct(either)}; first name {o.first_named[s]} s after they "
-                f"began, first suggestion {o.first_suggested[s]} s"
-            )
-        row["wrong"] = o.wrong / o.speech
-        row["wrong_suggested"] = o.wrong_suggested / o.speech
-        row["strangers_named"] = {
-            s: o.strangers_named[s] / max(o.strangers[s], 1) for s in o.strangers
-        }
-        row["strangers_voice_named"] = o.strangers_voice
-        print(
-            f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
-            f"{_pct(row['wrong_suggested'])}; speech of speakers not remembered given a "
-            "name: "
-            + ", ".join(
-                f"{s} {_pct(v)} (their own voice: {o.strangers_voice[s] or 'its letter'})"
-                for s, v in row["strangers_named"].items()
-            )
+    report: dict[str, Any] = {
+        "path": "batch" if batch else "live", "auto": auto, "suggest": suggest, "folds": folds,
+        "pair": {},
+    }
+    b_name = pair["files"][render]["B"]
+    tiers = [IdentifySettings(auto=auto, suggest=suggest)]
+    if batch and (auto, suggest) != (IdentifySettings().auto, IdentifySettings().suggest):
+        tiers.insert(0, IdentifySettings())  # what `--voices` uses: the [voices] defaults
+        report["pair_at"] = {}
+    for settings in tiers:
+        pair_report = _pair(
+            meeting, conditions, settings, b_name, in_a, batch=batch
         )
-        report["pair"][label] = row
+        if "pair_at" in report:
+            report["pair_at"][f"{settings.auto:.2f}/{settings.suggest:.2f}"] = pair_report
+        report["pair"] = pair_report
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0

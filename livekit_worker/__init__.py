@@ -10,8 +10,9 @@ run with `speaker_id` set) and `AttributedAgent` / `attributed_chat_context` (th
 history rendered by the attribution engine).
 
 Sits on top like `server`: imports models, attribution, rooms, voice, diarization, realtime and
-`server.config`, `server.pipeline` and `server.load` (the same config file, the same STT,
-realtime, chat, agent and enrollment builders, and the same load figure as `chorus serve`:
+`server.config`, `server.pipeline`, `server.load` and `server.voices` (the same config file, the
+same STT, realtime, chat, agent and enrollment builders, the same voice directory, and the same
+load figure as `chorus serve`:
 `worker.WorkerLoad` is the worker's `load_fnc`); nothing imports it but the
 `chorus agent` command. Named `livekit_worker`, not `livekit`, which would shadow the library.
 """

@@ -28,7 +28,14 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   the room as in `chorus serve`: they read the labelled turns, and what they answer is published
   on `lk.chat` (the room's text chat) as the agent;
 - the room lives in the configured `[store]`: a later job for the same LiveKit room takes it up
-  where it was (its turns, participants and labels), as `chorus serve` does after a restart.
+  where it was (its turns, participants and labels), as `chorus serve` does after a restart;
+- with `[voices] enabled` (`voices`), the voice directory of that store names each shared-mic
+  track's anonymous voices as `chorus serve` names a shared-mic stream's: the same
+  `server.voices.VoiceDirectory` (its stage anchored on the directory's people from the first
+  window, the tiers on every turn through an `ON_TRANSCRIPTION` hook), one track's session as
+  one stream; a suggestion (tier `suggest`) is published as a text stream on
+  `chorus.speaker_suggestion` whose text is the feed's `speaker_suggestion` message (JSON), sent
+  as the shared mic's identity. The directory is read when the job starts.
 
 The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
 (`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
@@ -44,7 +51,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from livekit import rtc
@@ -53,17 +60,24 @@ from livekit_worker.config import LiveKitConfig
 from livekit_worker.participants import Speaker, speaker_of
 from models import RoomEvent
 from realtime import RealtimeChannel
-from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit
+from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit, VoiceStore
+from server.config import VoicesConfig
+from server.pipeline import VoiceStreamAudio
+from server.protocol import SpeakerSuggestionMessage, dump
+from server.voices import VoiceDirectory
 from voice.assembler import TurnPolicy
 from voice.audio import STT_SAMPLE_RATE, resample
 from voice.channel import TranscriptionEvent, VoiceChannel, VoiceSession
-from voice.diarization_stage import DiarizationStage
+from voice.diarization_stage import Anchors, DiarizationStage
 from voice.second_pass import SecondPass
 from voice.stt.base import SttProvider
 
 log = logging.getLogger(__name__)
 
 TOPIC_TRANSCRIPTION = "lk.transcription"
+TOPIC_SUGGESTION = "chorus.speaker_suggestion"
+"""Suggestions of the voice directory (tier `suggest`): the text is the `speaker_suggestion`
+message of `chorus serve`'s feed (`server.protocol.SpeakerSuggestionMessage`, JSON)."""
 TOPIC_CHAT = "lk.chat"
 """The room's text chat (livekit-agents `TOPIC_CHAT`): the chat model's and the ACP agent's
 replies are published there, as the agent."""
@@ -143,6 +157,24 @@ class _SessionInfo:
     track_sid: str
 
 
+class _TrackStream:
+    """One shared-mic track's session as the voice directory sees a stream
+    (`server.voices.DirectoryStream`): its id, its room, its stage's prints."""
+
+    def __init__(self, session: VoiceSession, room_id: str) -> None:
+        self.id = session.id
+        self.room_id = room_id
+        self.audio = VoiceStreamAudio(session, release=None)
+
+
+@dataclass(frozen=True)
+class _Suggestion:
+    """A suggestion to publish (in order with the turns)."""
+
+    message: SpeakerSuggestionMessage
+    session_id: str | None
+
+
 class ChorusRoomAgent:
     """`ChorusRoomAgent(room, room_name, stt=…, livekit=LiveKitConfig(), realtime=…)`.
 
@@ -158,6 +190,8 @@ class ChorusRoomAgent:
       corrections are.
     - `kit`: the kit on the configured `[store]` (default: one in memory). A room the store
       already holds (an earlier job for the same LiveKit room) is taken up where it was.
+    - `voices`: `[voices]`; when `enabled`, the voice directory of the kit's store names the
+      shared-mic tracks' voices (module docstring).
     """
 
     def __init__(
@@ -174,6 +208,7 @@ class ChorusRoomAgent:
         kit: RoomKit | None = None,
         assistants: Sequence[Channel] = (),
         second_pass: SecondPass | None = None,
+        voices: VoicesConfig | None = None,
     ) -> None:
         self.room = room
         self.room_name = room_name
@@ -195,12 +230,17 @@ class ChorusRoomAgent:
         self.stage_factory = stage_factory
         self._local = local
         self._out = _TranscriptionOut(self)
-        self._queue: asyncio.Queue[RoomEvent | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[RoomEvent | _Suggestion | None] = asyncio.Queue()
         self.published: list[PublishedTranscription] = []
         self._feeds: dict[str, _Feed] = {}
         self._track_locks: dict[str, asyncio.Lock] = {}
         self._sessions: dict[str, _SessionInfo] = {}
         """voice_session_id → who and which track (for naming and publishing)."""
+        self.voices_config = voices if voices is not None and voices.enabled else None
+        self.directory: VoiceDirectory | None = None
+        """The voice directory (`[voices] enabled`), read from the store at `start`."""
+        self._directory_streams: dict[str, _TrackStream] = {}
+        """voice_session_id → the shared-mic track's stream, as the directory names it."""
         self._pool: list[DiarizationStage] = []
         """Idle stages, reset before the next shared-mic track."""
         self._diarized_attached = False
@@ -228,6 +268,13 @@ class ChorusRoomAgent:
         """Create the Chorus room, publish the reply track, follow the room's events and take
         the audio tracks already subscribed."""
         kit = self.kit
+        if self.voices_config is not None:
+            store = kit.store
+            if not isinstance(store, VoiceStore):
+                raise ValueError(
+                    f"voices.enabled: the {type(store).__name__} store cannot keep voices")
+            self.directory = VoiceDirectory(store, self.voices_config, self._suggest)
+            await self.directory.load()
         if await kit.get_room(self.room_name) is None:
             with contextlib.suppress(ValueError):  # another job on the store made it meanwhile
                 await kit.create_room(room_id=self.room_name)
@@ -243,6 +290,9 @@ class ChorusRoomAgent:
         await kit.attach_channel(self.room_name, self._out.channel_id)
         kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_one_person, priority=-1000,
                       name="livekit-one-person")
+        if self.directory is not None:  # before application hooks, which may rename after it
+            kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_from_directory,
+                          priority=-900, name="livekit-voice-directory")
         self._pump = asyncio.create_task(self._publish_loop())
         self._reply_pump = asyncio.create_task(self._reply_loop())
         if self.realtime is not None:  # nothing would ever play on it otherwise
@@ -276,6 +326,8 @@ class ChorusRoomAgent:
             if task is not None:
                 with contextlib.suppress(Exception):
                     await task
+        if self.directory is not None:  # its "last heard" writes, before the store closes
+            await self.directory.flush()
         await self.kit.close()  # closes every registered channel (pooled ones included)
         if self.second_pass is not None:
             await self.second_pass.aclose()
@@ -376,6 +428,9 @@ class ChorusRoomAgent:
             stream = rtc.AudioStream.from_track(
                 track=track, sample_rate=STT_SAMPLE_RATE, num_channels=1
             )
+            if self.directory is not None and stage is not None:
+                named = self._directory_streams[session.id] = _TrackStream(session, self.room_name)
+                named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
             feed = _Feed(track_sid, speaker, session, stream, release)
             feed.task = asyncio.create_task(self._read(feed))
             self._feeds[track_sid] = feed
@@ -406,6 +461,10 @@ class ChorusRoomAgent:
             try:
                 await feed.session.finish()
             finally:
+                if self._directory_streams.pop(feed.session.id, None) is not None:
+                    stage = feed.session.stage
+                    if stage is not None and isinstance(stage.stage, Anchors):
+                        stage.stage.anchor({})  # back to the pool knowing nobody
                 if feed.release is not None:
                     feed.release()
 
@@ -425,6 +484,31 @@ class ChorusRoomAgent:
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=None))
 
+    def _name_from_directory(
+        self, value: object, ctx: HookContext
+    ) -> HookResult[Any] | None:
+        """A shared-mic track's voice named by the voice directory (tier auto), or its letter
+        again once its person is forgotten, exactly as `chorus serve`'s rename hook does."""
+        if not isinstance(value, TranscriptionEvent) or self.directory is None:
+            return None
+        stream = self._directory_streams.get(value.session.id)
+        if stream is None or value.speaker is None:
+            return None
+        naming = self.directory.name_for(stream, value.speaker, value.sender_name)
+        if naming is None or naming.name == value.sender_name:
+            return None
+        return HookResult.modify(dataclasses.replace(value, sender_name=naming.name))
+
+    def _suggest(
+        self, room_id: str, label: str, name: str, source: Literal["voice", "introduction"],
+        stream_id: str | None, voice_id: str | None,
+    ) -> None:
+        """The directory's suggestion (`server.voices.Suggest`): published in order with the
+        turns, on `chorus.speaker_suggestion`."""
+        message = SpeakerSuggestionMessage(room=room_id, label=label, name=name, source=source,
+                                           stream=stream_id, voice=voice_id)
+        self._queue.put_nowait(_Suggestion(message, stream_id))
+
     # ------------------------------------------------------------------ output
 
     async def _publish_loop(self) -> None:
@@ -433,7 +517,10 @@ class ChorusRoomAgent:
             try:
                 if event is None:
                     return
-                await self._publish(event)
+                if isinstance(event, _Suggestion):
+                    await self._publish_suggestion(event)
+                else:
+                    await self._publish(event)
             except Exception:
                 log.exception("room %s: publishing a transcription failed", self.room_name)
             finally:
@@ -459,6 +546,22 @@ class ChorusRoomAgent:
         await writer.write(event.text)
         await writer.aclose()
         self.published.append(PublishedTranscription(event.text, identity, attributes))
+
+    async def _publish_suggestion(self, suggestion: _Suggestion) -> None:
+        info = self._sessions.get(suggestion.session_id or "")
+        attributes = {self.config.transcription_attribute: suggestion.message.label}
+        if info is not None:
+            attributes[ATTRIBUTE_TRACK_ID] = info.track_sid
+        writer = await self.local.stream_text(
+            topic=TOPIC_SUGGESTION, attributes=attributes,
+            sender_identity=info.speaker.identity if info is not None else None,
+        )
+        text = dump(suggestion.message)
+        await writer.write(text)
+        await writer.aclose()
+        self.published.append(PublishedTranscription(
+            text, info.speaker.identity if info is not None else "", attributes,
+            topic=TOPIC_SUGGESTION))
 
     async def _publish_reply(self, event: RoomEvent) -> None:
         """A chat model's or ACP agent's reply, as the agent, on the room's text chat."""
@@ -502,6 +605,7 @@ __all__ = [
     "ATTRIBUTE_FINAL",
     "ATTRIBUTE_SEGMENT_ID",
     "ATTRIBUTE_TRACK_ID",
+    "TOPIC_SUGGESTION",
     "TOPIC_TRANSCRIPTION",
     "ChorusRoomAgent",
     "LocalParticipantLike",

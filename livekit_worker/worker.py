@@ -77,7 +77,8 @@ async def build_room_agent(
 ) -> ChorusRoomAgent:
     """A started `ChorusRoomAgent` for one LiveKit room, built from the configuration: every
     section `chorus serve` reads means the same here (`[stt]` (its `second_pass` too), `[diarizer]` with its `enroll`
-    voices, `[voice]`, `[realtime]`, `[policy]`, `[chat]`, `[agent]`; `[store]` through `kit`)."""
+    voices, `[voice]`, `[realtime]`, `[policy]`, `[chat]`, `[agent]`, `[voices]` (the voice
+    directory of the store); `[store]` through `kit`)."""
     provider = stt or stt_provider(config)
     enrollments: dict[str, Any] = {}
     if config.diarizer.enroll:
@@ -110,6 +111,7 @@ async def build_room_agent(
         kit=kit,
         assistants=assistants,
         second_pass=redecoder,
+        voices=config.voices,
     )
     await agent.start()
     return agent

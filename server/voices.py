@@ -12,6 +12,10 @@ Named on the turn path: `name_for` is called by the server's ON_TRANSCRIPTION ho
 so a voice named by the directory reads its name from that turn on, exactly as a rename does. A
 rename from the page wins over the directory. Prints never leave this module and the store: not
 in the feed, the transcript, a log line or a metric (only names and ids do).
+
+The naming side asks only what a `DirectoryStream` is (an id, a room, a stage's prints), so the
+LiveKit worker (`livekit_worker.room_agent`) names its shared-mic tracks with this same class,
+each track's session as one stream; remembering from a room's voice stays `chorus serve`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -30,7 +34,8 @@ from rooms.voices import RememberedVoice, VoiceStore, pack_vector
 from server.config import VoicesConfig
 from server.room_state import LiveRoom, LiveStream
 from voice.centroids import unit_or_none
-from voice.identify import IdentifySettings, KnownVoice, StreamVoices
+from voice.diarization_stage import StagePrints
+from voice.identify import IdentifySettings, KnownVoice, StreamVoices, known_voices
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,25 @@ HEARD_EVERY_S = 60.0
 
 Suggest = Callable[[str, str, str, Literal["voice", "introduction"], str | None, str | None], None]
 """(room, label, name, source, stream, voice id): publish a suggestion to the room's feed."""
+
+
+class PrintsSource(Protocol):
+    def speaker_prints(self) -> StagePrints | None: ...
+
+
+class DirectoryStream(Protocol):
+    """What the directory names voices of: one stream of one room whose stage shows its
+    anonymous voices' prints (`server.room_state.LiveStream`; a LiveKit worker's shared-mic
+    track). Hashable by identity: the directory keeps its state per stream, weakly."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def room_id(self) -> str: ...
+
+    @property
+    def audio(self) -> PrintsSource | None: ...
 
 
 class VoicesError(Exception):
@@ -73,7 +97,7 @@ class VoiceDirectory:
         self._voices: dict[str, RememberedVoice] = {}
         self._known: dict[str, list[KnownVoice]] = {}
         """Per model id: the people with prints of that model (unit rows)."""
-        self._streams: weakref.WeakKeyDictionary[LiveStream, StreamVoices] = (
+        self._streams: weakref.WeakKeyDictionary[DirectoryStream, StreamVoices] = (
             weakref.WeakKeyDictionary()
         )
         self._heard_at: dict[str, float] = {}
@@ -87,20 +111,12 @@ class VoiceDirectory:
 
     def _take(self, voices: list[RememberedVoice]) -> None:
         self._voices = {v.id: v for v in voices}
-        known: dict[str, list[KnownVoice]] = {}
-        for voice in voices:
-            by_model: dict[str, list[np.ndarray]] = {}
-            for p in voice.prints:
-                unit = unit_or_none(np.asarray(p.values, dtype=np.float32))
-                if unit is not None:
-                    by_model.setdefault(p.model, []).append(unit)
-            for model, rows in by_model.items():
-                known.setdefault(model, []).append(
-                    KnownVoice(voice.id, voice.name, np.stack(rows).astype(np.float32))
-                )
-        self._known = known
+        models = dict.fromkeys(p.model for v in voices for p in v.prints)
+        self._known = {model: known_voices(voices, model) for model in models}
 
-    def anchors_for(self, model: str, stream: LiveStream | None = None) -> dict[str, np.ndarray]:
+    def anchors_for(
+        self, model: str, stream: DirectoryStream | None = None
+    ) -> dict[str, np.ndarray]:
         """Each person with prints of `model` (but those a voice of `stream` is named already):
         the unit mean of them, by person id (what a stream's stage starts its clustering from,
         `Anchors`)."""
@@ -131,7 +147,7 @@ class VoiceDirectory:
         await self.load()
         return voice
 
-    async def forget(self, voice_id: str) -> tuple[bool, list[tuple[LiveStream, str, str]]]:
+    async def forget(self, voice_id: str) -> tuple[bool, list[tuple[DirectoryStream, str, str]]]:
         """Delete the person and every print from the store, and from every open stream now:
         the voices it named read as letters again from their next turn. Whether there was such
         a person, and the (stream, label, name) it named (their renames go too)."""
@@ -139,7 +155,7 @@ class VoiceDirectory:
         self._voices.pop(voice_id, None)
         for model in list(self._known):
             self._known[model] = [k for k in self._known[model] if k.id != voice_id]
-        unnamed: list[tuple[LiveStream, str, str]] = []
+        unnamed: list[tuple[DirectoryStream, str, str]] = []
         for stream, state in list(self._streams.items()):
             for label in state.forget(voice_id):
                 unnamed.append((stream, label, state.forgotten[label]))
@@ -149,13 +165,15 @@ class VoiceDirectory:
 
     # ------------------------------------------------------------------ naming turns
 
-    def state_of(self, stream: LiveStream) -> StreamVoices:
+    def state_of(self, stream: DirectoryStream) -> StreamVoices:
         state = self._streams.get(stream)
         if state is None:
             state = self._streams[stream] = StreamVoices()
         return state
 
-    def name_for(self, stream: LiveStream, label: str, sender_name: str | None) -> Naming | None:
+    def name_for(
+        self, stream: DirectoryStream, label: str, sender_name: str | None
+    ) -> Naming | None:
         """The name the directory gives `label`'s voice in `stream` now (scoring the stream's
         voices not named yet, and publishing new suggestions), or None."""
         state = self.state_of(stream)
@@ -243,4 +261,4 @@ class VoiceDirectory:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-__all__ = ["Naming", "VoiceDirectory", "VoicesError"]
+__all__ = ["DirectoryStream", "Naming", "PrintsSource", "VoiceDirectory", "VoicesError"]

@@ -13,6 +13,11 @@ one short stretch is noise). The assignment is one-to-one within a stream (Hunga
 total score): one voice never takes two names and two voices never one name; a name given is
 kept for the stream (it never moves to another voice, and the voice never takes another name),
 until its person is forgotten (`StreamVoices.forget`).
+
+A whole recording (`chorus transcribe`, `chorus diarize`) is one stream scored once, after its
+diarization: `identify_once` is `StreamVoices.update` on a fresh stream, so batch and live share
+the function, the thresholds and the one-to-one rule. `known_voices` turns the directory's people
+into `KnownVoice`s of one model (every print of another model is left out, never compared).
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from rooms.voices import RememberedVoice
+from voice.centroids import unit_or_none
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -70,6 +78,18 @@ def scores(voices: Mapping[str, FloatArray], known: Sequence[KnownVoice]) -> Flo
     for j, person in enumerate(known):
         if person.prints.size:
             out[:, j] = (stack @ person.prints.T).max(axis=1)
+    return out
+
+
+def known_voices(voices: Sequence[RememberedVoice], model: str) -> list[KnownVoice]:
+    """The directory's people with prints of `model`, each as a `KnownVoice` of those prints
+    only (unit rows): a person whose prints all come from another model is not in it."""
+    out: list[KnownVoice] = []
+    for voice in voices:
+        rows = [unit_or_none(p.values) for p in voice.prints_of(model)]
+        kept = [row for row in rows if row is not None]
+        if kept:
+            out.append(KnownVoice(voice.id, voice.name, np.stack(kept).astype(np.float32)))
     return out
 
 
@@ -146,4 +166,23 @@ class StreamVoices:
         return gone
 
 
-__all__ = ["Identified", "IdentifySettings", "KnownVoice", "StreamVoices", "scores"]
+def identify_once(
+    voices: Mapping[str, FloatArray],
+    speech_s: Mapping[str, float],
+    known: Sequence[KnownVoice],
+    settings: IdentifySettings,
+) -> list[Identified]:
+    """A whole recording's voices named at once (module docstring): the names (tier auto) and
+    the suggestions (tier suggest), each voice at most once, each person at most once."""
+    return StreamVoices().update(voices, speech_s, known, settings)
+
+
+__all__ = [
+    "Identified",
+    "IdentifySettings",
+    "KnownVoice",
+    "StreamVoices",
+    "identify_once",
+    "known_voices",
+    "scores",
+]

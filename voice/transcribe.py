@@ -15,7 +15,7 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from rooms import HookContext, HookResult, HookTrigger, RoomKit
 from voice.assembler import TurnPolicy
 from voice.audio import float_to_pcm16, resample
 from voice.channel import CommittedTurn, TranscriptionEvent, VoiceChannel
-from voice.diarization_stage import DiarizationStage, KnownTimelineStage
+from voice.diarization_stage import DiarizationStage, KnownTimelineStage, SpeakerTimeline
 from voice.second_pass import SecondPass
 from voice.stt.base import SttProvider
 from voice.turns import Word
@@ -48,10 +48,16 @@ class Turn:
     typed: bool = False
     """A typed line of the room (its chat, Teams, WhatsApp), not speech: `start` = `end` = where
     it fell among the spoken turns (the end of the last one before it)."""
+    suggestion: str | None = None
+    """A name the voice directory finds likely for this voice (tier suggest: the speaker keeps
+    its letter; docs/voices.md)."""
 
     def as_json(self) -> dict[str, Any]:
-        return {"speaker": self.speaker, "text": self.text, "start": round(self.start, 3),
-                "end": round(self.end, 3), "kind": "typed" if self.typed else "spoken"}
+        out: dict[str, Any] = {"speaker": self.speaker, "text": self.text, "start": round(self.start, 3),
+               "end": round(self.end, 3), "kind": "typed" if self.typed else "spoken"}
+        if self.suggestion is not None:
+            out["suggestion"] = self.suggestion
+        return out
 
     @property
     def shown_speaker(self) -> str | None:
@@ -108,6 +114,7 @@ async def transcribe_audio(
     policy: TurnPolicy | None = None,
     second_pass: SecondPass | None = None,
     diarizer_audio: FloatAudio | None = None,
+    name_speakers: Callable[[SpeakerTimeline, FloatAudio], Mapping[str, str]] | None = None,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -119,18 +126,29 @@ async def transcribe_audio(
     `second_pass`: re-decode stretches of committed turns and correct them in place
     (`voice.second_pass`); the result's `first_pass` has the turns as first committed.
     `diarizer_audio` (with `refine_speakers`): what the diarizer hears instead of `audio` (the
-    same recording through another front end, `voice.frontend`)."""
+    same recording through another front end, `voice.frontend`).
+    `name_speakers(timeline, audio at the stage's rate)` (with `refine_speakers`): names for the
+    whole recording's labels (the voice directory's, `diarization.directory`), applied as
+    renames are; a `renames` entry for the same label wins."""
+    names = dict(renames or {})
+    if name_speakers is not None and not (pipeline_speakers and diarizer is not None
+                                          and refine_speakers):
+        raise ValueError("naming speakers needs the whole recording diarized first "
+                         "(pipeline_speakers, a diarizer and refine_speakers)")
     if pipeline_speakers and diarizer is not None and refine_speakers:
         diarized = audio if diarizer_audio is None else diarizer_audio
         whole = resample(diarized, sample_rate, diarizer.sample_rate)
-        diarizer = KnownTimelineStage(await asyncio.to_thread(diarizer.diarize, whole))
+        timeline = await asyncio.to_thread(diarizer.diarize, whole)
+        if name_speakers is not None:
+            found = await asyncio.to_thread(name_speakers, timeline, whole)
+            names = {**found, **names}
+        diarizer = KnownTimelineStage(timeline)
     kit = RoomKit()
     room = await kit.create_room(room_id="transcribe")
     channel = VoiceChannel("voice", stt=stt, pipeline_speakers=pipeline_speakers, diarizer=diarizer,
                            policy=policy, kept_turns=None, second_pass=second_pass)
     kit.register_channel(channel)
     await kit.attach_channel(room.id, channel.channel_id)
-    names = dict(renames or {})
     if names:
         @kit.hook(HookTrigger.ON_TRANSCRIPTION)
         def rename(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:

@@ -4,6 +4,9 @@ Runs a diarization stage (embedded by default, or pyannote) on the whole file, w
 id = the audio file's name without extension), optionally names enrolled voices
 (`--enroll NAME=clip.wav`, repeatable), draws the timeline (`--plot`, with the reference's when
 `--reference` is given) and scores against the reference (DER at collar 0 and 0.25 s).
+`--voices` names the voices from the voice directory (docs/voices.md) in tiers: a sure one's
+name replaces its letter in the RTTM, a likely one keeps its letter and is reported
+("Speaker B — maybe Ian?"); the store and thresholds are `--config`'s, as `chorus voices` reads.
 """
 
 from __future__ import annotations
@@ -50,6 +53,16 @@ def register(subparsers: Any) -> None:
         metavar="REF.rttm",
         help="reference RTTM: drawn in the plot and scored",
     )
+    parser.add_argument(
+        "--voices",
+        action="store_true",
+        help="name voices from the voice directory (`chorus voices`): named when sure, "
+        "suggested when likely ([voices] auto / suggest)",
+    )
+    parser.add_argument(
+        "--config", default=None, metavar="chorus.toml",
+        help="with --voices: the file naming the store and the [voices] thresholds",
+    )
     parser.add_argument("--pipeline", default=None, help="pyannote: hub id or local directory")
     parser.add_argument(
         "--hf-token", default=None, help="pyannote: Hugging Face token for a hub id"
@@ -61,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from diarization import load_stage
     from voice.audio import AudioError, read_audio_16k
-    from voice.diarization_stage import SpeakerTimeline
+    from voice.diarization_stage import ClipPrints, SpeakerTimeline
 
     try:
         check_count(args.num_speakers, "--num-speakers")
@@ -89,6 +102,15 @@ def run(args: argparse.Namespace) -> int:
     except (AudioError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    directory = None
+    if args.voices:
+        from cli.commands.voices import DirectoryUnavailable, remembered_voices
+
+        try:  # before the model work: a store that cannot be read stops the command now
+            directory = remembered_voices(args.config)
+        except DirectoryUnavailable as exc:
+            print(f"chorus diarize: error: {exc}", file=sys.stderr)
+            return 2
     reference = None
     file_id = args.audio.stem
     if args.reference is not None:
@@ -112,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         )
         for name, clip in clips:
             stage.enroll(name, clip)
+        if directory is not None and not isinstance(stage, ClipPrints):
+            raise ValueError(f"--voices: the {args.diarizer} stage cannot print voices on the "
+                             "directory's model (use the embedded stage)")
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -123,6 +148,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - started
+    named_lines: list[str] = []
+    if directory is not None:
+        from diarization.directory import name_speakers, renamed
+        from voice.identify import IdentifySettings
+
+        voices, thresholds = directory
+        settings = IdentifySettings(auto=thresholds.auto, suggest=thresholds.suggest,
+                                    min_heard_s=thresholds.min_heard_s)
+        assert isinstance(stage, ClipPrints)
+        names = name_speakers(stage, audio, timeline, voices, settings,
+                              anonymous=[s for s in timeline.speakers if s not in dict(clips)])
+        timeline = renamed(timeline, names.named)
+        named_lines = names.lines() or [f"voice directory: no voice named ({names.people} "
+                                        "remembered voice(s) compared)"]
     prepare_parent(args.rttm)
     args.rttm.write_text(timeline.to_rttm(file_id))
     speakers = timeline.speakers
@@ -130,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.audio}: {duration:.1f} s, {len(speakers)} speaker(s): {', '.join(speakers) or 'none'}"
         f"; {elapsed:.2f} s (RTF {elapsed / max(duration, 1e-9):.3f})"
     )
+    for line in named_lines:
+        print(line)
     print(f"wrote {args.rttm}")
     if reference is not None:
         from diarization.scoring import score_collars

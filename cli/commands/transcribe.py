@@ -7,15 +7,20 @@ Speakers come from the STT's own labels (Deepgram) or, with `--pipeline-speakers
 diarization stage (`--diarizer embedded|pyannote`). `--rename "Speaker A=Alice"` renames a voice
 (an ON_TRANSCRIPTION hook, as an application would). `--realtime openai|gemini|recorder` then
 replays the turns into a realtime session and prints what the model was sent.
+`--voices` (with `--pipeline-speakers`) names the voices from the voice directory
+(docs/voices.md): a sure one's name replaces its letter on its turns, a likely one keeps its
+letter with the suggestion in the JSON and on stderr ("Speaker B — maybe Ian?").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--enroll", action="append", default=[], metavar="NAME=clip.wav",
                         help="with --pipeline-speakers: name a voice from a clip of it, so its "
                              "turns carry the name from the first one (repeatable)")
+    parser.add_argument("--voices", action="store_true",
+                        help="with --pipeline-speakers: name voices from the voice directory "
+                             "(`chorus voices`; the store and [voices] thresholds of --config): "
+                             "named when sure, suggested when likely")
     parser.add_argument("--model", "--whisper-model", dest="whisper_model", default=None,
                         metavar="tiny.en|base|DIR",
                         help="Whisper model: tiny.en (shipped), base (multilingual; the "
@@ -76,7 +85,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--config", type=Path, default=None, metavar="chorus.toml",
                         help="the turn rules from this file's [voice] section, as `chorus serve` "
-                             "reads them (CHORUS_VOICE_* variables too)")
+                             "reads them (CHORUS_VOICE_* variables too); with --voices, its "
+                             "[store] and [voices] too")
     parser.set_defaults(run=run)
 
 
@@ -97,9 +107,13 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
+    from cli.commands.voices import DirectoryUnavailable
+    from diarization.directory import DirectoryNames, name_speakers
     from server.config import ConfigError, load_config
     from voice.audio import AudioError, read_audio
+    from voice.diarization_stage import ClipPrints, SpeakerTimeline
     from voice.frontend import check_front_end, front_end_audio
+    from voice.identify import IdentifySettings
     from voice.transcribe import format_turns, parse_renames, transcribe_audio
 
     try:
@@ -113,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"chorus transcribe: error: {exc}", file=sys.stderr)
         return 2
+    directory: tuple[list[Any], Any] | None = None
     try:
         renames = parse_renames(args.rename)
         if args.realtime:
@@ -125,6 +140,15 @@ def run(args: argparse.Namespace) -> int:
         diarizer = None
         if args.enroll and not args.pipeline_speakers:
             raise ValueError("--enroll names voices for the diarization stage: add --pipeline-speakers")
+        if args.voices and not args.pipeline_speakers:
+            raise ValueError("--voices names the diarization stage's voices: add --pipeline-speakers")
+        if args.voices and args.live_diarization:
+            raise ValueError("--voices names the voices of the whole file's diarization: "
+                             "drop --live-diarization")
+        if args.voices:
+            from cli.commands.voices import remembered_voices
+
+            directory = remembered_voices(args.config)  # before the models: fail early
         if args.pipeline_speakers:
             from diarization import enroll_voices, load_stage, parse_enrollments
 
@@ -136,6 +160,12 @@ def run(args: argparse.Namespace) -> int:
                 max_speakers=args.max_speakers,
             )
             enroll_voices(diarizer, clips)
+            if args.voices and not isinstance(diarizer, ClipPrints):
+                raise ValueError(f"--voices: the {args.diarizer} stage cannot print voices on "
+                                 "the directory's model (use the embedded stage)")
+    except DirectoryUnavailable as exc:
+        print(f"chorus transcribe: error: {exc}", file=sys.stderr)
+        return 2
     except (AudioError, FileNotFoundError, ImportError, ValueError, RuntimeError) as exc:
         print(f"chorus transcribe: error: {exc}", file=sys.stderr)
         return 2
@@ -152,11 +182,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"chorus transcribe: front end {args.front_end} ({duration:.0f} s of audio)…",
               file=sys.stderr)
     heard, diarized = front_end_audio(args.front_end, args.front_end_for, audio, rate)
+    found: list[DirectoryNames] = []
+    name_voices: Callable[[SpeakerTimeline, Any], dict[str, str]] | None = None
+    if directory is not None:
+        voices, thresholds = directory
+        settings = IdentifySettings(auto=thresholds.auto, suggest=thresholds.suggest,
+                                    min_heard_s=thresholds.min_heard_s)
+        enrolled = set(clips)
+        printer = diarizer
+
+        def from_directory(timeline: SpeakerTimeline, whole: Any) -> dict[str, str]:
+            assert isinstance(printer, ClipPrints)
+            names = name_speakers(printer, whole, timeline, voices, settings,
+                                  anonymous=[s for s in timeline.speakers if s not in enrolled])
+            found.append(names)
+            return names.named
+
+        name_voices = from_directory
+
     try:
         result = asyncio.run(transcribe_audio(
             heard, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
             renames=renames, progress=progress, refine_speakers=not args.live_diarization,
-            policy=policy, diarizer_audio=diarized))
+            policy=policy, diarizer_audio=diarized, name_speakers=name_voices))
     except (ConnectionError, OSError) as exc:
         bar.close()
         print(f"chorus transcribe: error: {args.stt}: {exc}", file=sys.stderr)
@@ -164,7 +212,14 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     for error in result.errors:
         print(f"chorus transcribe: error: {error}", file=sys.stderr)
-    text = format_turns(result.turns, args.format, file_id=args.audio.stem)
+    turns = result.turns
+    for names in found:  # the letter stays; the suggestion rides its turns (JSON) and stderr
+        turns = [dataclasses.replace(t, suggestion=names.suggested.get(t.label or ""))
+                 if t.speaker == t.label else t for t in turns]
+        for line in names.lines() or [f"voice directory: no voice named ({names.people} "
+                                      "remembered voice(s) compared)"]:
+            print(f"chorus transcribe: {line}", file=sys.stderr)
+    text = format_turns(turns, args.format, file_id=args.audio.stem)
     if args.output is not None:
         prepare_parent(args.output)
         args.output.write_text(text)
@@ -175,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     if args.realtime:
         from realtime import replay_turns  # type: ignore[attr-defined,unused-ignore]
 
-        replayed: Any = replay_turns([t.as_json() for t in result.turns], provider=args.realtime)
+        replayed: Any = replay_turns([t.as_json() for t in turns], provider=args.realtime)
         if inspect.isawaitable(replayed):
             replayed = asyncio.run(_await(replayed))
         print(replayed)

@@ -7,6 +7,9 @@ one a running server compares with); `forget` deletes the person and every print
 store is one process's: while `chorus serve` holds the file, use the server's `/v1/voices`
 routes instead (a server-wide token, `chorus token '*' --grant admin`); a Postgres store is
 shared, but a running server learns of a change made here only when it starts again.
+
+`remembered_voices` is how `chorus transcribe --voices` and `chorus diarize --voices` read the
+same directory: the same config file, the same store, read only.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import argparse
 import asyncio
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rooms import VoiceStore, open_store
 from rooms.sqlite import SQLiteInUse
-from rooms.voices import pack_vector
-from server.config import ConfigError, load_config
+from rooms.voices import RememberedVoice, pack_vector
+from server.config import ConfigError, VoicesConfig, load_config
 
 
 def register(subparsers: Any) -> None:
@@ -81,6 +85,38 @@ async def _run(args: argparse.Namespace, url: str) -> int:
         return 0
     finally:
         await opened.close()
+
+
+class DirectoryUnavailable(Exception):
+    """The directory cannot be read: one line saying why (the commands print it, exit 2)."""
+
+
+def remembered_voices(config_path: str | Path | None) -> tuple[list[RememberedVoice], VoicesConfig]:
+    """Every remembered person of the store `chorus voices` uses (`[store] url` of the config
+    file, or its default), read only, and the `[voices]` thresholds of that file."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise DirectoryUnavailable(str(exc)) from exc
+    url = config.store.resolved_url()
+
+    async def read() -> list[RememberedVoice]:
+        opened = await open_store(url)
+        try:
+            if not isinstance(opened.store, VoiceStore):
+                raise DirectoryUnavailable(f"the store at {url} cannot keep voices")
+            return await opened.store.list_voices()
+        finally:
+            await opened.close()
+
+    try:
+        return asyncio.run(read()), config.voices
+    except SQLiteInUse as exc:
+        raise DirectoryUnavailable(
+            f"{exc}; the voice directory is read from the store, which `chorus serve` holds now"
+        ) from exc
+    except (ValueError, OSError) as exc:
+        raise DirectoryUnavailable(f"cannot read the voice directory at {url}: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,191 @@
+"""A whole recording's speakers named from the voice directory, in tiers (issue 27.2, batch).
+
+`chorus transcribe --voices` and `chorus diarize --voices` diarize a file in batch
+(`diarization.batch`: the whole-network CAM++ export) and then ask the directory who its voices
+are. The directory's prints come from another model, the live trunk and pooling
+(`diarization.live_models`, model id = the trunk file's stem, stored with each print), so the
+batch pipeline's own embeddings are never compared with them: each batch speaker's print is made
+here again on the model the directory's prints came from (the stage's `ClipPrints`:
+`live_model`, `live_voiceprint`), from that speaker's speech in the timeline where nobody else
+speaks, in pieces of at most `PIECE_S` (each VAD-trimmed, the pieces' prints averaged by length,
+as a live voice's centroid averages its windows). Only people with prints of that model are
+compared; a speaker with less than `IdentifySettings.min_heard_s` of such speech is not scored.
+
+The tiers are the live ones (`voice.identify.identify_once`, the same function and thresholds
+`chorus serve` runs on each turn): `auto` names the speaker, `suggest` leaves its letter and
+reports the name, below is anonymous; one voice never takes two names, two voices never one.
+Nothing of a print leaves this module: the result holds labels, names and scores only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from rooms.voices import RememberedVoice
+from voice.centroids import unit_or_none
+from voice.diarization_stage import ClipPrints, SpeakerSegment, SpeakerTimeline, StagePrints
+from voice.identify import IdentifySettings, identify_once, known_voices
+
+FloatArray = npt.NDArray[np.float32]
+
+SAMPLE_RATE = 16000
+GRID_S = 0.01
+PIECE_S = 10.0
+"""A speaker's lone speech is printed in pieces of at most this long (CAM++'s pooling over much
+longer stretches blurs more than it adds)."""
+MIN_PIECE_S = 1.0
+"""A shorter last piece joins the one before it (the VAD needs a second of speech)."""
+
+
+@dataclass(frozen=True)
+class DirectoryNames:
+    """What the directory said of one recording's speakers (no print, no vector)."""
+
+    model: str
+    """The embedding model the speakers were printed with (the only prints compared)."""
+    named: dict[str, str] = field(default_factory=dict)
+    """label → name (tier auto: the name replaces the letter)."""
+    suggested: dict[str, str] = field(default_factory=dict)
+    """label → name (tier suggest: the letter stays)."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """label → the score of its name or suggestion."""
+    speech_s: dict[str, float] = field(default_factory=dict)
+    """label → seconds of its lone speech (what was printed)."""
+    people: int = 0
+    """People of the directory with prints of `model` (compared)."""
+    other_model: int = 0
+    """People whose prints all come from other models (not compared)."""
+
+    def lines(self) -> list[str]:
+        """One line per name and suggestion, as the commands print them."""
+        out = [f"{label} → {name} (voice directory)" for label, name in self.named.items()]
+        out += [f"{label} — maybe {name}? (voice directory)"
+                for label, name in self.suggested.items()]
+        if self.other_model:
+            out.append(f"{self.other_model} remembered voice(s) have prints of another model "
+                       "only: not compared (remember them again)")
+        return out
+
+
+def lone_speech(timeline: SpeakerTimeline, duration_s: float) -> dict[str, list[tuple[float, float]]]:
+    """Per speaker: the stretches (s) where the timeline has that speaker and nobody else."""
+    n = round(duration_s / GRID_S) + 1
+    grids: dict[str, npt.NDArray[np.bool_]] = {}
+    for seg in timeline:
+        grid = grids.setdefault(seg.speaker, np.zeros(n, dtype=bool))
+        grid[round(seg.start / GRID_S) : round(seg.end / GRID_S)] = True
+    if not grids:
+        return {}
+    count = np.sum(list(grids.values()), axis=0)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for speaker, grid in grids.items():
+        alone = np.concatenate([[False], grid & (count == 1), [False]])
+        edges = np.flatnonzero(np.diff(alone.astype(np.int8)))
+        out[speaker] = [(a * GRID_S, b * GRID_S) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+    return out
+
+
+def speaker_prints(
+    printer: ClipPrints,
+    audio: FloatArray,
+    timeline: SpeakerTimeline,
+    *,
+    labels: Collection[str] | None = None,
+    min_speech_s: float = 0.0,
+) -> StagePrints:
+    """Each speaker's print on `printer`'s live model (module docstring), with its seconds of
+    lone speech: speakers in `labels` only (all when None), and none under `min_speech_s`."""
+    wav = np.asarray(audio, dtype=np.float32).reshape(-1)
+    prints: dict[str, FloatArray] = {}
+    speech_s: dict[str, float] = {}
+    for speaker, spans in lone_speech(timeline, len(wav) / SAMPLE_RATE).items():
+        if labels is not None and speaker not in labels:
+            continue
+        speech = [wav[round(a * SAMPLE_RATE) : round(b * SAMPLE_RATE)] for a, b in spans]
+        joined = np.concatenate(speech) if speech else np.zeros(0, dtype=np.float32)
+        seconds = len(joined) / SAMPLE_RATE
+        if seconds < max(min_speech_s, MIN_PIECE_S):
+            continue
+        total = np.zeros(0, dtype=np.float32)
+        weight = 0.0
+        for piece in _pieces(joined):
+            try:
+                vector = np.asarray(printer.live_voiceprint(piece), dtype=np.float32)
+            except ValueError:  # too little speech in it once the VAD has trimmed it
+                continue
+            total = vector * len(piece) if total.size == 0 else total + vector * len(piece)
+            weight += len(piece)
+        unit = unit_or_none(total) if weight else None
+        if unit is not None:
+            prints[speaker] = unit
+            speech_s[speaker] = seconds
+    return StagePrints(printer.live_model, prints, speech_s)
+
+
+def _pieces(speech: FloatArray) -> list[FloatArray]:
+    size = round(PIECE_S * SAMPLE_RATE)
+    pieces = [speech[k : k + size] for k in range(0, len(speech), size)]
+    if len(pieces) > 1 and len(pieces[-1]) < MIN_PIECE_S * SAMPLE_RATE:
+        pieces[-2] = np.concatenate([pieces[-2], pieces.pop()])
+    return pieces
+
+
+def identify_speakers(
+    prints: StagePrints,
+    voices: Sequence[RememberedVoice],
+    settings: IdentifySettings,
+    *,
+    taken_names: Collection[str] = (),
+) -> DirectoryNames:
+    """The tiers over a recording's speaker prints (module docstring). `taken_names`: names the
+    recording's speakers carry already (enrolled voices): no other voice takes them."""
+    known = [k for k in known_voices(voices, prints.model) if k.name not in taken_names]
+    compared = {k.id for k in known_voices(voices, prints.model)}
+    other = sum(1 for v in voices if v.id not in compared and v.prints)
+    names = DirectoryNames(prints.model, speech_s=dict(prints.speech_s), people=len(known),
+                           other_model=other)
+    for found in identify_once(prints.prints, prints.speech_s, known, settings):
+        target = names.named if found.tier == "auto" else names.suggested
+        target[found.label] = found.name
+        names.scores[found.label] = round(found.score, 3)
+    return names
+
+
+def name_speakers(
+    printer: ClipPrints,
+    audio: FloatArray,
+    timeline: SpeakerTimeline,
+    voices: Sequence[RememberedVoice],
+    settings: IdentifySettings,
+    *,
+    anonymous: Collection[str] | None = None,
+) -> DirectoryNames:
+    """`speaker_prints` then `identify_speakers`: only the `anonymous` labels are scored (all when
+    None); the others' labels are names already, which no voice of the directory takes."""
+    labels = timeline.speakers if anonymous is None else [s for s in timeline.speakers
+                                                          if s in anonymous]
+    taken = [s for s in timeline.speakers if s not in labels]
+    prints = speaker_prints(printer, audio, timeline, labels=labels,
+                            min_speech_s=settings.min_heard_s)
+    return identify_speakers(prints, voices, settings, taken_names=taken)
+
+
+def renamed(timeline: SpeakerTimeline, names: Mapping[str, str]) -> SpeakerTimeline:
+    """The timeline with each label of `names` read as its name."""
+    return SpeakerTimeline(
+        [SpeakerSegment(s.start, s.end, names.get(s.speaker, s.speaker)) for s in timeline]
+    )
+
+
+__all__ = [
+    "DirectoryNames",
+    "identify_speakers",
+    "lone_speech",
+    "name_speakers",
+    "renamed",
+    "speaker_prints",
+]
