@@ -234,8 +234,10 @@ class EmbeddingModel:
     thread count; `cpu_arena` its CPU memory arena (off by default: see `onnx_session`).
     """
 
+    name = CAMPPLUS_NAME
     sample_rate = SAMPLE_RATE
     dim = CAMPPLUS_DIM
+    bins = FBANK_BINS
 
     def __init__(
         self,
@@ -296,6 +298,11 @@ class EmbeddingModel:
 
     def __repr__(self) -> str:
         return f"EmbeddingModel({self.source})"
+
+    def features(self, audio: FloatArray) -> FloatArray:
+        """The features `embed_features` takes: `fbank(audio)` (the batch pipeline computes them
+        once per block of windows and slices them)."""
+        return fbank(audio)
 
     def embed_features(
         self, features: Sequence[FloatArray], *, min_frames: int = MIN_EMBED_FRAMES
