@@ -47,6 +47,19 @@ NME_GRID: dict[str, Sequence[Any]] = {
     "min_cluster_size": (1, 2),
 }
 GRIDS: dict[str, dict[str, Sequence[Any]]] = {"ahc": GRID, "nme-sc": NME_GRID}
+# AHC's grid widened to the distances of other embeddings (issue 30: ECAPA-TDNN's same-speaker
+# cosines run lower than CAM++'s, so its cut and merge distances lie further out)
+WIDE_GRID: dict[str, Sequence[Any]] = {
+    **GRID,
+    "threshold": (0.6, 0.7, 0.8, 0.9, 1.0),
+    "merge_threshold": (0.0, 0.8, 0.9, 1.0, 1.1, 1.2),
+}
+NAMED_GRIDS: dict[str, tuple[str, dict[str, Sequence[Any]]]] = {
+    "ahc": ("ahc", GRID),
+    "nme-sc": ("nme-sc", NME_GRID),
+    "ahc-wide": ("ahc", WIDE_GRID),
+}
+"""`chorus bench diarization --cv-grid NAME`: the clustering method and grid of each name."""
 
 
 def grid_settings(
