@@ -40,6 +40,7 @@ SB_ENTRIES = {
     (300, 60): -9.7606,
 }
 # SpeechBrain's EncoderClassifier.encode_batch of the clip (norm 298.047), to 3 decimals
+# (tests/reference/speechbrain_ecapa.py wrote them, run as its docstring says)
 # fmt: off
 SB_EMBEDDING = [
     -0.239, 5.232, 35.291, -5.258, -14.483, 40.34, 23.646, -5.518, 0.258, -19.025, 20.147,
