@@ -188,3 +188,18 @@ def test_P1_fused_embedding_is_the_mean_of_the_two_cosines(
     expected = (cos(both[0], both[1]) + cos(each[0], each[1])) / 2
     assert float(joined[0] @ joined[1]) == pytest.approx(expected, abs=1e-5)
     assert np.linalg.norm(fused.voiceprint(a)) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_P1_the_batch_pipeline_clusters_on_ecapa_and_on_the_fusion(
+    model: EcapaModel, shared_fixtures: Path
+) -> None:
+    from diarization.embedded import EmbeddedStage
+    from voice.embedding import default_embedding_model
+
+    audio = read_audio_16k(shared_fixtures / "short-clips" / "falcon_test.flac")
+    fused = FusedEmbedding(default_embedding_model(), model)
+    for embedding in (model, fused):
+        stage = EmbeddedStage(embedding=embedding)
+        timeline = stage.diarize(audio)
+        assert len(timeline.speakers) == 3  # falcon_test's three readers
+        assert stage.voiceprint(audio[:48000]).shape == (embedding.dim,)
