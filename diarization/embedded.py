@@ -28,7 +28,6 @@ from diarization import batch
 from diarization.batch import BatchSettings
 from diarization.live import LiveDiarizer, LiveSettings, ModelService
 from diarization.models import (
-    EmbeddingModel,
     SegmentationModel,
     default_embedding_model,
     default_segmentation_model,
@@ -40,6 +39,7 @@ from voice.diarization_stage import (
     StageAbilities,
     StagePrints,
 )
+from voice.embedding import SpeakerEmbedding
 from voice.turns import letter_label
 from voice.vad import FRAME, FRAME_SECONDS, SpeechDetector, speech_regions
 
@@ -97,7 +97,7 @@ class EmbeddedStage:
         max_speakers: int | None = None,
         batch_settings: BatchSettings | None = None,
         segmentation: SegmentationModel | None = None,
-        embedding: EmbeddingModel | None = None,
+        embedding: SpeakerEmbedding | None = None,
         batch_enroll_threshold: float = 0.5,
         service: ModelService | None = None,
     ) -> None:

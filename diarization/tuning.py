@@ -24,9 +24,10 @@ import numpy as np
 
 from diarization import batch
 from diarization.batch import Analysis, BatchSettings
-from diarization.models import EmbeddingModel, SegmentationModel
+from diarization.models import SegmentationModel
 from diarization.scoring import DerScore, score
 from voice.diarization_stage import SpeakerTimeline
+from voice.embedding import CAMPPLUS_NAME, SpeakerEmbedding
 
 # The search space (small on purpose: every extra knob is a chance to fit these files).
 GRID: dict[str, Sequence[Any]] = {
@@ -46,6 +47,19 @@ NME_GRID: dict[str, Sequence[Any]] = {
     "min_cluster_size": (1, 2),
 }
 GRIDS: dict[str, dict[str, Sequence[Any]]] = {"ahc": GRID, "nme-sc": NME_GRID}
+# AHC's grid widened to the distances of other embeddings (issue 30: ECAPA-TDNN's same-speaker
+# cosines run lower than CAM++'s, so its cut and merge distances lie further out)
+WIDE_GRID: dict[str, Sequence[Any]] = {
+    **GRID,
+    "threshold": (0.6, 0.7, 0.8, 0.9, 1.0),
+    "merge_threshold": (0.0, 0.8, 0.9, 1.0, 1.1, 1.2),
+}
+NAMED_GRIDS: dict[str, tuple[str, dict[str, Sequence[Any]]]] = {
+    "ahc": ("ahc", GRID),
+    "nme-sc": ("nme-sc", NME_GRID),
+    "ahc-wide": ("ahc", WIDE_GRID),
+}
+"""`chorus bench diarization --cv-grid NAME`: the clustering method and grid of each name."""
 
 
 def grid_settings(
@@ -71,7 +85,8 @@ class TuningFile:
     uem: list[tuple[float, float]] | None
     cache: Path | None = None
     """A folder where the models' analyses are kept between runs (`<file id>-<step>-<audio
-    hash>.npz`), so a new clustering variant does not re-run the models."""
+    hash>[-<embedding>].npz`, no suffix for CAM++), so a new clustering variant does not re-run the
+    models."""
     _analyses: dict[float, Analysis] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -91,20 +106,26 @@ class TuningFile:
         return len(self.audio) / batch.SAMPLE_RATE
 
     def analysis(
-        self, settings: BatchSettings, segmentation: SegmentationModel, embedding: EmbeddingModel
+        self, settings: BatchSettings, segmentation: SegmentationModel, embedding: SpeakerEmbedding
     ) -> Analysis:
         key = settings.step
         if key not in self._analyses:
             self._analyses[key] = self._cached(
-                settings, lambda: batch.analyse(self.audio, segmentation, embedding, settings)
+                settings,
+                embedding.name,
+                lambda: batch.analyse(self.audio, segmentation, embedding, settings),
             )
         return self._analyses[key]
 
-    def _cached(self, settings: BatchSettings, compute: Callable[[], Analysis]) -> Analysis:
+    def _cached(
+        self, settings: BatchSettings, model: str, compute: Callable[[], Analysis]
+    ) -> Analysis:
         if self.cache is None:
             return compute()
         digest = hashlib.sha1(np.ascontiguousarray(self.audio).tobytes()).hexdigest()[:12]
-        path = self.cache / f"{self.file_id}-{settings.step_samples}-{digest}.npz"
+        # CAM++'s analyses keep the name they had before there was a choice of embedding
+        named = "" if model == CAMPPLUS_NAME else f"-{model}"
+        path = self.cache / f"{self.file_id}-{settings.step_samples}-{digest}{named}.npz"
         if path.is_file():
             with np.load(path) as data:
                 return Analysis(
@@ -127,7 +148,7 @@ class TuningFile:
         return analysis
 
     def run(
-        self, settings: BatchSettings, segmentation: SegmentationModel, embedding: EmbeddingModel
+        self, settings: BatchSettings, segmentation: SegmentationModel, embedding: SpeakerEmbedding
     ) -> SpeakerTimeline:
         analysis = self.analysis(settings, segmentation, embedding)
         clustering = batch.cluster_analysis(analysis, settings)
@@ -138,7 +159,7 @@ class TuningFile:
         self,
         settings: BatchSettings,
         segmentation: SegmentationModel,
-        embedding: EmbeddingModel,
+        embedding: SpeakerEmbedding,
         collar: float = 0.25,
     ) -> DerScore:
         hypothesis = self.run(settings, segmentation, embedding)
@@ -224,7 +245,7 @@ class CrossValidation:
 def cross_validate(
     files: Sequence[TuningFile],
     segmentation: SegmentationModel,
-    embedding: EmbeddingModel,
+    embedding: SpeakerEmbedding,
     settings: Iterable[BatchSettings] | None = None,
     *,
     collar: float = 0.25,

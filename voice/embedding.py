@@ -20,7 +20,7 @@ import importlib.util
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,26 @@ def _checked(audio: FloatArray) -> FloatArray:
 def cosine(a: FloatArray, b: FloatArray) -> float:
     """Cosine similarity of two voiceprints."""
     return float(np.dot(l2_normalize(a), l2_normalize(b)))
+
+
+class SpeakerEmbedding(Protocol):
+    """What the batch pipeline and the embedded stage need of a speaker embedding (CAM++ here,
+    ECAPA-TDNN and the two fused in `voice.ecapa`): a name, its dimension, `features(audio)`
+    with `bins` columns framed like CAM++'s fbank (frame j over samples [160 j, 160 j + 400), so
+    one slice index serves every model), embeddings of feature slices (a NaN row for a slice under
+    `min_frames`), and an L2-normalised voiceprint of a clip."""
+
+    name: str
+    dim: int
+    bins: int
+
+    def features(self, audio: FloatArray) -> FloatArray: ...
+
+    def embed_features(
+        self, features: Sequence[FloatArray], *, min_frames: int = ...
+    ) -> FloatArray: ...
+
+    def voiceprint(self, audio: FloatArray) -> FloatArray: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,8 +254,10 @@ class EmbeddingModel:
     thread count; `cpu_arena` its CPU memory arena (off by default: see `onnx_session`).
     """
 
+    name = CAMPPLUS_NAME
     sample_rate = SAMPLE_RATE
     dim = CAMPPLUS_DIM
+    bins = FBANK_BINS
 
     def __init__(
         self,
@@ -296,6 +318,11 @@ class EmbeddingModel:
 
     def __repr__(self) -> str:
         return f"EmbeddingModel({self.source})"
+
+    def features(self, audio: FloatArray) -> FloatArray:
+        """The features `embed_features` takes: `fbank(audio)` (the batch pipeline computes them
+        once per block of windows and slices them)."""
+        return fbank(audio)
 
     def embed_features(
         self, features: Sequence[FloatArray], *, min_frames: int = MIN_EMBED_FRAMES
