@@ -133,7 +133,7 @@ def test_P1_ecapa_onnx_matches_the_torch_module(model: EcapaModel) -> None:
 def test_P1_ecapa_refuses_wrong_paths_and_checkpoints(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="embedding model not found"):
         EcapaModel(tmp_path / "missing.ckpt")
-    with pytest.raises(FileNotFoundError, match=r"no \.onnx, embedding_model\.ckpt or \.pt model"):
+    with pytest.raises(FileNotFoundError, match=r"no \.onnx, embedding_model\.ckpt or \.pt ECAPA-TDNN model"):
         EcapaModel(tmp_path)
     with pytest.raises(TypeError, match="cannot load"):
         EcapaModel(42)

