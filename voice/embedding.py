@@ -204,21 +204,19 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def export_campplus_onnx(state: Mapping[str, Any], target: Path | None = None) -> bytes:
-    """Export CAM++ with `state` to ONNX (dynamic batch and frames). Written to `target`
-    atomically when given; the model bytes are returned either way."""
+def export_embedding_onnx(module: nn.Module, bins: int, target: Path | None = None) -> bytes:
+    """Export an embedding network (fbank frames (batch, frames, `bins`) -> embeddings) to ONNX,
+    batch and frames dynamic. Written to `target` atomically when given; the model bytes are
+    returned either way."""
     import io
     import warnings
 
-    from voice.campplus import load_campplus
-
-    module = load_campplus(dict(state))
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
-            (torch.zeros(1, 200, FBANK_BINS),),
+            (torch.zeros(1, 200, bins),),
             buffer,  # type: ignore[arg-type]  # torch accepts a file object
             dynamo=False,
             input_names=["features"],
@@ -236,6 +234,13 @@ def export_campplus_onnx(state: Mapping[str, Any], target: Path | None = None) -
         except OSError:
             pass  # a read-only cache: the bytes still load
     return data
+
+
+def export_campplus_onnx(state: Mapping[str, Any], target: Path | None = None) -> bytes:
+    """Export CAM++ with `state` to ONNX (`export_embedding_onnx`)."""
+    from voice.campplus import load_campplus
+
+    return export_embedding_onnx(load_campplus(dict(state)), FBANK_BINS, target)
 
 
 def _campplus_state(path: Path) -> Mapping[str, Any]:
