@@ -53,6 +53,7 @@ from voice.embedding import (
     SpeakerEmbedding,
     _checked,
     default_cache_dir,
+    embed_in_batches,
     export_embedding_onnx,
     load_network,
     package_file,
@@ -371,20 +372,11 @@ class EcapaModel:
         """Embeddings (n, 192) of filterbank slices (each (frames, 80) from `fbank`, not yet
         clipped or normalised: `normalise` is applied here, per slice). A slice shorter than
         `min_frames` gets a NaN row. Slices of equal length run in one batched call."""
-        out = np.full((len(features), ECAPA_DIM), np.nan, dtype=np.float32)
-        by_length: dict[int, list[int]] = {}
-        for i, feats in enumerate(features):
-            if feats.ndim != 2 or feats.shape[1] != ECAPA_BINS:
-                raise ValueError(f"expected filterbank features (frames, 80), got {feats.shape}")
+        return embed_in_batches(
+            self.session, features, dim=ECAPA_DIM, bins=ECAPA_BINS, kind="filterbank",
             # reflect padding needs more frames than the widest pad (4)
-            if len(feats) >= max(min_frames, 10):
-                by_length.setdefault(len(feats), []).append(i)
-        for _length, items in by_length.items():
-            for lo in range(0, len(items), 16):
-                batch_items = items[lo : lo + 16]
-                batch = np.stack([normalise(features[i]) for i in batch_items])
-                out[batch_items] = self.session.run(None, {"features": batch})[0]
-        return out
+            shortest=max(min_frames, 10), batch=16,
+            prepare=lambda slices: np.stack([normalise(f) for f in slices]))
 
     def embed(self, waveforms: FloatArray | Sequence[FloatArray]) -> FloatArray:
         """Embeddings (B, 192) of whole 16 kHz waveforms, each framed as SpeechBrain frames it."""

@@ -250,6 +250,44 @@ def _campplus_state(path: Path) -> Mapping[str, Any]:
     return state
 
 
+def embed_in_batches(
+    session: Any,
+    features: Sequence[FloatArray],
+    *,
+    dim: int,
+    bins: int,
+    kind: str,
+    shortest: int,
+    batch: int,
+    prepare: Callable[[list[FloatArray]], FloatArray],
+) -> FloatArray:
+    """Embeddings (n, `dim`) of feature slices (each (frames, `bins`)) on an embedding network's
+    session (input `features`): a slice shorter than `shortest` frames gets a NaN row; slices of
+    equal length run together, `batch` at a time, stacked by `prepare` (which also applies the
+    network's per-utterance normalisation)."""
+    out = np.full((len(features), dim), np.nan, dtype=np.float32)
+    by_length: dict[int, list[int]] = {}
+    for i, feats in enumerate(features):
+        if feats.ndim != 2 or feats.shape[1] != bins:
+            raise ValueError(f"expected {kind} features (frames, {bins}), got {feats.shape}")
+        if len(feats) >= shortest:
+            by_length.setdefault(len(feats), []).append(i)
+    for items in by_length.values():
+        for lo in range(0, len(items), batch):
+            batch_items = items[lo : lo + batch]
+            stacked = prepare([features[i] for i in batch_items])
+            out[batch_items] = session.run(None, {"features": stacked})[0]
+    return out
+
+
+def _mean_removed(features: list[FloatArray]) -> FloatArray:
+    """CAM++'s input: fbank slices stacked, each slice's mean removed (3D-Speaker's
+    per-utterance normalisation)."""
+    batch = np.stack(features).astype(np.float32)
+    batch -= batch.mean(axis=1, keepdims=True)
+    return batch
+
+
 @dataclass(frozen=True)
 class EmbeddingNetwork:
     """How one embedding network loads from a name, a path or an object (CAM++ here, ECAPA-TDNN
@@ -380,20 +418,9 @@ class EmbeddingModel:
         """Embeddings (n, 192) of fbank slices (each (frames, 80), not yet mean-normalised: that is
         done here, per slice). A slice shorter than `min_frames` gets a NaN row. Slices of equal
         length run in one batched call."""
-        out = np.full((len(features), CAMPPLUS_DIM), np.nan, dtype=np.float32)
-        by_length: dict[int, list[int]] = {}
-        for i, feats in enumerate(features):
-            if feats.ndim != 2 or feats.shape[1] != FBANK_BINS:
-                raise ValueError(f"expected fbank features (frames, 80), got {feats.shape}")
-            if len(feats) >= max(min_frames, 2):
-                by_length.setdefault(len(feats), []).append(i)
-        for _length, items in by_length.items():
-            for lo in range(0, len(items), 32):
-                batch_items = items[lo : lo + 32]
-                batch = np.stack([features[i] for i in batch_items]).astype(np.float32)
-                batch -= batch.mean(axis=1, keepdims=True)
-                out[batch_items] = self.session.run(None, {"features": batch})[0]
-        return out
+        return embed_in_batches(
+            self.session, features, dim=CAMPPLUS_DIM, bins=FBANK_BINS, kind="fbank",
+            shortest=max(min_frames, 2), batch=32, prepare=_mean_removed)
 
     def embed(
         self,
