@@ -61,14 +61,16 @@ class DirectoryNames:
     """People whose prints all come from other models (not compared)."""
 
     def lines(self) -> list[str]:
-        """One line per name and suggestion, as the commands print them."""
+        """One line per name and suggestion, as the commands print them (one line saying so
+        when there is nothing else to say)."""
         out = [f"{label} → {name} (voice directory)" for label, name in self.named.items()]
         out += [f"{label} — maybe {name}? (voice directory)"
                 for label, name in self.suggested.items()]
         if self.other_model:
             out.append(f"{self.other_model} remembered voice(s) have prints of another model "
                        "only: not compared (remember them again)")
-        return out
+        return out or [f"voice directory: no voice named ({self.people} remembered voice(s) "
+                       "compared)"]
 
 
 def lone_speech(timeline: SpeakerTimeline, duration_s: float) -> dict[str, list[tuple[float, float]]]:
@@ -143,8 +145,9 @@ def identify_speakers(
 ) -> DirectoryNames:
     """The tiers over a recording's speaker prints (module docstring). `taken_names`: names the
     recording's speakers carry already (enrolled voices): no other voice takes them."""
-    known = [k for k in known_voices(voices, prints.model) if k.name not in taken_names]
-    compared = {k.id for k in known_voices(voices, prints.model)}
+    comparable = known_voices(voices, prints.model)
+    known = [k for k in comparable if k.name not in taken_names]
+    compared = {k.id for k in comparable}
     other = sum(1 for v in voices if v.id not in compared and v.prints)
     names = DirectoryNames(prints.model, speech_s=dict(prints.speech_s), people=len(known),
                            other_model=other)

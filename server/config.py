@@ -27,6 +27,7 @@ from pydantic import (
 
 from server.overload import OverloadBounds
 from voice.assembler import TurnPolicy
+from voice.identify import IdentifySettings
 from voice.stt.base import CONNECT_TIMEOUT, SILENCE_TIMEOUT, START_TIMEOUT, SttBounds
 
 
@@ -425,6 +426,10 @@ class VoicesConfig(_Section):
     """`remember` refuses a speaker with less speech than this (its print would be noise)."""
     min_heard_s: float = Field(default=2.0, ge=0.0)
     """A voice is compared with the directory once it has spoken this long."""
+
+    def identify_settings(self) -> IdentifySettings:
+        """The tiers' thresholds (`voice.identify`), as the server and `--voices` run them."""
+        return IdentifySettings(auto=self.auto, suggest=self.suggest, min_heard_s=self.min_heard_s)
 
     @model_validator(mode="after")
     def _tiers_in_order(self) -> VoicesConfig:

@@ -35,7 +35,7 @@ from server.config import VoicesConfig
 from server.room_state import LiveRoom, LiveStream
 from voice.centroids import unit_or_none
 from voice.diarization_stage import StagePrints
-from voice.identify import IdentifySettings, KnownVoice, StreamVoices, known_voices
+from voice.identify import KnownVoice, StreamVoices, known_voices
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,7 @@ class VoiceDirectory:
     def __init__(self, store: VoiceStore, config: VoicesConfig, suggest: Suggest) -> None:
         self.store = store
         self.config = config
-        self.settings = IdentifySettings(
-            auto=config.auto, suggest=config.suggest, min_heard_s=config.min_heard_s
-        )
+        self.settings = config.identify_settings()
         self._suggest = suggest
         self._voices: dict[str, RememberedVoice] = {}
         self._known: dict[str, list[KnownVoice]] = {}

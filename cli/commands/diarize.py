@@ -151,17 +151,14 @@ def run(args: argparse.Namespace) -> int:
     named_lines: list[str] = []
     if directory is not None:
         from diarization.directory import name_speakers, renamed
-        from voice.identify import IdentifySettings
 
         voices, thresholds = directory
-        settings = IdentifySettings(auto=thresholds.auto, suggest=thresholds.suggest,
-                                    min_heard_s=thresholds.min_heard_s)
+        settings = thresholds.identify_settings()
         assert isinstance(stage, ClipPrints)
         names = name_speakers(stage, audio, timeline, voices, settings,
                               anonymous=[s for s in timeline.speakers if s not in dict(clips)])
         timeline = renamed(timeline, names.named)
-        named_lines = names.lines() or [f"voice directory: no voice named ({names.people} "
-                                        "remembered voice(s) compared)"]
+        named_lines = names.lines()
     prepare_parent(args.rttm)
     args.rttm.write_text(timeline.to_rttm(file_id))
     speakers = timeline.speakers

@@ -107,13 +107,12 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
-    from cli.commands.voices import DirectoryUnavailable
+    from cli.commands.voices import DirectoryUnavailable, remembered_voices
     from diarization.directory import DirectoryNames, name_speakers
     from server.config import ConfigError, load_config
     from voice.audio import AudioError, read_audio
     from voice.diarization_stage import ClipPrints, SpeakerTimeline
     from voice.frontend import check_front_end, front_end_audio
-    from voice.identify import IdentifySettings
     from voice.transcribe import format_turns, parse_renames, transcribe_audio
 
     try:
@@ -146,8 +145,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--voices names the voices of the whole file's diarization: "
                              "drop --live-diarization")
         if args.voices:
-            from cli.commands.voices import remembered_voices
-
             directory = remembered_voices(args.config)  # before the models: fail early
         if args.pipeline_speakers:
             from diarization import enroll_voices, load_stage, parse_enrollments
@@ -186,8 +183,7 @@ def run(args: argparse.Namespace) -> int:
     name_voices: Callable[[SpeakerTimeline, Any], dict[str, str]] | None = None
     if directory is not None:
         voices, thresholds = directory
-        settings = IdentifySettings(auto=thresholds.auto, suggest=thresholds.suggest,
-                                    min_heard_s=thresholds.min_heard_s)
+        settings = thresholds.identify_settings()
         enrolled = set(clips)
         printer = diarizer
 
@@ -216,8 +212,7 @@ def run(args: argparse.Namespace) -> int:
     for names in found:  # the letter stays; the suggestion rides its turns (JSON) and stderr
         turns = [dataclasses.replace(t, suggestion=names.suggested.get(t.label or ""))
                  if t.speaker == t.label else t for t in turns]
-        for line in names.lines() or [f"voice directory: no voice named ({names.people} "
-                                      "remembered voice(s) compared)"]:
+        for line in names.lines():
             print(f"chorus transcribe: {line}", file=sys.stderr)
     text = format_turns(turns, args.format, file_id=args.audio.stem)
     if args.output is not None:
