@@ -383,6 +383,7 @@ def _fold_at(
         "wrong_with_suggestions": wrong_s,
         "held_out_named": stranger / stranger_time,
         "held_out_voice_named": sum(v is not None for v in own_voice),
+        "held_out_meetings": len(own_voice),
     }
 
 
@@ -492,24 +493,12 @@ def run(args: argparse.Namespace) -> int:
     for held in speakers:
         auto, suggest = _choose([t for t in trials if t[0] != held])
         test = [t for t in trials if t[0] == held]
-        settings = IdentifySettings(auto=auto, suggest=suggest)
-        outcomes = [name_meeting(m, d, settings) for _, m, d in test]
-        miss, wrong, miss_s, wrong_s = _rates(outcomes)
-        stranger = sum(o.strangers_named.get(held, 0) for o in outcomes)
-        stranger_time = sum(o.strangers.get(held, 0) for o in outcomes) or 1
-        own_voice = [o.strangers_voice[held] for o in outcomes if held in o.strangers_voice]
         folds.append(
             {
-                "held_out_voice_named": sum(v is not None for v in own_voice),
-                "held_out_meetings": len(own_voice),
                 "held_out": held,
                 "auto": auto,
                 "suggest": suggest,
-                "miss": miss,
-                "wrong": wrong,
-                "miss_named_or_suggested": miss_s,
-                "wrong_with_suggestions": wrong_s,
-                "held_out_named": stranger / stranger_time,
+                **_fold_at(test, held, IdentifySettings(auto=auto, suggest=suggest)),
                 **({"at_defaults": _fold_at(test, held, IdentifySettings())} if batch else {}),
             }
         )
