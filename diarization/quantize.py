@@ -26,7 +26,7 @@ import numpy.typing as npt
 from diarization.live_models import (
     INT8_CALIBRATION,
     QUANTIZED_OPS,
-    LiveModels,
+    float_trunk,
     prepared_for_quantization,
 )
 from voice.embedding import fbank
@@ -70,7 +70,7 @@ def calibrate(paths: Sequence[Path], target: Path = INT8_CALIBRATION) -> Path:
     )
 
     windows = calibration_windows(paths)
-    trunk = LiveModels(precision="fp32").trunk_path
+    trunk = float_trunk()
 
     class Windows(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:
