@@ -343,6 +343,11 @@ class SipConfig(_Section):
     max_calls: int = Field(default=32, ge=1)
     """SIP calls at once over the whole server (beside `limits.max_streams`)."""
     max_calls_per_room: int = Field(default=8, ge=1)
+    max_tcp_connections: int = Field(default=128, ge=1)
+    """SIP-over-TCP connections open at once; one more is closed as soon as it is accepted."""
+    tcp_idle_s: float = Field(default=30.0, gt=0)
+    """A TCP connection that starts no SIP message for this long, and carries no call, is
+    closed; so is one that leaves a message unfinished for this long (a slow sender)."""
 
     @field_validator("listen")
     @classmethod

@@ -26,7 +26,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from server.framing import Outgoing, StreamDeclaration, StreamKind, declared_format
 from server.protocol import ROOM_ID
@@ -411,6 +411,8 @@ class SipEndpoint:
         self.refused: dict[int, int] = {}
         self.calls_by_codec: dict[str, int] = {}
         """Calls answered, by the codec chosen (`PCMU`, `PCMA`, `G722`)."""
+        self.tcp_closed: dict[str, int] = {}
+        """TCP connections the endpoint closed, by why: `over_cap`, `idle`, `slow`."""
 
     async def start(self) -> None:
         """Listen on `[sip] listen` over UDP, and over TCP on the same port."""
@@ -438,9 +440,16 @@ class SipEndpoint:
         udp = self._transport._udp_transport
         if udp is not None:  # port 0: the one the system chose, for Via and Contact
             self._transport.local_addr = udp.get_extra_info("sockname")[:2]
-        self._tcp_transport = _tcp_transport(self._transport.local_addr)
+        self._tcp_transport = _tcp_transport(
+            self._transport.local_addr, self.config.max_tcp_connections, self.config.tcp_idle_s,
+            self._carries_call, self.tcp_closed,
+        )  # fmt: skip
         self._tcp_uas = ChorusUAS(self._tcp_transport, user_agent="chorus")
         await self._serve(self._tcp_uas)
+
+    def _carries_call(self, addr: tuple[str, int]) -> bool:
+        """Whether a call of this endpoint came in over the connection from `addr`."""
+        return any(tuple(leg.call.source_addr) == addr for leg in self.legs.values())
 
     async def _serve(self, uas: Any) -> None:
         uas.on_invite = self._on_invite
@@ -628,15 +637,91 @@ def _udp_transport(local_addr: tuple[str, int]) -> Any:
     return Udp(local_addr=local_addr)
 
 
-def _tcp_transport(local_addr: tuple[str, int]) -> Any:
+class _FirstLine:
+    """A stream reader whose next line is one already read: `_read_sip_message` reads a
+    message from it whole, after the wait for that message's first line was timed apart."""
+
+    def __init__(self, first: bytes, reader: asyncio.StreamReader) -> None:
+        self._first: bytes | None = first
+        self._reader = reader
+
+    async def readline(self) -> bytes:
+        if self._first is not None:
+            line, self._first = self._first, None
+            return line
+        return await self._reader.readline()
+
+    async def readexactly(self, n: int) -> bytes:
+        return await self._reader.readexactly(n)
+
+
+def _tcp_transport(
+    local_addr: tuple[str, int],
+    max_connections: int,
+    idle_s: float,
+    carries_call: Callable[[tuple[str, int]], bool],
+    closed: dict[str, int],
+) -> Any:
     """aiosipua's TCP transport, answering on the connection each request came in on: the
     request's top Via gets `received` and `rport` from the connection (aiosipua routes by Via,
-    and a TCP client's Via names its listening port, not the connection's)."""
+    and a TCP client's Via names its listening port, not the connection's).
+
+    Bounded, where the library is not: at most `max_connections` open at once (one more is
+    closed when accepted); a connection that starts no message for `idle_s` is closed unless
+    `carries_call(addr)` (a call's BYE comes over it, minutes later); a message left unfinished
+    for `idle_s` closes it whatever it carries (a slow sender holds nothing open). Each close is
+    counted in `closed` by why: `over_cap`, `idle`, `slow`. aiosipua bounds a message's
+    headers and body itself."""
     from aiosipua import SipMessage, SipRequest
     from aiosipua.headers import parse_via, stringify_via
-    from aiosipua.transport import TcpSipTransport
+    from aiosipua.transport import TcpSipTransport, _read_sip_message
+
+    def close_for(why: str, addr: tuple[str, int]) -> None:
+        closed[why] = closed.get(why, 0) + 1
+        log.info("sip: closed a TCP connection from %s (%s)", addr[0], why.replace("_", " "))
 
     class ConnectionTcpTransport(TcpSipTransport):
+        async def _handle_connection(
+            self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            peer = writer.get_extra_info("peername")
+            addr = (str(peer[0]), int(peer[1])) if peer else ("0.0.0.0", 0)
+            if len(self._connections) >= max_connections:
+                close_for("over_cap", addr)
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(writer.wait_closed(), 5)
+                return
+            self._connections[addr] = (reader, writer)
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout(idle_s):
+                            first = await reader.readline()
+                    except TimeoutError:
+                        if carries_call(addr):
+                            continue
+                        close_for("idle", addr)
+                        break
+                    if not first:
+                        break
+                    try:
+                        async with asyncio.timeout(idle_s):
+                            data = await _read_sip_message(cast("asyncio.StreamReader", _FirstLine(first, reader)))
+                    except TimeoutError:
+                        close_for("slow", addr)
+                        break
+                    if data is None:
+                        break
+                    self._dispatch(data, addr)
+            except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+                pass
+            finally:
+                self._connections.pop(addr, None)
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(writer.wait_closed(), 5)
+
         def _dispatch(self, data: bytes, addr: tuple[str, int]) -> None:
             try:
                 message = SipMessage.parse(data)

@@ -626,16 +626,73 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
 async def test_a_call_over_tcp(tmp_path: Path) -> None:
     """baresip's account on `transport=tcp`: the INVITE, its challenge, the call and its BYE
     all over one TCP connection to the same port as UDP; the turn arrives."""
-    async with sip_server(stt={"diarize": False}) as srv:
+    # tcp_idle_s far below the call's length: a connection that carries a call stays open
+    async with sip_server(stt={"diarize": False}, sip={"tcp_idle_s": 0.5}) as srv:
         feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
         wav = phone_wav(tmp_path / "t.wav", 0.6, 2.6)
         proc = await start_baresip(tmp_path / "t", sip_port(srv), "standup", "dana",
                                    USERS["dana"], wav, 60, display="Dana Lee", transport="tcp")  # fmt: skip
+        # the connection has been silent for well over tcp_idle_s once 1.5 s of audio is in
+        await eventually(lambda: srv.audio_read() >= 1.5, BOUND_S, "1.5 s of the call's audio")
+        assert srv.server.sip is not None and srv.server.sip.tcp_closed == {}, "call's TCP closed"
         (log,) = await hang_up_once_heard(srv, [proc], 2.6)  # of 3 s
         await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S)
         await feed.close()
     assert "Call established" in log, log
     assert "Good morning everyone" in " ".join(t.text for t in feed.turns), feed.turns
+
+
+async def tcp_status(port: int, request: bytes) -> bytes:
+    """The final status line the endpoint answers `request` with over a TCP connection of its
+    own (provisional ones such as 100 Trying skipped)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        while True:
+            line = await asyncio.wait_for(reader.readline(), BOUND_S)
+            if not line or (line.startswith(b"SIP/2.0 ") and not line.startswith(b"SIP/2.0 1")):
+                return line
+    finally:
+        writer.close()
+
+
+def tcp_invite(port: int) -> bytes:
+    lines = [
+        f"INVITE sip:standup@127.0.0.1:{port} SIP/2.0",
+        "Via: SIP/2.0/TCP 127.0.0.1:5999;branch=z9hG4bKtcp1",
+        "From: <sip:dana@127.0.0.1>;tag=tcp1", f"To: <sip:standup@127.0.0.1:{port}>",
+        "Call-ID: tcp-limits-1", "CSeq: 1 INVITE", "Max-Forwards: 70", "Content-Length: 0", "", "",
+    ]  # fmt: skip
+    return "\r\n".join(lines).encode()
+
+
+async def test_tcp_connections_are_capped_and_idle_or_slow_ones_closed() -> None:
+    """SIP over TCP holds nothing open for nobody: past `max_tcp_connections` a connection is
+    closed when accepted, one that sends nothing for `tcp_idle_s` is closed, so is one that
+    leaves a message unfinished that long; a caller after them is still answered."""
+    async with sip_server(sip={"max_tcp_connections": 2, "tcp_idle_s": 1.0}) as srv:
+        endpoint = srv.server.sip
+        assert endpoint is not None
+        closed = endpoint.tcp_closed
+        port = sip_port(srv)
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await eventually(lambda: len(endpoint._tcp_transport._connections) == 2, BOUND_S)
+        over_reader, over_writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(over_reader.read(), BOUND_S) == b""  # closed at once
+        assert closed.get("over_cap") == 1
+        for reader, _ in idle:  # nothing sent for tcp_idle_s: closed by the server
+            assert await asyncio.wait_for(reader.read(), BOUND_S) == b""
+        assert closed.get("idle") == 2
+        slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", port)
+        slow_writer.write(f"INVITE sip:standup@127.0.0.1:{port} SIP/2.0\r\n".encode())
+        await slow_writer.drain()  # ... and never the rest of the message
+        assert await asyncio.wait_for(slow_reader.read(), BOUND_S) == b""
+        assert closed.get("slow") == 1
+        # the endpoint still answers over TCP: a challenge for an INVITE without credentials
+        assert (await tcp_status(port, tcp_invite(port))).startswith(b"SIP/2.0 401")
+        for _, writer in [*idle, (over_reader, over_writer), (slow_reader, slow_writer)]:
+            writer.close()
 
 
 async def test_g722_is_chosen_when_offered(tmp_path: Path) -> None:
