@@ -177,6 +177,11 @@ class VoiceDirectory:
         self._heard_at.pop(voice_id, None)
         return unnamed
 
+    @property
+    def people(self) -> list[RememberedVoice]:
+        """The people as last read from the store (what names voices here now)."""
+        return list(self._voices.values())
+
     def anchors_for(
         self, model: str, stream: DirectoryStream | None = None
     ) -> dict[str, np.ndarray]:
