@@ -7,6 +7,14 @@ stream, read from the stream's stage's `speaker_prints`), the suggestions those 
 `RoomRenames.suggest`, the one suggestion path), remembering a speaker of a room, enrolling from a
 clip, and forgetting a person everywhere at once.
 
+Other processes on the store (`chorus voices`, another `chorus serve`, a `chorus agent` job)
+change the same directory: `watch` (started by `start`) waits for the store's word of a change
+(`VoiceStore.voices_changed`: a Postgres `NOTIFY`, or `[voices] refresh_s`) and `refresh`es,
+reading the people again only when the directory's generation moved. Every read goes through
+`_take`, so a person gone from the store is forgotten by `_drop` whether this process or another
+deleted them, and the owner hears each change once (`on_change`: renames to drop, stages to
+anchor again).
+
 Named on the turn path: `name_for` is called by the server's ON_TRANSCRIPTION hook
 (`server.renames.RoomRenames.apply`) for each turn of a shared-mic stream that no rename names,
 so a voice named by the directory reads its name from that turn on, exactly as a rename does. A
