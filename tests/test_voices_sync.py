@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from cli.commands.voices import remembered_voices
 from cli.main import main
 from rooms import RoomKit, SQLiteDirectory, SQLiteStore, open_kit
 from rooms.postgres import PostgresStore
@@ -229,3 +230,20 @@ async def test_chorus_voices_beside_a_running_server_names_and_unnames_its_strea
                 assert "vector" not in message.model_dump_json()
     finally:
         await opened.close()
+
+
+async def test_voices_reads_the_directory_beside_the_process_holding_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--voices` (`remembered_voices`) reads a SQLite file's directory while a server holds
+    the file, instead of refusing."""
+    monkeypatch.delenv("CHORUS_STORE_URL", raising=False)
+    config = tmp_path / "chorus.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/chorus.db"\n')
+    held = await SQLiteStore.open(tmp_path / "chorus.db")
+    try:
+        await held.remember_print("Ian", MODEL, IAN.astype("<f4").tobytes(), "clip")
+        voices, _ = await asyncio.to_thread(remembered_voices, config)
+        assert [v.name for v in voices] == ["Ian"]
+    finally:
+        await held.close()
