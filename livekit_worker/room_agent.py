@@ -35,7 +35,9 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   window, the tiers on every turn through an `ON_TRANSCRIPTION` hook), one track's session as
   one stream; a suggestion (tier `suggest`) is published as a text stream on
   `chorus.speaker_suggestion` whose text is the feed's `speaker_suggestion` message (JSON), sent
-  as the shared mic's identity. The directory is read when the job starts.
+  as the shared mic's identity. The directory is read when the job starts, and again whenever
+  another process on the store changes it (`VoiceDirectory.watch`, within `[voices] refresh_s`):
+  a person forgotten meanwhile is named no more, from the next turn of the running tracks too.
 
 The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
 (`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
@@ -64,7 +66,7 @@ from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, Ro
 from server.config import VoicesConfig
 from server.pipeline import VoiceStreamAudio
 from server.protocol import SpeakerSuggestionMessage, dump
-from server.voices import VoiceDirectory
+from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
 from voice.audio import STT_SAMPLE_RATE, resample
 from voice.channel import TranscriptionEvent, VoiceChannel, VoiceSession
@@ -273,8 +275,10 @@ class ChorusRoomAgent:
             if not isinstance(store, VoiceStore):
                 raise ValueError(
                     f"voices.enabled: the {type(store).__name__} store cannot keep voices")
-            self.directory = VoiceDirectory(store, self.voices_config, self._suggest)
+            self.directory = VoiceDirectory(store, self.voices_config, self._suggest,
+                                            on_change=self._directory_changed)
             await self.directory.load()
+            self.directory.start()  # what other processes change, while the job runs
         if await kit.get_room(self.room_name) is None:
             with contextlib.suppress(ValueError):  # another job on the store made it meanwhile
                 await kit.create_room(room_id=self.room_name)
@@ -327,7 +331,7 @@ class ChorusRoomAgent:
                 with contextlib.suppress(Exception):
                     await task
         if self.directory is not None:  # its "last heard" writes, before the store closes
-            await self.directory.flush()
+            await self.directory.close()
         await self.kit.close()  # closes every registered channel (pooled ones included)
         if self.second_pass is not None:
             await self.second_pass.aclose()
@@ -498,6 +502,17 @@ class ChorusRoomAgent:
         if naming is None or naming.name == value.sender_name:
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=naming.name))
+
+    def _directory_changed(self, unnamed: list[Unnamed]) -> None:
+        """The directory changed (a person remembered or forgotten by another process on the
+        store): each shared-mic track's stage is anchored on the people as they are now. The
+        voices a forgotten person named read as their letters from their next turn
+        (`VoiceDirectory.name_for`); there are no renames here to drop."""
+        directory = self.directory
+        if directory is None:
+            return
+        for stream in list(self._directory_streams.values()):
+            stream.audio.anchor(functools.partial(directory.anchors_for, stream=stream))
 
     def _suggest(
         self, room_id: str, label: str, name: str, source: Literal["voice", "introduction"],

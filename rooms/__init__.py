@@ -34,14 +34,16 @@ from rooms.policy import (
     SpeakTurn,
 )
 from rooms.retry import Backoff
-from rooms.sqlite import SQLiteInUse, SQLiteLock, SQLiteStore
+from rooms.sqlite import SQLiteDirectory, SQLiteInUse, SQLiteLock, SQLiteStore
 from rooms.store import (
     ChannelBinding,
     InMemoryStore,
+    OpenedDirectory,
     OpenedStore,
     Room,
     RoomStore,
     StoredEvent,
+    open_directory,
     open_store,
 )
 from rooms.voices import InMemoryVoices, RememberedVoice, Voiceprint, VoiceStore
@@ -71,6 +73,7 @@ __all__ = [
     "InboundResult",
     "Memory",
     "MockAIProvider",
+    "OpenedDirectory",
     "OpenedStore",
     "Recall",
     "RememberedVoice",
@@ -80,6 +83,7 @@ __all__ = [
     "RoomLockManager",
     "RoomStore",
     "RoutingError",
+    "SQLiteDirectory",
     "SQLiteInUse",
     "SQLiteLock",
     "SQLiteStore",
@@ -95,6 +99,7 @@ __all__ = [
     "VoiceStore",
     "Voiceprint",
     "delegate_task",
+    "open_directory",
     "open_kit",
     "open_store",
 ]

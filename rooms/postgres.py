@@ -8,12 +8,19 @@ per-room asyncio lock so one process holds at most one database lock attempt per
 
 Advisory locks are polled with `pg_try_advisory_lock` on one dedicated connection per process, so a
 waiting room never blocks the connection for other rooms.
+
+The voice directory's changes are announced: each remember and forget moves the directory's
+generation and sends `NOTIFY chorus_voices` (its payload the generation) in its transaction, and
+`voices_changed` returns when one arrives, heard on a connection of its own (`LISTEN`, opened
+on first use, opened again after a failure).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 import types
 from contextlib import AbstractAsyncContextManager
@@ -64,7 +71,26 @@ CREATE TABLE IF NOT EXISTS chorus_voiceprints (
     id text PRIMARY KEY, voice_id text NOT NULL, model text NOT NULL, vector bytea NOT NULL,
     source text NOT NULL, created double precision NOT NULL);
 CREATE INDEX IF NOT EXISTS chorus_voiceprints_voice ON chorus_voiceprints (voice_id);
+CREATE TABLE IF NOT EXISTS chorus_voices_generation (
+    id integer PRIMARY KEY CHECK (id = 1), generation bigint NOT NULL);
 """
+
+VOICES_CHANNEL = "chorus_voices"
+"""The `NOTIFY` channel of the voice directory's changes; the payload is the new generation (a
+number: never a print, a name or an id)."""
+
+_VOICES_MOVED = (
+    "INSERT INTO chorus_voices_generation (id, generation) VALUES (1, 1) ON CONFLICT (id) DO "
+    "UPDATE SET generation = chorus_voices_generation.generation + 1 RETURNING generation"
+)
+"""Move the voice directory's generation (`VoiceStore.voices_generation`) inside the change's
+transaction; the row lock orders concurrent changes."""
+
+_RELISTEN_S = 1.0
+"""After the listening connection fails, the next attempt waits this long (meanwhile a
+directory polls)."""
+
+log = logging.getLogger(__name__)
 
 _IN_WINDOW = (
     "(data->'visibility' = '\"all\"'::jsonb OR data->'source'->>'channel_id' = %s "
@@ -95,9 +121,13 @@ async def _thawed(rows: list[tuple[Any, ...]]) -> list[RoomEvent]:
 class PostgresStore(RoomStore, VoiceStore):
     """`RoomStore` (and the voice directory, `rooms.voices`) on one Postgres connection (queries serialised per process)."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], dsn: str | None = None) -> None:
         self._conn = conn
         self._query_lock = asyncio.Lock()
+        self._dsn = dsn
+        """Where the listening connection goes (None: no listening, `voices_changed` polls)."""
+        self._listener: asyncio.Task[None] | None = None
+        self._waiters: set[asyncio.Future[None]] = set()
 
     @classmethod
     async def connect(cls, dsn: str) -> PostgresStore:
@@ -107,9 +137,14 @@ class PostgresStore(RoomStore, VoiceStore):
         async with conn.transaction(), conn.cursor() as cur:
             await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended('chorus-schema', 0))")
             await cur.execute(SCHEMA)
-        return cls(conn)
+        return cls(conn, dsn)
 
     async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
         await self._conn.close()
 
     async def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -354,6 +389,7 @@ class PostgresStore(RoomStore, VoiceStore):
                 "DELETE FROM chorus_voiceprints WHERE voice_id = %s AND id NOT IN (SELECT id "
                 "FROM chorus_voiceprints WHERE voice_id = %s ORDER BY created DESC, id DESC "
                 "LIMIT %s)", (voice_id, voice_id, MAX_PRINTS_PER_VOICE))
+            await self._moved_voices(cur)
         voice = next((v for v in await self.list_voices() if v.name == name), None)
         assert voice is not None
         return voice
@@ -368,10 +404,64 @@ class PostgresStore(RoomStore, VoiceStore):
         async with self._query_lock, self._conn.transaction(), self._conn.cursor() as cur:
             await cur.execute("DELETE FROM chorus_voiceprints WHERE voice_id = %s", (voice_id,))
             await cur.execute("DELETE FROM chorus_voices WHERE id = %s", (voice_id,))
-            return bool(cur.rowcount)
+            gone = bool(cur.rowcount)
+            if gone:
+                await self._moved_voices(cur)
+            return gone
+
+    @staticmethod
+    async def _moved_voices(cur: psycopg.AsyncCursor[Any]) -> None:
+        """Inside a change's transaction: the generation moves, and the listeners are told when
+        it commits."""
+        await cur.execute(_VOICES_MOVED)
+        row = await cur.fetchone()
+        assert row is not None
+        await cur.execute("SELECT pg_notify(%s, %s)", (VOICES_CHANNEL, str(row[0])))
 
     async def voice_heard(self, voice_id: str, at: float) -> None:
         await self._rows("UPDATE chorus_voices SET last_heard = %s WHERE id = %s", (at, voice_id))
+
+    async def voices_generation(self) -> int:
+        rows = await self._rows("SELECT generation FROM chorus_voices_generation WHERE id = 1")
+        return int(rows[0][0]) if rows else 0
+
+    async def voices_changed(self, within_s: float) -> None:
+        """Return when a `NOTIFY chorus_voices` arrives (any process's change, this one's too),
+        or after `within_s` (the listening connection down, or nothing changed)."""
+        if self._dsn is not None and self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(
+                self._listen(self._dsn), name="chorus-voices-listen"
+            )
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait([waiter], timeout=within_s)
+        finally:
+            self._waiters.discard(waiter)
+            waiter.cancel()
+
+    def _wake(self) -> None:
+        for waiter in list(self._waiters):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _listen(self, dsn: str) -> None:
+        """`LISTEN chorus_voices` on a connection of its own, until the store closes; each
+        notification (and each new connection: a change may have passed meanwhile) wakes the
+        waiters."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {VOICES_CHANNEL}")
+                    self._wake()
+                    async for _ in conn.notifies():
+                        self._wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("listening for voice directory changes failed (%s); polling", exc)
+            await asyncio.sleep(_RELISTEN_S)
 
 
 class _AdvisoryLock(AbstractAsyncContextManager[None]):

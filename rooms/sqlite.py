@@ -82,7 +82,16 @@ CREATE TABLE IF NOT EXISTS voiceprints (
     id TEXT PRIMARY KEY, voice_id TEXT NOT NULL, model TEXT NOT NULL, vector BLOB NOT NULL,
     source TEXT NOT NULL, created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS voiceprints_voice ON voiceprints (voice_id);
+CREATE TABLE IF NOT EXISTS voices_generation (
+    id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL);
 """
+
+_VOICES_MOVED = (
+    "INSERT INTO voices_generation (id, generation) VALUES (1, 1) "
+    "ON CONFLICT (id) DO UPDATE SET generation = generation + 1"
+)
+"""Move the voice directory's generation (`VoiceStore.voices_generation`), inside the change's
+transaction."""
 
 _IN_WINDOW = (
     "(visibility = '\"all\"' OR source_channel = ? "
@@ -538,6 +547,7 @@ class SQLiteStore(RoomStore, VoiceStore):
                     "DELETE FROM voiceprints WHERE voice_id = ? AND id NOT IN (SELECT id FROM "
                     "voiceprints WHERE voice_id = ? ORDER BY created DESC, id DESC LIMIT ?)",
                     (voice_id, voice_id, MAX_PRINTS_PER_VOICE))
+                db.execute(_VOICES_MOVED)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
@@ -561,6 +571,8 @@ class SQLiteStore(RoomStore, VoiceStore):
             try:
                 db.execute("DELETE FROM voiceprints WHERE voice_id = ?", (voice_id,))
                 gone = db.execute("DELETE FROM voices WHERE id = ?", (voice_id,)).rowcount
+                if gone:
+                    db.execute(_VOICES_MOVED)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
@@ -571,3 +583,50 @@ class SQLiteStore(RoomStore, VoiceStore):
 
     async def voice_heard(self, voice_id: str, at: float) -> None:
         await self._rows("UPDATE voices SET last_heard = ? WHERE id = ?", (at, voice_id))
+
+    async def voices_generation(self) -> int:
+        rows = await self._rows("SELECT generation FROM voices_generation WHERE id = 1")
+        return int(rows[0][0]) if rows else 0
+
+
+class SQLiteDirectory(VoiceStore):
+    """The voice directory of a SQLite file alone (its `voices` and `voiceprints` tables), beside
+    the process that holds the file (`chorus voices`, `--voices`, while `chorus serve` or
+    `chorus agent` runs on it). It takes none of the file's locks: those keep the rooms to one
+    process because a process caches their events and locks them in its memory, while nothing of
+    the directory is cached by a store (every read is a query) and each change is one
+    transaction, which SQLite orders across processes (WAL, `busy_timeout`). A process that
+    names voices sees a change made here through the directory's generation."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+
+    @classmethod
+    async def open(cls, path: str | Path) -> SQLiteDirectory:
+        store = SQLiteStore(path)
+        try:
+            await store._call(store._connect)
+        except BaseException:
+            await store.close()
+            raise
+        return cls(store)
+
+    async def close(self) -> None:
+        await self._store.close()
+
+    async def remember_print(
+        self, name: str, model: str, vector: bytes, source: str
+    ) -> RememberedVoice:
+        return await self._store.remember_print(name, model, vector, source)
+
+    async def list_voices(self) -> list[RememberedVoice]:
+        return await self._store.list_voices()
+
+    async def forget_voice(self, voice_id: str) -> bool:
+        return await self._store.forget_voice(voice_id)
+
+    async def voice_heard(self, voice_id: str, at: float) -> None:
+        await self._store.voice_heard(voice_id, at)
+
+    async def voices_generation(self) -> int:
+        return await self._store.voices_generation()

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from models import CompositeContent, Content, Participant, RoomEvent
 from models.extras import require
 from rooms.locks import InProcessLocks, RoomLockManager
-from rooms.voices import InMemoryVoices
+from rooms.voices import InMemoryVoices, VoiceStore
 
 
 def _immutable(*_: Any, **__: Any) -> NoReturn:
@@ -470,6 +470,36 @@ def sqlite_path(url: str) -> str:
     if rest.startswith("/"):
         return "/" + rest.lstrip("/")
     return rest
+
+
+@dataclass
+class OpenedDirectory:
+    """The voice directory of a store opened from a URL (`open_directory`), and how to close it."""
+
+    url: str
+    store: VoiceStore
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in self.closers:
+            await close()
+
+
+async def open_directory(url: str) -> OpenedDirectory:
+    """The voice directory (`rooms.voices`) of the store a URL names, for `chorus voices` and
+    `--voices`: a SQLite file's directory alone (`rooms.sqlite.SQLiteDirectory`, beside a
+    `chorus serve` or `chorus agent` that holds the file), the whole store otherwise. ValueError
+    for a store that keeps no voices."""
+    if url.split(":", 1)[0].lower() == "sqlite":
+        from rooms.sqlite import SQLiteDirectory
+
+        directory = await SQLiteDirectory.open(sqlite_path(url))
+        return OpenedDirectory(url, directory, [directory.close])
+    opened = await open_store(url)
+    if not isinstance(opened.store, VoiceStore):
+        await opened.close()
+        raise ValueError(f"the store at {url} cannot keep voices")
+    return OpenedDirectory(url, opened.store, [opened.close])
 
 
 async def open_store(url: str, *, shared: bool = False, room: str | None = None) -> OpenedStore:

@@ -8,6 +8,13 @@ reader asks for one model's prints), where it came from (`clip` or `room:<id>`) 
 audio is kept. Forgetting a voice deletes the person and every print in one statement or
 transaction; nothing of it stays in the store.
 
+Every process reading the directory learns of another's changes through the directory's
+generation (`VoiceStore.voices_generation`): a number every remember and forget moves, in the
+same transaction as the change, so a reader checks one small row instead of reading every print
+(`server.voices.VoiceDirectory` reloads when it moved). `voices_changed` waits for a change: a
+store that is told of one (Postgres `LISTEN`) returns at once, the others when the interval is
+up (a poll).
+
 Here, not in `voice` or `server`, because the directory lives in the server's store beside the
 rooms (SQLite by default, Postgres when several processes share rooms, memory for tests):
 `InMemoryStore`, `SQLiteStore` and `PostgresStore` implement `VoiceStore` too. A name is one
@@ -16,6 +23,7 @@ person: adding a print under a name already known adds it to that person.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 import uuid
@@ -123,6 +131,16 @@ class VoiceStore(ABC):
     async def voice_heard(self, voice_id: str, at: float) -> None:
         """The person was named in a room at `at` (the directory's `last_heard`)."""
 
+    @abstractmethod
+    async def voices_generation(self) -> int:
+        """The directory's generation: moved by every remember and forget (by any process on
+        the store), in the same transaction; not by `voice_heard`."""
+
+    async def voices_changed(self, within_s: float) -> None:
+        """Return when the directory may have changed, and after `within_s` at the latest. Here
+        a poll (after `within_s`); a store told of changes returns as soon as it is told."""
+        await asyncio.sleep(within_s)
+
 
 class InMemoryVoices(VoiceStore):
     """`VoiceStore` in a dictionary (one process; gone at exit). Values are frozen dataclasses,
@@ -130,6 +148,7 @@ class InMemoryVoices(VoiceStore):
 
     def __init__(self) -> None:
         self._voices: dict[str, RememberedVoice] = {}
+        self._generation = 0
 
     async def remember_print(
         self, name: str, model: str, vector: bytes, source: str
@@ -141,13 +160,19 @@ class InMemoryVoices(VoiceStore):
         prints = (*voice.prints, new_print(voice.id, model, vector, source))
         voice = replace(voice, prints=prints[-MAX_PRINTS_PER_VOICE:])
         self._voices[voice.id] = voice
+        self._generation += 1
         return voice
 
     async def list_voices(self) -> list[RememberedVoice]:
         return sorted(self._voices.values(), key=lambda v: (v.created, v.id))
 
     async def forget_voice(self, voice_id: str) -> bool:
-        return self._voices.pop(voice_id, None) is not None
+        gone = self._voices.pop(voice_id, None) is not None
+        self._generation += gone
+        return gone
+
+    async def voices_generation(self) -> int:
+        return self._generation
 
     async def voice_heard(self, voice_id: str, at: float) -> None:
         voice = self._voices.get(voice_id)

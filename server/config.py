@@ -431,6 +431,10 @@ class VoicesConfig(_Section):
     """`remember` refuses a speaker with less speech than this (its print would be noise)."""
     min_heard_s: float = Field(default=2.0, ge=0.0)
     """A voice is compared with the directory once it has spoken this long."""
+    refresh_s: float = Field(default=2.0, ge=0.05, le=300.0)
+    """A person added or forgotten by another process on the store (`chorus voices`, another
+    `chorus serve`, a `chorus agent` job) is seen here within this long: the directory's
+    generation is read this often (a Postgres store also announces each change at once)."""
 
     def identify_settings(self) -> IdentifySettings:
         """The tiers' thresholds (`voice.identify`), as the server and `--voices` run them."""

@@ -48,7 +48,7 @@ from server.pipeline import Pipeline, StreamInfo, StreamStatus
 from server.protocol import DtmfMessage, dump
 from server.renames import RoomRenames
 from server.room_state import KeyLock, LiveRoom, LiveStream, StreamPacer, held
-from server.voices import VoiceDirectory
+from server.voices import Unnamed, VoiceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,9 @@ class LiveRooms:
             if not isinstance(store, VoiceStore):
                 raise ConfigError(
                     f"voices.enabled: the {type(store).__name__} store cannot keep voices")
-            self.voices = VoiceDirectory(store, config.voices, self.renames.suggest)
+            self.voices = VoiceDirectory(
+                store, config.voices, self.renames.suggest, on_change=self._voices_changed
+            )
             self.renames.voices = self.voices
         self._room_locks: dict[str, KeyLock] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -154,13 +156,19 @@ class LiveRooms:
 
     async def forget_voice(self, voice_id: str) -> bool:
         """Delete a remembered person from the store and from every open stream at once: what
-        its voice named (and the renames `remember` made) read as letters from the next turn."""
+        its voice named (and the renames `remember` made) read as letters from the next turn
+        (`_voices_changed`, as for a forget another process made)."""
         assert self.voices is not None
-        gone, unnamed = await self.voices.forget(voice_id)
+        gone, _ = await self.voices.forget(voice_id)
+        return gone
+
+    def _voices_changed(self, unnamed: list[Unnamed]) -> None:
+        """The directory changed (here, or in another process on the store): the renames of the
+        voices a forgotten person named go, and every open stream's stage hears the people as
+        they are now."""
         for stream, label, name in unnamed:
             self.renames.unname(stream.room_id, stream.id, label, name)
         self.reanchor()
-        return gone
 
     def reanchor(self) -> None:
         """Every open stream's stage hears the directory's people as they are now."""
@@ -172,8 +180,12 @@ class LiveRooms:
                 stream.audio.anchor(functools.partial(voices.anchors_for, stream=stream))
 
     def start(self) -> None:
-        """Start evicting idle rooms (`limits.idle_room_seconds`; 0: never). Needs the loop."""
+        """Start evicting idle rooms (`limits.idle_room_seconds`; 0: never) and following the
+        voice directory's changes made by other processes (`[voices] refresh_s`). Needs the
+        loop."""
         idle = self.config.limits.idle_room_seconds
+        if self.voices is not None:  # another process's changes to the directory
+            self.voices.start()
         if idle > 0 and self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(idle), name="chorus-idle-rooms"
@@ -426,6 +438,6 @@ class LiveRooms:
                 await self.close_stream(stream)
         await self.renames.flush()
         if self.voices is not None:  # its "last heard" writes in flight, before the store closes
-            await self.voices.flush()
+            await self.voices.close()
         await self.kit.close()
         await self.pipeline.close()

@@ -7,6 +7,14 @@ stream, read from the stream's stage's `speaker_prints`), the suggestions those 
 `RoomRenames.suggest`, the one suggestion path), remembering a speaker of a room, enrolling from a
 clip, and forgetting a person everywhere at once.
 
+Other processes on the store (`chorus voices`, another `chorus serve`, a `chorus agent` job)
+change the same directory: `watch` (started by `start`) waits for the store's word of a change
+(`VoiceStore.voices_changed`: a Postgres `NOTIFY`, or `[voices] refresh_s`) and `refresh`es,
+reading the people again only when the directory's generation moved. Every read goes through
+`_take`, so a person gone from the store is forgotten by `_drop` whether this process or another
+deleted them, and the owner hears each change once (`on_change`: renames to drop, stages to
+anchor again).
+
 Named on the turn path: `name_for` is called by the server's ON_TRANSCRIPTION hook
 (`server.renames.RoomRenames.apply`) for each turn of a shared-mic stream that no rename names,
 so a voice named by the directory reads its name from that turn on, exactly as a rename does. A
@@ -21,6 +29,7 @@ each track's session as one stream; remembering from a room's voice stays `choru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
@@ -65,6 +74,14 @@ class DirectoryStream(Protocol):
     def audio(self) -> PrintsSource | None: ...
 
 
+Unnamed = tuple[DirectoryStream, str, str]
+"""(stream, label, name): a voice of an open stream that a forgotten person had named."""
+
+OnChange = Callable[[list[Unnamed]], None]
+"""Told after the directory changed (here or in another process): the voices a forgotten person
+had named (their renames go), and the people are new (stages are anchored again)."""
+
+
 class VoicesError(Exception):
     """A directory request refused: an HTTP status, a problem name and a sentence."""
 
@@ -87,7 +104,13 @@ class Naming:
 class VoiceDirectory:
     """The remembered voices and what they name in the open streams (module docstring)."""
 
-    def __init__(self, store: VoiceStore, config: VoicesConfig, suggest: Suggest) -> None:
+    def __init__(
+        self,
+        store: VoiceStore,
+        config: VoicesConfig,
+        suggest: Suggest,
+        on_change: OnChange | None = None,
+    ) -> None:
         self.store = store
         self.config = config
         self.settings = config.identify_settings()
@@ -100,17 +123,72 @@ class VoiceDirectory:
         )
         self._heard_at: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.on_change = on_change
+        """Told after each change is read (`OnChange`): the owner drops renames, re-anchors."""
+        self._generation: int | None = None
+        """The store's directory generation when it was last read."""
+        self._sync_lock = asyncio.Lock()
+        self._watcher: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ the people
 
-    async def load(self) -> None:
-        """Read every person and print from the store (start, and after each change)."""
-        self._take(await self.store.list_voices())
+    async def load(self) -> list[Unnamed]:
+        """Read every person and print from the store (at start, after each change made here,
+        and when another process's change is seen); what it unnamed (`_sync`)."""
+        return await self._sync(force=True)
 
-    def _take(self, voices: list[RememberedVoice]) -> None:
+    async def refresh(self) -> list[Unnamed]:
+        """Read the store again when the directory's generation moved since the last read (a
+        change of any process on the store); nothing is read otherwise. What it unnamed."""
+        return await self._sync(force=False)
+
+    async def _sync(self, *, force: bool) -> list[Unnamed]:
+        async with self._sync_lock:
+            unnamed, changed = await self._read(force=force)
+        if changed and self.on_change is not None:
+            self.on_change(unnamed)
+        return unnamed
+
+    async def _read(self, *, force: bool) -> tuple[list[Unnamed], bool]:
+        """(Under `_sync_lock`.) The store's people as they are now, and what that changes
+        here; (the voices unnamed, whether anything was read)."""
+        generation = await self.store.voices_generation()  # first: the list is at least as new
+        if not force and generation == self._generation:
+            return [], False
+        voices = await self.store.list_voices()
+        self._generation = generation
+        return self._take(voices), True
+
+    def _take(self, voices: list[RememberedVoice]) -> list[Unnamed]:
+        """The directory is `voices` from now on: every person not among them (forgotten here
+        or by another process) is dropped from every open stream (`_drop`)."""
+        kept = {v.id for v in voices}
+        held = set(self._voices)
+        for state in self._streams.values():
+            held.update(found.voice_id for found in state.named.values())
+            held.update(state.suggested.values())
+        unnamed = [entry for voice_id in sorted(held - kept) for entry in self._drop(voice_id)]
         self._voices = {v.id: v for v in voices}
         models = dict.fromkeys(p.model for v in voices for p in v.prints)
         self._known = {model: known_voices(voices, model) for model in models}
+        return unnamed
+
+    def _drop(self, voice_id: str) -> list[Unnamed]:
+        """The one forget path, for a forget made here or seen from another process: the person
+        goes from every open stream's state (`StreamVoices.forget`: the voices it named read as
+        their letters from their next turn, its suggestions go); the (stream, label, name) it
+        named."""
+        unnamed: list[Unnamed] = []
+        for stream, state in list(self._streams.items()):
+            for label in state.forget(voice_id):
+                unnamed.append((stream, label, state.forgotten[label]))
+        self._heard_at.pop(voice_id, None)
+        return unnamed
+
+    @property
+    def people(self) -> list[RememberedVoice]:
+        """The people as last read from the store (what names voices here now)."""
+        return list(self._voices.values())
 
     def anchors_for(
         self, model: str, stream: DirectoryStream | None = None
@@ -145,21 +223,51 @@ class VoiceDirectory:
         await self.load()
         return voice
 
-    async def forget(self, voice_id: str) -> tuple[bool, list[tuple[DirectoryStream, str, str]]]:
-        """Delete the person and every print from the store, and from every open stream now:
-        the voices it named read as letters again from their next turn. Whether there was such
-        a person, and the (stream, label, name) it named (their renames go too)."""
-        gone = await self.store.forget_voice(voice_id)
-        self._voices.pop(voice_id, None)
-        for model in list(self._known):
-            self._known[model] = [k for k in self._known[model] if k.id != voice_id]
-        unnamed: list[tuple[DirectoryStream, str, str]] = []
-        for stream, state in list(self._streams.items()):
-            for label in state.forget(voice_id):
-                unnamed.append((stream, label, state.forgotten[label]))
-        self._heard_at.pop(voice_id, None)
-        await self.load()
+    async def forget(self, voice_id: str) -> tuple[bool, list[Unnamed]]:
+        """Delete the person and every print from the store, and from every open stream now
+        (`_drop`, through the reload that follows): the voices it named read as letters again
+        from their next turn. Whether there was such a person, and the (stream, label, name) it
+        named (`on_change` hears them too: their renames go)."""
+        async with self._sync_lock:  # no refresh reads the store between the delete and this
+            gone = await self.store.forget_voice(voice_id)
+            unnamed, _ = await self._read(force=True)
+        if self.on_change is not None:
+            self.on_change(unnamed)
         return gone, unnamed
+
+    # ------------------------------------------------------------------ other processes
+
+    def start(self) -> None:
+        """Follow the store's changes (`watch`) until `close`. Needs the loop."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self.watch(), name="chorus-voices-watch"
+            )
+
+    async def watch(self) -> None:
+        """Reload whenever another process changes the directory: wait for the store's word of
+        a change (`VoiceStore.voices_changed`: Postgres `NOTIFY` at once) or `refresh_s` at the
+        latest, then `refresh` (one small read of the generation; the people only when it
+        moved). A failed read is logged and tried again at the next turn of the loop."""
+        every = self.config.refresh_s
+        while True:
+            try:
+                await self.store.voices_changed(every)
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reading the voice directory's changes failed")
+                await asyncio.sleep(every)
+
+    async def close(self) -> None:
+        """Stop following the store's changes, and finish the "last heard" writes in flight."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await self.flush()
 
     # ------------------------------------------------------------------ naming turns
 
@@ -259,4 +367,12 @@ class VoiceDirectory:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-__all__ = ["DirectoryStream", "Naming", "PrintsSource", "VoiceDirectory", "VoicesError"]
+__all__ = [
+    "DirectoryStream",
+    "Naming",
+    "OnChange",
+    "PrintsSource",
+    "Unnamed",
+    "VoiceDirectory",
+    "VoicesError",
+]

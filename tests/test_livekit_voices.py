@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,7 @@ from livekit.agents.testing import fake_job_context
 
 from cli.main import main
 from livekit_worker.config import LiveKitConfig
-from livekit_worker.room_agent import TOPIC_SUGGESTION, TOPIC_TRANSCRIPTION
+from livekit_worker.room_agent import TOPIC_SUGGESTION, TOPIC_TRANSCRIPTION, ChorusRoomAgent
 from livekit_worker.worker import run_job
 from server.config import ServerConfig
 from tests.livekit_helpers import (
@@ -38,6 +41,7 @@ from tests.livekit_helpers import (
 from tests.test_livekit_worker import config_for, heard, voice_events
 from voice.testing.deepgram_server import DeepgramTestServer
 
+REPO = Path(__file__).resolve().parents[1]
 MEETING = "librispeech-meetings/lsmeet_dev05_vpB_3spk_close"
 SPAN = (0.0, 17.0)  # LS1688 0.6–8.6 s, LS1998 9.5–16.6 s
 
@@ -59,9 +63,13 @@ async def remembered_config(
     return ServerConfig.model_validate(data)
 
 
-async def shared_mic_plays(config: ServerConfig, shared_fixtures: Path) -> RecordingLocalParticipant:
-    """The meeting's span played on a shared mic of a LiveKit room with a `chorus agent` job;
-    what the job published."""
+async def shared_mic_plays(
+    config: ServerConfig,
+    shared_fixtures: Path,
+    before_play: Callable[[ChorusRoomAgent], Awaitable[None]] | None = None,
+) -> RecordingLocalParticipant:
+    """The meeting's span played on a shared mic of a LiveKit room with a `chorus agent` job
+    (`before_play` runs once the track's stream is open); what the job published."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
@@ -75,6 +83,8 @@ async def shared_mic_plays(config: ServerConfig, shared_fixtures: Path) -> Recor
         room.subscribe(table, player.track, "TR_table")
         await agent.wait_idle()
         assert agent.directory is not None
+        if before_play is not None:
+            await before_play(agent)
         await player.play(clip(words.reference, *SPAN))
         await heard(agent, "conference-room", SPAN[1] - SPAN[0] + 0.5)
         room.leave(table)
@@ -129,3 +139,39 @@ async def test_a_likely_voice_keeps_its_letter_and_the_room_hears_the_suggestion
     assert suggestion.attributes == {"chorus.speaker": speakers[0],
                                      "lk.transcribed_track_id": "TR_table"}
     assert set(message) == {"type", "room", "label", "name", "source", "stream", "voice"}
+
+
+async def test_a_voice_forgotten_by_another_process_while_the_job_runs_is_named_no_more(
+    deepgram: DeepgramTestServer, tmp_path: Path, shared_fixtures: Path
+) -> None:
+    """The job's stream is open, its stage anchored on LS1688, when `chorus voices forget` (a
+    process of its own, beside the job holding the SQLite file) deletes him: the job's directory
+    sees it within its `refresh_s`, and none of his turns is named or suggested."""
+    config = await remembered_config(deepgram.url, tmp_path, shared_fixtures, refresh_s=0.2)
+    forgotten: list[str] = []
+
+    async def forget(agent: ChorusRoomAgent) -> None:
+        directory = agent.directory
+        assert directory is not None
+        [ls1688] = directory.people
+        env = {k: v for k, v in os.environ.items() if k != "CHORUS_STORE_URL"}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cli", "voices", "--config", str(tmp_path / "chorus.toml"),
+            "forget", ls1688.id, cwd=REPO, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        async with asyncio.timeout(120):
+            _, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        deadline = time.monotonic() + 30
+        while directory.people:  # seen by the running job, without a restart
+            assert time.monotonic() < deadline, "the job never saw the forget"
+            await asyncio.sleep(0.02)
+        forgotten.append(ls1688.id)
+
+    local = await shared_mic_plays(config, shared_fixtures, before_play=forget)
+    assert forgotten
+    speakers = [w.attributes["chorus.speaker"] for w in local.streams
+                if w.topic == TOPIC_TRANSCRIPTION]
+    assert speakers and all(s.startswith("Speaker ") for s in speakers)
+    assert not [w for w in local.streams if w.topic == TOPIC_SUGGESTION]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from rooms import RoomKit
 from server.auth import Grant, issue_token
 from server.client import DeviceStream, EventFeed
 from server.protocol import RenamedMessage, StartMessage
@@ -101,12 +102,18 @@ WORDS = ScriptedWords(
 
 @contextlib.asynccontextmanager
 async def directory_server(
-    enabled: bool = True,
+    enabled: bool = True, kit: RoomKit | None = None, **voices: Any
 ) -> AsyncIterator[tuple[RunningServer, httpx.AsyncClient]]:
+    """A server whose shared-mic streams run on `PrintedStage`, its directory `enabled` with
+    `[voices]` `voices`, on `kit`'s store (memory by default)."""
     PrintedStage.heard = StagePrints(MODEL)
     PrintedStage.made.clear()
-    config: dict[str, Any] = {"stt": {"diarize": False}, "voices": {"enabled": enabled}}
-    async with running_server_with_local_stt(config, WORDS, stage_factory=PrintedStage) as srv:
+    config: dict[str, Any] = {
+        "stt": {"diarize": False}, "voices": {"enabled": enabled, **voices}
+    }
+    async with running_server_with_local_stt(
+        config, WORDS, stage_factory=PrintedStage, kit=kit
+    ) as srv:
         async with httpx.AsyncClient(base_url=srv.http_base, timeout=30) as http:
             yield srv, http
 

@@ -66,3 +66,19 @@ async def test_bad_names_and_vectors_are_refused(new_store: StoreFactory) -> Non
         await store.remember_print("Ian", "", pack_vector([1.0]), "clip")
     with pytest.raises(ValueError):
         unpack_vector(b"")
+
+
+async def test_the_generation_moves_with_every_remember_and_forget_only(
+    new_store: StoreFactory,
+) -> None:
+    store = await directory(new_store)
+    assert await store.voices_generation() == 0
+    ian = await store.remember_print("Ian", "m", pack_vector([1.0]), "clip")
+    after_add = await store.voices_generation()
+    assert after_add > 0
+    await store.voice_heard(ian.id, 1234.5)  # "last heard" names nobody new
+    assert await store.voices_generation() == after_add
+    assert not await store.forget_voice("voice-nobody")
+    assert await store.voices_generation() == after_add
+    assert await store.forget_voice(ian.id)
+    assert await store.voices_generation() > after_add

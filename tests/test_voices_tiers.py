@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rooms import HookContext, InMemoryStore, RoomKit
+from rooms import HookContext, InMemoryStore, RoomKit, VoiceStore
 from server.config import VoicesConfig
 from server.feed import RoomFeed
 from server.framing import StreamDeclaration
@@ -137,12 +137,16 @@ class StageAudio:
 
 
 class Room:
-    def __init__(self, kit: RoomKit, store: InMemoryStore) -> None:
+    def __init__(
+        self, kit: RoomKit, store: VoiceStore, config: VoicesConfig | None = None
+    ) -> None:
         self.kit = kit
         self.live = LiveRoom(ROOM, RoomFeed(queue_size=64, history=64))
         self.sessions: dict[str, LiveStream] = {}
         self.renames = RoomRenames(kit, {ROOM: self.live}, self.sessions)
-        self.voices = VoiceDirectory(store, VoicesConfig(enabled=True), self.renames.suggest)
+        self.voices = VoiceDirectory(
+            store, config or VoicesConfig(enabled=True), self.renames.suggest
+        )
         self.renames.voices = self.voices
         declaration = StreamDeclaration("desk", None, True, StreamFormat(16000, "pcm16", 1))
         self.stream = LiveStream(

@@ -3,10 +3,10 @@
 
 `list` prints each remembered person (id, name, prints, created, last heard; never a print's
 vector); `add` keeps a print of CLIP's speech under NAME, made on the live stage's model (the
-one a running server compares with); `forget` deletes the person and every print. A SQLite
-store is one process's: while `chorus serve` holds the file, use the server's `/v1/voices`
-routes instead (a server-wide token, `chorus token '*' --grant admin`); a Postgres store is
-shared, but a running server learns of a change made here only when it starts again.
+one a running server compares with); `forget` deletes the person and every print. The
+directory is opened alone (`rooms.open_directory`): a SQLite file's voice tables work beside a
+`chorus serve` or `chorus agent` holding the file, and a running process on the store (SQLite
+or Postgres) sees a change made here within `[voices] refresh_s` (docs/voices.md).
 
 `remembered_voices` is how `chorus transcribe --voices` and `chorus diarize --voices` read the
 same directory: the same config file, the same store, read only.
@@ -21,8 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rooms import VoiceStore, open_store
-from rooms.sqlite import SQLiteInUse
+from rooms import open_directory
 from rooms.voices import RememberedVoice, pack_vector
 from server.config import ConfigError, VoicesConfig, load_config
 
@@ -60,12 +59,9 @@ async def _run(args: argparse.Namespace, url: str) -> int:
     printed: tuple[str, list[float]] | None = None
     if args.action == "add":  # the model first: a bad clip never opens the store
         printed = await asyncio.to_thread(clip_print, args.clip)
-    opened = await open_store(url)
+    opened = await open_directory(url)
     try:
         store = opened.store
-        if not isinstance(store, VoiceStore):
-            print(f"chorus voices: the store at {url} cannot keep voices", file=sys.stderr)
-            return 2
         if args.action == "list":
             for voice in await store.list_voices():
                 print(
@@ -101,20 +97,14 @@ def remembered_voices(config_path: str | Path | None) -> tuple[list[RememberedVo
     url = config.store.resolved_url()
 
     async def read() -> list[RememberedVoice]:
-        opened = await open_store(url)
+        opened = await open_directory(url)
         try:
-            if not isinstance(opened.store, VoiceStore):
-                raise DirectoryUnavailable(f"the store at {url} cannot keep voices")
             return await opened.store.list_voices()
         finally:
             await opened.close()
 
     try:
         return asyncio.run(read()), config.voices
-    except SQLiteInUse as exc:
-        raise DirectoryUnavailable(
-            f"{exc}; the voice directory is read from the store, which `chorus serve` holds now"
-        ) from exc
     except (ValueError, OSError) as exc:
         raise DirectoryUnavailable(f"cannot read the voice directory at {url}: {exc}") from exc
 
@@ -127,12 +117,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(_run(args, config.store.resolved_url()))
-    except SQLiteInUse as exc:
-        print(
-            f"chorus voices: {exc}; while `chorus serve` runs, use its /v1/voices routes",
-            file=sys.stderr,
-        )
-        return 2
     except (ValueError, FileNotFoundError) as exc:
         print(f"chorus voices: {exc}", file=sys.stderr)
         return 2

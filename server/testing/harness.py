@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rooms import RoomKit
 from server.app import ChorusServer
 from server.config import ServerConfig
 from server.pipeline import build_pipeline
@@ -95,8 +96,10 @@ async def running_server(
     config: ServerConfig | dict[str, Any] | None = None,
     host: str = "127.0.0.1",
     stage_factory: Callable[[], DiarizationStage] | None = None,
+    kit: RoomKit | None = None,
 ) -> AsyncIterator[RunningServer]:
-    """`stage_factory`: every shared-mic stream's diarization stage (a scripted one). A test
+    """`stage_factory`: every shared-mic stream's diarization stage (a scripted one); `kit`: the
+    server's kit, on a store the test opened (`rooms.open_kit`; in memory otherwise). A test
     server sheds no stream off its diarization stage unless the test sets the overload bounds
     (`tests_overload_bounds`): a machine running the suite may be loaded, and shedding there is
     not what a test about labels is about."""
@@ -105,7 +108,7 @@ async def running_server(
             {"secret": SECRET, **tests_overload_bounds(config or {})}
         )
     pipeline = await build_pipeline(config, stage_factory)
-    server = ChorusServer(config, pipeline, config.secret or SECRET)
+    server = ChorusServer(config, pipeline, config.secret or SECRET, kit)
     await server.start(host, 0)
     try:
         yield RunningServer(server=server, host=host, port=server.port)
@@ -135,6 +138,7 @@ async def running_server_with_local_stt(
     config: dict[str, Any] | None = None,
     words: WordSource | None = None,
     stage_factory: Callable[[], DiarizationStage] | None = None,
+    kit: RoomKit | None = None,
 ) -> AsyncIterator[RunningServer]:
     """`running_server` with its STT on a local Deepgram-protocol server that says `words` (none
     by default; `MeetingWords.from_meeting(...)` finds the received audio in a recording).
@@ -152,7 +156,7 @@ async def running_server_with_local_stt(
             **rest,
             "stt": local_deepgram_stt(deepgram.url, **stt_options),
         }
-        async with running_server(full, stage_factory=stage_factory) as srv:
+        async with running_server(full, stage_factory=stage_factory, kit=kit) as srv:
             srv.stt_server = deepgram
             yield srv
 
