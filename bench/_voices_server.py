@@ -148,6 +148,30 @@ def label_of(result: StreamResult, reference: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def voices_of(
+    reference: dict[str, Any], shown: list[Shown], final: dict[str, str | None]
+) -> dict[str, dict[str, Any]]:
+    """Each stage label of the meeting → the name it ended with and the seconds of each reference
+    speaker's speech inside its turns (where a voice was split, or two were mixed)."""
+    import numpy as np
+
+    n = len(next(iter(reference.values())))
+    grids: dict[str, Any] = {}
+    for s in shown:
+        grids.setdefault(s.label, np.zeros(n, dtype=bool))[_frames(s.start) : _frames(s.end)] = True
+    return {
+        label: {
+            "name": final.get(label),
+            "speech_s": {
+                speaker: round(float((g & ref).sum()) * GRID_S, 1)
+                for speaker, ref in sorted(reference.items())
+                if (g & ref).any()
+            },
+        }
+        for label, g in sorted(grids.items())
+    }
+
+
 async def _settle(result: StreamResult) -> None:
     """Until no turn arrived for `SETTLE_S` (bounded by `SETTLE_MAX_S`)."""
     deadline = time.monotonic() + SETTLE_MAX_S
@@ -266,7 +290,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         audio = read_audio_16k(folder / f"{name}.flac")
         if limit is not None:
             audio = audio[: int(limit * 16000)]
-        return float_to_pcm16(audio), _reference(folder / f"{name}.rttm", len(audio) / 16000)
+        reference = _reference(folder / f"{name}.rttm", len(audio) / 16000)
+        # a cut (`--seconds`) keeps the speakers who speak in it
+        return float_to_pcm16(audio), {s: g for s, g in reference.items() if g.any()}
 
     a_audio, a_ref = await asyncio.to_thread(load, names["A"])
     b_audio, b_ref = await asyncio.to_thread(load, names["B"])
@@ -326,7 +352,12 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     report["meeting_b_turns"] = _latency(b_result)
     report["turns"] = rows
     report["outcome"] = score_shown(b_ref, shown, remembered, final)
+    report["voices"] = voices_of(b_ref, shown, final)
     return report
+
+
+def _or_never(x: float | None) -> str:
+    return "never" if x is None else f"{x:.1f}"
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -365,12 +396,17 @@ def run_server(args: argparse.Namespace) -> int:
     print("|---|---:|---:|---:|---:|---:|")
     for s, v in row["speakers"].items():
         print(f"| {s} | {v['speech_s']:.1f} | {_pct(v['named'])} | {_pct(v['named_or_suggested'])}"
-              f" | {v['first_named_after_s']} | {v['first_suggested_after_s']} |")
+              f" | {_or_never(v['first_named_after_s'])} | "
+              f"{_or_never(v['first_suggested_after_s'])} |")
     for s, v in row["strangers_named"].items():
         print(f"| {s} (not remembered) | {outcome.strangers[s] * GRID_S:.1f} | under a name "
               f"{_pct(v)} | own voice: {outcome.strangers_voice[s] or 'its letter'} | | |")
     print(f"\nwrong names {_pct(row['wrong'])} of all speech, wrong suggestions "
           f"{_pct(row['wrong_suggested'])}")
+    print("meeting B's stage voices (the name each ended with: whose speech its turns hold):")
+    for label, v in report["voices"].items():
+        held = ", ".join(f"{s} {t:.1f} s" for s, t in v["speech_s"].items()) or "no speech"
+        print(f"  {label} ({v['name'] or 'its letter'}): {held}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
     return 0

@@ -38,6 +38,15 @@ meeting A" keeps each batch speaker's print of A, as `chorus voices` would from 
 ≥ `min_speech_s` of lone speech. The first-name times are not a batch figure (a whole file is
 named at once) and are not printed. The pair is scored at the `[voices]` defaults (what
 `--voices` uses) and at the thresholds the batch folds chose, when those differ.
+
+`--path server` measures the pair as the issue words it, through a real `chorus serve` (its own
+process: Whisper tiny.en, the embedded stage, a SQLite store, `[voices]` on at its defaults):
+meeting A streamed at real-time pace by a shared-mic device and its speakers remembered through
+`POST …/speakers/remember` (or, `--directory close-clips|far-clips`, enrolled through
+`POST /v1/voices`), then meeting B streamed the same way; the turns are scored as they reached
+the device, suggestions read from the room's feed (`bench._voices_server`). No folds there: one
+server run per condition. Every path is scored by `score_shown` (stretches as shown: the
+replay's feeds, the batch's one feed, the server's turns).
 """
 
 from __future__ import annotations
