@@ -172,6 +172,21 @@ def voices_of(
     }
 
 
+def in_turns(reference: dict[str, Any], shown: list[Shown]) -> dict[str, float]:
+    """Each reference speaker → the share of their speech inside any turn (what could be named at
+    all: speech the STT made no turn of is counted as not named)."""
+    import numpy as np
+
+    n = len(next(iter(reference.values())))
+    heard = np.zeros(n, dtype=bool)
+    for s in shown:
+        heard[_frames(s.start) : _frames(s.end)] = True
+    return {
+        speaker: float((heard & ref).sum()) / max(int(ref.sum()), 1)
+        for speaker, ref in sorted(reference.items())
+    }
+
+
 async def _settle(result: StreamResult) -> None:
     """Until no turn arrived for `SETTLE_S` (bounded by `SETTLE_MAX_S`)."""
     deadline = time.monotonic() + SETTLE_MAX_S
@@ -353,6 +368,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     report["turns"] = rows
     report["outcome"] = score_shown(b_ref, shown, remembered, final)
     report["voices"] = voices_of(b_ref, shown, final)
+    report["in_turns"] = in_turns(b_ref, shown)
     return report
 
 
@@ -365,19 +381,20 @@ def run_server(args: argparse.Namespace) -> int:
     outcome = report.pop("outcome")
     where = f"the first {report['seconds']:g} s of each meeting" if report["seconds"] else \
         "whole meetings"
+    clips = report["directory"].replace("-", " ")
     print(f"\nthrough chorus serve ({report['commit']}), {report['render']} render, {where} at "
           f"real-time pace; auto {report['auto']:.2f}, suggest {report['suggest']:.2f}")
     if report["directory"] == "remembered":
         print(f"meeting A ({report['meeting_a']}): remembered from its room:")
     else:
-        print(f"meeting A's speakers enrolled from their {report['directory']}:")
+        print(f"meeting A's speakers enrolled from their {clips}:")
     for a in report["directory_attempts"]:
         said = "ok" if a.get("status") == 201 else f"refused: {a.get('problem') or a.get('status')}"
         print(f"  {a['speaker']} ({a.get('label') or a.get('clip')}): {said}"
               + (f" ({a['detail']})" if a.get("detail") and a.get("status") != 201 else ""))
     print(f"\nmeeting B ({report['meeting_b']}); directory: {', '.join(report['remembered'])}")
     label = ("remembered from meeting A" if report["directory"] == "remembered"
-             else f"enrolled from the {report['directory']}")
+             else f"enrolled from the {clips}")
     row = pair_row(label, report["remembered"], outcome, batch=False)
     report["pair"] = {label: row}
     lat = report["meeting_b_turns"]
@@ -391,16 +408,19 @@ def run_server(args: argparse.Namespace) -> int:
     print(f"  load average {', '.join(f'{x:.2f}' for x in report['load_average_before'])} before, "
           f"{', '.join(f'{x:.2f}' for x in report['load_average_after'])} after; "
           f"{report['wall_s']:.0f} s in all")
-    print("\n| speaker | speech (s) | named | named or suggested | first name after (s) | "
-          "first suggestion after (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| speaker | speech (s) | in a turn | named | named or suggested | first name after (s) "
+          "| first suggestion after (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    cover = report["in_turns"]
     for s, v in row["speakers"].items():
-        print(f"| {s} | {v['speech_s']:.1f} | {_pct(v['named'])} | {_pct(v['named_or_suggested'])}"
+        print(f"| {s} | {v['speech_s']:.1f} | {_pct(cover[s])} | {_pct(v['named'])} | "
+              f"{_pct(v['named_or_suggested'])}"
               f" | {_or_never(v['first_named_after_s'])} | "
               f"{_or_never(v['first_suggested_after_s'])} |")
     for s, v in row["strangers_named"].items():
-        print(f"| {s} (not remembered) | {outcome.strangers[s] * GRID_S:.1f} | under a name "
-              f"{_pct(v)} | own voice: {outcome.strangers_voice[s] or 'its letter'} | | |")
+        print(f"| {s} (not remembered) | {outcome.strangers[s] * GRID_S:.1f} | {_pct(cover[s])} | "
+              f"under a name {_pct(v)} | own voice: {outcome.strangers_voice[s] or 'its letter'} "
+              "| | |")
     print(f"\nwrong names {_pct(row['wrong'])} of all speech, wrong suggestions "
           f"{_pct(row['wrong_suggested'])}")
     print("meeting B's stage voices (the name each ended with: whose speech its turns hold):")

@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench._voices_server import _shown_turns, label_of, suggestions_by_turn, voices_of
+from bench._voices_server import (
+    _shown_turns,
+    in_turns,
+    label_of,
+    suggestions_by_turn,
+    voices_of,
+)
 from bench.load import StreamResult
 from bench.voices import GRID_S, _frames, score_shown
 from server.protocol import SpeakerSuggestionMessage, TurnMessage
@@ -83,6 +89,7 @@ def test_turns_as_they_reached_the_device_are_scored_by_the_benchs_scoring() -> 
     assert outcome.strangers_named == {"New": _frames(4.0)}
     assert outcome.strangers_voice == {"New": "Peg"}
     assert outcome.speech * GRID_S == pytest.approx(14.0)
+    assert in_turns(REFERENCE, shown[1:]) == {"Ian": pytest.approx(2 / 6), "New": 1.0, "Peg": 1.0}
     assert voices_of(REFERENCE, shown, final) == {
         "Speaker A": {"name": "Ian", "speech_s": {"Ian": 6.0}},
         "Speaker B": {"name": None, "speech_s": {"Peg": 4.0}},
