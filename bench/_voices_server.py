@@ -191,7 +191,7 @@ async def _settle(result: StreamResult) -> None:
     """Until no turn arrived for `SETTLE_S` (bounded by `SETTLE_MAX_S`)."""
     deadline = time.monotonic() + SETTLE_MAX_S
     while time.monotonic() < deadline:
-        last = result.versions[-1][0] if result.versions else result.sent_wall[-1]
+        last = result.versions[-1][0] if result.versions else (result.sent_wall or [0.0])[-1]
         if time.monotonic() - last >= SETTLE_S:
             return
         await asyncio.sleep(0.2)
