@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,6 +307,10 @@ class StreamResult:
     degraded: bool = False
     """The stream was taken off the diarization stage (`diarization_status` degraded)."""
     error: str | None = None
+    versions: list[tuple[float, TurnMessage]] = field(default_factory=list)
+    """Every `turn` message as it arrived (monotonic wall time, message), corrections included."""
+    sent_wall: list[float] = field(default_factory=list)
+    """Monotonic wall time at which each frame was sent (the first: the stream's start)."""
 
 
 SLOWEST_KEPT = 5
@@ -367,15 +372,22 @@ def turn_latencies(
 
 
 async def _one_device(
-    base: str, room: str, audio: bytes, seconds: float, tokens: TokenMinter
+    base: str,
+    room: str,
+    audio: bytes,
+    seconds: float,
+    tokens: TokenMinter,
+    before_stop: Callable[[StreamResult], Awaitable[None]] | None = None,
 ) -> StreamResult:
-    """Stream `seconds` of `audio` at real-time pace in 100 ms frames; latency of every turn."""
+    """Stream `seconds` of `audio` at real-time pace in 100 ms frames; latency of every turn.
+    `before_stop`: awaited after the last frame, while the stream is still open (the turns so
+    far are in the result's `versions`)."""
     result = StreamResult()
     sent_audio: list[float] = []
-    sent_wall: list[float] = []
+    sent_wall = result.sent_wall
     received: list[tuple[float, float]] = []
 
-    versions: list[tuple[float, TurnMessage]] = []
+    versions = result.versions
 
     def on_message(message: FeedMessage) -> None:
         if isinstance(message, TurnMessage):
@@ -402,6 +414,8 @@ async def _one_device(
             await device.ws.send(piece)
             sent_audio.append((offset + len(piece)) / 32000)
             sent_wall.append(time.monotonic())
+        if before_stop is not None:
+            await before_stop(result)
         async with asyncio.timeout(120):
             await device.stop()
     except Exception as exc:  # recorded, not raised: one failed device is a result

@@ -38,6 +38,15 @@ meeting A" keeps each batch speaker's print of A, as `chorus voices` would from 
 ≥ `min_speech_s` of lone speech. The first-name times are not a batch figure (a whole file is
 named at once) and are not printed. The pair is scored at the `[voices]` defaults (what
 `--voices` uses) and at the thresholds the batch folds chose, when those differ.
+
+`--path server` measures the pair as the issue words it, through a real `chorus serve` (its own
+process: Whisper tiny.en, the embedded stage, a SQLite store, `[voices]` on at its defaults):
+meeting A streamed at real-time pace by a shared-mic device and its speakers remembered through
+`POST …/speakers/remember` (or, `--directory close-clips|far-clips`, enrolled through
+`POST /v1/voices`), then meeting B streamed the same way; the turns are scored as they reached
+the device, suggestions read from the room's feed (`bench._voices_server`). No folds there: one
+server run per condition. Every path is scored by `score_shown` (stretches as shown: the
+replay's feeds, the batch's one feed, the server's turns).
 """
 
 from __future__ import annotations
@@ -114,10 +123,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--path",
-        choices=("live", "batch"),
+        choices=("live", "batch", "server"),
         default="live",
         help="live: the live stage fed in 0.5 s steps, as `chorus serve` (default); batch: the "
-        "whole file diarized, then named once, as `chorus transcribe|diarize --voices`",
+        "whole file diarized, then named once, as `chorus transcribe|diarize --voices`; server: "
+        "the voiceprint pair only, streamed at real-time pace through a `chorus serve` of this "
+        "checkout (Whisper tiny.en, the embedded stage), its turns scored as they arrived",
+    )
+    parser.add_argument(
+        "--directory",
+        choices=("remembered", "close-clips", "far-clips"),
+        default="remembered",
+        help="with --path server: the directory meeting B is named from: the speakers of meeting "
+        "A remembered from its room (`POST …/speakers/remember`, default), or A's speakers "
+        "enrolled from their close or far clips (`POST /v1/voices`; meeting A is not streamed)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="with --path server: stream only the first SECONDS of each meeting (a quick check; "
+        "default: the whole meetings)",
     )
 
 
@@ -221,35 +247,79 @@ class Outcome:
     most of their speech) ended with (None: it kept its letter)."""
 
 
-def name_meeting(
+@dataclass(frozen=True)
+class Shown:
+    """A stretch of one voice's speech as it was shown: its stage label, its span (seconds of the
+    meeting), when it was shown (seconds from the meeting's start: the feed that decided it, or
+    the arrival of the turn that carried it), the name it carried (tier auto) and the name
+    suggested for its voice (tier suggest, when it carried none)."""
+
+    label: str
+    start: float
+    end: float
+    at: float
+    name: str | None = None
+    suggested: str | None = None
+
+
+def replay_names(
     meeting: Meeting, directory: Sequence[KnownVoice], settings: IdentifySettings
-) -> Outcome:
-    n = len(meeting.speech)
-    named = {v.name: np.zeros(n, dtype=bool) for v in directory}
-    suggested = {v.name: np.zeros(n, dtype=bool) for v in directory}
-    first_named: dict[str, float | None] = {v.name: None for v in directory}
-    first_suggested: dict[str, float | None] = {v.name: None for v in directory}
+) -> tuple[list[Shown], dict[str, str | None]]:
+    """The identification replayed over the stage's feeds (`StreamVoices`, what the server's
+    rename hook runs): each stretch under the name (or suggestion) its label held just after the
+    feed that decided it; and the name each label ended with."""
     names = {v.id: v.name for v in directory}
     state = StreamVoices()
-    ref = meeting.reference
+    shown: list[Shown] = []
     for fed in meeting.fed:
         if fed.prints.model:
             state.update(fed.prints.prints, fed.prints.speech_s, directory, settings)
         for label, t0, t1 in fed.pieces:
-            lo, hi = _frames(t0), min(_frames(t1), n)
-            if hi <= lo:
-                continue
             name = state.name_of(label)
-            target, first = named, first_named
+            suggested = None
             if name is None and label in state.suggested:
-                name = names.get(state.suggested[label])
-                target, first = suggested, first_suggested
-            if name is None:
-                continue
-            target[name][lo:hi] = True
-            if first[name] is None and name in ref and ref[name][lo:hi].any():
-                first[name] = fed.at
-    speech = meeting.speech
+                suggested = names.get(state.suggested[label])
+            shown.append(Shown(label, t0, t1, fed.at, name, suggested))
+    return shown, {label: state.name_of(label) for label in {s.label for s in shown}}
+
+
+def name_meeting(
+    meeting: Meeting, directory: Sequence[KnownVoice], settings: IdentifySettings
+) -> Outcome:
+    shown, final = replay_names(meeting, directory, settings)
+    return score_shown(meeting.reference, shown, [v.name for v in directory], final)
+
+
+def score_shown(
+    ref: dict[str, BoolArray],
+    shown: Sequence[Shown],
+    directory: Sequence[str],
+    final: dict[str, str | None],
+) -> Outcome:
+    """The scoring of every path (the replay, batch, the server's turns): `shown` (the stretches
+    as named or suggested, any order) against the reference grids `ref`; `directory`: the
+    remembered names; `final`: the name each label ended with."""
+    n = len(next(iter(ref.values())))
+    named = {name: np.zeros(n, dtype=bool) for name in directory}
+    suggested = {name: np.zeros(n, dtype=bool) for name in directory}
+    first_named: dict[str, float | None] = {name: None for name in directory}
+    first_suggested: dict[str, float | None] = {name: None for name in directory}
+    labels: dict[str, BoolArray] = {}
+    for s in shown:
+        lo, hi = _frames(s.start), min(_frames(s.end), n)
+        labels.setdefault(s.label, np.zeros(n, dtype=bool))[lo:hi] = True
+        if hi <= lo:
+            continue
+        target, first, name = named, first_named, s.name
+        if name is None and s.suggested is not None:
+            target, first, name = suggested, first_suggested, s.suggested
+        if name is None or name not in target:
+            continue
+        target[name][lo:hi] = True
+        if name in ref and ref[name][lo:hi].any():
+            before = first[name]
+            first[name] = s.at if before is None else min(before, s.at)
+    speech: BoolArray = np.logical_or.reduce(list(ref.values()))
     own = {s: int(ref[s].sum()) for s in ref if s in named}
     start = {s: float(np.argmax(ref[s])) * GRID_S for s in own}
     anyone_named = np.logical_or.reduce([*named.values(), np.zeros(n, dtype=bool)])
@@ -261,10 +331,6 @@ def name_meeting(
         return int(bad.sum())
 
     strangers = {s: int(ref[s].sum()) for s in ref if s not in named}
-    labels: dict[str, BoolArray] = {}
-    for fed in meeting.fed:
-        for label, t0, t1 in fed.pieces:
-            labels.setdefault(label, np.zeros(n, dtype=bool))[_frames(t0) : _frames(t1)] = True
     voice_of = {
         s: max(labels, key=lambda k: int((labels[k] & ref[s]).sum()), default=None)
         for s in strangers
@@ -281,7 +347,7 @@ def name_meeting(
         strangers=strangers,
         strangers_named={s: int((anyone_named & ref[s]).sum()) for s in strangers},
         strangers_voice={
-            s: None if label is None else state.name_of(label) for s, label in voice_of.items()
+            s: None if label is None else final.get(label) for s, label in voice_of.items()
         },
     )
 
@@ -408,47 +474,57 @@ def _pair(
     )
     for label, directory in conditions.items():
         b = meeting(b_name, directory, label)
-        o = name_meeting(b, directory, settings)
-        row: dict[str, Any] = {"directory": [v.id for v in directory], "speakers": {}}
-        print(f"  {label}: {len(directory)} voices")
-        for s in sorted(o.own):
-            share = o.named[s] / o.own[s]
-            either = o.named_or_suggested[s] / o.own[s]
-            row["speakers"][s] = {
-                "named": share,
-                "named_or_suggested": either,
-                "first_named_after_s": None if batch else o.first_named[s],
-                "first_suggested_after_s": None if batch else o.first_suggested[s],
-                "speech_s": o.own[s] * GRID_S,
-            }
-            when = "" if batch else (
-                f"; first name {o.first_named[s]} s after they began, first suggestion "
-                f"{o.first_suggested[s]} s"
-            )
-            print(
-                f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
-                f"suggested {_pct(either)}{when}"
-            )
-        row["wrong"] = o.wrong / o.speech
-        row["wrong_suggested"] = o.wrong_suggested / o.speech
-        row["strangers_named"] = {
-            s: o.strangers_named[s] / max(o.strangers[s], 1) for s in o.strangers
-        }
-        row["strangers_voice_named"] = o.strangers_voice
-        print(
-            f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
-            f"{_pct(row['wrong_suggested'])}; speech of speakers not remembered given a "
-            "name: "
-            + ", ".join(
-                f"{s} {_pct(v)} (their own voice: {o.strangers_voice[s] or 'its letter'})"
-                for s, v in row["strangers_named"].items()
-            )
+        out[label] = pair_row(
+            label, [v.id for v in directory], name_meeting(b, directory, settings), batch=batch
         )
-        out[label] = row
     return out
 
 
+def pair_row(label: str, directory: list[str], o: Outcome, *, batch: bool) -> dict[str, Any]:
+    """Meeting B's figures under one directory (`o`), printed; the pair's JSON row."""
+    row: dict[str, Any] = {"directory": directory, "speakers": {}}
+    print(f"  {label}: {len(directory)} voices")
+    for s in sorted(o.own):
+        share = o.named[s] / o.own[s]
+        either = o.named_or_suggested[s] / o.own[s]
+        row["speakers"][s] = {
+            "named": share,
+            "named_or_suggested": either,
+            "first_named_after_s": None if batch else o.first_named[s],
+            "first_suggested_after_s": None if batch else o.first_suggested[s],
+            "speech_s": o.own[s] * GRID_S,
+        }
+        when = "" if batch else (
+            f"; first name {o.first_named[s]} s after they began, first suggestion "
+            f"{o.first_suggested[s]} s"
+        )
+        print(
+            f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
+            f"suggested {_pct(either)}{when}"
+        )
+    row["wrong"] = o.wrong / o.speech
+    row["wrong_suggested"] = o.wrong_suggested / o.speech
+    row["strangers_named"] = {
+        s: o.strangers_named[s] / max(o.strangers[s], 1) for s in o.strangers
+    }
+    row["strangers_voice_named"] = o.strangers_voice
+    print(
+        f"    wrong names {_pct(row['wrong'])} of the speech, wrong suggestions "
+        f"{_pct(row['wrong_suggested'])}; speech of speakers not remembered given a "
+        "name: "
+        + ", ".join(
+            f"{s} {_pct(v)} (their own voice: {o.strangers_voice[s] or 'its letter'})"
+            for s, v in row["strangers_named"].items()
+        )
+    )
+    return row
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "path", "live") == "server":
+        from bench._voices_server import run_server
+
+        return run_server(args)
     from diarization.embedded import EmbeddedStage
     from voice.audio import read_audio_16k
 
