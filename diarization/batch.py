@@ -121,6 +121,16 @@ class BatchSettings:
     """VBx: scale of the x-vectors' likelihoods (overlapping windows are not independent)."""
     vbx_fb: float = 17.0
     """VBx: scale of the speaker prior (larger: fewer speakers survive)."""
+    vbx_min_xvectors: int = 0
+    """VBx: with fewer x-vectors than this, the clustering stays as it is (a recording with a
+    few dozen seconds of speech gives the speaker model too little to stand on)."""
+    vbx_weight: float = 1.0
+    """VBx: a local speaker goes to the cluster with the best (1 − this) · (cosine to the
+    centroid + 1) / 2 + this · (VBx posterior over its frames); 1: the posterior alone."""
+    vbx_within: str = "lag"
+    """VBx: where the within-speaker covariance comes from (`diarization.vbx.estimate_model`):
+    `lag` (x-vectors of one initial cluster a window apart) or `labels` (the scatter around the
+    initial clusters' means: LDA on the initial clustering)."""
 
     def __post_init__(self) -> None:
         if self.clustering not in CLUSTERING_METHODS:
@@ -613,7 +623,7 @@ def vbx_refine(
     from the local speakers' embeddings."""
     k = len(clustering.centroids)
     n = len(vectors.positions)
-    if k < 2 or n < 2:
+    if k < 2 or n < max(2, settings.vbx_min_xvectors):
         return clustering
     count, activation = _frame_activity(analysis, clustering.assignment, k)
     total = len(count)
@@ -637,6 +647,7 @@ def vbx_refine(
         loop=settings.vbx_loop,
         fa=settings.vbx_fa,
         fb=settings.vbx_fb,
+        within_from=settings.vbx_within,
     )
     if posteriors is None:
         return clustering
@@ -667,7 +678,8 @@ def vbx_refine(
             index = index[index < total]
             index = index[covered[index]]
             if len(index):
-                scores[r] = frame_post[index].mean(axis=0)
+                weight = settings.vbx_weight
+                scores[r] = (1 - weight) * scores[r] + weight * frame_post[index].mean(axis=0)
         picked, cols = linear_sum_assignment(-scores)
         for r, c in zip(picked, cols, strict=True):
             assignment[w, speakers[r]] = c

@@ -58,10 +58,11 @@ WIDE_GRID: dict[str, Sequence[Any]] = {
 # on; `--cv-grid ahc --cv-grid vbx` lets each fold choose it or not)
 VBX_GRID: dict[str, Sequence[Any]] = {
     "vbx": (True,),
-    "vbx_loop": (0.8, 0.95),
-    "vbx_fa": (0.1, 0.3, 1.0),
-    "vbx_fb": (5.0, 17.0, 50.0),
-    "vbx_dim": (8, 32),
+    "vbx_within": ("lag", "labels"),
+    "vbx_weight": (0.3, 0.5, 1.0),
+    "vbx_fa": (0.3, 1.0),
+    "vbx_fb": (5.0, 17.0),
+    "vbx_min_xvectors": (0, 100),
 }
 NAMED_GRIDS: dict[str, tuple[str, dict[str, Sequence[Any]]]] = {
     "ahc": ("ahc", GRID),

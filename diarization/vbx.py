@@ -42,8 +42,10 @@ INIT_SMOOTHING = 7.0
 """The initial posteriors: softmax of this times the initial labels' one-hot rows (as pyannote's
 VBx clustering seeds them from AHC): confident, not certain."""
 MIN_PAIRS_PER_DIM = 4
-"""The PCA keeps at most (same-speaker pairs) / this dimensions, so the within-speaker covariance
-is estimated from several times as many pairs as it has dimensions."""
+"""The PCA keeps at most (same-speaker pairs, or x-vectors less clusters) / this dimensions, so
+the within-speaker covariance is estimated from several times as many samples as it has
+dimensions."""
+WITHIN_FROM = ("lag", "labels")
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,25 @@ def estimate_model(
     *,
     lag: int,
     dim: int,
+    within_from: str = "lag",
 ) -> SpeakerModel | None:
     """The recording's own two-covariance model (module docstring), or None when it holds too
-    few same-speaker pairs to estimate one. `dim`: at most this many PCA dimensions."""
+    few x-vectors to estimate one. `dim`: at most this many PCA dimensions. `within_from`:
+    `lag`, the within-speaker covariance from same-label pairs `lag` apart (the between-speaker
+    covariance then has full rank, and VBx may split a voice along what changes slowly in it);
+    `labels`, from the scatter around each initial cluster's mean (the between-speaker covariance
+    is then the clusters' scatter, of rank k − 1: LDA on the initial clustering, so VBx re-decides
+    along the directions that separate the initial clusters)."""
+    if within_from not in WITHIN_FROM:
+        raise ValueError(f"within_from {within_from!r}: choose one of {', '.join(WITHIN_FROM)}")
     data = np.asarray(x, np.float64)
     n = len(data)
-    pairs = same_speaker_pairs(labels, positions, lag)
-    p = min(dim, len(pairs) // MIN_PAIRS_PER_DIM, n - 1, data.shape[1])
+    if within_from == "lag":
+        pairs = same_speaker_pairs(labels, positions, lag)
+        p = min(dim, len(pairs) // MIN_PAIRS_PER_DIM, n - 1, data.shape[1])
+    else:
+        pairs = np.zeros((0, 2), np.int64)
+        p = min(dim, (n - len(np.unique(labels))) // MIN_PAIRS_PER_DIM, n - 1, data.shape[1])
     if p < 1:
         return None
     mean = data.mean(axis=0)
@@ -109,8 +123,15 @@ def estimate_model(
     pca = vt[:p].T  # (input dim, p)
     y = centred @ pca
     total = y.T @ y / n
-    diff = y[pairs[:, 0]] - y[pairs[:, 1]]
-    within = diff.T @ diff / (2 * len(pairs))
+    if within_from == "lag":
+        diff = y[pairs[:, 0]] - y[pairs[:, 1]]
+        within = diff.T @ diff / (2 * len(pairs))
+    else:
+        means = np.zeros((int(labels.max()) + 1, p))
+        np.add.at(means, labels, y)
+        means /= np.maximum(np.bincount(labels, minlength=len(means)), 1)[:, None]
+        residual = y - means[labels]
+        within = residual.T @ residual / n
     within += np.eye(p) * (1e-6 * np.trace(within) / p + EPS)
     # generalised eigenproblem: Vᵀ W V = I, Vᵀ (T − W) V = diag(phi)
     phi, vectors = eigh(total - within, within)
@@ -216,6 +237,7 @@ def refine(
     loop: float,
     fa: float,
     fb: float,
+    within_from: str = "lag",
     max_iters: int = 20,
 ) -> FloatArray | None:
     """VBx from an initial clustering: the posteriors (n, k) of the L2-normalised x-vectors `x`
@@ -225,7 +247,7 @@ def refine(
     data = np.asarray(x, np.float64)
     if len(data) < 2 or k < 2:
         return None
-    model = estimate_model(data, labels, positions, lag=lag, dim=dim)
+    model = estimate_model(data, labels, positions, lag=lag, dim=dim, within_from=within_from)
     if model is None:
         return None
     result = vbx(
