@@ -31,9 +31,18 @@ def _sequence(turns: list[tuple[int, int]], seed: int = 0, noise: float = 0.9) -
     return l2_normalize(points.astype(np.float32)), who
 
 
-def _refine(x: np.ndarray, labels: np.ndarray, k: int) -> list[int]:
+def _refine(x: np.ndarray, labels: np.ndarray, k: int, within_from: str = "lag") -> list[int]:
     posteriors = vbx.refine(
-        x, labels, np.arange(len(x)), k=k, lag=3, dim=16, loop=0.9, fa=0.3, fb=17.0
+        x,
+        labels,
+        np.arange(len(x)),
+        k=k,
+        lag=3,
+        dim=16,
+        loop=0.9,
+        fa=0.3,
+        fb=17.0,
+        within_from=within_from,
     )
     assert posteriors is not None
     assert posteriors.shape == (len(x), k)
@@ -41,14 +50,15 @@ def _refine(x: np.ndarray, labels: np.ndarray, k: int) -> list[int]:
     return [int(v) for v in np.argmax(posteriors, axis=1)]
 
 
-def test_vbx_fixes_a_wrong_initial_clustering() -> None:
+@pytest.mark.parametrize("within_from", vbx.WITHIN_FROM)
+def test_vbx_fixes_a_wrong_initial_clustering(within_from: str) -> None:
     x, who = _sequence([(0, 60), (1, 60), (0, 60), (2, 60)])
     wrong = who.copy()
     wrong[10:25] = 1  # a stretch of speaker 0's turn given to speaker 1
     wrong[130:140] = 2  # and one of speaker 0's second turn to speaker 2
     wrong[[70, 95, 200]] = 0  # and three lone x-vectors
     assert (wrong != who).sum() == 28
-    fixed = _refine(x, wrong, 3)
+    fixed = _refine(x, wrong, 3, within_from)
     assert fixed == who.tolist()
 
 
@@ -62,9 +72,10 @@ def test_vbx_empties_a_speaker_the_initial_clustering_invented() -> None:
     assert len(set(out[who == 0].tolist())) == 1 and len(set(out[who == 1].tolist())) == 1
 
 
-def test_vbx_keeps_a_correct_clustering() -> None:
+@pytest.mark.parametrize("within_from", vbx.WITHIN_FROM)
+def test_vbx_keeps_a_correct_clustering(within_from: str) -> None:
     x, who = _sequence([(0, 40), (1, 30), (2, 50), (0, 20), (1, 40)], seed=3)
-    assert _refine(x, who, 3) == who.tolist()
+    assert _refine(x, who, 3, within_from) == who.tolist()
 
 
 def test_vbx_is_deterministic() -> None:
@@ -89,6 +100,12 @@ def test_the_speaker_model_whitens_the_within_speaker_scatter() -> None:
     assert model.phi[0] > 5 and model.phi[1] > 5 and model.phi[-1] < 1
 
 
+def test_an_unknown_covariance_source_is_refused() -> None:
+    x, who = _sequence([(0, 30), (1, 30)])
+    with pytest.raises(ValueError, match="within_from"):
+        vbx.estimate_model(x, who, np.arange(60), lag=3, dim=8, within_from="plda")
+
+
 def test_too_few_x_vectors_give_no_model() -> None:
     x, who = _sequence([(0, 3), (1, 2)])
     assert vbx.refine(x, who, np.arange(5), k=2, lag=3, dim=16, loop=0.9, fa=0.3, fb=17.0) is None
@@ -110,3 +127,20 @@ def test_vbx_step_on_falcon_test_keeps_its_three_speakers(shared_fixtures: Path)
     reference = SpeakerTimeline.read_rttm(clips / "falcon_test.rttm")
     assert len(timeline.speakers) == 3
     assert score(reference, timeline, duration=18.6, collar=0.25).der < 0.1
+
+
+def test_the_batch_step_leaves_a_recording_with_too_few_x_vectors_alone() -> None:
+    decisions = np.zeros((2, 589, 3), np.uint8)
+    decisions[:, :300, 0] = 1
+    decisions[:, 300:, 1] = 1
+    embeddings = np.zeros((2, 3, DIM), np.float32)
+    analysis = batch.Analysis(12.0, [0, 32000], decisions, embeddings, np.zeros((2, 3), np.int64))
+    clustering = batch.Clustering(
+        np.eye(2, DIM, dtype=np.float32), np.array([[0, 1, -1], [0, 1, -1]], np.int64)
+    )
+    x, _ = _sequence([(0, 10), (1, 10)])
+    vectors = batch.XVectors(np.arange(20, dtype=np.int64), x, 0.5, 1.5)
+    settings = BatchSettings(vbx=True, vbx_min_xvectors=21)
+    assert batch.vbx_refine(analysis, clustering, vectors, settings) is clustering
+    one = batch.XVectors(np.zeros(1, np.int64), x[:1], 0.5, 1.5)
+    assert batch.vbx_refine(analysis, clustering, one, BatchSettings(vbx=True)) is clustering
