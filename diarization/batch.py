@@ -108,7 +108,10 @@ class BatchSettings:
     """After the clustering, a VB-HMM over CAM++ x-vectors of short windows within speech
     (`diarization.vbx`, VBx with the speaker model estimated from the recording) re-decides
     which cluster each window's local speaker is (`vbx_refine`). Costs one more embedding per
-    `vbx_step` of speech. Off: not better held out (docs/benchmarks.md, 2026-12-06)."""
+    `vbx_step` of speech (about +0.04 CPU-s per audio second). Off: held out it gains only on
+    the far-field LibriSpeech renders (11.0 against 11.2 % over the 28 tuning files, AMI level,
+    where the recordings are under `vbx_min_xvectors`) and breaks the RTF budget
+    (docs/benchmarks.md, 2026-12-06). The `vbx_*` defaults are the cross-validated choice."""
     vbx_window: float = 1.5
     """VBx: seconds of audio per x-vector."""
     vbx_step: float = 0.5
@@ -117,14 +120,14 @@ class BatchSettings:
     """VBx: at most this many dimensions of the recording's speaker model (PCA)."""
     vbx_loop: float = 0.9
     """VBx: the probability that the next x-vector has the same speaker."""
-    vbx_fa: float = 0.3
+    vbx_fa: float = 1.0
     """VBx: scale of the x-vectors' likelihoods (overlapping windows are not independent)."""
-    vbx_fb: float = 17.0
+    vbx_fb: float = 5.0
     """VBx: scale of the speaker prior (larger: fewer speakers survive)."""
-    vbx_min_xvectors: int = 0
+    vbx_min_xvectors: int = 100
     """VBx: with fewer x-vectors than this, the clustering stays as it is (a recording with a
     few dozen seconds of speech gives the speaker model too little to stand on)."""
-    vbx_weight: float = 1.0
+    vbx_weight: float = 0.5
     """VBx: a local speaker goes to the cluster with the best (1 − this) · (cosine to the
     centroid + 1) / 2 + this · (VBx posterior over its frames); 1: the posterior alone."""
     vbx_within: str = "lag"
@@ -136,6 +139,10 @@ class BatchSettings:
         if self.clustering not in CLUSTERING_METHODS:
             raise ValueError(
                 f"clustering {self.clustering!r}: choose one of {', '.join(CLUSTERING_METHODS)}"
+            )
+        if self.vbx_within not in vbx.WITHIN_FROM:
+            raise ValueError(
+                f"vbx_within {self.vbx_within!r}: choose one of {', '.join(vbx.WITHIN_FROM)}"
             )
 
     def but(self, **changes: Any) -> BatchSettings:
