@@ -15,11 +15,17 @@ VBx needs those two covariances. BUT's recipe takes them from a PLDA trained on 
 speakers; no such model exists for CAM++ here, so `estimate_model` takes them from the recording:
 the within-speaker covariance from differences of x-vectors a window apart (`lag`) that the initial
 clustering gives the same speaker (two x-vectors of one voice differ by twice the within-speaker
-covariance; turn changes are left out by the labels), the total covariance from all of them, the
-between-speaker covariance as the difference. A generalised eigendecomposition makes the
+covariance; turn changes are left out by the labels), or from the scatter around the initial
+clusters' means (`labels`: LDA on the initial clustering); the total covariance from all of them,
+the between-speaker covariance as the difference. A generalised eigendecomposition makes the
 within-speaker covariance the identity and the between-speaker one diagonal (`phi`), the form
 VBx's updates take. The dimension is reduced by PCA first (a 30 s excerpt holds about fifty
 x-vectors; 192 dimensions cannot be estimated from them).
+
+What the numbers said (docs/benchmarks.md, 2026-12-06): on recordings of a few dozen x-vectors
+the lagged estimate sees slow drift within a voice as between-speaker variance and VBx splits the
+voice; the batch pipeline therefore blends the posteriors with the cosine to the centroids and
+leaves short recordings alone (`diarization.batch.vbx_refine`), and keeps the step off.
 
 Numpy and scipy only; deterministic (no random initialisation: the initial clustering's labels
 seed the posteriors). The forward-backward pass is the scaled linear-domain one: with
