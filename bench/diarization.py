@@ -108,10 +108,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cv-grid",
         action="append",
         default=[],
-        choices=["ahc", "nme-sc", "ahc-wide"],
+        choices=["ahc", "nme-sc", "ahc-wide", "vbx"],
         metavar="METHOD",
         help="cross-validate over this clustering method's grid (repeat for both: the method is "
-        "then chosen per fold too; ahc-wide: AHC over wider distances, for comparing embeddings); "
+        "then chosen per fold too; ahc-wide: AHC over wider distances, for comparing embeddings; "
+        "vbx: VBx after AHC, its own numbers); "
         "default: the method of the settings",
     )
     parser.add_argument(

@@ -191,6 +191,9 @@ class EmbeddedStage:
         clustering = batch.cluster_analysis(
             analysis, self.batch, num_speakers=num, min_speakers=low, max_speakers=cap
         )
+        if self.batch.vbx:
+            vectors = batch.xvectors(wav, analysis, self.embedding, self.batch)
+            clustering = batch.vbx_refine(analysis, clustering, vectors, self.batch)
         ids = [str(k) for k in range(len(clustering.centroids))]
         segments = sorted(batch.reconstruct(analysis, clustering, ids), key=lambda g: g.start)
         order = [int(k) for k in dict.fromkeys(g.speaker for g in segments)]

@@ -54,10 +54,21 @@ WIDE_GRID: dict[str, Sequence[Any]] = {
     "threshold": (0.6, 0.7, 0.8, 0.9, 1.0),
     "merge_threshold": (0.0, 0.8, 0.9, 1.0, 1.1, 1.2),
 }
+# VBx after AHC at AHC's defaults (issue 30, item 2): its own numbers only (each point turns it
+# on; `--cv-grid ahc --cv-grid vbx` lets each fold choose it or not)
+VBX_GRID: dict[str, Sequence[Any]] = {
+    "vbx": (True,),
+    "vbx_within": ("lag", "labels"),
+    "vbx_weight": (0.3, 0.5, 1.0),
+    "vbx_fa": (0.3, 1.0),
+    "vbx_fb": (5.0, 17.0),
+    "vbx_min_xvectors": (0, 100),
+}
 NAMED_GRIDS: dict[str, tuple[str, dict[str, Sequence[Any]]]] = {
     "ahc": ("ahc", GRID),
     "nme-sc": ("nme-sc", NME_GRID),
     "ahc-wide": ("ahc", WIDE_GRID),
+    "vbx": ("ahc", VBX_GRID),
 }
 """`chorus bench diarization --cv-grid NAME`: the clustering method and grid of each name."""
 
@@ -88,6 +99,9 @@ class TuningFile:
     hash>[-<embedding>].npz`, no suffix for CAM++), so a new clustering variant does not re-run the
     models."""
     _analyses: dict[float, Analysis] = field(default_factory=dict, repr=False)
+    _xvectors: dict[tuple[float, float, float], batch.XVectors] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def load(
@@ -147,11 +161,54 @@ class TuningFile:
         )
         return analysis
 
+    def xvectors(
+        self, settings: BatchSettings, segmentation: SegmentationModel, embedding: SpeakerEmbedding
+    ) -> batch.XVectors:
+        """VBx's x-vectors (`batch.xvectors`), kept like the analyses (`<file id>-<step>-<audio
+        hash>[-<embedding>]-vbx<window ms>-<step ms>.npz` in the cache)."""
+        key = (settings.step, settings.vbx_window, settings.vbx_step)
+        if key not in self._xvectors:
+            analysis = self.analysis(settings, segmentation, embedding)
+            compute = lambda: batch.xvectors(self.audio, analysis, embedding, settings)  # noqa: E731
+            self._xvectors[key] = self._cached_xvectors(settings, embedding.name, compute)
+        return self._xvectors[key]
+
+    def _cached_xvectors(
+        self, settings: BatchSettings, model: str, compute: Callable[[], batch.XVectors]
+    ) -> batch.XVectors:
+        if self.cache is None:
+            return compute()
+        digest = hashlib.sha1(np.ascontiguousarray(self.audio).tobytes()).hexdigest()[:12]
+        named = "" if model == CAMPPLUS_NAME else f"-{model}"
+        grid = f"vbx{round(settings.vbx_window * 1000)}-{round(settings.vbx_step * 1000)}"
+        path = self.cache / f"{self.file_id}-{settings.step_samples}-{digest}{named}-{grid}.npz"
+        if path.is_file():
+            with np.load(path) as data:
+                return batch.XVectors(
+                    data["positions"],
+                    data["embeddings"],
+                    float(data["step"]),
+                    float(data["window"]),
+                )
+        vectors = compute()
+        self.cache.mkdir(parents=True, exist_ok=True)
+        np.savez(
+            path,
+            positions=vectors.positions,
+            embeddings=vectors.embeddings,
+            step=vectors.step,
+            window=vectors.window,
+        )
+        return vectors
+
     def run(
         self, settings: BatchSettings, segmentation: SegmentationModel, embedding: SpeakerEmbedding
     ) -> SpeakerTimeline:
         analysis = self.analysis(settings, segmentation, embedding)
         clustering = batch.cluster_analysis(analysis, settings)
+        if settings.vbx:
+            vectors = self.xvectors(settings, segmentation, embedding)
+            clustering = batch.vbx_refine(analysis, clustering, vectors, settings)
         names = [f"S{k}" for k in range(len(clustering.centroids))]
         return SpeakerTimeline(batch.reconstruct(analysis, clustering, names))
 
@@ -217,6 +274,8 @@ class CrossValidation:
 
     def describe(self) -> str:
         keys = ["clustering", *GRIDS[self.best_settings.clustering]]
+        if self.best_settings.vbx:
+            keys += [k for k in VBX_GRID if k not in keys]
         best = ", ".join(f"{k}={getattr(self.best_settings, k)}" for k in keys)
         zero = (
             ""
