@@ -74,3 +74,15 @@ def test_a_meeting_is_decoded_in_long_stretches_cut_in_pauses_and_split_by_speak
     words = " ".join(r["words"] for r in reference)
     hyp = " ".join("".join(c if c.isalnum() or c in " '" else " " for c in said).split())
     assert jiwer.wer(words, hyp) < 0.25
+
+
+def test_a_prompt_never_costs_a_stretch_its_words(shared_fixtures: Path) -> None:
+    """Prompted with the stretch before it, this 30 s of close speech came back empty once
+    (faster-whisper's hallucination check dropped the whole segment); decoded again without the
+    prompt, its words are kept."""
+    audio, _ = read_audio(shared_fixtures / "librispeech-meetings" / "lsmeet_dev01_2spk_close.flac")
+    stt = WhisperSTT(batch=True, batch_prompt=True)
+    before = stt.transcribe_stretch(audio[int(1.048 * 16000) : int(31.144 * 16000)], 1.048)
+    prompt = " ".join(w.text for w in before)
+    words = stt.transcribe_stretch(audio[int(31.064 * 16000) : int(61.064 * 16000)], 31.064, prompt)
+    assert len(words) >= 50 and 31.0 <= words[0].start < words[-1].end <= 61.1

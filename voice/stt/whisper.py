@@ -273,28 +273,44 @@ class WhisperSTT(SttProvider):
         faster-whisper's temperature fallback, `prompt` as the previous text. Tokens are capped
         as live (`max_tokens_per_second`): a decode that loops at every temperature once took
         long enough under load for the stream's flush to give up on it."""
-        seconds = len(audio) / STT_SAMPLE_RATE
-        cap = (None if self.max_tokens_per_second is None
-               else min(int(seconds * self.max_tokens_per_second) + 8,
-                        MAX_NEW_TOKENS - (PROMPT_TOKENS if prompt else 0)))
         return self._decode(audio, offset, window=None, temperature=BATCH_TEMPERATURES,
-                            max_new_tokens=cap, prompt=prompt)
+                            max_new_tokens=self._cap(audio, prompt), prompt=prompt)
 
     def redecode(self, audio: FloatAudio, offset: float,
                  prompt: str | None = None) -> tuple[RawWord, ...]:
         """Words of a committed turn heard whole (the live second pass, `voice.second_pass`;
         blocking): the encoder hears the turn padded to `encoder_window` (None: Whisper's 30 s),
         faster-whisper's temperature fallback, the token cap, `prompt` as the previous text."""
-        seconds = len(audio) / STT_SAMPLE_RATE
-        cap = (None if self.max_tokens_per_second is None
-               else min(int(seconds * self.max_tokens_per_second) + 8,
-                        MAX_NEW_TOKENS - (PROMPT_TOKENS if prompt else 0)))
         return self._decode(audio, offset, window=self.encoder_window,
-                            temperature=BATCH_TEMPERATURES, max_new_tokens=cap, prompt=prompt)
+                            temperature=BATCH_TEMPERATURES,
+                            max_new_tokens=self._cap(audio, prompt), prompt=prompt)
+
+    def _cap(self, audio: FloatAudio, prompt: str | None) -> int | None:
+        """The token cap of a decode with the temperature fallback: `max_tokens_per_second` of
+        the audio, and never past the decoder's length with the prompt's tokens before."""
+        if self.max_tokens_per_second is None:
+            return None
+        seconds = len(audio) / STT_SAMPLE_RATE
+        return min(int(seconds * self.max_tokens_per_second) + 8,
+                   MAX_NEW_TOKENS - (PROMPT_TOKENS if prompt else 0))
 
     def _decode(self, audio: FloatAudio, offset: float, *, window: float | None,
                 temperature: float | tuple[float, ...], max_new_tokens: int | None,
                 prompt: str | None) -> tuple[RawWord, ...]:
+        """Words of `audio`. A prompt never costs words: when the decode with `prompt` keeps
+        none, the audio is decoded again without it (faster-whisper's
+        `hallucination_silence_threshold` can drop a whole prompted 30 s segment of real speech
+        whose word timings the prompt threw off; seen on lsmeet_dev01_2spk_close at 31 s)."""
+        words = self._decode_once(audio, offset, window=window, temperature=temperature,
+                                  max_new_tokens=max_new_tokens, prompt=prompt)
+        if words or not prompt:
+            return words
+        return self._decode_once(audio, offset, window=window, temperature=temperature,
+                                 max_new_tokens=self._cap(audio, None), prompt=None)
+
+    def _decode_once(self, audio: FloatAudio, offset: float, *, window: float | None,
+                     temperature: float | tuple[float, ...], max_new_tokens: int | None,
+                     prompt: str | None) -> tuple[RawWord, ...]:
         model = self.model()
         seconds = len(audio) / STT_SAMPLE_RATE
         if seconds < self.min_audio or loudness_dbfs(audio) < QUIET_DBFS:
