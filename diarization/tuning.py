@@ -102,6 +102,8 @@ class TuningFile:
     _xvectors: dict[tuple[float, float, float], batch.XVectors] = field(
         default_factory=dict, repr=False
     )
+    _digest: str | None = field(default=None, repr=False)
+    """The audio's hash in the cache's file names, computed once."""
 
     @classmethod
     def load(
@@ -131,15 +133,23 @@ class TuningFile:
             )
         return self._analyses[key]
 
+    def _cache_path(self, settings: BatchSettings, model: str, suffix: str = "") -> Path | None:
+        """Where what the models made of this file at `settings.step` is kept (None: no cache):
+        `<file id>-<step>-<audio hash>[-<embedding>]<suffix>.npz`."""
+        if self.cache is None:
+            return None
+        if self._digest is None:
+            self._digest = hashlib.sha1(np.ascontiguousarray(self.audio).tobytes()).hexdigest()[:12]
+        # CAM++'s files keep the name they had before there was a choice of embedding
+        named = "" if model == CAMPPLUS_NAME else f"-{model}"
+        return self.cache / f"{self.file_id}-{settings.step_samples}-{self._digest}{named}{suffix}.npz"
+
     def _cached(
         self, settings: BatchSettings, model: str, compute: Callable[[], Analysis]
     ) -> Analysis:
-        if self.cache is None:
+        path = self._cache_path(settings, model)
+        if path is None:
             return compute()
-        digest = hashlib.sha1(np.ascontiguousarray(self.audio).tobytes()).hexdigest()[:12]
-        # CAM++'s analyses keep the name they had before there was a choice of embedding
-        named = "" if model == CAMPPLUS_NAME else f"-{model}"
-        path = self.cache / f"{self.file_id}-{settings.step_samples}-{digest}{named}.npz"
         if path.is_file():
             with np.load(path) as data:
                 return Analysis(
@@ -150,7 +160,7 @@ class TuningFile:
                     data["clean_frames"],
                 )
         analysis = compute()
-        self.cache.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(
             path,
             duration=analysis.duration,
@@ -176,12 +186,10 @@ class TuningFile:
     def _cached_xvectors(
         self, settings: BatchSettings, model: str, compute: Callable[[], batch.XVectors]
     ) -> batch.XVectors:
-        if self.cache is None:
+        grid = f"-vbx{round(settings.vbx_window * 1000)}-{round(settings.vbx_step * 1000)}"
+        path = self._cache_path(settings, model, grid)
+        if path is None:
             return compute()
-        digest = hashlib.sha1(np.ascontiguousarray(self.audio).tobytes()).hexdigest()[:12]
-        named = "" if model == CAMPPLUS_NAME else f"-{model}"
-        grid = f"vbx{round(settings.vbx_window * 1000)}-{round(settings.vbx_step * 1000)}"
-        path = self.cache / f"{self.file_id}-{settings.step_samples}-{digest}{named}-{grid}.npz"
         if path.is_file():
             with np.load(path) as data:
                 return batch.XVectors(
@@ -191,7 +199,7 @@ class TuningFile:
                     float(data["window"]),
                 )
         vectors = compute()
-        self.cache.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(
             path,
             positions=vectors.positions,
