@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.load import (
     REPO,
     SECRET,
@@ -61,9 +63,9 @@ from bench.load import (
 from bench.voices import (
     GRID_S,
     Shown,
-    _frames,
     _pct,
     _reference,
+    label_grids,
     pair_row,
     score_shown,
 )
@@ -132,13 +134,9 @@ def suggestions_by_turn(messages: list[FeedMessage]) -> dict[str, str]:
 def label_of(result: StreamResult, reference: dict[str, Any]) -> dict[str, str]:
     """Each reference speaker → the stage label whose turns (settled so far) overlap most of
     their speech (none when no turn overlaps it)."""
-    import numpy as np
-
     n = len(next(iter(reference.values())))
-    grids: dict[str, Any] = {}
-    for _, m in settled_versions(result.versions):
-        label = m.label or m.speaker
-        grids.setdefault(label, np.zeros(n, dtype=bool))[_frames(m.start) : _frames(m.end)] = True
+    turns = settled_versions(result.versions)
+    grids = label_grids(((m.label or m.speaker, m.start, m.end) for _, m in turns), n)
     out: dict[str, str] = {}
     for speaker, ref in reference.items():
         overlap = {label: int((g & ref).sum()) for label, g in grids.items()}
@@ -153,12 +151,8 @@ def voices_of(
 ) -> dict[str, dict[str, Any]]:
     """Each stage label of the meeting → the name it ended with and the seconds of each reference
     speaker's speech inside its turns (where a voice was split, or two were mixed)."""
-    import numpy as np
-
     n = len(next(iter(reference.values())))
-    grids: dict[str, Any] = {}
-    for s in shown:
-        grids.setdefault(s.label, np.zeros(n, dtype=bool))[_frames(s.start) : _frames(s.end)] = True
+    grids = label_grids(((s.label, s.start, s.end) for s in shown), n)
     return {
         label: {
             "name": final.get(label),
@@ -175,12 +169,10 @@ def voices_of(
 def in_turns(reference: dict[str, Any], shown: list[Shown]) -> dict[str, float]:
     """Each reference speaker → the share of their speech inside any turn (what could be named at
     all: speech the STT made no turn of is counted as not named)."""
-    import numpy as np
-
     n = len(next(iter(reference.values())))
     heard = np.zeros(n, dtype=bool)
-    for s in shown:
-        heard[_frames(s.start) : _frames(s.end)] = True
+    for grid in label_grids(((s.label, s.start, s.end) for s in shown), n).values():
+        heard |= grid
     return {
         speaker: float((heard & ref).sum()) / max(int(ref.sum()), 1)
         for speaker, ref in sorted(reference.items())

@@ -284,6 +284,14 @@ class Shown:
     suggested: str | None = None
 
 
+def label_grids(stretches: Iterable[tuple[str, float, float]], n: int) -> dict[str, BoolArray]:
+    """Each label → the frames of an `n`-frame grid that its (label, start, end) stretches cover."""
+    grids: dict[str, BoolArray] = {}
+    for label, start, end in stretches:
+        grids.setdefault(label, np.zeros(n, dtype=bool))[_frames(start) : _frames(end)] = True
+    return grids
+
+
 def replay_names(
     meeting: Meeting, directory: Sequence[KnownVoice], settings: IdentifySettings
 ) -> tuple[list[Shown], dict[str, str | None]]:
@@ -326,10 +334,9 @@ def score_shown(
     suggested = {name: np.zeros(n, dtype=bool) for name in directory}
     first_named: dict[str, float | None] = {name: None for name in directory}
     first_suggested: dict[str, float | None] = {name: None for name in directory}
-    labels: dict[str, BoolArray] = {}
+    labels = label_grids(((s.label, s.start, s.end) for s in shown), n)
     for s in shown:
         lo, hi = _frames(s.start), min(_frames(s.end), n)
-        labels.setdefault(s.label, np.zeros(n, dtype=bool))[lo:hi] = True
         if hi <= lo:
             continue
         target, first, name = named, first_named, s.name
