@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from deepgram import AsyncDeepgramClient
 
 from server.testing.harness import eventually
 from tests.voice_helpers import meeting, stream, turns_of, voice_room
@@ -200,6 +201,39 @@ async def test_S2_drop_now_mid_stream_reconnects_without_losing_the_final() -> N
         events = await kit.list_events("room")
     assert [c.closed_reason for c in server.connections] == ["dropped", "close_stream"]
     assert [e.text for e in events] == ["So Thursday?", "Yes, Thursday."]
+
+
+async def test_S2_streams_and_reconnects_open_their_sockets_from_one_sdk_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the SDK client makes an HTTP client and a TLS context (about 25 ms of CPU on
+    the event loop): every stream and every reconnect of one provider share one (issue 31)."""
+    import voice.stt.deepgram as provider_module
+
+    built: list[object] = []
+
+    real = AsyncDeepgramClient
+
+    def counted(**kwargs: object) -> object:  # the real SDK client, counted
+        client = real(**kwargs)
+        built.append(client)
+        return client
+
+    monkeypatch.setattr(provider_module, "AsyncDeepgramClient", counted)
+    async with DeepgramTestServer(two_voices_in_one_final()) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))
+        kit = await voice_room(channel)
+        first = await channel.start_session("room", "mic-1")
+        second = await channel.start_session("room", "mic-2")
+        await stream(first, SILENCE[:8000], 16000)
+        await eventually(lambda: len(server.connections) >= 2
+                         and server.connections[0].audio_seconds >= 0.5, 30, "the audio")
+        server.drop_now()
+        await turns_of(first, SILENCE[8000:], 16000)
+        await turns_of(second, SILENCE, 16000)
+        events = await kit.list_events("room")
+    assert len(server.connections) >= 3 and "dropped" in [c.closed_reason for c in server.connections]
+    assert len(built) == 1
+    assert [e.text for e in events].count("So Thursday?") == 2
 
 
 async def test_diarize_false_reaches_deepgram_and_the_server_config_sends_it() -> None:
