@@ -109,11 +109,13 @@ class DiarizerConfig(_Section):
     """A stream's lag past this stretches its step (a stage that declares `stretches_step`)."""
     stretch_factor: float = Field(default=2.0, ge=1.0, le=8.0)
     """How much further apart its windows are while stretched (1: never stretch)."""
-    fallback_lag_s: float = Field(default=2.0, gt=0)
+    fallback_lag_s: float = Field(default=1.5, gt=0)
     """Past this (stretched already), one stream at a time leaves the stage for the STT's labels
     (one speaker when it gives none), and new shared-mic streams are refused (4429)."""
-    max_lag_s: float = Field(default=4.0, gt=0)
-    """Past this, a stream leaves the stage at once: an admitted stream's lag never grows more."""
+    max_lag_s: float = Field(default=2.5, gt=0)
+    """Past this, a stream leaves the stage at once: an admitted stream's lag never grows more.
+    1.5 / 2.5 s (2 / 4 s until 2026-12-06) kept the admitted streams' strict p95 under 3 s at
+    24, 32 and 48 offered streams in four runs of each (docs/benchmarks.md)."""
     fallback_every_s: float = Field(default=1.0, ge=0)
     """At most one stream leaves the stage per this many seconds (below `max_lag_s`)."""
     recover_lag_s: float = Field(default=0.5, ge=0)

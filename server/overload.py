@@ -58,8 +58,8 @@ class OverloadBounds:
 
     stretch_lag_s: float = 1.0
     stretch_factor: float = 2.0
-    fallback_lag_s: float = 2.0
-    max_lag_s: float = 4.0
+    fallback_lag_s: float = 1.5
+    max_lag_s: float = 2.5
     fallback_every_s: float = 1.0
     recover_lag_s: float = 0.5
     recover_after_s: float = 10.0
