@@ -5,8 +5,9 @@ Two parts, shaped by where the cost is:
 - `ModelService` owns the models and its worker threads (`workers`, default 2: one worker's
   model calls use one core, and a 2-core server's stage needs more than one from about 16
   streams; issue 31). Streams hand it their newest windows (`analyse`, a blocking call made from
-  the stream's own worker thread, never from the event loop); a free worker takes every window
-  waiting in its queue, runs ONE segmentation call over all of them and ONE CAM++ trunk call over
+  the stream's own worker thread, never from the event loop); a free worker takes its share of
+  the windows waiting in its queue (all of them when the other workers are busy, half of them
+  when two are free), runs ONE segmentation call over them and ONE CAM++ trunk call over
   those that need embeddings, pools per local speaker in numpy, and answers each stream. While a
   batch runs the next one gathers, so the model cost per stream falls as streams grow (per-call
   overhead paid once per batch). A stream has one request out at a time, so its windows are
@@ -261,6 +262,8 @@ class ModelService:
         self._gate = threading.Event()
         self._gate.set()
         self._pending = 0
+        self._busy = 0
+        """Workers serving a round now (under `_pending_changed`)."""
         self._pending_changed = threading.Condition()
 
     @property
@@ -347,31 +350,46 @@ class ModelService:
 
     def _run(self) -> None:
         while True:
-            with self._gathering:  # one worker gathers at a time: a burst is one batch
+            with self._gathering:  # one worker gathers at a time
                 batch, stop = self._gather()
-            kept = []
-            for request in batch:
-                if request.abandoned is not None and request.abandoned.is_set():
-                    request.error = WindowsAbandoned("the stream left the stage")
-                    request.done.set()
-                else:
-                    kept.append(request)
-            if kept:
-                self._serve(kept)
+            try:
+                self._serve_kept(batch)
+            finally:
+                with self._pending_changed:
+                    self._busy -= 1
             if stop:
                 return
 
+    def _serve_kept(self, batch: list[_Request]) -> None:
+        kept = []
+        for request in batch:
+            if request.abandoned is not None and request.abandoned.is_set():
+                request.error = WindowsAbandoned("the stream left the stage")
+                request.done.set()
+            else:
+                kept.append(request)
+        if kept:
+            self._serve(kept)
+
     def _gather(self) -> tuple[list[_Request], bool]:
-        """The next round: the first request waiting (once the gate is open), and every other
-        one queued behind it up to `max_batch` windows; True when this worker is to stop."""
+        """The next round: the first request waiting (once the gate is open), and the others
+        queued behind it up to this worker's share of the windows waiting (split evenly over the
+        workers not serving a round, at most `max_batch`); True when this worker is to stop.
+        Taking every window waiting left the other worker idle when all streams' windows came
+        due together: a burst of 24 streams' windows ran on one core (issue 31)."""
         first = self._queue.get()
         if first is None:
+            with self._pending_changed:
+                self._busy += 1  # _run counts it back down
             return [], True
         self._gate.wait()
+        with self._pending_changed:
+            free = max(1, self.workers - self._busy)
+            share = min(self.max_batch, -(-self._pending // free))
         batch = [first]
         windows = len(first.jobs)
         stop = False
-        while windows < self.max_batch:
+        while windows < share:
             try:
                 more = self._queue.get_nowait()
             except queue.Empty:
@@ -383,6 +401,7 @@ class ModelService:
             windows += len(more.jobs)
         with self._pending_changed:
             self._pending -= windows
+            self._busy += 1
         return batch, stop
 
     def _serve(self, batch: list[_Request]) -> None:

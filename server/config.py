@@ -118,10 +118,13 @@ class DiarizerConfig(_Section):
     24, 32 and 48 offered streams in four runs of each (docs/benchmarks.md)."""
     fallback_every_s: float = Field(default=1.0, ge=0)
     """At most one stream leaves the stage per this many seconds (below `max_lag_s`)."""
-    recover_lag_s: float = Field(default=0.5, ge=0)
-    recover_after_s: float = Field(default=10.0, ge=0)
+    recover_lag_s: float = Field(default=0.8, ge=0)
+    recover_after_s: float = Field(default=5.0, ge=0)
     """Every stream on the stage under `recover_lag_s` for this long: a stretched stream takes
-    its normal step again, and the first stream that fell back returns (one per this long)."""
+    its normal step again, and the first stream that fell back returns (one per this long).
+    0.5 s / 10 s until 2026-12-06: a stretched stream's lag includes the 0.4 s its driver
+    gathers before each feed, so with the batched rounds of a loaded stage it never stayed
+    under 0.5 s that long and no stream ever came back (docs/benchmarks.md)."""
     overload_check_s: float = Field(default=0.25, ge=0)
     """How often (at most) the stage's lags are checked, on the streams' audio (0: every push)."""
 

@@ -61,8 +61,8 @@ class OverloadBounds:
     fallback_lag_s: float = 1.5
     max_lag_s: float = 2.5
     fallback_every_s: float = 1.0
-    recover_lag_s: float = 0.5
-    recover_after_s: float = 10.0
+    recover_lag_s: float = 0.8
+    recover_after_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.recover_lag_s <= self.stretch_lag_s <= self.fallback_lag_s <= self.max_lag_s:

@@ -211,7 +211,8 @@ def test_streams_are_batched_and_results_equal_unbatched(
         single_calls += service.calls.segmentation_calls
         service.close()
     # the four together: every feed of every stream waits for the others, then one batch runs
-    shared = ModelService(models)
+    # (one worker: with two free, each takes half the burst)
+    shared = ModelService(models, workers=1)
     stages = [LiveDiarizer(shared) for _ in streams]
     errors: list[BaseException] = []
 
@@ -471,6 +472,45 @@ def test_windows_a_stream_abandoned_are_skipped_by_the_worker() -> None:
         assert service.served == 4
     finally:
         service.close()
+
+
+def test_a_burst_of_windows_is_shared_between_the_free_workers(
+    sample: np.ndarray, models: LiveModels
+) -> None:
+    """Issue 31: when every stream's windows come due together, two free workers each take half
+    of them and run at once (one worker taking the whole burst left the other core idle)."""
+    inside = threading.Barrier(2, timeout=30)
+
+    class Meeting(LiveModels):
+        def __init__(self, inner: LiveModels) -> None:
+            self.__dict__.update(inner.__dict__)
+
+        def segment(self, windows: np.ndarray) -> np.ndarray:
+            inside.wait()  # both workers in a model call at once, or BrokenBarrierError
+            return super().segment(windows)
+
+    service = ModelService(Meeting(models), workers=2)
+    stages = [LiveDiarizer(service) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def feed(stage: LiveDiarizer) -> None:
+        try:
+            stage.feed(sample[: RATE * 5 + RATE // 2])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=feed, args=(stage,)) for stage in stages]
+    try:
+        with service.paused():
+            for t in threads:
+                t.start()
+            assert service.wait_pending(4 * 11, timeout=120), "the streams' windows never queued"
+        for t in threads:
+            t.join(180)
+    finally:
+        service.close()
+    assert not errors, errors
+    assert service.calls.batches == 2 and service.calls.windows == 4 * 11
 
 
 def test_two_workers_run_two_streams_rounds_at_once(sample: np.ndarray, models: LiveModels) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -228,6 +229,33 @@ async def test_the_driver_measures_lag_and_a_suspend_frees_whoever_waits_on_a_st
     assert stage.resets == 1 and stage.factors == [2.0] and driver.step == pytest.approx(0.4)
     assert views[-1].segments == [SpeakerSegment(1.5, 2.5, "Speaker A")]
     assert driver.lag == 0.0
+
+
+async def test_feeds_waiting_on_a_slow_stage_leave_the_loops_threads_free() -> None:
+    """Every stream's feed waits in its own thread for the shared model service: more streams
+    than the loop's default executor has threads all get their windows in (the service can
+    batch them all), and `asyncio.to_thread` work (a new stream's stage, Whisper's VAD) still
+    runs at once. In the default executor the first min(32, cores + 4) feeds held every thread."""
+    default_threads = min(32, (os.cpu_count() or 1) + 4)
+    stages = [GatedStage() for _ in range(default_threads + 2)]
+    feeds = []
+    for stage in stages:
+        stage.gate.clear()
+        log = AudioLog()
+        driver, _views = _driver(stage, log)
+        log.append(np.zeros(8000, np.float32))
+        feeds.append(asyncio.create_task(driver.feed()))
+    try:
+        async with asyncio.timeout(30):
+            for stage in stages:  # every feed is in its stage call at once
+                await asyncio.to_thread(stage.entered.wait, 30)
+            assert await asyncio.to_thread(lambda: "free") == "free"
+        assert all(stage.entered.is_set() for stage in stages)
+    finally:
+        for stage in stages:
+            stage.gate.set()
+        async with asyncio.timeout(30):
+            await asyncio.gather(*feeds)
 
 
 # --------------------------------------------------------------------------- over real sockets

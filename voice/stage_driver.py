@@ -27,7 +27,8 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +56,25 @@ TIMELINE_KEPT = 10.0
 CHANGE_MIN_VOICE = 0.3
 """Seconds: a decided voice change counts only when the stage heard each voice at least this
 long."""
+
+STAGE_THREADS = 1024
+"""Threads the stages' feeds may hold at once: one per stream whose feed is in flight (the
+driver's lock allows one), most of them waiting for the shared model service to answer."""
+_STAGE_CALLS = ThreadPoolExecutor(max_workers=STAGE_THREADS, thread_name_prefix="chorus-stage")
+"""The stage calls' own threads (made as needed, up to `STAGE_THREADS`). Not the loop's default
+executor: its min(32, cores + 4) threads (6 on 2 cores) were all held by feeds waiting for the
+model service, so at most 6 streams' windows could be batched in one round, and every other
+`asyncio.to_thread` call (a new stream's stage, Whisper's VAD and decodes, the transcript
+routes) queued behind them: at 48 streams a stream starting late waited up to 9 s for its
+stage, and its first turn as long (issue 31, docs/benchmarks.md)."""
+
+_T = TypeVar("_T")
+
+
+async def in_stage_thread(call: Callable[..., _T], *args: Any) -> _T:
+    """`call(*args)` in one of the stage calls' threads (`_STAGE_CALLS`), awaited."""
+    return await asyncio.get_running_loop().run_in_executor(_STAGE_CALLS, call, *args)
+
 
 ViewCallback = Callable[[SpeakerTimeline, SpeakerTimeline, float], None]
 """(decided timeline near the words still to place, provisional view, seconds heard)."""
@@ -236,7 +256,7 @@ class StageDriver:
             restart, self._restart = self._restart, False
             factor, self._stage_factor = self._stage_factor, None
             call = asyncio.ensure_future(
-                asyncio.to_thread(self._feed, chunk, since, restart, factor))
+                in_stage_thread(self._feed, chunk, since, restart, factor))
             suspending = asyncio.ensure_future(self._suspending.wait())
             try:
                 await asyncio.wait({call, suspending}, return_when=asyncio.FIRST_COMPLETED)
@@ -301,7 +321,7 @@ class StageDriver:
                 if not await self._take_lock():
                     return
                 try:
-                    self.decided = self._shifted(await asyncio.to_thread(stage.flush))
+                    self.decided = self._shifted(await in_stage_thread(stage.flush))
                     self._on_view(self.decided, self._undecided, self.heard)
                 finally:
                     self._lock.release()
