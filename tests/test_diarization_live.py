@@ -474,32 +474,43 @@ def test_windows_a_stream_abandoned_are_skipped_by_the_worker() -> None:
         service.close()
 
 
+class MeetInSegment(LiveModels):
+    """The real models, whose segmentation call first sets `entered` and waits at `inside`: two
+    workers must be in a model call at the same moment, or BrokenBarrierError."""
+
+    def __init__(self, inner: LiveModels, inside: threading.Barrier) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.inside = inside
+        self.entered = threading.Event()
+
+    def segment(self, windows: np.ndarray) -> np.ndarray:
+        self.entered.set()
+        self.inside.wait()
+        return super().segment(windows)
+
+
+def _feeders(stages: list[LiveDiarizer], audio: np.ndarray,
+             errors: list[BaseException]) -> list[threading.Thread]:
+    """One thread per stage feeding it `audio`; what a feed raises lands in `errors`."""
+
+    def feed(stage: LiveDiarizer) -> None:
+        try:
+            stage.feed(audio)
+        except BaseException as exc:  # surfaced by the caller
+            errors.append(exc)
+
+    return [threading.Thread(target=feed, args=(stage,)) for stage in stages]
+
+
 def test_a_burst_of_windows_is_shared_between_the_free_workers(
     sample: np.ndarray, models: LiveModels
 ) -> None:
     """Issue 31: when every stream's windows come due together, two free workers each take half
     of them and run at once (one worker taking the whole burst left the other core idle)."""
-    inside = threading.Barrier(2, timeout=30)
-
-    class Meeting(LiveModels):
-        def __init__(self, inner: LiveModels) -> None:
-            self.__dict__.update(inner.__dict__)
-
-        def segment(self, windows: np.ndarray) -> np.ndarray:
-            inside.wait()  # both workers in a model call at once, or BrokenBarrierError
-            return super().segment(windows)
-
-    service = ModelService(Meeting(models), workers=2)
-    stages = [LiveDiarizer(service) for _ in range(4)]
+    service = ModelService(MeetInSegment(models, threading.Barrier(2, timeout=30)), workers=2)
     errors: list[BaseException] = []
-
-    def feed(stage: LiveDiarizer) -> None:
-        try:
-            stage.feed(sample[: RATE * 5 + RATE // 2])
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=feed, args=(stage,)) for stage in stages]
+    threads = _feeders([LiveDiarizer(service) for _ in range(4)],
+                       sample[: RATE * 5 + RATE // 2], errors)
     try:
         with service.paused():
             for t in threads:
@@ -516,32 +527,14 @@ def test_a_burst_of_windows_is_shared_between_the_free_workers(
 def test_two_workers_run_two_streams_rounds_at_once(sample: np.ndarray, models: LiveModels) -> None:
     """Issue 31: one worker's model calls use one core; with two, a second stream's round runs
     while the first's is still in its model call (and `close` stops both)."""
-    inside = threading.Barrier(2, timeout=120)
-    first_in = threading.Event()
-
-    class Meeting(LiveModels):
-        def __init__(self, inner: LiveModels) -> None:
-            self.__dict__.update(inner.__dict__)
-
-        def segment(self, windows: np.ndarray) -> np.ndarray:
-            first_in.set()
-            inside.wait()  # both rounds in a model call at the same moment, or BrokenBarrierError
-            return super().segment(windows)
-
-    service = ModelService(Meeting(models), workers=2)
-    stages = [LiveDiarizer(service) for _ in range(2)]
+    meeting = MeetInSegment(models, threading.Barrier(2, timeout=120))
+    service = ModelService(meeting, workers=2)
     errors: list[BaseException] = []
-
-    def feed(stage: LiveDiarizer) -> None:
-        try:
-            stage.feed(sample[: RATE * 5 + RATE // 2])
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=feed, args=(stage,)) for stage in stages]
+    threads = _feeders([LiveDiarizer(service) for _ in range(2)],
+                       sample[: RATE * 5 + RATE // 2], errors)
     try:
         threads[0].start()
-        assert first_in.wait(120)
+        assert meeting.entered.wait(120)
         threads[1].start()
         for t in threads:
             t.join(180)
