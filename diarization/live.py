@@ -352,6 +352,8 @@ class ModelService:
         while True:
             with self._gathering:  # one worker gathers at a time
                 batch, stop = self._gather()
+                with self._pending_changed:  # busy before the next worker sizes its share
+                    self._busy += 1
             try:
                 self._serve_kept(batch)
             finally:
@@ -379,8 +381,6 @@ class ModelService:
         due together: a burst of 24 streams' windows ran on one core (issue 31)."""
         first = self._queue.get()
         if first is None:
-            with self._pending_changed:
-                self._busy += 1  # _run counts it back down
             return [], True
         self._gate.wait()
         with self._pending_changed:
@@ -401,7 +401,6 @@ class ModelService:
             windows += len(more.jobs)
         with self._pending_changed:
             self._pending -= windows
-            self._busy += 1
         return batch, stop
 
     def _serve(self, batch: list[_Request]) -> None:
