@@ -114,8 +114,9 @@ class DiarizerConfig(_Section):
     (one speaker when it gives none), and new shared-mic streams are refused (4429)."""
     max_lag_s: float = Field(default=2.5, gt=0)
     """Past this, a stream leaves the stage at once: an admitted stream's lag never grows more.
-    1.5 / 2.5 s (2 / 4 s until 2026-12-06) kept the admitted streams' strict p95 under 3 s at
-    24, 32 and 48 offered streams in four runs of each (docs/benchmarks.md)."""
+    1.5 / 2.5 s (2 / 4 s until 2026-12-06) kept the admitted streams' strict p95 under 3 s in
+    11 of 12 steps at 32 and 48 offered streams over six runs, against 4 of 8 with the old bounds
+    (docs/benchmarks.md)."""
     fallback_every_s: float = Field(default=1.0, ge=0)
     """At most one stream leaves the stage per this many seconds (below `max_lag_s`)."""
     recover_lag_s: float = Field(default=0.8, ge=0)
