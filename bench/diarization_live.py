@@ -66,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="audio per stream in the CPU-per-stream runs (default 30)")
     parser.add_argument("--stretch", type=float, default=1.0, metavar="F",
                         help="the concurrent streams' step stretched F times (overload)")
+    parser.add_argument("--behind", type=float, default=0.0, metavar="SECONDS",
+                        help="score a stream whose stage answers this late: fed SECONDS of "
+                        "audio at a time, catching up (only the windows it needs: "
+                        "`LiveDiarizer.catch_up`, what a loaded server does); 0: fed one step "
+                        "at a time, every window")
     parser.add_argument("--json", type=Path, default=Path("diarization-live-bench.json"))
 
 
@@ -117,13 +122,15 @@ def load_recordings(dirs: list[Path]) -> list[Recording]:
     return out
 
 
-def live_run(recording: Recording, settings: Any, service: Any) -> LiveRun:
-    """One stream through the live stage, fed 0.5 s at a time."""
+def live_run(recording: Recording, settings: Any, service: Any, behind: float = 0.0) -> LiveRun:
+    """One stream through the live stage, fed one step at a time; or `behind` seconds at a
+    time, catching up (a server whose model service answers that late)."""
     from diarization.live import LiveDiarizer
 
     stage = LiveDiarizer(service, settings)
     stage.record_delays = True
-    piece = round(settings.step_s * 16000)
+    stage.catch_up(behind > 0)
+    piece = round((behind or settings.step_s) * 16000)
     latencies: list[float] = []
     cpu0 = time.process_time()
     for start in range(0, len(recording.audio), piece):
@@ -305,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         scores: dict[str, dict[float, Any]] = {}
         combo_runs: dict[str, LiveRun] = {}
         for rec in recordings:
-            result = live_run(rec, settings, service)
+            result = live_run(rec, settings, service, args.behind)
             scores[rec.file_id] = score_run(rec, result)
             combo_runs[rec.file_id] = result
             if c == 0:

@@ -79,11 +79,11 @@ class EmbeddedStage:
 
     sample_rate = SAMPLE_RATE
     abilities = StageAbilities(decides_late=True, recent_view=True, provisional_view=True,
-                               stretches_step=True, abandons=True, speaker_prints=True,
-                               anchors=True)
+                               stretches_step=True, catches_up=True, abandons=True,
+                               speaker_prints=True, anchors=True)
     """`voice.diarization_stage.LiveStage`: the live stream decides about a second late
     (`flush`), can hand over its recent segments (`recent`) and its provisional view, and can
-    stretch its step under load (`stretch`) and drop its queued windows when the server takes
+    stretch its step under load (`stretch`), skip the windows of a backlog (`catch_up`) and drop its queued windows when the server takes
     its stream off the stage (`abandon`), and show its anonymous voices' prints (`speaker_prints`,
     issue 27)."""
 
@@ -251,6 +251,10 @@ class EmbeddedStage:
     def stretch(self, factor: float) -> None:
         """Live: windows `factor` times `live.step_s` apart from the next one on (overload)."""
         self._stream.stretch(factor)
+
+    def catch_up(self, on: bool) -> None:
+        """Live: a feed behind its stream runs only the windows it needs (overload)."""
+        self._stream.catch_up(on)
 
     def flush(self) -> SpeakerTimeline:
         """End of the stream: decide what the windows fed so far can decide."""

@@ -51,6 +51,7 @@ compares with the directory's prints to name it.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import queue
 import threading
@@ -498,6 +499,26 @@ def _pooling_masks(activity: Activity) -> FloatArray:
     return masks
 
 
+def catch_up_ends(ends: Sequence[int], last_end: int, max_gap: int) -> list[int]:
+    """The windows a stream that fell behind runs (`LiveDiarizer.catch_up`), of the window ends
+    `ends` (ascending, one step apart) due at one feed, after a window that ended at `last_end`:
+    the newest, and going back only as many as keep every window within `max_gap` samples of
+    the one before it (the first one of `last_end`), each as far back as that allows. Every
+    frame is still covered by a window and stitching still finds each voice in the overlap;
+    what is skipped is the votes of the windows in between. With `max_gap` at least the step,
+    nothing due within `max_gap` of `last_end` costs more than the newest window."""
+    if not ends:
+        return []
+    kept = [ends[-1]]
+    upto = len(ends) - 1  # candidates: ends[:upto]
+    while upto > 0 and kept[-1] - last_end > max_gap:
+        j = bisect.bisect_left(ends, kept[-1] - max_gap, 0, upto)
+        j = min(j, upto - 1)  # none within max_gap: the nearest one still narrows the gap
+        kept.append(ends[j])
+        upto = j
+    return kept[::-1]
+
+
 # --------------------------------------------------------------------------- the stream's stage
 
 
@@ -545,6 +566,10 @@ class LiveDiarizer:
         """Known voices the clustering starts from (`anchor`), by key; applied."""
         self._anchors_next: dict[str, FloatArray] | None = None
         """Set from any thread by `anchor`; applied at the next feed, under the lock."""
+        self._catch_up = False
+        """`catch_up`: a feed behind the stream runs only the windows `catch_up_ends` keeps."""
+        self.skipped_windows = 0
+        """Windows due that a catching-up feed did not run (since the stage was made)."""
         self.reset()
 
     # -- enrollment ------------------------------------------------------------------------
@@ -656,6 +681,10 @@ class LiveDiarizer:
             while end <= self._fed:
                 ends.append(end)
                 end += self._step
+            if self._catch_up and len(ends) > 1:
+                due = len(ends)
+                ends = catch_up_ends(ends, self._last_end, self._window // 2)
+                self.skipped_windows += due - len(ends)
             if ends:
                 self._process(ends)
             return SpeakerTimeline(list(self._segments))
@@ -677,6 +706,17 @@ class LiveDiarizer:
                    * FBANK_SHIFT)
         with self._lock:  # the next window stays where it was due (its audio is kept)
             self._step = min(step, self._window)
+
+    def catch_up(self, on: bool) -> None:
+        """While on, a feed that brings several steps of new audio (the stream's feeds waited on
+        a loaded model service) runs only the windows `catch_up_ends` keeps: the newest, and
+        earlier ones only where the gap since the last window run would pass half a window.
+        The stage then falls behind by one round of the service, never by a backlog of rounds
+        (issue 31: at a start of 24 streams on 2 cores the backlog put every stream 2.5 s behind
+        in 3 s). A server's live stream turns it on (`voice.stage_driver`); off, every window
+        due is run (a replay that feeds a whole recording at once). Kept across `reset`."""
+        with self._lock:
+            self._catch_up = on
 
     @property
     def step_s(self) -> float:

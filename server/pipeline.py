@@ -181,10 +181,11 @@ class VoicePipeline:
                                          policy=policy, on_status=self._stream_status,
                                          stt_bounds=bounds, second_pass=self.second_pass)
         self.diarized_voice = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
-                                           stage_per_session=True, policy=policy,
+                                           stage_per_session=True, catch_up=True, policy=policy,
                                            on_status=self._stream_status, stt_bounds=bounds,
                                            second_pass=self.second_pass)
-        """Shared-mic streams diarized by a stage of their own (one per session, pooled)."""
+        """Shared-mic streams diarized by a stage of their own (one per session, pooled); a
+        stream whose stage fell behind skips its backlog's windows (`catch_up`)."""
         self.realtime = realtime_channel(config)
         self.chat_ai = chat_channel(config)
         """The room's chat model (`[chat]`), reading typed and spoken turns alike; or None."""

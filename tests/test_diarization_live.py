@@ -11,6 +11,8 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from diarization.embedded import EmbeddedStage
 from diarization.live import (
@@ -22,6 +24,7 @@ from diarization.live import (
     WindowJob,
     WindowResult,
     WindowsAbandoned,
+    catch_up_ends,
     stitch,
 )
 from diarization.live_models import LiveModels
@@ -425,6 +428,82 @@ def test_a_stretched_step_runs_fewer_windows_and_a_reset_ends_the_stretch() -> N
     with pytest.raises(ValueError, match="stretch factor"):
         stage.stretch(0.5)
     assert EmbeddedStage.abilities.stretches_step
+
+
+@given(st.integers(1, 40), st.integers(1, 30), st.integers(0, 29), st.integers(1, 12),
+       st.integers(0, 1000))
+def test_catching_up_keeps_the_newest_window_and_no_gap_over_the_bound(
+    n: int, step: int, before: int, gap_steps: int, last_end: int
+) -> None:
+    """Issue 31: a feed behind its stream runs the newest window due and, going back, only the
+    windows that keep every gap (the first one's from the last window run) within `max_gap`;
+    none of them could be left out without opening a wider gap."""
+    first = last_end + step - before % step  # the first window due, within one step
+    ends = [first + k * step for k in range(n)]
+    max_gap = gap_steps * step
+    kept = catch_up_ends(ends, last_end, max_gap)
+    assert kept[-1] == ends[-1] and set(kept) <= set(ends) and kept == sorted(set(kept))
+    edges = [last_end, *kept]
+    gaps = [b - a for a, b in zip(edges, edges[1:], strict=False)]
+    assert max(gaps) <= max_gap
+    for i in range(len(kept) - 1):  # each earlier window is needed
+        assert edges[i + 2] - edges[i] > max_gap
+    if ends[-1] - last_end <= max_gap:
+        assert kept == [ends[-1]]
+    assert catch_up_ends([], last_end, max_gap) == []
+
+
+def test_a_stage_behind_its_stream_runs_the_newest_window_not_its_backlog() -> None:
+    """Issue 31: with `catch_up` on, a feed that brings several steps of audio (the stream
+    waited on a loaded model service) runs the newest window and only the earlier ones that
+    keep the windows within half a window of each other; off, every window due runs."""
+    behind, every = SilentService(), SilentService()
+    catching, plain = LiveDiarizer(behind), LiveDiarizer(every)
+    catching.catch_up(True)
+    half = np.zeros(RATE // 2, np.float32)
+    for stage in (catching, plain):
+        stage.feed(half)  # the window ending at 0.5 s
+    assert behind.windows == every.windows == 1
+    backlog = np.zeros(2 * RATE, np.float32)  # four windows due: 1.0 … 2.5 s
+    catching.feed(backlog)
+    plain.feed(backlog)
+    assert behind.windows == 1 + 1 and every.windows == 1 + 4
+    catching.feed(np.zeros(4 * RATE, np.float32))  # 3.0 … 6.5 s: 6.5, and 4.0 within 2.5 s
+    assert behind.windows == 2 + 2 and catching.skipped_windows == 3 + 6
+    catching.reset()  # kept across a reset: it is how the stream is fed, not the stream
+    catching.feed(half)
+    catching.feed(backlog)
+    assert behind.windows == 4 + 2
+
+
+def test_a_stage_catching_up_still_hears_both_voices(sample: np.ndarray, models: LiveModels) -> None:
+    """Fed two seconds at a time (a stream whose feeds wait 2 s on the model service), a stage
+    catching up runs a quarter of the windows and still decides both voices of the pyannote
+    sample where they speak alone, as the stage that runs every window does."""
+    service = ModelService(models)
+    try:
+        catching = LiveDiarizer(service)
+        catching.catch_up(True)
+        caught_up = run_live(catching, sample, frame=2.0)[-1]
+        ran = catching.skipped_windows
+        every = run_live(LiveDiarizer(service), sample, frame=2.0)[-1]
+    finally:
+        service.close()
+    assert ran >= 40  # three of every four windows due were skipped
+
+    def speaking(timeline: SpeakerTimeline, start: float, end: float) -> str:
+        heard: dict[str, float] = {}
+        for seg in timeline.segments:
+            overlap = min(seg.end, end) - max(seg.start, start)
+            if overlap > 0:
+                heard[seg.speaker] = heard.get(seg.speaker, 0.0) + overlap
+        return max(heard, key=lambda name: heard[name])
+
+    # speaker90 alone 10.6–14.5 and 18.6–21.5 s; speaker91 alone 14.7–17.9 and 22–27.8 s
+    for timeline in (caught_up, every):
+        first, second = speaking(timeline, 11, 14), speaking(timeline, 15, 17.5)
+        assert first != second
+        assert speaking(timeline, 19, 21) == first and speaking(timeline, 23, 27) == second
 
 
 class CountingService(ModelService):

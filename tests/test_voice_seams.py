@@ -107,8 +107,8 @@ def test_the_embedded_stage_declares_what_it_can_do() -> None:
 
     assert EmbeddedStage.abilities == StageAbilities(decides_late=True, recent_view=True,
                                                       provisional_view=True, stretches_step=True,
-                                                      abandons=True, speaker_prints=True,
-                                                      anchors=True)
+                                                      catches_up=True, abandons=True,
+                                                      speaker_prints=True, anchors=True)
 
 
 async def test_an_undeclared_method_is_never_called() -> None:
@@ -179,3 +179,37 @@ def test_the_load_bench_hands_the_voice_section_to_the_server(tmp_path: Path) ->
     assert load_config(written, environ={}).voice.policy() == TurnPolicy(
         provisional_changes=False, speaker_wait=1.5)
     assert voice_section(None) == ""
+
+
+class CatchingUpStage(ScriptedStage):
+    """Declares `catches_up` and records what it was told."""
+
+    abilities = StageAbilities(catches_up=True)
+
+    def __init__(self, timeline: SpeakerTimeline) -> None:
+        super().__init__(timeline)
+        self.told: list[bool] = []
+
+    def catch_up(self, on: bool) -> None:
+        self.told.append(on)
+
+
+@pytest.mark.parametrize("catch_up", [True, False])
+async def test_a_live_servers_stages_catch_up_and_a_files_never_do(catch_up: bool) -> None:
+    """Issue 31: a channel with `catch_up` (the server's diarized streams) tells each stream's
+    stage, once, with its first feed, to skip a backlog's windows; without it (a file pushed
+    faster than real time) the stage is never told and runs every window."""
+    stage = CatchingUpStage(VOICES)
+    channel = VoiceChannel(stt=UtteranceSTT(FINALS), pipeline_speakers=True,
+                           stage_per_session=True, catch_up=catch_up)
+    kit = await voice_room(channel)
+    session = await channel.start_session("room", "mic", stage=stage)
+    turns = await turns_of(session, AUDIO, 16000)
+    assert stage.told == ([True] if catch_up else [])
+    assert [t.sender_name for t in turns] == ["Alice", "Bob"]
+    await kit.close()
+
+
+def test_the_servers_diarized_streams_catch_up() -> None:
+    pipeline = VoicePipeline(load_config(None, environ={}), UtteranceSTT([]))
+    assert pipeline.diarized_voice.catch_up and not VoiceChannel(stt=UtteranceSTT([])).catch_up

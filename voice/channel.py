@@ -92,6 +92,7 @@ class VoiceChannel(Channel):
         provisional_speakers: bool | None = None,
         provisional_changes: bool | None = None,
         stage_per_session: bool = False,
+        catch_up: bool = False,
         kept_turns: int | None = KEPT_TURNS,
         on_play: Callable[[str, bytes, int], Awaitable[None]] | None = None,
         on_status: StatusCallback | None = None,
@@ -102,7 +103,10 @@ class VoiceChannel(Channel):
         `early_commit`, `provisional_speakers` and `provisional_changes` override one field of
         it each. `pipeline_speakers=True` takes the speakers from a diarization stage: this
         channel's `diarizer` (one stream at a time), or the stage each `start_session(stage=…)`
-        brings (`stage_per_session=True`: a server pools stages, not channels). `kept_turns`:
+        brings (`stage_per_session=True`: a server pools stages, not channels). `catch_up=True`
+        (a live server): a stream whose stage fell behind skips the windows of its backlog where
+        the stage can (`StageAbilities.catches_up`) instead of running each one; off, every
+        window runs (a file pushed faster than real time). `kept_turns`:
         how many committed turns each session keeps (None: all, for a file). `stt_bounds`: how
         long each session's STT stream waits on its provider (`voice.stt.base.SttBounds`).
         `second_pass`: re-decodes stretches of committed turns and corrects them in place
@@ -128,6 +132,7 @@ class VoiceChannel(Channel):
         self.sticky_renames = sticky_renames
         self.echo_tail = echo_tail
         self.diarize_step = diarize_step
+        self.catch_up = catch_up
         base = policy or TurnPolicy()
         self.policy = TurnPolicy(
             early_commit=base.early_commit if early_commit is None else early_commit,

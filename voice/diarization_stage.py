@@ -148,7 +148,7 @@ class DiarizationStage(Protocol):
 class StageAbilities:
     """What a live stage can do beyond `DiarizationStage` (declared, never probed). Each ability
     is a method the stage then implements (`DecidesLate`, `RecentView`, `ProvisionalView`,
-    `StretchesStep`, `Abandons`, `SpeakerPrints`, `Anchors`)."""
+    `StretchesStep`, `CatchesUp`, `Abandons`, `SpeakerPrints`, `Anchors`)."""
 
     decides_late: bool = False
     """It holds decisions back while fed (the embedded stage decides about a second late):
@@ -164,6 +164,12 @@ class StageAbilities:
     """`stretch(factor)`: run its windows `factor` times further apart (fewer model calls per
     second of audio, decisions a little later) while the machine cannot keep up; 1.0 is its
     normal step again (issue 31, `server.overload`)."""
+    catches_up: bool = False
+    """`catch_up(on)`: while on, a feed that brings more than one step of new audio (the stage
+    fell behind) runs the newest window and only as many earlier ones as keep its windows
+    overlapping, not one per step: a stage behind its stream catches up at once instead of
+    working through its backlog (issue 31). Off: every window is run (a replay that feeds a
+    whole recording at once)."""
     abandons: bool = False
     """`abandon()`: drop the work it has queued and not started (its stream left the stage, so
     other streams need not wait for it); its feeds fail until `reset()`. Called from any thread
@@ -261,6 +267,14 @@ class StretchesStep(Protocol):
         ...
 
 
+@runtime_checkable
+class CatchesUp(Protocol):
+    def catch_up(self, on: bool) -> None:
+        """While on, a feed behind its stream skips the windows it need not run
+        (`StageAbilities.catches_up`)."""
+        ...
+
+
 def abilities_of(stage: DiarizationStage) -> StageAbilities:
     """The abilities `stage` declares (none when it declares nothing); a declared ability whose
     method is missing is a `TypeError` here, once, not a surprise mid-stream."""
@@ -276,6 +290,7 @@ def abilities_of(stage: DiarizationStage) -> StageAbilities:
                                                  "provisional()"),
                                                 ("stretches_step", StretchesStep,
                                                  "stretch(factor)"),
+                                                ("catches_up", CatchesUp, "catch_up(on)"),
                                                 ("abandons", Abandons, "abandon()"),
                                                 ("speaker_prints", SpeakerPrints,
                                                  "speaker_prints()"),

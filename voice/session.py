@@ -97,7 +97,7 @@ class VoiceSession:
         """Feeds the stream's diarization stage (pipeline speakers, V5); None otherwise."""
         if stage is not None:
             self.stage = StageDriver(stage, self.audio, step=channel.diarize_step,
-                                     since=self._placing_since,
+                                     catch_up=channel.catch_up, since=self._placing_since,
                                      on_view=self.assembler.stage_heard,
                                      on_handover=self._handover)
         self.error: str | None = None

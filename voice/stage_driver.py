@@ -12,8 +12,10 @@ One stage per session: the stage holds one stream's state (`reset()` before it s
 so a server pools stages, not channels.
 
 Under overload (issue 31; the policy is `server.overload`'s) the driver measures and obeys: `lag`
-is how far the stage's answers are behind the audio accepted, `stretch(factor)` spaces its feeds
-(and the stage's windows, where it declares `stretches_step`), `suspend()` stops feeding it (the
+is how far the stage's answers are behind the audio accepted, `catch_up=True` (a live server)
+has a stage that declares `catches_up` skip the windows of a backlog instead of running each
+one, `stretch(factor)` spaces its feeds (and the stage's windows, where it declares
+`stretches_step`), `suspend()` stops feeding it (the
 session's words take the STT's speakers), and `resume()` starts it afresh on the stream's audio
 from then on (`reset()`; its timeline is shifted to stream time, so its voices are new letters).
 A change the stage must hear is handed to it in the worker thread, with its next feed, never on
@@ -37,6 +39,7 @@ from voice.assembler import CHANGE_MAX_GAP
 from voice.audio import STT_SAMPLE_RATE, AudioLog, resample
 from voice.diarization_stage import (
     Abandons,
+    CatchesUp,
     DecidesLate,
     DiarizationStage,
     ProvisionalView,
@@ -120,6 +123,7 @@ class StageDriver:
         since: Callable[[], float],
         on_view: ViewCallback,
         on_handover: HandoverCallback,
+        catch_up: bool = False,
     ) -> None:
         self.stage = stage
         self.abilities = abilities_of(stage)
@@ -134,6 +138,9 @@ class StageDriver:
         self._suspending = asyncio.Event()
         self._restart = False
         """`resume` was called: the stage is reset with its next feed."""
+        self._catch_up = catch_up and self.abilities.catches_up
+        """The stage has yet to hear that it catches up (`catch_up`, where the stage declares
+        `CatchesUp`): with its first feed, in the worker thread."""
         self.origin = 0
         """Stream sample (16 kHz) where the stage's own time starts (moved by `resume`)."""
         self.answered = 0
@@ -337,6 +344,9 @@ class StageDriver:
         stage = self.stage
         if restart:
             stage.reset()
+        if self._catch_up and isinstance(stage, CatchesUp):
+            stage.catch_up(True)  # a live stream behind its stage skips its backlog's windows
+            self._catch_up = False
         if factor is not None and isinstance(stage, StretchesStep):
             stage.stretch(factor)
         decided = stage.feed(chunk)
