@@ -318,7 +318,32 @@ class ChorusRoomAgent:
 
     async def start(self) -> None:
         """Create the Chorus room, publish the reply track, follow the room's events and take
-        the audio tracks already subscribed."""
+        the audio tracks already subscribed. A start that fails stops what it started (the voice
+        directory's watcher, the publishing pumps, the track operations) before the error goes
+        on: nobody calls `aclose` on an agent that never started (`run_job`)."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._undo_start()
+            raise
+
+    async def _undo_start(self) -> None:
+        """What a failed `start` started, stopped; the kit, the STT and the second pass stay
+        their owners' (`run_job` closes the store it opened)."""
+        self._unfollow_room()
+        tasks = [t for t in (self._pump, self._reply_pump, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pump = self._reply_pump = None
+        for track_sid in list(self._feeds):
+            with contextlib.suppress(Exception):
+                await self.close_track(track_sid)
+        if self.directory is not None:
+            with contextlib.suppress(Exception):
+                await self.directory.close()
+
+    async def _start(self) -> None:
         kit = self.kit
         if self.voices_config is not None:
             store = kit.store
@@ -347,8 +372,10 @@ class ChorusRoomAgent:
         if self.directory is not None:  # before application hooks, which may rename after it
             kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_from_directory,
                           priority=-900, name="livekit-voice-directory")
-        self._pump = asyncio.create_task(self._publish_loop())
-        self._reply_pump = asyncio.create_task(self._reply_loop())
+        self._pump = asyncio.create_task(self._publish_loop(),
+                                         name=f"chorus-livekit-publish-{self.room_name}")
+        self._reply_pump = asyncio.create_task(self._reply_loop(),
+                                               name=f"chorus-livekit-reply-{self.room_name}")
         if self.realtime is not None:  # nothing would ever play on it otherwise
             await self.local.publish_track(
                 self.reply_track,
@@ -368,10 +395,7 @@ class ChorusRoomAgent:
         if self.closed:
             return
         self.closed = True
-        with contextlib.suppress(Exception):
-            self.room.off("track_subscribed", self._on_track_subscribed)
-            self.room.off("track_unsubscribed", self._on_track_unsubscribed)
-            self.room.off("participant_disconnected", self._on_participant_disconnected)
+        self._unfollow_room()
         await asyncio.gather(*(self.close_track(sid) for sid in list(self._feeds)))
         await self.wait_idle()
         self._queue.put_nowait(None)
@@ -386,6 +410,12 @@ class ChorusRoomAgent:
         if self.second_pass is not None:
             await self.second_pass.aclose()
         await self.reply_source.aclose()
+
+    def _unfollow_room(self) -> None:
+        with contextlib.suppress(Exception):
+            self.room.off("track_subscribed", self._on_track_subscribed)
+            self.room.off("track_unsubscribed", self._on_track_unsubscribed)
+            self.room.off("participant_disconnected", self._on_participant_disconnected)
 
     async def wait_idle(self) -> None:
         """Wait until every track operation started so far has finished and every committed
