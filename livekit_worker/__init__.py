@@ -10,11 +10,12 @@ run with `speaker_id` set) and `AttributedAgent` / `attributed_chat_context` (th
 history rendered by the attribution engine).
 
 Sits on top like `server`: imports models, attribution, rooms, voice, diarization, realtime and
-`server.config`, `server.pipeline`, `server.load` and `server.voices` (the same config file, the
-same STT, realtime, chat, agent and enrollment builders, the same voice directory, and the same
-load figure as `chorus serve`:
-`worker.WorkerLoad` is the worker's `load_fnc`); nothing imports it but the
-`chorus agent` command. Named `livekit_worker`, not `livekit`, which would shadow the library.
+`server.config`, `server.pipeline`, `server.load`, `server.voices`, `server.overload`,
+`server.stage_guard` and `server.protocol` (the same config file, the same STT, realtime, chat,
+agent and enrollment builders, the same voice directory, the same overload policy applied the same
+way when a shared mic's stage falls behind, the same status and suggestion messages, and the same
+load figure as `chorus serve`: `worker.WorkerLoad` is the worker's `load_fnc`); nothing imports it
+but the `chorus agent` command. Named `livekit_worker`, not `livekit`, which would shadow the library.
 """
 
 from livekit_worker.chat_context import AttributedAgent, attributed_chat_context, to_chat_context

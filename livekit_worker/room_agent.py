@@ -38,6 +38,16 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   as the shared mic's identity. The directory is read when the job starts, and again whenever
   another process on the store changes it (`VoiceDirectory.watch`, within `[voices] refresh_s`):
   a person forgotten meanwhile is named no more, from the next turn of the running tracks too.
+- overload (issue 31), as in `chorus serve`: the `[diarizer]` overload policy
+  (`server.overload.OverloadPolicy`, applied by the same `server.stage_guard.StageGuard`) watches
+  every shared-mic track on a stage: a track whose stage falls behind has its step stretched,
+  then leaves the stage (its turns take the STT's labels, or its one participant) and comes back
+  once the stage keeps up. A shared-mic track subscribed while the policy does not admit is not
+  refused (a job cannot turn a track away) but degraded: it runs without a stage for its
+  lifetime. Each change is published as a text stream on `chorus.diarization` whose text is the
+  feed's `diarization_status` message (JSON), sent as the track's participant, with
+  `lk.transcribed_track_id`, `chorus.diarization` (`degraded` / `recovered`), `chorus.speakers`
+  (`stt` / `stage`) and, when degraded, `chorus.reason` and `chorus.lag_s`.
 
 The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
 (`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
@@ -63,9 +73,16 @@ from livekit_worker.participants import Speaker, speaker_of
 from models import RoomEvent
 from realtime import RealtimeChannel
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit, VoiceStore
-from server.config import VoicesConfig
+from server.config import DiarizerConfig, VoicesConfig
+from server.overload import (
+    DiarizationDegraded,
+    DiarizationRecovered,
+    DiarizationStatus,
+    OverloadPolicy,
+)
 from server.pipeline import VoiceStreamAudio
-from server.protocol import SpeakerSuggestionMessage, dump
+from server.protocol import DiarizationStatusMessage, SpeakerSuggestionMessage, dump
+from server.stage_guard import StageGuard
 from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
 from voice.audio import STT_SAMPLE_RATE, resample
@@ -80,6 +97,20 @@ TOPIC_TRANSCRIPTION = "lk.transcription"
 TOPIC_SUGGESTION = "chorus.speaker_suggestion"
 """Suggestions of the voice directory (tier `suggest`): the text is the `speaker_suggestion`
 message of `chorus serve`'s feed (`server.protocol.SpeakerSuggestionMessage`, JSON)."""
+TOPIC_DIARIZATION = "chorus.diarization"
+"""A shared-mic track left the diarization stage or came back (issue 31): the text is the
+`diarization_status` message of `chorus serve`'s feed (`server.protocol.DiarizationStatusMessage`,
+JSON); the `ATTRIBUTE_DIARIZATION`, `ATTRIBUTE_SPEAKERS`, `ATTRIBUTE_REASON` and `ATTRIBUTE_LAG`
+attributes say the same for clients that read attributes only."""
+ATTRIBUTE_DIARIZATION = "chorus.diarization"
+"""`degraded` (the track's speakers come from the STT) or `recovered` (from the stage again)."""
+ATTRIBUTE_SPEAKERS = "chorus.speakers"
+"""Where the track's speakers come from now: `stt` or `stage`."""
+ATTRIBUTE_REASON = "chorus.reason"
+ATTRIBUTE_LAG = "chorus.lag_s"
+"""How far behind its audio the stage was, in seconds (`degraded` only)."""
+NOT_ADMITTED = "the diarization stage cannot keep up: no room for another shared-mic track"
+"""The reason a shared-mic track subscribed while the stage sheds load runs without one."""
 TOPIC_CHAT = "lk.chat"
 """The room's text chat (livekit-agents `TOPIC_CHAT`): the chat model's and the ACP agent's
 replies are published there, as the agent."""
@@ -177,6 +208,14 @@ class _Suggestion:
     session_id: str | None
 
 
+@dataclass(frozen=True)
+class _Status:
+    """A track's diarization status to publish (in order with the turns)."""
+
+    session_id: str
+    status: DiarizationStatus
+
+
 class ChorusRoomAgent:
     """`ChorusRoomAgent(room, room_name, stt=…, livekit=LiveKitConfig(), realtime=…)`.
 
@@ -194,6 +233,9 @@ class ChorusRoomAgent:
       already holds (an earlier job for the same LiveKit room) is taken up where it was.
     - `voices`: `[voices]`; when `enabled`, the voice directory of the kit's store names the
       shared-mic tracks' voices (module docstring).
+    - `diarizer`: `[diarizer]`, for its overload keys (`overload_bounds()`, `overload_check_s`):
+      what the job does when a shared-mic track's stage falls behind (module docstring;
+      default: the defaults).
     """
 
     def __init__(
@@ -211,6 +253,7 @@ class ChorusRoomAgent:
         assistants: Sequence[Channel] = (),
         second_pass: SecondPass | None = None,
         voices: VoicesConfig | None = None,
+        diarizer: DiarizerConfig | None = None,
     ) -> None:
         self.room = room
         self.room_name = room_name
@@ -232,7 +275,7 @@ class ChorusRoomAgent:
         self.stage_factory = stage_factory
         self._local = local
         self._out = _TranscriptionOut(self)
-        self._queue: asyncio.Queue[RoomEvent | _Suggestion | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[RoomEvent | _Suggestion | _Status | None] = asyncio.Queue()
         self.published: list[PublishedTranscription] = []
         self._feeds: dict[str, _Feed] = {}
         self._track_locks: dict[str, asyncio.Lock] = {}
@@ -245,6 +288,13 @@ class ChorusRoomAgent:
         """voice_session_id → the shared-mic track's stream, as the directory names it."""
         self._pool: list[DiarizationStage] = []
         """Idle stages, reset before the next shared-mic track."""
+        overload = diarizer or DiarizerConfig()
+        self.overload = OverloadPolicy(overload.overload_bounds())
+        """When a shared-mic track's stage step is stretched, the track taken off its stage and
+        put back, and new shared-mic tracks run without one (`server.overload`)."""
+        self.stage_guard = StageGuard(self.overload, check_s=overload.overload_check_s,
+                                      tell=self._diarization_status)
+        """Applies `overload` to the tracks on a stage, as `chorus serve`'s pipeline does."""
         self._diarized_attached = False
         self._serial = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -268,7 +318,32 @@ class ChorusRoomAgent:
 
     async def start(self) -> None:
         """Create the Chorus room, publish the reply track, follow the room's events and take
-        the audio tracks already subscribed."""
+        the audio tracks already subscribed. A start that fails stops what it started (the voice
+        directory's watcher, the publishing pumps, the track operations) before the error goes
+        on: nobody calls `aclose` on an agent that never started (`run_job`)."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._undo_start()
+            raise
+
+    async def _undo_start(self) -> None:
+        """What a failed `start` started, stopped; the kit, the STT and the second pass stay
+        their owners' (`run_job` closes the store it opened)."""
+        self._unfollow_room()
+        tasks = [t for t in (self._pump, self._reply_pump, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pump = self._reply_pump = None
+        for track_sid in list(self._feeds):
+            with contextlib.suppress(Exception):
+                await self.close_track(track_sid)
+        if self.directory is not None:
+            with contextlib.suppress(Exception):
+                await self.directory.close()
+
+    async def _start(self) -> None:
         kit = self.kit
         if self.voices_config is not None:
             store = kit.store
@@ -297,8 +372,10 @@ class ChorusRoomAgent:
         if self.directory is not None:  # before application hooks, which may rename after it
             kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_from_directory,
                           priority=-900, name="livekit-voice-directory")
-        self._pump = asyncio.create_task(self._publish_loop())
-        self._reply_pump = asyncio.create_task(self._reply_loop())
+        self._pump = asyncio.create_task(self._publish_loop(),
+                                         name=f"chorus-livekit-publish-{self.room_name}")
+        self._reply_pump = asyncio.create_task(self._reply_loop(),
+                                               name=f"chorus-livekit-reply-{self.room_name}")
         if self.realtime is not None:  # nothing would ever play on it otherwise
             await self.local.publish_track(
                 self.reply_track,
@@ -318,10 +395,7 @@ class ChorusRoomAgent:
         if self.closed:
             return
         self.closed = True
-        with contextlib.suppress(Exception):
-            self.room.off("track_subscribed", self._on_track_subscribed)
-            self.room.off("track_unsubscribed", self._on_track_unsubscribed)
-            self.room.off("participant_disconnected", self._on_participant_disconnected)
+        self._unfollow_room()
         await asyncio.gather(*(self.close_track(sid) for sid in list(self._feeds)))
         await self.wait_idle()
         self._queue.put_nowait(None)
@@ -337,11 +411,18 @@ class ChorusRoomAgent:
             await self.second_pass.aclose()
         await self.reply_source.aclose()
 
+    def _unfollow_room(self) -> None:
+        with contextlib.suppress(Exception):
+            self.room.off("track_subscribed", self._on_track_subscribed)
+            self.room.off("track_unsubscribed", self._on_track_unsubscribed)
+            self.room.off("participant_disconnected", self._on_participant_disconnected)
+
     async def wait_idle(self) -> None:
         """Wait until every track operation started so far has finished and every committed
         turn has been published."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.stage_guard.wait_idle()  # a track's fallback posts the turns that waited
         await self.kit.drain()
         await self._queue.join()
 
@@ -388,12 +469,12 @@ class ChorusRoomAgent:
         return self.stage_factory is not None
 
     async def _channel_for(
-        self, speaker: Speaker
-    ) -> tuple[VoiceChannel, DiarizationStage | None, Callable[[], None] | None]:
-        """The channel a track's session runs on, its stage (shared mic, diarized by a stage) and
-        how the stage goes back to the pool when the track ends."""
-        if not (speaker.shared_mic and self.stage_factory is not None):
-            return self.voice, None, None
+        self, on_stage: bool
+    ) -> tuple[VoiceChannel, DiarizationStage | None]:
+        """The channel a track's session runs on, and its stage (a shared mic diarized by a
+        stage: from the pool, reset, or a new one)."""
+        if not on_stage or self.stage_factory is None:
+            return self.voice, None
         if self._pool:
             stage = self._pool.pop()
             stage.reset()
@@ -403,7 +484,16 @@ class ChorusRoomAgent:
             self.kit.register_channel(self.diarized)
             await self.kit.attach_channel(self.room_name, self.diarized.channel_id)
             self._diarized_attached = True
-        return self.diarized, stage, functools.partial(self._pool.append, stage)
+        return self.diarized, stage
+
+    def _release(self, session: VoiceSession, stage: DiarizationStage) -> None:
+        """A track's session ended: its stage goes back to the pool, unless a stage call still
+        runs in its thread (a track that fell back): a reset would wait for it, so it is not
+        pooled."""
+        self.stage_guard.leave(session.id)
+        driver = session.stage
+        if driver is None or not driver.in_flight:
+            self._pool.append(stage)
 
     async def open_track(
         self, track: rtc.Track, track_sid: str, participant: rtc.Participant
@@ -413,7 +503,9 @@ class ChorusRoomAgent:
             if track_sid in self._feeds or self.closed:
                 return None
             speaker = speaker_of(participant, self.config.shared_mic_names)
-            channel, stage, release = await self._channel_for(speaker)
+            wants_stage = speaker.shared_mic and self.diarizes_with_stage
+            admitted = not wants_stage or self.stage_guard.admit()
+            channel, stage = await self._channel_for(wants_stage and admitted)
             await self.kit.ensure_participant(
                 self.room_name, channel.channel_id, speaker.identity, display_name=speaker.name
             )
@@ -426,9 +518,17 @@ class ChorusRoomAgent:
                     encoding="pcm16", channels=1, session_id=session_id, stage=stage,
                 )
             except BaseException:
-                if release is not None:
-                    release()
+                if stage is not None:
+                    self._pool.append(stage)
                 raise
+            release = None
+            if stage is not None:
+                release = functools.partial(self._release, session, stage)
+            elif not admitted:  # a job cannot refuse the track: it runs without a stage
+                log.warning("room %s: shared-mic track %s runs without a diarization stage: %s",
+                            self.room_name, track_sid, NOT_ADMITTED)
+                self._queue.put_nowait(_Status(session.id, DiarizationDegraded(
+                    NOT_ADMITTED, self.overload.load().lag_s)))
             stream = rtc.AudioStream.from_track(
                 track=track, sample_rate=STT_SAMPLE_RATE, num_channels=1
             )
@@ -436,6 +536,8 @@ class ChorusRoomAgent:
                 named = self._directory_streams[session.id] = _TrackStream(session, self.room_name)
                 named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
             feed = _Feed(track_sid, speaker, session, stream, release)
+            if stage is not None:
+                self.stage_guard.join(session)  # `release` leaves
             feed.task = asyncio.create_task(self._read(feed))
             self._feeds[track_sid] = feed
             log.info("room %s: %s track %s → voice session %s (%s)", self.room_name,
@@ -450,6 +552,8 @@ class ChorusRoomAgent:
                 continue
             with contextlib.suppress(Exception):  # logged by the session (V10); the stream goes on
                 feed.session.push(pcm)
+            if feed.session.stage is not None:
+                self.stage_guard.check()  # overload: at most every `overload_check_s`
 
     async def close_track(self, track_sid: str) -> None:
         """Stop reading the track and end its session: the turn in progress is committed once."""
@@ -534,6 +638,8 @@ class ChorusRoomAgent:
                     return
                 if isinstance(event, _Suggestion):
                     await self._publish_suggestion(event)
+                elif isinstance(event, _Status):
+                    await self._publish_status(event)
                 else:
                     await self._publish(event)
             except Exception:
@@ -578,6 +684,36 @@ class ChorusRoomAgent:
             text, info.speaker.identity if info is not None else "", attributes,
             topic=TOPIC_SUGGESTION))
 
+    async def _diarization_status(self, session_id: str, status: DiarizationStatus) -> None:
+        """The stage guard's `tell`: a track left its stage or came back; published in order
+        with the turns (the turns that take the STT's labels come after it)."""
+        self._queue.put_nowait(_Status(session_id, status))
+
+    async def _publish_status(self, item: _Status) -> None:
+        info = self._sessions.get(item.session_id)
+        status = item.status
+        attributes: dict[str, str] = {}
+        if info is not None:
+            attributes[ATTRIBUTE_TRACK_ID] = info.track_sid
+        if isinstance(status, DiarizationRecovered):
+            message = DiarizationStatusMessage(stream=item.session_id, status="recovered",
+                                               speakers="stage")
+        else:
+            message = DiarizationStatusMessage(stream=item.session_id, status="degraded",
+                                               speakers="stt", reason=status.reason)
+            attributes[ATTRIBUTE_REASON] = status.reason
+            attributes[ATTRIBUTE_LAG] = f"{status.lag_s:.2f}"
+        attributes[ATTRIBUTE_DIARIZATION] = message.status
+        attributes[ATTRIBUTE_SPEAKERS] = message.speakers
+        identity = info.speaker.identity if info is not None else None
+        writer = await self.local.stream_text(
+            topic=TOPIC_DIARIZATION, attributes=attributes, sender_identity=identity)
+        text = dump(message)
+        await writer.write(text)
+        await writer.aclose()
+        self.published.append(PublishedTranscription(
+            text, identity or "", attributes, topic=TOPIC_DIARIZATION))
+
     async def _publish_reply(self, event: RoomEvent) -> None:
         """A chat model's or ACP agent's reply, as the agent, on the room's text chat."""
         attributes = {self.config.transcription_attribute: await self.kit.label_for(
@@ -617,9 +753,15 @@ class ChorusRoomAgent:
 
 
 __all__ = [
+    "ATTRIBUTE_DIARIZATION",
     "ATTRIBUTE_FINAL",
+    "ATTRIBUTE_LAG",
+    "ATTRIBUTE_REASON",
     "ATTRIBUTE_SEGMENT_ID",
+    "ATTRIBUTE_SPEAKERS",
     "ATTRIBUTE_TRACK_ID",
+    "NOT_ADMITTED",
+    "TOPIC_DIARIZATION",
     "TOPIC_SUGGESTION",
     "TOPIC_TRANSCRIPTION",
     "ChorusRoomAgent",

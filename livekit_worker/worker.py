@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from livekit import agents, rtc
@@ -74,11 +75,15 @@ async def build_room_agent(
     stt: SttProvider | None = None,
     local: LocalParticipantLike | None = None,
     kit: RoomKit | None = None,
+    build_stage: Callable[[], DiarizationStage] | None = None,
 ) -> ChorusRoomAgent:
     """A started `ChorusRoomAgent` for one LiveKit room, built from the configuration: every
-    section `chorus serve` reads means the same here (`[stt]` (its `second_pass` too), `[diarizer]` with its `enroll`
-    voices, `[voice]`, `[realtime]`, `[policy]`, `[chat]`, `[agent]`, `[voices]` (the voice
-    directory of the store); `[store]` through `kit`)."""
+    section `chorus serve` reads means the same here (`[stt]` (its `second_pass` too),
+    `[diarizer]` with its `enroll` voices and its overload keys, `[voice]`, `[realtime]`,
+    `[policy]`, `[chat]`, `[agent]`, `[voices]` (the voice directory of the store); `[store]`
+    through `kit`). `build_stage` builds each shared-mic track's stage instead of
+    `[diarizer] kind` (tests: a scripted stage; as `VoicePipeline`'s `stage_factory`, it makes
+    shared mics diarized by a stage whatever the STT)."""
     provider = stt or stt_provider(config)
     enrollments: dict[str, Any] = {}
     if config.diarizer.enroll:
@@ -105,13 +110,14 @@ async def build_room_agent(
         stt=provider,
         livekit=livekit,
         realtime=realtime_channel(config),
-        stage_factory=stage_factory(config, provider, enrollments),
+        stage_factory=build_stage or stage_factory(config, provider, enrollments),
         policy=config.voice.policy(),
         local=local,
         kit=kit,
         assistants=assistants,
         second_pass=redecoder,
         voices=config.voices,
+        diarizer=config.diarizer,
     )
     await agent.start()
     return agent
@@ -124,16 +130,18 @@ async def run_job(
     *,
     stt: SttProvider | None = None,
     local: LocalParticipantLike | None = None,
+    build_stage: Callable[[], DiarizationStage] | None = None,
 ) -> ChorusRoomAgent:
     """Connect (audio only), open the `[store]`, start the room's agent, and close them when the
-    job shuts down."""
+    job shuts down (`build_stage`: `build_room_agent`'s)."""
     await ctx.connect(auto_subscribe=agents.AutoSubscribe.AUDIO_ONLY)
     room_name = ctx.room.name or ctx.job.room.name
     provider = stt or stt_provider(config)
     kit, opened = await open_kit(config.store.resolved_url(), room=room_name)
     try:
         agent = await build_room_agent(
-            ctx.room, room_name, config, livekit, stt=provider, local=local, kit=kit
+            ctx.room, room_name, config, livekit, stt=provider, local=local, kit=kit,
+            build_stage=build_stage,
         )
     except BaseException:
         await opened.close()
@@ -164,7 +172,8 @@ class WorkerLoad:
     what a LiveKit worker can see. Each job (room) runs in a process of its own, with its
     stages; the worker cannot read their lag, but a stage that falls behind is a machine whose
     CPU is full, so the parts are the machine's CPU share (every process: the jobs are) and the
-    running jobs over `max_jobs`; the stage part is 0 here."""
+    running jobs over `max_jobs`; the stage part is 0 here (each job sheds its own stage's load:
+    `ChorusRoomAgent.stage_guard`)."""
 
     def __init__(self, max_jobs: int, cpu: CpuMeter | None = None) -> None:
         self.max_jobs = max_jobs

@@ -16,6 +16,7 @@ Shaped so: `app` keeps the sockets, tokens, limits and drain; each stream protoc
 diarization status), `renames` the page's renames and suggestions, `voices` the voice
 directory (remembered voices named in every room, issue 27); `routes` the HTTP routes, `events`
 the feed socket, `pipeline` the per-room speech pipeline; `overload` the pure policy for a diarization
-stage that falls behind (stretch, fall back, refuse, recover) and `load` the load figure
+stage that falls behind (stretch, fall back, refuse, recover), `stage_guard` what applies it to
+live sessions (the pipeline's and a LiveKit job's), and `load` the load figure
 `/healthz`, `/metrics` and `chorus agent` report.
 """

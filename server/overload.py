@@ -7,7 +7,8 @@ streams). This module decides, from each stream's measured stage lag (seconds of
 stream received whose stage result is not back yet, `voice.stage_driver.StageDriver.lag`),
 what the server does about it, and nothing else: no asyncio, no sockets, no clock of its own
 (`now` is passed in), so every rule is a table of cases in `tests/test_server_overload.py`.
-`server.pipeline` measures, calls `observe`, and applies the actions it returns.
+`server.stage_guard.StageGuard` measures, calls `observe`, and applies the actions it returns
+(for `chorus serve`'s pipeline and a `chorus agent` job alike).
 
 The steps, in order (each bound is a `[diarizer]` key, `OverloadBounds`):
 1. **Stretch.** A stream whose lag passes `stretch_lag_s` has its step stretched

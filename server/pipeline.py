@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +26,12 @@ from rooms import AIChannel, RoomKit, SlidingWindowMemory
 from server.config import ServerConfig
 from server.framing import StreamDeclaration
 from server.overload import (
-    Action,
-    DiarizationDegraded,
-    DiarizationRecovered,
     DiarizationStatus,
-    FallBack,
     OverloadPolicy,
-    Return,
     StageLoad,
     StageOverloadedError,
-    Stretch,
 )
+from server.stage_guard import StageGuard
 from voice.audio import AudioError
 from voice.channel import VoiceChannel, VoiceSession
 from voice.diarization_stage import (
@@ -147,9 +141,9 @@ class VoicePipeline:
     - Every voice session follows the `[voice]` turn rules (`TurnPolicy`).
     - Overload (issue 31): on the streams' audio, at most every `diarizer.overload_check_s`,
       each stage stream's lag goes to one `server.overload.OverloadPolicy`, and what it says is
-      done here: stretch a stream's step, take a stream off its stage (its device hears a
-      `diarization` status) or put it back; while it says so, a new stage stream is refused
-      (`StageOverloadedError`, 4429).
+      done by a `server.stage_guard.StageGuard` (as in a `chorus agent` job): stretch a stream's
+      step, take a stream off its stage (its device hears a `diarization` status) or put it
+      back; while it says so, a new stage stream is refused (`StageOverloadedError`, 4429).
     - One chat model (`AIChannel` "chat-ai", `[chat]`) in every room when `chat.provider` is not
       `none`: it reads typed messages and spoken turns as one labelled conversation.
     - One external agent (`ACPAgentChannel` "agent", `[agent]`) when `agent.command` is set: one
@@ -202,10 +196,9 @@ class VoicePipeline:
         self.overload = OverloadPolicy(config.diarizer.overload_bounds())
         """When a stage stream is stretched, taken off the stage, put back; when new ones are
         refused (`server.overload`)."""
-        self._staged: dict[str, VoiceSession] = {}
-        """Open stage streams (on the stage or fallen back), by session id."""
-        self._last_check = -math.inf
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.stage_guard = StageGuard(self.overload, check_s=config.diarizer.overload_check_s,
+                                      tell=self._tell)
+        """Applies `overload` to the open stage streams (on the stage or fallen back)."""
         self._printer: DiarizationStage | None = None
         """A stage kept for printing clips (the voice directory), made on first use."""
 
@@ -317,8 +310,7 @@ class VoicePipeline:
     ) -> StreamAudio:
         declared = info.declaration
         pooled = declared.shared_mic and self.diarizes_with_stage
-        if pooled and not self.overload.admitting:
-            self.overload.refused()
+        if pooled and not self.stage_guard.admit():
             raise StageOverloadedError(
                 "the diarization stage cannot keep up: no room for another shared-mic stream"
             )
@@ -344,14 +336,10 @@ class VoicePipeline:
             raise
         release = None
         if stage is not None:
-            self._staged[session.id] = session
-            self.overload.joined(session.id, asyncio.get_running_loop().time(),
-                                 can_stretch=session.stage is not None
-                                 and session.stage.abilities.stretches_step)
+            self.stage_guard.join(session)
 
             def release() -> None:
-                self._staged.pop(session.id, None)
-                self.overload.left(session.id)
+                self.stage_guard.leave(session.id)
                 driver = session.stage
                 if driver is None or not driver.in_flight:
                     self._idle(info.room_id, stage)
@@ -368,40 +356,7 @@ class VoicePipeline:
     def check_overload(self) -> None:
         """Measure every stage stream's lag and do what the policy says (at most every
         `diarizer.overload_check_s`; called on the stage streams' audio)."""
-        now = asyncio.get_running_loop().time()
-        if now - self._last_check < self.config.diarizer.overload_check_s:
-            return
-        self._last_check = now
-        lags: dict[str, float | None] = {}
-        for sid, session in self._staged.items():
-            driver = session.stage
-            if driver is None:
-                continue
-            if driver.suspended:
-                lags[sid] = None if driver.in_flight else 0.0
-            else:
-                lags[sid] = driver.lag
-        for action in self.overload.observe(now, lags):
-            self._apply(action)
-
-    def _apply(self, action: Action) -> None:
-        session = self._staged.get(action.stream)
-        if session is None or session.stage is None:
-            return
-        if isinstance(action, Stretch):
-            log.info("stream %s: diarization step x%g", action.stream, action.factor)
-            session.stage.stretch(action.factor)
-        elif isinstance(action, FallBack):
-            log.warning("stream %s: off the diarization stage: %s", action.stream, action.reason)
-            self._spawn(self._fall_back(session, action))
-        elif isinstance(action, Return):
-            log.info("stream %s: back on the diarization stage", action.stream)
-            session.return_to_stage()
-            self._spawn(self._tell(session.id, DiarizationRecovered()))
-
-    async def _fall_back(self, session: VoiceSession, action: FallBack) -> None:
-        await self._tell(session.id, DiarizationDegraded(action.reason, action.lag_s))
-        await session.fall_back()
+        self.stage_guard.check()
 
     async def _tell(self, session_id: str, status: DiarizationStatus) -> None:
         callback = self._on_status.get(session_id)
@@ -411,14 +366,6 @@ class VoicePipeline:
             await callback(status)
         except Exception:
             log.exception("stream %s: its status callback failed", session_id)
-
-    def _spawn(self, work: Awaitable[None]) -> None:
-        async def run() -> None:
-            await work
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def stage_load(self) -> StageLoad | None:
         if not self.diarizes_with_stage:

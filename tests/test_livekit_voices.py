@@ -19,8 +19,10 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from livekit import rtc
 from livekit.agents.testing import fake_job_context
 
 from cli.main import main
@@ -175,3 +177,28 @@ async def test_a_voice_forgotten_by_another_process_while_the_job_runs_is_named_
                 if w.topic == TOPIC_TRANSCRIPTION]
     assert speakers and all(s.startswith("Speaker ") for s in speakers)
     assert not [w for w in local.streams if w.topic == TOPIC_SUGGESTION]
+
+
+class RefusingLocalParticipant(RecordingLocalParticipant):
+    """A local participant whose track publication fails (LiveKit refused it)."""
+
+    async def publish_track(self, track: rtc.LocalTrack, options: rtc.TrackPublishOptions) -> Any:
+        raise RuntimeError("publishing the reply track was refused")
+
+
+async def test_a_job_whose_start_fails_leaves_no_watcher_or_pump_running(tmp_path: Path) -> None:
+    """The agent's start fails after the voice directory began to follow the store (here: the
+    reply track cannot be published): `run_job` gets the error and never an agent to close, so
+    the start itself stops the directory's watcher and the publishing pumps."""
+    data = config_for("ws://127.0.0.1:9").model_dump()  # no track opens: never connected
+    data["store"]["url"] = f"sqlite:///{tmp_path}/chorus.db"
+    data["voices"] = {**data["voices"], "enabled": True}
+    config = ServerConfig.model_validate(data)
+    assert config.realtime.provider == "recorder"  # so the reply track is published at start
+    room = FakeRoom("standup", RefusingLocalParticipant())
+    with fake_job_context(room=room) as ctx:
+        with pytest.raises(RuntimeError, match="reply track was refused"):
+            await run_job(ctx, config, LiveKitConfig(), local=room.fake_local)
+    running = [t.get_name() for t in asyncio.all_tasks()
+               if t.get_name().startswith("chorus-") and not t.done()]
+    assert running == []
