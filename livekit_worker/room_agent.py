@@ -266,9 +266,10 @@ class ChorusRoomAgent:
         self.voice = VoiceChannel("voice", stt=stt, pipeline_speakers=False, policy=policy,
                                   on_play=self._play, second_pass=second_pass)
         self.diarized = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
-                                     stage_per_session=True, policy=policy, on_play=self._play,
-                                     second_pass=second_pass)
-        """Shared-mic tracks, each session with a diarization stage of its own (pooled)."""
+                                     stage_per_session=True, catch_up=True, policy=policy,
+                                     on_play=self._play, second_pass=second_pass)
+        """Shared-mic tracks, each session with a diarization stage of its own (pooled); a
+        track whose stage fell behind skips its backlog's windows (`catch_up`)."""
         self.realtime = realtime
         self.assistants = list(assistants)
         self.assistant_ids = frozenset(c.channel_id for c in self.assistants)

@@ -124,7 +124,7 @@ class DiarizingSTT(stt.STT[Any]):
         stage = self._stage()
         channel = VoiceChannel(
             f"voice-{room_id}", stt=self.chorus_stt, pipeline_speakers=stage is not None,
-            diarizer=stage,
+            diarizer=stage, catch_up=True,  # a live track: a stage behind it skips its backlog
         )
         kit = self.kit
         await kit.create_room(room_id=room_id)

@@ -5,6 +5,7 @@ model work off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -444,7 +445,7 @@ def test_catching_up_keeps_the_newest_window_and_no_gap_over_the_bound(
     kept = catch_up_ends(ends, last_end, max_gap)
     assert kept[-1] == ends[-1] and set(kept) <= set(ends) and kept == sorted(set(kept))
     edges = [last_end, *kept]
-    gaps = [b - a for a, b in zip(edges, edges[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(edges)]
     assert max(gaps) <= max_gap
     for i in range(len(kept) - 1):  # each earlier window is needed
         assert edges[i + 2] - edges[i] > max_gap
