@@ -306,6 +306,10 @@ class StreamResult:
     """The server refused the stream (4429: its diarization stage was shedding streams)."""
     degraded: bool = False
     """The stream was taken off the diarization stage (`diarization_status` degraded)."""
+    statuses: list[tuple[float, str]] = field(default_factory=list)
+    """Each `diarization_status` as it arrived (monotonic wall time, `degraded`/`recovered`)."""
+    ended: float | None = None
+    """Monotonic wall time the stream ended (its device stopped, or failed)."""
     error: str | None = None
     versions: list[tuple[float, TurnMessage]] = field(default_factory=list)
     """Every `turn` message as it arrived (monotonic wall time, message), corrections included."""
@@ -371,6 +375,35 @@ def turn_latencies(
     return completion, strict
 
 
+def off_stage_seconds(statuses: list[tuple[float, str]], began: float, ended: float) -> float:
+    """Seconds of a stream (from `began` to `ended`, monotonic wall time) its speakers came from
+    the STT rather than the stage: from each `degraded` status to the next `recovered` one (or
+    the stream's end)."""
+    off, since = 0.0, None
+    for at, status in sorted(statuses):
+        at = min(max(at, began), ended)
+        if status == "degraded" and since is None:
+            since = at
+        elif status == "recovered" and since is not None:
+            off += at - since
+            since = None
+    if since is not None:
+        off += ended - since
+    return off
+
+
+def stage_share(results: list[StreamResult]) -> float | None:
+    """The share of the streams' time their speakers came from the stage (None: no stream
+    streamed). A stream that never heard a `diarization_status` counts as on it throughout."""
+    total = off = 0.0
+    for r in results:
+        if not r.sent_wall or r.ended is None:
+            continue
+        total += r.ended - r.sent_wall[0]
+        off += off_stage_seconds(r.statuses, r.sent_wall[0], r.ended)
+    return None if total <= 0 else 1 - off / total
+
+
 async def _one_device(
     base: str,
     room: str,
@@ -394,8 +427,9 @@ async def _one_device(
             versions.append((time.monotonic(), message))
         elif isinstance(message, ReplyMessage):
             result.replies += 1
-        elif isinstance(message, DiarizationStatusMessage) and message.status == "degraded":
-            result.degraded = True
+        elif isinstance(message, DiarizationStatusMessage):
+            result.statuses.append((time.monotonic(), message.status))
+            result.degraded = result.degraded or message.status == "degraded"
 
     start = StartMessage(participant=f"dev-{room}", name=room, sample_rate=16000, shared_mic=True)
     device: DeviceStream | None = None
@@ -423,6 +457,7 @@ async def _one_device(
             result.refused = True  # shed by the server (issue 31): a result, not an error
         else:
             result.error = f"{type(exc).__name__}: {exc}"
+    result.ended = time.monotonic()
     settled = settled_versions(versions)
     received = [(now, m.end) for now, m in settled]
     if received and sent_wall:
@@ -483,6 +518,9 @@ class StepResult:
     """Streams the server refused (4429 while its diarization stage shed streams, issue 31)."""
     degraded: int = 0
     """Streams taken off the diarization stage (speakers from the STT: `diarization_status`)."""
+    on_stage: float | None = None
+    """Share of the streams' time their speakers came from the stage (`stage_share`; with
+    `--diarizer none` every stream counts as on it, having heard no status)."""
 
     @property
     def holds(self) -> bool:
@@ -541,6 +579,7 @@ async def _step(
         replies=sum(r.replies for r in results),
         refused=sum(r.refused for r in results),
         degraded=sum(r.degraded for r in results),
+        on_stage=None if (share := stage_share(results)) is None else round(share, 3),
     )
 
 
@@ -958,15 +997,16 @@ def _print_run(run: ServerRun, named: bool) -> None:
     print(
         "| streams | turns | p50 latency (s) | p95 latency (s) | p95 by turn end (s) "
         "| corrected | CPU %/stream | RSS peak (MiB) | RSS/stream (MiB) | turns while streaming "
-        "| replies | refused | degraded |"
+        "| replies | refused | degraded | on the stage |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in run.steps:
         print(
             f"| {s.streams} | {s.turns} | {s.p50_latency_s:.2f} | {s.p95_latency_s:.2f} | "
             f"{s.p95_strict_latency_s:.2f} | {s.corrected} | "
             f"{s.cpu_percent_per_stream:.1f} | {s.rss_peak_mib:.0f} | {s.rss_per_stream_mib:.1f} | "
-            f"{s.turns_while_streaming} | {s.replies} | {s.refused} | {s.degraded} |"
+            f"{s.turns_while_streaming} | {s.replies} | {s.refused} | {s.degraded} | "
+            f"{'—' if s.on_stage is None else f'{s.on_stage:.0%}'} |"
         )
     print(
         f"\nlargest N with strict p95 latency (the p95 by turn end column) < "

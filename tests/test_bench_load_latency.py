@@ -1,8 +1,11 @@
 """The load bench's latency bookkeeping (`bench.load`): a corrected turn counts from the first
 version the device had right, not from its first, wrong one; the largest N under target is
-decided on the strict p95 (from each turn's own end)."""
+decided on the strict p95 (from each turn's own end); the time the stage kept is read from the
+devices' diarization statuses."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -10,8 +13,11 @@ from bench.load import (
     LATENCY_TARGET_S,
     ServerRun,
     StepResult,
+    StreamResult,
     _print_run,
+    off_stage_seconds,
     settled_versions,
+    stage_share,
     turn_latencies,
 )
 from server.protocol import TurnMessage
@@ -78,3 +84,29 @@ def test_the_largest_n_under_target_is_decided_on_the_strict_p95(
     printed = capsys.readouterr().out
     assert "| 2 | 40 | 0.35 | 0.70 | 1.30 |" in printed
     assert "largest N with strict p95 latency (the p95 by turn end column) < 1 s: 1" in printed
+
+
+def test_the_time_on_the_stage_is_read_from_each_devices_diarization_statuses() -> None:
+    """Issue 31: how much of the streams' time kept the stage's speakers, from the statuses each
+    device heard: off from `degraded` to `recovered` (or the stream's end)."""
+    assert off_stage_seconds([], 0.0, 30.0) == 0.0
+    assert off_stage_seconds([(4.0, "degraded"), (9.0, "recovered")], 0.0, 30.0) == 5.0
+    assert off_stage_seconds([(4.0, "degraded"), (9.0, "recovered"), (20.0, "degraded")],
+                             0.0, 30.0) == 15.0
+    assert off_stage_seconds([(35.0, "degraded")], 0.0, 30.0) == 0.0  # after the stream ended
+    on = StreamResult(sent_wall=[100.0, 130.0], ended=130.0)
+    shed = StreamResult(sent_wall=[100.0, 130.0], ended=130.0,
+                        statuses=[(110.0, "degraded"), (120.0, "recovered")])
+    refused = StreamResult()  # never streamed: not counted
+    assert stage_share([on, shed, refused]) == pytest.approx(50 / 60)
+    assert stage_share([refused]) is None
+
+
+def test_the_table_says_how_much_time_the_stage_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    run = ServerRun(repo=".", commit="abc1234",
+                    steps=[replace(step(1, 0.5, 0.8), on_stage=0.734), step(2, 0.7, 1.3)],
+                    soak=None, flood=None)
+    _print_run(run, named=False)
+    printed = capsys.readouterr().out
+    assert "| degraded | on the stage |" in printed
+    assert "| 0 | 0 | 0 | 73% |" in printed and "| 0 | 0 | 0 | — |" in printed
