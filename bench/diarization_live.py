@@ -122,6 +122,19 @@ def load_recordings(dirs: list[Path]) -> list[Recording]:
     return out
 
 
+def _loaded_service() -> type:
+    from diarization.live import ModelService
+
+    class Loaded(ModelService):
+        """As if other streams' windows were always waiting (`--behind`: a loaded server)."""
+
+        @property
+        def contended(self) -> bool:
+            return True
+
+    return Loaded
+
+
 def live_run(recording: Recording, settings: Any, service: Any, behind: float = 0.0) -> LiveRun:
     """One stream through the live stage, fed one step at a time; or `behind` seconds at a
     time, catching up (a server whose model service answers that late)."""
@@ -295,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     combos = [dict(zip([k for k, _ in grid_axes], values, strict=True))
               for values in itertools.product(*[v for _, v in grid_axes])] or [{}]
-    service = ModelService(default_live_models())
+    service = (_loaded_service() if args.behind else ModelService)(default_live_models())
     lines: list[str] = []
     summary: dict[str, Any] = {
         "command": " ".join(["chorus", "bench", "diarization_live", *sys.argv[3:]]),

@@ -310,6 +310,15 @@ class ModelService:
             raise RuntimeError(f"live diarization model call failed: {request.error}") from request.error
         return request.results
 
+    @property
+    def contended(self) -> bool:
+        """Whether windows of other streams are queued now, waiting for a worker (read by a
+        stream before it hands over its own): a stream behind its stage then catches up
+        (`LiveDiarizer.catch_up`) instead of adding its backlog to theirs. A stream alone (a
+        device sending what it buffered, the service otherwise idle) is never contended."""
+        with self._pending_changed:
+            return self._pending > 0
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """While held, the worker starts no new batch: requests queue up and are answered
@@ -567,7 +576,8 @@ class LiveDiarizer:
         self._anchors_next: dict[str, FloatArray] | None = None
         """Set from any thread by `anchor`; applied at the next feed, under the lock."""
         self._catch_up = False
-        """`catch_up`: a feed behind the stream runs only the windows `catch_up_ends` keeps."""
+        """`catch_up`: a feed behind the stream, the service contended, runs only the windows
+        `catch_up_ends` keeps."""
         self.skipped_windows = 0
         """Windows due that a catching-up feed did not run (since the stage was made)."""
         self.reset()
@@ -681,7 +691,7 @@ class LiveDiarizer:
             while end <= self._fed:
                 ends.append(end)
                 end += self._step
-            if self._catch_up and len(ends) > 1:
+            if self._catch_up and len(ends) > 1 and self.service.contended:
                 due = len(ends)
                 ends = catch_up_ends(ends, self._last_end, self._window // 2)
                 self.skipped_windows += due - len(ends)
@@ -708,9 +718,10 @@ class LiveDiarizer:
             self._step = min(step, self._window)
 
     def catch_up(self, on: bool) -> None:
-        """While on, a feed that brings several steps of new audio (the stream's feeds waited on
-        a loaded model service) runs only the windows `catch_up_ends` keeps: the newest, and
-        earlier ones only where the gap since the last window run would pass half a window.
+        """While on, a feed that brings several steps of new audio while other streams' windows
+        wait for the model service (`ModelService.contended`: the stream fell behind because the
+        service is loaded) runs only the windows `catch_up_ends` keeps: the newest, and earlier
+        ones only where the gap since the last window run would pass half a window.
         The stage then falls behind by one round of the service, never by a backlog of rounds
         (issue 31: at a start of 24 streams on 2 cores the backlog put every stream 2.5 s behind
         in 3 s). A server's live stream turns it on (`voice.stage_driver`); off, every window

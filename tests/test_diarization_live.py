@@ -391,11 +391,17 @@ def test_bad_settings_and_audio_are_refused() -> None:
 
 
 class SilentService(ModelService):
-    """Answers every window with no voice, counting the windows and where they end."""
+    """Answers every window with no voice, counting the windows and where they end;
+    `others_waiting`: what it says of other streams' windows (`contended`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, others_waiting: bool = False) -> None:
         super().__init__(models=None)
         self.windows = 0
+        self.others_waiting = others_waiting
+
+    @property
+    def contended(self) -> bool:
+        return self.others_waiting
 
     def analyse(self, jobs: object, previous: object = None, since_embedding: int = 0,
                 abandoned: object = None) -> list[WindowResult]:
@@ -455,10 +461,12 @@ def test_catching_up_keeps_the_newest_window_and_no_gap_over_the_bound(
 
 
 def test_a_stage_behind_its_stream_runs_the_newest_window_not_its_backlog() -> None:
-    """Issue 31: with `catch_up` on, a feed that brings several steps of audio (the stream
-    waited on a loaded model service) runs the newest window and only the earlier ones that
-    keep the windows within half a window of each other; off, every window due runs."""
-    behind, every = SilentService(), SilentService()
+    """Issue 31: with `catch_up` on, a feed that brings several steps of audio while other
+    streams' windows wait for the model service (the stream waited on a loaded service) runs
+    the newest window and only the earlier ones that keep the windows within half a window of
+    each other; off, every window due runs. A burst while the service is free (a device sending
+    what it buffered) runs every window too."""
+    behind, every = SilentService(others_waiting=True), SilentService(others_waiting=True)
     catching, plain = LiveDiarizer(behind), LiveDiarizer(every)
     catching.catch_up(True)
     half = np.zeros(RATE // 2, np.float32)
@@ -471,17 +479,29 @@ def test_a_stage_behind_its_stream_runs_the_newest_window_not_its_backlog() -> N
     assert behind.windows == 1 + 1 and every.windows == 1 + 4
     catching.feed(np.zeros(4 * RATE, np.float32))  # 3.0 … 6.5 s: 6.5, and 4.0 within 2.5 s
     assert behind.windows == 2 + 2 and catching.skipped_windows == 3 + 6
+    behind.others_waiting = False  # a burst, the service free: every window
+    catching.feed(backlog)  # 7.0 … 8.5 s
+    assert behind.windows == 4 + 4 and catching.skipped_windows == 9
+    behind.others_waiting = True
     catching.reset()  # kept across a reset: it is how the stream is fed, not the stream
     catching.feed(half)
     catching.feed(backlog)
-    assert behind.windows == 4 + 2
+    assert behind.windows == 8 + 2
+
+
+class LoadedService(ModelService):
+    """The real models, as if other streams' windows were always waiting (`contended`)."""
+
+    @property
+    def contended(self) -> bool:
+        return True
 
 
 def test_a_stage_catching_up_still_hears_both_voices(sample: np.ndarray, models: LiveModels) -> None:
-    """Fed two seconds at a time (a stream whose feeds wait 2 s on the model service), a stage
+    """Fed two seconds at a time (a stream whose feeds wait 2 s on a loaded model service), a stage
     catching up runs a quarter of the windows and still decides both voices of the pyannote
     sample where they speak alone, as the stage that runs every window does."""
-    service = ModelService(models)
+    service = LoadedService(models)
     try:
         catching = LiveDiarizer(service)
         catching.catch_up(True)
