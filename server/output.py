@@ -1,5 +1,6 @@
 """What the server says: every room's committed turns, replies and speaker changes, fanned out to
-the room's feed and its streams, and each stream's STT status told to its device.
+the room's feed and its streams, and each stream's STT status told to its device (a phone
+leg's to the room's feed: its caller has no message channel).
 
 Owns the server's own channel in every room (`ServerOutput`): the kit delivers every committed
 event to it in commit order, and as an `AudioSink` it receives the assistant's reply audio (R5),
@@ -191,9 +192,12 @@ class ServerOutput(Channel):
                 self._send(stream, message)
 
     async def stt_status(self, stream: LiveStream, status: SttStatus) -> None:
-        """The stream's STT connection changed state (issue 10.1): count it, and tell the
-        stream's device (a phone leg has no message for it; its count still shows in
-        `/metrics`); a refusal (issue 25.7) goes to the room's feed too. Heard from the stream's own callback (`Pipeline.open_stream(on_status=…)`)."""
+        """The stream's STT connection changed state (issue 10.1): count it, and tell whoever
+        can act on it. A device hears its own statuses, and the room's feed only a refusal
+        (issue 25.7: final, and the operator's to fix). A phone leg (Twilio, AudioSocket, SIP)
+        has no message channel to its caller, so the room's feed hears every one of its
+        statuses: the operator watching the room learns that a caller's words are not being
+        transcribed. Heard from the stream's own callback (`Pipeline.open_stream(on_status=…)`)."""
         if isinstance(status, SttDegraded):
             self.metrics.stt_outages_total += 1
             message = SttStatusMessage(stream="", status="degraded", reason=status.reason)
@@ -215,11 +219,12 @@ class ServerOutput(Channel):
             return  # not open yet (its `started` goes first), or already forgotten
         log.warning("stream %s: STT %s %s", stream.id, message.status, message.reason or "")
         text = dump(message.model_copy(update={"stream": stream.id}))
-        if isinstance(status, SttRefused):
+        device = stream.kind == "device"
+        if not device or isinstance(status, SttRefused):
             live = self.rooms.get(stream.room_id)
-            if live is not None:  # final, and the operator's to fix: the room's feed hears it
+            if live is not None:  # once, whichever of the two reasons holds
                 live.feed.publish(text)
-        if stream.kind == "device":
+        if device:
             self._send(stream, text)
 
     async def diarization_status(self, stream: LiveStream, status: DiarizationStatus) -> None:

@@ -194,12 +194,13 @@ class DtmfMessage(_Wire):
 
 class SttStatusMessage(_Wire):
     """The stream's speech-to-text connection changed state (issue 10.1), sent to that stream's
-    device: `degraded` (the STT service dropped; audio is held and resent), `recovered` (a new
+    device, or, for a phone leg (no message channel to its caller), to the room's feed:
+    `degraded` (the STT service dropped; audio is held and resent), `recovered` (a new
     connection took the held audio), `audio_lost` (an outage outlasted what could be held: the
     audio from `start` to `end`, seconds of this stream, was never transcribed), `ended` (the
     stream cannot transcribe any more; `reason` says why), `refused` (the STT service refused the
     server's credentials or permission, HTTP 401/403: final, never retried; `reason` names the
-    status, never a secret; the room's feed hears it too)."""
+    status, never a secret; the room's feed hears it for every stream)."""
 
     type: Literal["stt_status"] = "stt_status"
     stream: str

@@ -15,6 +15,7 @@ import struct
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,14 @@ from server.auth import Grant, issue_token
 from server.client import EventFeed
 from server.config import ConfigError, load_config
 from server.framing import Refusal, StoppedBeforeStart
-from server.protocol import DtmfMessage
-from server.testing.harness import SECRET, RunningServer, eventually, running_server_with_local_stt
+from server.protocol import DtmfMessage, SttStatusMessage
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    eventually,
+    metric_value,
+    running_server_with_local_stt,
+)
 from voice.audio import float_to_pcm16, read_audio_16k, resample
 from voice.testing.deepgram_server import MeetingWords
 
@@ -279,6 +286,72 @@ async def test_the_uuid_map_is_off_without_audiosocket_and_validates_its_body() 
             )
         assert posted.status_code == 200
         assert srv.server.audiosocket_calls.take(call_id) == AudioSocketCall(room="pbx", name="Dana")
+
+
+# --- the call's STT status, on the room's feed ---------------------------------------------------
+
+
+def stt_statuses(feed: EventFeed) -> list[SttStatusMessage]:
+    return [m for m in feed.received if isinstance(m, SttStatusMessage)]
+
+
+async def test_a_calls_stt_outage_and_recovery_reach_the_rooms_feed_and_are_counted() -> None:
+    """A phone leg has no message channel to its caller, so the operator watching the room's
+    feed hears its STT statuses: degraded, then recovered, for the call's stream."""
+    async with audiosocket_server(stt={"diarize": False}) as srv:
+        stt = srv.stt_server
+        assert stt is not None
+        stt.outage_after(1.0, 0.5)  # the STT service drops once it heard 1 s of the call
+        call_id = uuid.uuid4()
+        assert (await route(srv, call_id, {"room": "pbx", "name": "Dana"})).status_code == 200
+        feed = await EventFeed.open(srv.base, "pbx", issue_token(SECRET, "pbx", grants=[Grant.FEED]))
+        call = await AsteriskCall.dial(port_of(srv), call_id)
+        await call.play(slin(0.6, 4.3))
+        await eventually(lambda: any(m.status == "recovered" for m in stt_statuses(feed)),
+                         BOUND_S, "recovered on the feed")
+        await call.hang_up()
+        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received),
+                         BOUND_S, "the stop")
+        _, body = await srv.http_get("/metrics")
+        await call.close()
+        await feed.close()
+    started = next(m for m in feed.received if m.type == "stream_started")
+    told = stt_statuses(feed)
+    assert [(m.status, m.stream) for m in told] == [("degraded", started.stream),
+                                                    ("recovered", started.stream)]
+    assert told[0].reason
+    assert metric_value(body, "chorus_stt_outages_total") == 1.0
+    assert metric_value(body, "chorus_stt_recoveries_total") == 1.0
+    assert metric_value(body, "chorus_stt_audio_lost_seconds_total") == 0.0
+
+
+async def test_a_calls_stt_refusal_reaches_the_rooms_feed_once() -> None:
+    """A refusal goes to the feed for every stream; a phone leg's is not told twice."""
+    async with audiosocket_server(stt={"diarize": False}) as srv:
+        stt = srv.stt_server
+        assert stt is not None
+        call_id = uuid.uuid4()
+        assert (await route(srv, call_id, {"room": "pbx"})).status_code == 200
+        feed = await EventFeed.open(srv.base, "pbx", issue_token(SECRET, "pbx", grants=[Grant.FEED]))
+        call = await AsteriskCall.dial(port_of(srv), call_id)
+        await call.play(slin(0.6, 1.6, silence=0.0))
+        await eventually(lambda: bool(stt.connections and stt.connections[0].audio), BOUND_S,
+                         "audio at the STT")
+        stt.refuse_handshakes(HTTPStatus.UNAUTHORIZED)
+        stt.drop_now()
+        await eventually(lambda: any(m.status == "refused" for m in stt_statuses(feed)),
+                         BOUND_S, "refused on the feed")
+        await call.hang_up()
+        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received),
+                         BOUND_S, "the stop")
+        _, body = await srv.http_get("/metrics")
+        await call.close()
+        await feed.close()
+    told = stt_statuses(feed)
+    assert [m.status for m in told][:2] == ["degraded", "refused"]
+    assert [m.status for m in told].count("refused") == 1
+    assert told[1].reason is not None and "HTTP 401" in told[1].reason
+    assert metric_value(body, "chorus_stt_refused_total") == 1.0
 
 
 # --- the framing, list in, list out -------------------------------------------------------------

@@ -215,6 +215,32 @@ async def test_page_says_when_a_streams_speakers_come_from_the_stt_and_when_back
     assert any("diarization stage again" in n for n in shown), shown
 
 
+async def test_page_says_when_a_phone_legs_speech_to_text_drops_and_comes_back(
+    server: RunningServer,
+) -> None:
+    """A phone leg's caller hears nothing of its STT status; the feed carries it
+    (`stt_status`), and the page shows it in the meeting, naming the caller."""
+    from server.protocol import StreamEventMessage, SttStatusMessage, dump
+
+    token = issue_token(SECRET, ROOM)
+    async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+        await wait_for(
+            page, "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+        )
+        live = await server.server.rooms.room(ROOM)
+        leg = "audiosocket-1-ab12cd"
+        live.feed.publish(dump(StreamEventMessage(type="stream_started", room=ROOM, stream=leg,
+                                                  participant="call-1", name="Dana",
+                                                  kind="audiosocket")))  # fmt: skip
+        live.feed.publish(dump(SttStatusMessage(stream=leg, status="degraded", reason="HTTP 503")))
+        live.feed.publish(dump(SttStatusMessage(stream=leg, status="recovered")))
+        notices = "[...document.querySelectorAll('#turns .notice')].map(n => n.textContent)"
+        await wait_for(page, f"{notices}.length >= 3")
+        shown = await page.evaluate(notices)
+    assert "Dana: speech-to-text degraded, holding the audio (HTTP 503)" in shown, shown
+    assert "Dana: speech-to-text recovered" in shown, shown
+
+
 async def test_page_shows_a_corrected_turn_in_place_of_its_early_version() -> None:
     """An early turn the final result corrected (`corrected: true`, same `event_id`) replaces
     the turn the page shows; it is not shown as one more turn."""
