@@ -291,6 +291,19 @@ async def test_the_uuid_map_is_off_without_audiosocket_and_validates_its_body() 
 # --- the call's STT status, on the room's feed ---------------------------------------------------
 
 
+async def hang_up_and_read_metrics(srv: RunningServer, call: AsteriskCall,
+                                   feed: EventFeed) -> str:
+    """Hang the call up, wait for its stream's stop on the feed (every status published before
+    it has arrived), and read `/metrics`; the call and the feed are closed."""
+    await call.hang_up()
+    await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received),
+                     BOUND_S, "the stop")
+    _, body = await srv.http_get("/metrics")
+    await call.close()
+    await feed.close()
+    return body
+
+
 def stt_statuses(feed: EventFeed) -> list[SttStatusMessage]:
     return [m for m in feed.received if isinstance(m, SttStatusMessage)]
 
@@ -309,12 +322,7 @@ async def test_a_calls_stt_outage_and_recovery_reach_the_rooms_feed_and_are_coun
         await call.play(slin(0.6, 4.3))
         await eventually(lambda: any(m.status == "recovered" for m in stt_statuses(feed)),
                          BOUND_S, "recovered on the feed")
-        await call.hang_up()
-        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received),
-                         BOUND_S, "the stop")
-        _, body = await srv.http_get("/metrics")
-        await call.close()
-        await feed.close()
+        body = await hang_up_and_read_metrics(srv, call, feed)
     started = next(m for m in feed.received if m.type == "stream_started")
     told = stt_statuses(feed)
     assert [(m.status, m.stream) for m in told] == [("degraded", started.stream),
@@ -341,12 +349,7 @@ async def test_a_calls_stt_refusal_reaches_the_rooms_feed_once() -> None:
         stt.drop_now()
         await eventually(lambda: any(m.status == "refused" for m in stt_statuses(feed)),
                          BOUND_S, "refused on the feed")
-        await call.hang_up()
-        await eventually(lambda: any(m.type == "stream_stopped" for m in feed.received),
-                         BOUND_S, "the stop")
-        _, body = await srv.http_get("/metrics")
-        await call.close()
-        await feed.close()
+        body = await hang_up_and_read_metrics(srv, call, feed)
     told = stt_statuses(feed)
     assert [m.status for m in told][:2] == ["degraded", "refused"]
     assert [m.status for m in told].count("refused") == 1
