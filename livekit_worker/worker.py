@@ -119,7 +119,12 @@ async def build_room_agent(
         voices=config.voices,
         diarizer=config.diarizer,
     )
-    await agent.start()
+    try:
+        await agent.start()
+    except BaseException:  # nobody will close an agent that never started: its second pass
+        if redecoder is not None:
+            await redecoder.aclose()
+        raise
     return agent
 
 
@@ -143,8 +148,12 @@ async def run_job(
             ctx.room, room_name, config, livekit, stt=provider, local=local, kit=kit,
             build_stage=build_stage,
         )
-    except BaseException:
-        await opened.close()
+    except BaseException:  # what `shutdown` would close: the channels, the STT, the store
+        try:
+            await kit.close()
+            await provider.aclose()
+        finally:
+            await opened.close()
         raise
 
     async def shutdown(reason: str = "") -> None:

@@ -30,6 +30,7 @@ from livekit_worker.config import LiveKitConfig
 from livekit_worker.room_agent import TOPIC_SUGGESTION, TOPIC_TRANSCRIPTION, ChorusRoomAgent
 from livekit_worker.worker import run_job
 from server.config import ServerConfig
+from server.pipeline import stt_provider
 from tests.livekit_helpers import (
     FakeRoom,
     RecordingLocalParticipant,
@@ -186,19 +187,32 @@ class RefusingLocalParticipant(RecordingLocalParticipant):
         raise RuntimeError("publishing the reply track was refused")
 
 
-async def test_a_job_whose_start_fails_leaves_no_watcher_or_pump_running(tmp_path: Path) -> None:
+async def test_a_job_whose_start_fails_leaves_no_watcher_or_pump_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The agent's start fails after the voice directory began to follow the store (here: the
     reply track cannot be published): `run_job` gets the error and never an agent to close, so
-    the start itself stops the directory's watcher and the publishing pumps."""
+    the start itself stops the directory's watcher and the publishing pumps, and `run_job`
+    closes the STT provider, the channels and the store."""
     data = config_for("ws://127.0.0.1:9").model_dump()  # no track opens: never connected
     data["store"]["url"] = f"sqlite:///{tmp_path}/chorus.db"
     data["voices"] = {**data["voices"], "enabled": True}
     config = ServerConfig.model_validate(data)
     assert config.realtime.provider == "recorder"  # so the reply track is published at start
     room = FakeRoom("standup", RefusingLocalParticipant())
+    provider = stt_provider(config)
+    closed: list[str] = []
+    close_provider = provider.aclose
+
+    async def aclose() -> None:
+        closed.append("stt")
+        await close_provider()
+
+    monkeypatch.setattr(provider, "aclose", aclose)
     with fake_job_context(room=room) as ctx:
         with pytest.raises(RuntimeError, match="reply track was refused"):
-            await run_job(ctx, config, LiveKitConfig(), local=room.fake_local)
+            await run_job(ctx, config, LiveKitConfig(), stt=provider, local=room.fake_local)
     running = [t.get_name() for t in asyncio.all_tasks()
                if t.get_name().startswith("chorus-") and not t.done()]
     assert running == []
+    assert closed == ["stt"]  # what the job's shutdown would have closed is closed
