@@ -43,8 +43,9 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   every shared-mic track on a stage: a track whose stage falls behind has its step stretched,
   then leaves the stage (its turns take the STT's labels, or its one participant) and comes back
   once the stage keeps up. A shared-mic track subscribed while the policy does not admit is not
-  refused (a job cannot turn a track away) but degraded: it runs without a stage for its
-  lifetime. Each change is published as a text stream on `chorus.diarization` whose text is the
+  refused (a job cannot turn a track away) but degraded: it runs without a stage until the
+  policy admits again (no track in fallback), then its session ends (the turn in progress is
+  committed) and a new one starts on a stage, one such track per `recover_after_s`. Each change is published as a text stream on `chorus.diarization` whose text is the
   feed's `diarization_status` message (JSON), sent as the track's participant, with
   `lk.transcribed_track_id`, `chorus.diarization` (`degraded` / `recovered`), `chorus.speakers`
   (`stt` / `stage`) and, when degraded, `chorus.reason` and `chorus.lag_s`.
@@ -61,6 +62,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
@@ -160,6 +162,12 @@ class _Feed:
     stream: rtc.AudioStream
     release: Callable[[], None] | None = None
     task: asyncio.Task[None] | None = None
+    track: rtc.Track | None = None
+    participant: rtc.Participant | None = None
+    unstaged: bool = False
+    """A shared mic that opened without a stage while the policy did not admit: it moves onto
+    one once the policy admits again (`ChorusRoomAgent._move_to_stage`)."""
+    moving: bool = False
 
 
 class _TranscriptionOut(Channel):
@@ -297,6 +305,8 @@ class ChorusRoomAgent:
                                       tell=self._diarization_status)
         """Applies `overload` to the tracks on a stage, as `chorus serve`'s pipeline does."""
         self._diarized_attached = False
+        self._last_staged = -math.inf
+        """When an unstaged track last moved onto a stage (one per `recover_after_s`)."""
         self._serial = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._pump: asyncio.Task[None] | None = None
@@ -497,9 +507,11 @@ class ChorusRoomAgent:
             self._pool.append(stage)
 
     async def open_track(
-        self, track: rtc.Track, track_sid: str, participant: rtc.Participant
+        self, track: rtc.Track, track_sid: str, participant: rtc.Participant,
+        *, moved: bool = False,
     ) -> VoiceSession | None:
-        """Start a voice session for one audio track and read its frames until it ends."""
+        """Start a voice session for one audio track and read its frames until it ends
+        (`moved`: a track that ran without a stage, reopened now that the policy admits)."""
         async with self._lock(track_sid):
             if track_sid in self._feeds or self.closed:
                 return None
@@ -525,6 +537,10 @@ class ChorusRoomAgent:
             release = None
             if stage is not None:
                 release = functools.partial(self._release, session, stage)
+                if moved:
+                    log.info("room %s: shared-mic track %s is on a diarization stage now",
+                             self.room_name, track_sid)
+                    self._queue.put_nowait(_Status(session.id, DiarizationRecovered()))
             elif not admitted:  # a job cannot refuse the track: it runs without a stage
                 log.warning("room %s: shared-mic track %s runs without a diarization stage: %s",
                             self.room_name, track_sid, NOT_ADMITTED)
@@ -536,7 +552,8 @@ class ChorusRoomAgent:
             if self.directory is not None and stage is not None:
                 named = self._directory_streams[session.id] = _TrackStream(session, self.room_name)
                 named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
-            feed = _Feed(track_sid, speaker, session, stream, release)
+            feed = _Feed(track_sid, speaker, session, stream, release, track=track,
+                         participant=participant, unstaged=wants_stage and not admitted)
             if stage is not None:
                 self.stage_guard.join(session)  # `release` leaves
             feed.task = asyncio.create_task(self._read(feed))
@@ -555,6 +572,25 @@ class ChorusRoomAgent:
                 feed.session.push(pcm)
             if feed.session.stage is not None:
                 self.stage_guard.check()  # overload: at most every `overload_check_s`
+            elif feed.unstaged and not feed.moving and self._may_stage_another():
+                feed.moving = True
+                self._last_staged = asyncio.get_running_loop().time()
+                self._spawn(self._move_to_stage(feed))
+
+    def _may_stage_another(self) -> bool:
+        """Whether a track that runs without a stage may move onto one now: the policy admits
+        (no track in fallback), and none moved within `recover_after_s`."""
+        now = asyncio.get_running_loop().time()
+        return (self.overload.admitting and not self.closed
+                and now - self._last_staged >= self.overload.bounds.recover_after_s)
+
+    async def _move_to_stage(self, feed: _Feed) -> None:
+        """End the unstaged track's session (its turn in progress is committed) and open it
+        again, on a stage if the policy still admits (`open_track(moved=True)`)."""
+        await self.close_track(feed.track_sid)
+        if self.closed or feed.track is None or feed.participant is None:
+            return
+        await self.open_track(feed.track, feed.track_sid, feed.participant, moved=True)
 
     async def close_track(self, track_sid: str) -> None:
         """Stop reading the track and end its session: the turn in progress is committed once."""

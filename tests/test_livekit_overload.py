@@ -232,3 +232,28 @@ async def test_a_stage_that_keeps_up_again_takes_the_track_back(job: Job) -> Non
     assert " ".join(c.text for c in captions) == meeting_text(*TALK)
     assert stage.resets >= 1 and stage.fed > 0  # reset, then fed afresh
     assert job.local.streams.index(status) < job.local.streams.index(captions[0])
+
+
+async def test_a_shared_mic_that_opened_without_a_stage_takes_one_once_the_stage_keeps_up(
+    job: Job,
+) -> None:
+    """The track that ran on the STT's labels while the stage shed load is not left there: once
+    the policy admits again, its session ends and a new one starts on a stage, and the room
+    hears it `recovered`."""
+    await degraded_table(job)
+    lounge = await job.shared_mic("lounge")
+    await job.local.status("TR_lounge", "degraded")
+    assert len(job.stages) == 1
+    job.stages[0].gate.set()  # the table's stage answers again: the policy admits
+    await job.local.status("TR_table", "recovered")
+    assert job.agent.overload.admitting
+    playing = asyncio.create_task(lounge.play(clip(meeting_pcm(), *TALK)))  # the lounge's frames
+    try:
+        status = await job.local.status("TR_lounge", "recovered")
+    finally:
+        await playing
+    [moved] = [s for s in job.agent.sessions if s.participant_id == "lounge"]
+    assert moved.channel is job.agent.diarized and moved.stage is not None
+    assert len(job.stages) == 2  # a stage of its own now
+    assert status.sender_identity == "lounge" and status.attributes["chorus.speakers"] == "stage"
+    assert json.loads(status.text)["stream"] == moved.id
