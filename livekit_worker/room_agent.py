@@ -162,7 +162,6 @@ class _Feed:
     stream: rtc.AudioStream
     release: Callable[[], None] | None = None
     task: asyncio.Task[None] | None = None
-    track: rtc.Track | None = None
     participant: rtc.Participant | None = None
     unstaged: bool = False
     """A shared mic that opened without a stage while the policy did not admit: it moves onto
@@ -552,8 +551,8 @@ class ChorusRoomAgent:
             if self.directory is not None and stage is not None:
                 named = self._directory_streams[session.id] = _TrackStream(session, self.room_name)
                 named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
-            feed = _Feed(track_sid, speaker, session, stream, release, track=track,
-                         participant=participant, unstaged=wants_stage and not admitted)
+            feed = _Feed(track_sid, speaker, session, stream, release, participant=participant,
+                         unstaged=wants_stage and not admitted)
             if stage is not None:
                 self.stage_guard.join(session)  # `release` leaves
             feed.task = asyncio.create_task(self._read(feed))
@@ -588,9 +587,15 @@ class ChorusRoomAgent:
         """End the unstaged track's session (its turn in progress is committed) and open it
         again, on a stage if the policy still admits (`open_track(moved=True)`)."""
         await self.close_track(feed.track_sid)
-        if self.closed or feed.track is None or feed.participant is None:
+        if self.closed or feed.participant is None:
             return
-        await self.open_track(feed.track, feed.track_sid, feed.participant, moved=True)
+        participant = self.room.remote_participants.get(feed.participant.identity)
+        if participant is None:
+            return  # gone meanwhile: nothing to reopen
+        publication = participant.track_publications.get(feed.track_sid)
+        if publication is None or publication.track is None:
+            return  # unsubscribed meanwhile: its own event found nothing to close
+        await self.open_track(publication.track, feed.track_sid, participant, moved=True)
 
     async def close_track(self, track_sid: str) -> None:
         """Stop reading the track and end its session: the turn in progress is committed once."""
