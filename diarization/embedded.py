@@ -83,9 +83,9 @@ class EmbeddedStage:
                                speaker_prints=True, anchors=True)
     """`voice.diarization_stage.LiveStage`: the live stream decides about a second late
     (`flush`), can hand over its recent segments (`recent`) and its provisional view, and can
-    stretch its step under load (`stretch`), skip the windows of a backlog (`catch_up`) and drop its queued windows when the server takes
-    its stream off the stage (`abandon`), and show its anonymous voices' prints (`speaker_prints`,
-    issue 27)."""
+    stretch its step under load (`stretch`), skip the windows of a backlog (`catch_up`) and
+    drop its queued windows when the server takes its stream off the stage (`abandon`), and
+    show its anonymous voices' prints (`speaker_prints`, issue 27)."""
 
     def __init__(
         self,

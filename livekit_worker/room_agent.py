@@ -45,10 +45,12 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   once the stage keeps up. A shared-mic track subscribed while the policy does not admit is not
   refused (a job cannot turn a track away) but degraded: it runs without a stage until the
   policy admits again (no track in fallback), then its session ends (the turn in progress is
-  committed) and a new one starts on a stage, one such track per `recover_after_s`. Each change is published as a text stream on `chorus.diarization` whose text is the
-  feed's `diarization_status` message (JSON), sent as the track's participant, with
-  `lk.transcribed_track_id`, `chorus.diarization` (`degraded` / `recovered`), `chorus.speakers`
-  (`stt` / `stage`) and, when degraded, `chorus.reason` and `chorus.lag_s`.
+  committed) and a new one starts on a stage, one such track per `recover_after_s`. Each
+  change is published as a text stream on `chorus.diarization` whose text is the feed's
+  `diarization_status` message (JSON, `server.stage_guard.status_message`), sent as the
+  track's participant, with `lk.transcribed_track_id`, `chorus.diarization` (`degraded` /
+  `recovered`), `chorus.speakers` (`stt` / `stage`) and, when degraded, `chorus.reason` and
+  `chorus.lag_s`.
 
 The LiveKit side is reached only through `rtc.Room` events and two local-participant calls
 (`stream_text`, `publish_track`), typed by `LocalParticipantLike`, so tests drive it with real
@@ -83,8 +85,8 @@ from server.overload import (
     OverloadPolicy,
 )
 from server.pipeline import VoiceStreamAudio
-from server.protocol import DiarizationStatusMessage, SpeakerSuggestionMessage, dump
-from server.stage_guard import StageGuard
+from server.protocol import SpeakerSuggestionMessage, dump
+from server.stage_guard import StageGuard, status_message
 from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
 from voice.audio import STT_SAMPLE_RATE, resample
@@ -500,9 +502,7 @@ class ChorusRoomAgent:
         """A track's session ended: its stage goes back to the pool, unless a stage call still
         runs in its thread (a track that fell back): a reset would wait for it, so it is not
         pooled."""
-        self.stage_guard.leave(session.id)
-        driver = session.stage
-        if driver is None or not driver.in_flight:
+        if self.stage_guard.leave(session):
             self._pool.append(stage)
 
     async def open_track(
@@ -737,12 +737,8 @@ class ChorusRoomAgent:
         attributes: dict[str, str] = {}
         if info is not None:
             attributes[ATTRIBUTE_TRACK_ID] = info.track_sid
-        if isinstance(status, DiarizationRecovered):
-            message = DiarizationStatusMessage(stream=item.session_id, status="recovered",
-                                               speakers="stage")
-        else:
-            message = DiarizationStatusMessage(stream=item.session_id, status="degraded",
-                                               speakers="stt", reason=status.reason)
+        message = status_message(item.session_id, status)
+        if isinstance(status, DiarizationDegraded):
             attributes[ATTRIBUTE_REASON] = status.reason
             attributes[ATTRIBUTE_LAG] = f"{status.lag_s:.2f}"
         attributes[ATTRIBUTE_DIARIZATION] = message.status

@@ -27,7 +27,6 @@ from server.metrics import ServerMetrics
 from server.overload import DiarizationDegraded, DiarizationStatus
 from server.protocol import (
     ChatMessage,
-    DiarizationStatusMessage,
     ReplyMessage,
     SpeakerChangeMessage,
     SttStatusMessage,
@@ -35,6 +34,7 @@ from server.protocol import (
     dump,
 )
 from server.room_state import LiveRoom, LiveStream
+from server.stage_guard import status_message
 from server.voices import Suggest
 from voice.channel import SpeakerChangeEvent
 from voice.introductions import name_from_introduction
@@ -233,12 +233,9 @@ class ServerOutput(Channel):
         labels changed)."""
         if isinstance(status, DiarizationDegraded):
             self.metrics.diarization_fallbacks_total += 1
-            message = DiarizationStatusMessage(stream=stream.id, status="degraded",
-                                               speakers="stt", reason=status.reason)
         else:
             self.metrics.diarization_recoveries_total += 1
-            message = DiarizationStatusMessage(stream=stream.id, status="recovered",
-                                               speakers="stage")
+        message = status_message(stream.id, status)
         if stream.audio is None or self.streams.get(stream.audio.session_id) is not stream:
             return
         log.warning("stream %s: diarization %s %s", stream.id, message.status,

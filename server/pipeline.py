@@ -339,9 +339,7 @@ class VoicePipeline:
             self.stage_guard.join(session)
 
             def release() -> None:
-                self.stage_guard.leave(session.id)
-                driver = session.stage
-                if driver is None or not driver.in_flight:
+                if self.stage_guard.leave(session):
                     self._idle(info.room_id, stage)
                 # else: a stage call still runs in its thread; the stage is not pooled (a reset
                 # on the loop would wait for it)

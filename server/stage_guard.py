@@ -31,12 +31,22 @@ from server.overload import (
     Return,
     Stretch,
 )
+from server.protocol import DiarizationStatusMessage
 from voice.channel import VoiceSession
 
 log = logging.getLogger(__name__)
 
 StatusTeller = Callable[[str, DiarizationStatus], Awaitable[None]]
 """Hears that a session (by id) left its stage or came back."""
+
+
+def status_message(stream: str, status: DiarizationStatus) -> DiarizationStatusMessage:
+    """The `diarization_status` message saying `status` of `stream`: what a device and the
+    room's feed hear (`server.output`) and a LiveKit job publishes (`livekit_worker`)."""
+    if isinstance(status, DiarizationDegraded):
+        return DiarizationStatusMessage(stream=stream, status="degraded", speakers="stt",
+                                        reason=status.reason)
+    return DiarizationStatusMessage(stream=stream, status="recovered", speakers="stage")
 
 
 class StageGuard:
@@ -68,9 +78,14 @@ class StageGuard:
         self.policy.joined(session.id, asyncio.get_running_loop().time(),
                            can_stretch=driver is not None and driver.abilities.stretches_step)
 
-    def leave(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
-        self.policy.left(session_id)
+    def leave(self, session: VoiceSession) -> bool:
+        """The session ended: it is watched no more. True when its stage may serve another
+        session now; False while a stage call of a session that fell back still runs in its
+        thread (a `reset` would wait for it), so the stage must not be pooled."""
+        self._sessions.pop(session.id, None)
+        self.policy.left(session.id)
+        driver = session.stage
+        return driver is None or not driver.in_flight
 
     def check(self) -> None:
         """Measure every session's lag and do what the policy says (at most every `check_s`)."""
@@ -133,4 +148,4 @@ class StageGuard:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-__all__ = ["StageGuard", "StatusTeller"]
+__all__ = ["StageGuard", "StatusTeller", "status_message"]

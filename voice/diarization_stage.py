@@ -165,8 +165,9 @@ class StageAbilities:
     second of audio, decisions a little later) while the machine cannot keep up; 1.0 is its
     normal step again (issue 31, `server.overload`)."""
     catches_up: bool = False
-    """`catch_up(on)`: while on, a feed that brings more than one step of new audio (the stage
-    fell behind) runs the newest window and only as many earlier ones as keep its windows
+    """`catch_up(on)`: while on, a feed that brings more than one step of new audio because the
+    stage fell behind (the embedded stage: while other streams' windows wait for its shared
+    model service) runs the newest window and only as many earlier ones as keep its windows
     overlapping, not one per step: a stage behind its stream catches up at once instead of
     working through its backlog (issue 31). Off: every window is run (a replay that feeds a
     whole recording at once)."""
