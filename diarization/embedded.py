@@ -282,6 +282,11 @@ class EmbeddedStage:
         directory keeps and compares with `speaker_prints`)."""
         return self._stream.service.voiceprint(self._speech_of(audio))
 
+    def turn_voiceprint(self, audio: Audio) -> FloatArray:
+        """A committed turn's print on the live path's model, its audio as it is (the voice
+        directory's per-turn check, `voice.identify.turn_matches`)."""
+        return self._stream.service.voiceprint(_checked(audio))
+
     @property
     def live_model(self) -> str:
         """The id of the model `live_voiceprint` and `speaker_prints` use."""

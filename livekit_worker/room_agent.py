@@ -634,17 +634,20 @@ class ChorusRoomAgent:
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=None))
 
-    def _name_from_directory(
+    async def _name_from_directory(
         self, value: object, ctx: HookContext
     ) -> HookResult[Any] | None:
         """A shared-mic track's voice named by the voice directory (tier auto), or its letter
-        again once its person is forgotten, exactly as `chorus serve`'s rename hook does."""
+        again once its person is forgotten or when the turn does not sound like them (`[voices]
+        verify`), exactly as `chorus serve`'s rename hook does."""
         if not isinstance(value, TranscriptionEvent) or self.directory is None:
             return None
         stream = self._directory_streams.get(value.session.id)
         if stream is None or value.speaker is None:
             return None
-        naming = self.directory.name_for(stream, value.speaker, value.sender_name)
+        naming = await self.directory.name_turn(
+            stream, value.speaker, value.sender_name, value.start, value.end
+        )
         if naming is None or naming.name == value.sender_name:
             return None
         return HookResult.modify(dataclasses.replace(value, sender_name=naming.name))

@@ -437,6 +437,11 @@ class VoicesConfig(_Section):
     """`remember` refuses a speaker with less speech than this (its print would be noise)."""
     min_heard_s: float = Field(default=2.0, ge=0.0)
     """A voice is compared with the directory once it has spoken this long."""
+    verify: float | None = Field(default=0.40, ge=-1.0, le=1.0)
+    """Each turn of a named voice is checked: its own print must score at least this against
+    the person, or the turn reads as the voice's letter (far-field voices that hold two people;
+    docs/voices.md, docs/benchmarks.md "Checking each turn"). `verify = -1` turns the check off
+    (every print scores at least -1)."""
     refresh_s: float = Field(default=2.0, ge=0.05, le=300.0)
     """A person added or forgotten by another process on the store (`chorus voices`, another
     `chorus serve`, a `chorus agent` job) is seen here within this long: the directory's
@@ -444,7 +449,9 @@ class VoicesConfig(_Section):
 
     def identify_settings(self) -> IdentifySettings:
         """The tiers' thresholds (`voice.identify`), as the server and `--voices` run them."""
-        return IdentifySettings(auto=self.auto, suggest=self.suggest, min_heard_s=self.min_heard_s)
+        return IdentifySettings(
+            auto=self.auto, suggest=self.suggest, min_heard_s=self.min_heard_s, verify=self.verify
+        )
 
     @model_validator(mode="after")
     def _tiers_in_order(self) -> VoicesConfig:

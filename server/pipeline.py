@@ -41,6 +41,7 @@ from voice.diarization_stage import (
     SpeakerPrints,
     StagePrints,
 )
+from voice.identify import TURN_MIN_S
 from voice.second_pass import SecondPass
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
@@ -84,6 +85,12 @@ class StreamAudio(Protocol):
     def speaker_prints(self) -> StagePrints | None:
         """The stream's stage's anonymous voices now (issue 27); None without a stage that
         shows them, or while the stream is off its stage."""
+        ...
+
+    def turn_printer(self, start: float, end: float) -> Callable[[], Any] | None:
+        """The print of this stream's audio over `start`…`end` (session seconds: a turn) on the
+        model of `speaker_prints`, to run off the loop (the audio is read now, the model runs
+        when it is called; None from it for too little audio); None without such a stage."""
         ...
 
     def anchor(self, prints_of: Callable[[str], dict[str, Any]]) -> None:
@@ -421,6 +428,25 @@ class VoiceStreamAudio:
         stage = driver.stage
         if isinstance(stage, Anchors) and isinstance(stage, ClipPrints):
             stage.anchor(prints_of(stage.live_model))
+
+    def turn_printer(self, start: float, end: float) -> Callable[[], Any] | None:
+        driver = self.session.stage
+        if driver is None or driver.suspended or not driver.abilities.speaker_prints:
+            return None
+        stage = driver.stage
+        if not isinstance(stage, ClipPrints):
+            return None
+        audio = self.session.audio.between(start, end)  # on the loop: the log is the loop's
+        if len(audio) < TURN_MIN_S * self.session.audio.sample_rate:
+            return None
+
+        def run() -> Any:
+            try:
+                return stage.turn_voiceprint(audio)
+            except ValueError:
+                return None
+
+        return run
 
     def speaker_prints(self) -> StagePrints | None:
         driver = self.session.stage

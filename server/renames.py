@@ -123,7 +123,9 @@ class RoomRenames:
 
         return name_of
 
-    def apply(self, value: object, ctx: HookContext) -> HookResult[TranscriptionEvent] | None:
+    async def apply(
+        self, value: object, ctx: HookContext
+    ) -> HookResult[TranscriptionEvent] | None:
         """ON_TRANSCRIPTION: page renames, one-person streams named by their participant, and
         (with `[voices]` on) shared-mic voices the voice directory names (`server.voices`)."""
         live = self.rooms.get(ctx.room_id)
@@ -145,7 +147,9 @@ class RoomRenames:
                 return None
             return HookResult.modify(dataclasses.replace(value, sender_name=name))
         if name is None and stream is not None and self.voices is not None:
-            naming = self.voices.name_for(stream, label, value.sender_name)
+            naming = await self.voices.name_turn(
+                stream, label, value.sender_name, value.start, value.end
+            )
             if naming is not None:
                 name = naming.name
         if name is None or name == value.sender_name:

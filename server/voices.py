@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from server.config import VoicesConfig
 from server.room_state import LiveRoom, LiveStream
 from voice.centroids import unit_or_none
 from voice.diarization_stage import StagePrints
-from voice.identify import KnownVoice, StreamVoices, known_voices
+from voice.identify import KnownVoice, StreamVoices, known_voices, turn_matches
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ Suggest = Callable[[str, str, str, Literal["voice", "introduction"], str | None,
 
 class PrintsSource(Protocol):
     def speaker_prints(self) -> StagePrints | None: ...
+
+    def turn_printer(self, start: float, end: float) -> Callable[[], Any] | None:
+        """The print of the stream's audio over a turn's span, run off the loop
+        (`server.pipeline.StreamAudio.turn_printer`)."""
+        ...
 
 
 class DirectoryStream(Protocol):
@@ -95,10 +100,14 @@ class VoicesError(Exception):
 @dataclass(frozen=True)
 class Naming:
     """What the directory says of one turn's voice: its name, or the letter again (`revert`:
-    its person was forgotten since the last turn)."""
+    its person was forgotten since the last turn; `unmatched`: this turn's own print did not
+    match the person)."""
 
     name: str
     revert: bool = False
+    unmatched: bool = False
+    """The voice is named, but this turn did not sound like the person (`name_turn`): it reads
+    as the voice's letter (`name`), and the next turn is checked again."""
 
 
 class VoiceDirectory:
@@ -118,6 +127,8 @@ class VoiceDirectory:
         self._voices: dict[str, RememberedVoice] = {}
         self._known: dict[str, list[KnownVoice]] = {}
         """Per model id: the people with prints of that model (unit rows)."""
+        self.turns_unmatched = 0
+        """Turns of named voices that read their letter: their print did not match (`verify`)."""
         self._streams: weakref.WeakKeyDictionary[DirectoryStream, StreamVoices] = (
             weakref.WeakKeyDictionary()
         )
@@ -299,6 +310,33 @@ class VoiceDirectory:
         if former is not None and sender_name == former:
             return Naming(label, revert=True)
         return None
+
+    async def name_turn(
+        self, stream: DirectoryStream, label: str, sender_name: str | None, start: float,
+        end: float,
+    ) -> Naming | None:
+        """`name_for`, and with `[voices] verify` set, the turn checked (`voice.identify`'s
+        `turn_matches`): a turn of a named voice whose own print (the stream's audio over
+        `start`…`end`, printed off the loop) does not sound like the person reads as its letter
+        (`Naming(label, unmatched=True)`), and is counted in `turns_unmatched`. A turn too short
+        to print keeps the name."""
+        naming = self.name_for(stream, label, sender_name)
+        if naming is None or naming.revert or self.settings.verify is None:
+            return naming
+        named = self.state_of(stream).named.get(label)
+        printer = stream.audio.turn_printer(start, end) if stream.audio is not None else None
+        if named is None or printer is None:
+            return naming
+        prints = stream.audio.speaker_prints() if stream.audio is not None else None
+        model = prints.model if prints is not None else None
+        person = next((p for p in self._known.get(model or "", []) if p.id == named.voice_id), None)
+        if person is None:
+            return naming
+        turn_print = await asyncio.to_thread(printer)
+        if turn_print is None or turn_matches(turn_print, person, self.settings):
+            return naming
+        self.turns_unmatched += 1
+        return Naming(label, unmatched=True)
 
     def _heard(self, voice_id: str) -> None:
         now = time.time()

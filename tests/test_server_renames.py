@@ -56,8 +56,8 @@ class Room:
         self.live.streams.pop(s.id)
         self.sessions.pop(s.id)
 
-    def name_of(self, value: TranscriptionEvent) -> str | None:
-        result = self.renames.apply(value, HookContext(ROOM, "voice", self.kit))
+    async def name_of(self, value: TranscriptionEvent) -> str | None:
+        result = await self.renames.apply(value, HookContext(ROOM, "voice", self.kit))
         if result is None or result.value is None:
             return value.sender_name
         assert isinstance(result.value, TranscriptionEvent)
@@ -88,30 +88,30 @@ async def test_a_room_wide_rename_names_the_open_streams_voice_and_not_the_next_
         desk = room.open(stream("device-1", "desk", shared_mic=True))
         other = room.open(stream("device-2", "table", shared_mic=True))
         room.renames.rename(ROOM, "Speaker A", "Alice")  # no stream: every open shared-mic one
-        assert room.name_of(turn(desk, "Speaker A")) == "Alice"
-        assert room.name_of(turn(other, "Speaker A")) == "Alice"
-        assert room.name_of(turn(desk, "Speaker B")) is None
+        assert await room.name_of(turn(desk, "Speaker A")) == "Alice"
+        assert await room.name_of(turn(other, "Speaker A")) == "Alice"
+        assert await room.name_of(turn(desk, "Speaker B")) is None
         # the desk reconnects: a new stream, whose first voice (Bob) is its Speaker A
         room.close(desk)
         again = room.open(stream("device-3", "desk", shared_mic=True))
-        assert room.name_of(turn(again, "Speaker A")) is None
+        assert await room.name_of(turn(again, "Speaker A")) is None
 
     async with served(tmp_path) as restarted:  # the label rename did not come back
         after = restarted.open(stream("device-4", "desk", shared_mic=True))
-        assert restarted.name_of(turn(after, "Speaker A")) is None
+        assert await restarted.name_of(turn(after, "Speaker A")) is None
 
 
 async def test_a_one_person_streams_rename_lasts_for_its_participant(tmp_path: Path) -> None:
     async with served(tmp_path) as room:
         leg = room.open(stream("call-1", "caller-dana", shared_mic=False))
         room.renames.rename(ROOM, "Speaker 0", "Dana", stream_id=leg.id)
-        assert room.name_of(turn(leg, "Speaker 0")) == "Dana"
+        assert await room.name_of(turn(leg, "Speaker 0")) == "Dana"
 
     async with served(tmp_path) as restarted:
         back = restarted.open(stream("call-2", "caller-dana", shared_mic=False))
-        assert restarted.name_of(turn(back, "Speaker 1")) == "Dana"  # the participant, any label
+        assert await restarted.name_of(turn(back, "Speaker 1")) == "Dana"  # the participant, any label
         stranger = restarted.open(stream("call-3", "caller-erin", shared_mic=False))
-        assert restarted.name_of(turn(stranger, "Speaker 0")) is None
+        assert await restarted.name_of(turn(stranger, "Speaker 0")) is None
 
 
 async def test_label_renames_an_earlier_version_kept_are_not_read_back() -> None:
@@ -123,7 +123,7 @@ async def test_label_renames_an_earlier_version_kept_are_not_read_back() -> None
     room = Room(kit)
     await room.renames.load(room.live)
     s = room.open(stream("device-1", "desk", shared_mic=True))
-    assert room.name_of(turn(s, "Speaker A")) is None
+    assert await room.name_of(turn(s, "Speaker A")) is None
 
 
 def test_a_suggestion_for_a_voice_already_renamed_is_not_sent() -> None:

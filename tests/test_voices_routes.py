@@ -36,6 +36,7 @@ from voice.diarization_stage import (
     StageAbilities,
     StagePrints,
 )
+from voice.identify import TURN_MIN_S
 from voice.testing.deepgram_server import ScriptedWords, SpokenWord
 
 ROOM = "voices-room"
@@ -51,6 +52,9 @@ class PrintedStage:
     abilities = StageAbilities(speaker_prints=True, anchors=True)
     heard: StagePrints = StagePrints(MODEL)
     made: ClassVar[list[PrintedStage]] = []
+    turn_print: ClassVar[Audio] = IAN
+    """What a turn's audio prints as (the directory's per-turn check, `[voices] verify`)."""
+    turn_seconds: ClassVar[list[float]] = []
 
     def __init__(self) -> None:
         self.fed = 0
@@ -75,6 +79,10 @@ class PrintedStage:
         if len(audio) < 16000:
             raise ValueError("enrollment audio holds 0.5 s of speech; at least 1 s is needed")
         return IAN
+
+    def turn_voiceprint(self, audio: Audio) -> Audio:
+        PrintedStage.turn_seconds.append(len(audio) / 16000)
+        return PrintedStage.turn_print
 
     def diarize(
         self, audio: Audio, *, num_speakers: int | None = None, max_speakers: int | None = None
@@ -108,6 +116,8 @@ async def directory_server(
     `[voices]` `voices`, on `kit`'s store (memory by default)."""
     PrintedStage.heard = StagePrints(MODEL)
     PrintedStage.made.clear()
+    PrintedStage.turn_print = IAN
+    PrintedStage.turn_seconds.clear()
     config: dict[str, Any] = {
         "stt": {"diarize": False}, "voices": {"enabled": enabled, **voices}
     }
@@ -280,6 +290,32 @@ async def test_every_stream_stage_starts_from_the_directory_and_hears_a_forget()
         assert stage.anchors[-1] == {}
         async with asyncio.timeout(60):
             await again.stop()
+
+
+async def test_a_turn_of_a_named_voice_that_sounds_like_someone_else_reads_its_letter() -> None:
+    """`[voices] verify` through a running server: the rename hook prints each turn of a voice
+    the directory named, from the stream's own audio over the turn, off the loop."""
+    async with directory_server() as (server, http):
+        await http.post("/v1/voices", json={"name": "Ian", "audio": clip(2)}, headers=SERVER_ADMIN)
+        PrintedStage.heard = StagePrints(MODEL, {"Speaker A": IAN}, {"Speaker A": 3.0})
+        token = issue_token(SECRET, ROOM)
+        feed = await EventFeed.open(server.base, ROOM, token)
+        device = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
+        await device.send_audio(tone(2.5), realtime=False)
+        await eventually(lambda: len(feed.turns) == 1, 60, "the first turn")
+        assert feed.turns[0].speaker == "Ian"
+        assert PrintedStage.turn_seconds[-1] >= TURN_MIN_S  # printed from the turn's audio
+        PrintedStage.turn_print = np.eye(8, dtype=np.float32)[1]  # someone else's words
+        await device.send_audio(tone(2.5), realtime=False)
+        await eventually(lambda: len(feed.turns) == 2, 60, "a turn that is not Ian's")
+        assert feed.turns[1].speaker == "Speaker A"
+        PrintedStage.turn_print = IAN
+        await device.send_audio(tone(2.5), realtime=False)
+        await eventually(lambda: len(feed.turns) == 3, 60, "Ian again")
+        assert feed.turns[2].speaker == "Ian"
+        async with asyncio.timeout(60):
+            await device.stop()
+        await feed.close()
 
 
 @pytest.mark.parametrize("route", ["/v1/voices"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from diarization.embedded import EmbeddedStage
 from voice.audio import read_audio_16k
@@ -45,3 +46,28 @@ def test_two_anchored_voices_are_told_apart_and_printed_from_this_stream(
     stage.anchor({})  # everyone forgotten: the voices stay, as plain voices of this stream
     stage.feed(np.zeros(8000, np.float32))
     assert set(stage.speaker_prints().prints) >= set(talkers)
+
+
+def test_a_turns_own_print_matches_its_speaker_and_no_one_else(shared_fixtures: Path) -> None:
+    """The per-turn check (`[voices] verify`, `voice.identify.turn_matches`) on the real model:
+    two seconds of each speaker's far-field clip, printed as a turn is (`turn_voiceprint`, no
+    VAD), match their own close-talk print at the default threshold and nobody else's."""
+    from server.config import VoicesConfig
+    from voice.identify import KnownVoice, turn_matches
+
+    settings = VoicesConfig(enabled=True).identify_settings()
+    stage = EmbeddedStage()
+    people = ("LS1688", "LS1998", "LS367", "LS2033", "LS2414")
+    known = {
+        s: KnownVoice(
+            s, s, stage.live_voiceprint(read_audio_16k(shared_fixtures / CLIPS.format(s, "close")))[None]
+        )
+        for s in people
+    }
+    for speaker in people:
+        far = read_audio_16k(shared_fixtures / CLIPS.format(speaker, "far"))
+        turn = stage.turn_voiceprint(far[16000:48000])
+        assert abs(float(np.linalg.norm(turn)) - 1.0) < 1e-4
+        assert [p for p in people if turn_matches(turn, known[p], settings)] == [speaker]
+    with pytest.raises(ValueError):
+        stage.turn_voiceprint(np.zeros(4000, np.float32))  # a quarter second: too short

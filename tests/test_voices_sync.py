@@ -81,18 +81,18 @@ async def test_a_forget_or_an_add_in_another_process_reaches_a_running_stream(
         await room.voices.load()
         room.voices.start()
         room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(PEGGY, 3.0))
-        assert (room.turn("Speaker A"), room.turn("Speaker B")) == ("Speaker A", "Peggy")
+        assert (await room.turn("Speaker A"), await room.turn("Speaker B")) == ("Speaker A", "Peggy")
 
         ian = await other.remember_print("Ian", MODEL, IAN.astype("<f4").tobytes(), "clip")
         await eventually(lambda: ian.id in knows(room), WITHIN_S, "the add seen")
-        assert room.turn("Speaker A") == "Ian"
+        assert await room.turn("Speaker A") == "Ian"
 
         assert await other.forget_voice(ian.id)
         await eventually(lambda: ian.id not in knows(room), WITHIN_S, "the forget seen")
         assert [(label, name) for _, label, name in unnamed] == [("Speaker A", "Ian")]
-        assert room.turn("Speaker A") == "Speaker A"  # the next turn reads its letter
-        assert room.turn("Speaker A") == "Speaker A"  # and keeps it
-        assert room.turn("Speaker B") == "Peggy"
+        assert await room.turn("Speaker A") == "Speaker A"  # the next turn reads its letter
+        assert await room.turn("Speaker A") == "Speaker A"  # and keeps it
+        assert await room.turn("Speaker B") == "Peggy"
         state = room.voices.state_of(room.stream)
         assert "Speaker A" not in state.named and "Speaker A" not in state.suggested
 
@@ -100,7 +100,7 @@ async def test_a_forget_or_an_add_in_another_process_reaches_a_running_stream(
         second = Room(RoomKit(), other)
         await second.voices.load()
         second.hears(Speaker_A=(IAN, 5.0))
-        assert second.turn("Speaker A") == "Speaker A"
+        assert await second.turn("Speaker A") == "Speaker A"
     finally:
         await room.voices.close()
         await store.close()

@@ -7,6 +7,7 @@ Checked on the pure `StreamVoices`, then through the server's real rename hook
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,7 +25,7 @@ from server.voices import VoiceDirectory
 from voice.audio import StreamFormat
 from voice.diarization_stage import StagePrints
 from voice.events import TranscriptionEvent
-from voice.identify import IdentifySettings, KnownVoice, StreamVoices
+from voice.identify import IdentifySettings, KnownVoice, StreamVoices, turn_matches
 
 ROOM = "standup"
 MODEL = "campplus-test"
@@ -110,6 +111,21 @@ def test_prints_of_the_best_matching_recording_count() -> None:
     assert [f.name for f in found] == ["Ian"]
 
 
+def test_a_turn_matches_its_person_from_the_verify_threshold_on() -> None:
+    settings = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4)
+    ian = KNOWN[0]
+    assert turn_matches(near(IAN, 0.45), ian, settings)
+    assert not turn_matches(near(IAN, 0.35), ian, settings)
+    assert not turn_matches(PEGGY, ian, settings)
+    # the best of the person's prints counts (one per meeting or clip)
+    two = KnownVoice("v-ian", "Ian", np.stack([PEGGY, IAN]))
+    assert turn_matches(near(IAN, 0.45), two, settings)
+    # without a threshold every turn matches
+    assert turn_matches(PEGGY, ian, IdentifySettings())
+    with pytest.raises(ValueError):
+        IdentifySettings(verify=1.5)
+
+
 def test_thresholds_out_of_order_are_refused() -> None:
     with pytest.raises(ValueError, match="suggest <= auto"):
         IdentifySettings(auto=0.4, suggest=0.5)
@@ -127,6 +143,7 @@ class StageAudio:
 
     def __init__(self) -> None:
         self.prints = StagePrints(MODEL)
+        self.turn_print: np.ndarray | None = None
 
     async def push(self, frame: bytes) -> None: ...
 
@@ -134,6 +151,13 @@ class StageAudio:
 
     def speaker_prints(self) -> StagePrints | None:
         return self.prints
+
+    def turn_printer(self, start: float, end: float) -> Callable[[], np.ndarray | None] | None:
+        """The print of the turn's audio: `turn_print` (None: a turn too short to print)."""
+        if self.turn_print is None:
+            return None
+        made = self.turn_print
+        return lambda: made
 
 
 class Room:
@@ -159,7 +183,7 @@ class Room:
         self.sticky: dict[str, str] = {}
         """What the voice session's turn writer keeps (sticky renames, V6)."""
 
-    def turn(self, label: str) -> str | None:
+    async def turn(self, label: str) -> str | None:
         """One committed turn of `label`: its name after the hook, kept sticky as a session
         keeps a hook's rename."""
         session: Any = SimpleNamespace(id=self.stream.id)
@@ -174,7 +198,7 @@ class Room:
             participant_id="desk",
             session=session,
         )
-        result = self.renames.apply(value, HookContext(ROOM, "voice-diarized", self.kit))
+        result = await self.renames.apply(value, HookContext(ROOM, "voice-diarized", self.kit))
         if result is not None and isinstance(result.value, TranscriptionEvent):
             final = result.value.sender_name
             if final and final != sender:
@@ -204,10 +228,10 @@ async def room_with(*people: tuple[str, np.ndarray]) -> Room:
 async def test_a_remembered_voice_names_its_turns_and_a_likely_one_is_suggested() -> None:
     room = await room_with(("Ian", IAN), ("Peggy", PEGGY))
     room.hears(Speaker_A=(near(IAN, 0.8), 1.0))
-    assert room.turn("Speaker A") == "Speaker A"  # not heard long enough yet
+    assert await room.turn("Speaker A") == "Speaker A"  # not heard long enough yet
     room.hears(Speaker_A=(near(IAN, 0.8), 3.0), Speaker_B=(near(PEGGY, 0.5), 3.0))
-    assert room.turn("Speaker A") == "Ian"
-    assert room.turn("Speaker B") == "Speaker B"  # keeps its letter
+    assert await room.turn("Speaker A") == "Ian"
+    assert await room.turn("Speaker B") == "Speaker B"  # keeps its letter
     [suggestion] = room.feed_messages("speaker_suggestion")
     assert suggestion == {
         "type": "speaker_suggestion",
@@ -225,7 +249,7 @@ async def test_a_rename_wins_over_the_directory() -> None:
     room = await room_with(("Ian", IAN))
     room.hears(Speaker_A=(IAN, 3.0))
     room.renames.rename(ROOM, "Speaker A", "Ian Smith", stream_id="device-1")
-    assert room.turn("Speaker A") == "Ian Smith"
+    assert await room.turn("Speaker A") == "Ian Smith"
 
 
 async def test_forgetting_a_voice_in_a_running_room_turns_its_next_turn_back_into_a_letter() -> (
@@ -233,17 +257,17 @@ async def test_forgetting_a_voice_in_a_running_room_turns_its_next_turn_back_int
 ):
     room = await room_with(("Ian", IAN), ("Peggy", PEGGY))
     room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(PEGGY, 3.0))
-    assert (room.turn("Speaker A"), room.turn("Speaker B")) == ("Ian", "Peggy")
+    assert (await room.turn("Speaker A"), await room.turn("Speaker B")) == ("Ian", "Peggy")
     [ian] = [v for v in await room.voices.voices() if v.name == "Ian"]
     gone, unnamed = await room.voices.forget(ian.id)
     assert gone and [(label, name) for _, label, name in unnamed] == [("Speaker A", "Ian")]
-    assert room.turn("Speaker A") == "Speaker A"
-    assert room.turn("Speaker A") == "Speaker A"  # and stays a letter
-    assert room.turn("Speaker B") == "Peggy"
+    assert await room.turn("Speaker A") == "Speaker A"
+    assert await room.turn("Speaker A") == "Speaker A"  # and stays a letter
+    assert await room.turn("Speaker B") == "Peggy"
     assert [v.name for v in await room.voices.voices()] == ["Peggy"]
     # a voice that sounds like Ian now is never named Ian again
     room.hears(Speaker_C=(IAN, 5.0))
-    assert room.turn("Speaker C") == "Speaker C"
+    assert await room.turn("Speaker C") == "Speaker C"
 
 
 async def test_prints_of_another_model_are_never_compared() -> None:
@@ -252,4 +276,34 @@ async def test_prints_of_another_model_are_never_compared() -> None:
     room = Room(RoomKit(store=store), store)
     await room.voices.load()
     room.hears(Speaker_A=(IAN, 5.0))
-    assert room.turn("Speaker A") == "Speaker A"
+    assert await room.turn("Speaker A") == "Speaker A"
+
+
+async def test_a_named_voices_turn_that_does_not_sound_like_the_person_reads_its_letter() -> None:
+    """`[voices] verify`: a far-field voice can hold two people; a turn of the named voice whose
+    own print is someone else's reads the voice's letter, the next turn that sounds like the
+    person reads the name again, and a turn too short to print keeps the name."""
+    room = await room_with(("Ian", IAN), ("Peggy", PEGGY))
+    room.hears(Speaker_A=(near(IAN, 0.8), 3.0))
+    room.audio.turn_print = near(IAN, 0.7)
+    assert await room.turn("Speaker A") == "Ian"
+    room.audio.turn_print = unit(0, 0, 1, 0)  # a stranger's words inside Ian's voice
+    assert await room.turn("Speaker A") == "Speaker A"
+    assert room.voices.turns_unmatched == 1
+    room.audio.turn_print = near(IAN, 0.5)
+    assert await room.turn("Speaker A") == "Ian"
+    room.audio.turn_print = None  # too short to print: the voice's name
+    assert await room.turn("Speaker A") == "Ian"
+    room.audio.turn_print = PEGGY  # Peggy's words inside Ian's voice are not named Peggy either
+    assert await room.turn("Speaker A") == "Speaker A"
+
+
+async def test_verify_minus_one_names_every_turn_of_a_named_voice() -> None:
+    store = InMemoryStore()
+    await store.remember_print("Ian", MODEL, IAN.astype("<f4").tobytes(), "clip")
+    room = Room(RoomKit(store=store), store, VoicesConfig(enabled=True, verify=-1.0))
+    await room.voices.load()
+    room.hears(Speaker_A=(IAN, 3.0))
+    room.audio.turn_print = -IAN
+    assert await room.turn("Speaker A") == "Ian"
+    assert room.voices.turns_unmatched == 0

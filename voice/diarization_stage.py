@@ -260,6 +260,11 @@ class ClipPrints(Protocol):
         """The clip's speech's print (unit length); ValueError for too little speech."""
         ...
 
+    def turn_voiceprint(self, audio: Audio) -> Audio:
+        """A turn's print (unit length) on the same model, of its audio as it is (a turn is
+        speech already: no VAD); ValueError under `voice.identify.TURN_MIN_S`."""
+        ...
+
 
 @runtime_checkable
 class StretchesStep(Protocol):

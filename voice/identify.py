@@ -14,6 +14,14 @@ total score): one voice never takes two names and two voices never one name; a n
 kept for the stream (it never moves to another voice, and the voice never takes another name),
 until its person is forgotten (`StreamVoices.forget`).
 
+A name is given to a voice, but a far-field stage's voice is not always one person: at turn
+changes segmentation-3.0 can give one local speaker two people, and their mixed speech joins the
+named voice. So with `verify` set each turn is checked too (`turn_matches`): the print of the
+turn's own audio (`TURN_MIN_S` or more of it) must score at least `verify` against the person
+its voice is named after, or the turn reads as its voice's letter (the voice keeps its name for
+the next turn). The bench's folds cut wrong names 6.6 -> 2.8 % of the speech for 1.9 points of
+named speech (docs/benchmarks.md, "Checking each turn").
+
 A whole recording (`chorus transcribe`, `chorus diarize`) is one stream scored once, after its
 diarization: `identify_once` is `StreamVoices.update` on a fresh stream, so batch and live share
 the function, the thresholds and the one-to-one rule. `known_voices` turns the directory's people
@@ -43,12 +51,22 @@ class IdentifySettings:
     """...and from which up to `auto` the name is suggested."""
     min_heard_s: float = 2.0
     """Seconds a voice must have spoken before it is scored."""
+    verify: float | None = None
+    """A named voice's turn keeps the name only when the turn's own print scores at least this
+    against the person (`turn_matches`); None: every turn of a named voice is named."""
 
     def __post_init__(self) -> None:
         if not (-1.0 <= self.suggest <= self.auto <= 1.0):
             raise ValueError(f"need -1 <= suggest <= auto <= 1, got {self.suggest}, {self.auto}")
         if self.min_heard_s < 0:
             raise ValueError("min_heard_s must be >= 0")
+        if self.verify is not None and not -1.0 <= self.verify <= 1.0:
+            raise ValueError(f"need -1 <= verify <= 1, got {self.verify}")
+
+
+TURN_MIN_S = 0.5
+"""A turn shorter than this is not checked (`turn_matches`: too little audio for a print; the
+embedding model's own floor): it reads its voice's name."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +184,17 @@ class StreamVoices:
         return gone
 
 
+def turn_matches(turn_print: FloatArray, person: KnownVoice, settings: IdentifySettings) -> bool:
+    """Whether a named voice's turn sounds like the person the voice is named after (module
+    docstring): the turn's print (unit) against the person's prints, the best one counting, at
+    least `settings.verify` (always, with `verify` None)."""
+    if settings.verify is None:
+        return True
+    if not person.prints.size:
+        return False
+    return float((person.prints @ np.asarray(turn_print, dtype=np.float32)).max()) >= settings.verify
+
+
 def identify_once(
     voices: Mapping[str, FloatArray],
     speech_s: Mapping[str, float],
@@ -178,6 +207,7 @@ def identify_once(
 
 
 __all__ = [
+    "TURN_MIN_S",
     "Identified",
     "IdentifySettings",
     "KnownVoice",
@@ -185,4 +215,5 @@ __all__ = [
     "identify_once",
     "known_voices",
     "scores",
+    "turn_matches",
 ]
