@@ -82,13 +82,14 @@ FEED_WAIT_S = 10.0
 """How long the feed may lag behind the device once the stream has closed."""
 
 
-def _config(workdir: Path) -> str:
+def _config(workdir: Path, verify: float | None = None) -> str:
     return (
         '[stt]\nprovider = "whisper"\n'
         '[diarizer]\nkind = "embedded"\n'
         '[realtime]\nprovider = "recorder"\n'
         "[voices]\nenabled = true\n"
-        f'[store]\nurl = "sqlite:///{workdir}/chorus.db"\n'
+        + (f"verify = {verify}\n" if verify is not None else "")
+        + f'[store]\nurl = "sqlite:///{workdir}/chorus.db"\n'
     )
 
 
@@ -306,7 +307,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-voices-"))
     port = _free_port()
     config = workdir / "chorus.toml"
-    await asyncio.to_thread(config.write_text, _config(workdir))
+    verify = getattr(args, "verify", None)
+    await asyncio.to_thread(config.write_text, _config(workdir, verify))
     env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET,
            "CHORUS_STORE_URL": f"sqlite:///{workdir}/chorus.db"}
     py = sys.executable
@@ -317,11 +319,14 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     admin = issue_token(SECRET, "*", 7200, grants=["admin"])
     tokens = TokenMinter(REPO, py, env)
     base = f"ws://127.0.0.1:{port}"
-    settings = VoicesConfig().identify_settings()
+    settings = (
+        VoicesConfig() if verify is None else VoicesConfig(verify=verify)
+    ).identify_settings()
     report: dict[str, Any] = {
         "path": "server", "render": render, "directory": args.directory,
         "commit": _commit_of(REPO), "seconds": limit, "meeting_a": names["A"],
         "meeting_b": names["B"], "auto": settings.auto, "suggest": settings.suggest,
+        "verify": settings.verify,
         "load_average_before": os.getloadavg(),
     }
     began = time.monotonic()
@@ -375,7 +380,8 @@ def run_server(args: argparse.Namespace) -> int:
         "whole meetings"
     clips = report["directory"].replace("-", " ")
     print(f"\nthrough chorus serve ({report['commit']}), {report['render']} render, {where} at "
-          f"real-time pace; auto {report['auto']:.2f}, suggest {report['suggest']:.2f}")
+          f"real-time pace; auto {report['auto']:.2f}, suggest {report['suggest']:.2f}, "
+          f"verify {report['verify']}")
     if report["directory"] == "remembered":
         print(f"meeting A ({report['meeting_a']}): remembered from its room:")
     else:

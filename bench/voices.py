@@ -64,7 +64,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,7 @@ import numpy as np
 import numpy.typing as npt
 
 from voice.diarization_stage import SpeakerTimeline, StagePrints
-from voice.identify import IdentifySettings, KnownVoice, StreamVoices
+from voice.identify import TURN_MIN_S, IdentifySettings, KnownVoice, StreamVoices, turn_matches
 
 STEP_S = 0.5
 GRID_S = 0.01
@@ -83,6 +83,11 @@ MIN_SPEECH_S = 5.0
 WRONG_WEIGHT = 2.0
 
 BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float32]
+TURN_GAP_S = 0.5
+"""The replay's turns (what `[voices] verify` checks): a label's stretches in a row, nobody
+else's between them, each starting at most this long after the one before ended."""
+VERIFY_GRID: list[float | None] = [None, 0.30, 0.35, 0.40, 0.45, 0.50]
 
 
 @dataclass
@@ -102,6 +107,9 @@ class Meeting:
     fed: list[Fed] = field(default_factory=list)
     seconds: float = 0.0
     """Wall-clock seconds the stage took."""
+    printer: Callable[[Sequence[tuple[float, float]]], FloatArray | None] | None = None
+    """The print of the meeting's audio over some spans (a turn's stretches), as the server
+    prints a turn (`TurnPrints`); None: turns are not checked (`--path batch`)."""
 
     @property
     def speakers(self) -> list[str]:
@@ -145,6 +153,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --path server: the directory meeting B is named from: the speakers of meeting "
         "A remembered from its room (`POST …/speakers/remember`, default), or A's speakers "
         "enrolled from their close or far clips (`POST /v1/voices`; meeting A is not streamed)",
+    )
+    parser.add_argument(
+        "--verify",
+        type=float,
+        default=None,
+        help="with --path server: the server's `[voices] verify` (each named voice's turn "
+        "checked against the person; default: the [voices] default; -1: no turn is checked)",
     )
     parser.add_argument(
         "--seconds",
@@ -292,24 +307,85 @@ def label_grids(stretches: Iterable[tuple[str, float, float]], n: int) -> dict[s
     return grids
 
 
+class TurnPrints:
+    """Turns printed as the server prints them (`EmbeddedStage.turn_voiceprint`: the audio as it
+    is, none under `TURN_MIN_S`), each once per meeting and spans (many directories' runs of one
+    meeting share their turns)."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage
+        self._made: dict[tuple[str, tuple[tuple[float, float], ...]], FloatArray | None] = {}
+
+    def of(
+        self, name: str, audio: FloatArray
+    ) -> Callable[[Sequence[tuple[float, float]]], FloatArray | None]:
+        def printer(spans: Sequence[tuple[float, float]]) -> FloatArray | None:
+            key = (name, tuple((round(a, 3), round(b, 3)) for a, b in spans))
+            if key not in self._made:
+                clip = np.concatenate([audio[round(a * RATE) : round(b * RATE)] for a, b in spans])
+                made = None
+                if len(clip) >= TURN_MIN_S * RATE:
+                    made = np.asarray(self.stage.turn_voiceprint(clip), dtype=np.float32)
+                self._made[key] = made
+            return self._made[key]
+
+        return printer
+
+
+def replay_turns(meeting: Meeting) -> list[list[tuple[str, float, float, int]]]:
+    """The stretches every feed decided, (label, start, end, feed index), in time order and
+    grouped in turns (`TURN_GAP_S`)."""
+    pieces = sorted(
+        ((label, t0, t1, k) for k, fed in enumerate(meeting.fed) for label, t0, t1 in fed.pieces),
+        key=lambda p: (p[1], p[2]),
+    )
+    turns: list[list[tuple[str, float, float, int]]] = []
+    for piece in pieces:
+        last = turns[-1] if turns else None
+        if last and last[-1][0] == piece[0] and piece[1] - max(p[2] for p in last) <= TURN_GAP_S:
+            last.append(piece)
+        else:
+            turns.append([piece])
+    return turns
+
+
 def replay_names(
     meeting: Meeting, directory: Sequence[KnownVoice], settings: IdentifySettings
 ) -> tuple[list[Shown], dict[str, str | None]]:
     """The identification replayed over the stage's feeds (`StreamVoices`, what the server's
     rename hook runs): each stretch under the name (or suggestion) its label held just after the
-    feed that decided it; and the name each label ended with."""
+    feed that decided it; and the name each label ended with. With `settings.verify` (and a
+    meeting that prints its turns) each turn of a named voice is checked as the server checks it
+    (`turn_matches`): a turn that does not match the person reads its letter throughout."""
     names = {v.id: v.name for v in directory}
+    people = {v.id: v for v in directory}
     state = StreamVoices()
-    shown: list[Shown] = []
+    after: list[tuple[dict[str, tuple[str, str] | None], dict[str, str]]] = []
     for fed in meeting.fed:
         if fed.prints.model:
             state.update(fed.prints.prints, fed.prints.speech_s, directory, settings)
-        for label, t0, t1 in fed.pieces:
-            name = state.name_of(label)
-            suggested = None
-            if name is None and label in state.suggested:
-                suggested = names.get(state.suggested[label])
-            shown.append(Shown(label, t0, t1, fed.at, name, suggested))
+        after.append(
+            (
+                {k: (v.voice_id, v.name) for k, v in state.named.items()},
+                {k: names[v] for k, v in state.suggested.items() if v in names},
+            )
+        )
+    check = settings.verify is not None and meeting.printer is not None
+    shown: list[Shown] = []
+    for turn in replay_turns(meeting):
+        named = [after[k][0].get(label) for label, _, _, k in turn]
+        person = next((people[n[0]] for n in named if n is not None), None)
+        matches = True
+        if check and person is not None:
+            assert meeting.printer is not None
+            made = meeting.printer([(t0, t1) for _, t0, t1, _ in turn])
+            matches = made is None or turn_matches(made, person, settings)
+        for (label, t0, t1, k), name in zip(turn, named, strict=True):
+            suggested = after[k][1].get(label) if name is None else None
+            shown.append(
+                Shown(label, t0, t1, meeting.fed[k].at, name[1] if name and matches else None,
+                      suggested)
+            )
     return shown, {label: state.name_of(label) for label in {s.label for s in shown}}
 
 
@@ -444,9 +520,13 @@ AUTO_GRID = [round(0.30 + 0.02 * i, 2) for i in range(26)]
 
 
 def _choose(
-    trials: list[tuple[str, Meeting, list[KnownVoice]]], fixed_auto: float | None = None
-) -> tuple[float, float]:
-    """(auto, suggest) minimising the module's costs over `trials`."""
+    trials: list[tuple[str, Meeting, list[KnownVoice]]],
+    fixed_auto: float | None = None,
+    verify_grid: Sequence[float | None] = (None,),
+) -> tuple[float, float, float | None]:
+    """(auto, suggest, verify) minimising the module's costs over `trials`: `auto` first (turns
+    not checked), then `verify` at that `auto` (miss + 2 × wrong again; unchecked on a tie),
+    then `suggest`."""
     if fixed_auto is None:
         costs = {}
         for auto in AUTO_GRID:
@@ -454,12 +534,18 @@ def _choose(
             miss, wrong, _, _ = _rates(name_meeting(m, d, settings) for _, m, d in trials)
             costs[auto] = miss + WRONG_WEIGHT * wrong
         fixed_auto = min(costs, key=lambda a: (costs[a], -a))
+    by_verify: dict[float | None, float] = {}
+    for verify in verify_grid:
+        settings = IdentifySettings(auto=fixed_auto, suggest=fixed_auto, verify=verify)
+        miss, wrong, _, _ = _rates(name_meeting(m, d, settings) for _, m, d in trials)
+        by_verify[verify] = miss + WRONG_WEIGHT * wrong
+    verify = min(verify_grid, key=lambda v: (round(by_verify[v], 9), v is not None, v or 0.0))
     costs = {}
     for suggest in [a for a in AUTO_GRID if a <= fixed_auto]:
         settings = IdentifySettings(auto=fixed_auto, suggest=suggest)
         _, _, miss_s, wrong_s = _rates(name_meeting(m, d, settings) for _, m, d in trials)
         costs[suggest] = miss_s + wrong_s
-    return fixed_auto, min(costs, key=lambda s: (costs[s], -s))
+    return fixed_auto, min(costs, key=lambda s: (costs[s], -s)), verify
 
 
 def _fold_at(
@@ -482,6 +568,10 @@ def _fold_at(
     }
 
 
+def _verify(v: float | None) -> str:
+    return "  off" if v is None else f"{v:5.2f}"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:5.1f} %"
 
@@ -498,7 +588,8 @@ def _pair(
     """Meeting B named by each directory of `conditions` at `settings`; printed and returned."""
     out: dict[str, Any] = {}
     print(
-        f"\nmeeting B ({b_name}) at auto {settings.auto:.2f}, suggest {settings.suggest:.2f}; directory: "
+        f"\nmeeting B ({b_name}) at auto {settings.auto:.2f}, suggest {settings.suggest:.2f}, "
+        f"verify {_verify(settings.verify).strip()}; directory: "
         f"the speakers of meeting A ({', '.join(in_a)})"
     )
     for label, directory in conditions.items():
@@ -570,6 +661,7 @@ def run(args: argparse.Namespace) -> int:
     stage = EmbeddedStage(live=settings_with(getattr(args, "set", [])), service=tape)
     audio_of: dict[str, Any] = {}
     batched: dict[str, Meeting] = {}
+    turn_prints = TurnPrints(stage)
 
     def meeting(name: str, directory: Sequence[KnownVoice], why: str) -> Meeting:
         if name not in audio_of:
@@ -585,6 +677,7 @@ def run(args: argparse.Namespace) -> int:
         if tape is not None and not tape.start(name):
             how = "replayed through the clustering"
         m = run_meeting(stage, audio_of[name], name, folder / f"{name}.rttm", directory)
+        m.printer = turn_prints.of(name, audio_of[name])
         print(f"  {name} ({why}): {m.duration:.0f} s {how} in {m.seconds:.1f} s", flush=True)
         return m
 
@@ -602,33 +695,44 @@ def run(args: argparse.Namespace) -> int:
         for name in far
     ]
     folds: list[dict[str, Any]] = []
+    grid: Sequence[float | None] = (None,) if batch else VERIFY_GRID
     for held in speakers:
-        auto, suggest = _choose([t for t in trials if t[0] != held])
+        auto, suggest, verify = _choose([t for t in trials if t[0] != held], verify_grid=grid)
         test = [t for t in trials if t[0] == held]
         folds.append(
             {
                 "held_out": held,
                 "auto": auto,
                 "suggest": suggest,
-                **_fold_at(test, held, IdentifySettings(auto=auto, suggest=suggest)),
+                "verify": verify,
+                **_fold_at(
+                    test, held, IdentifySettings(auto=auto, suggest=suggest, verify=verify)
+                ),
+                **(
+                    {"unchecked": _fold_at(test, held, IdentifySettings(auto=auto, suggest=suggest))}
+                    if verify is not None else {}
+                ),
                 **({"at_defaults": _fold_at(test, held, IdentifySettings())} if batch else {}),
             }
         )
-    auto, suggest = _choose(trials)
+    auto, suggest, verify = _choose(trials, verify_grid=grid)
     print(
         f"\nleave-one-speaker-out over the {render} renders (directory: the other speakers' clips, "
         "close + far prints)"
     )
     print(
-        "held out  auto  suggest  miss     wrong    miss(n|s) wrong(n+s) held-out named  "
-        "its own voice named"
+        "held out  auto  suggest  verify  miss     wrong    miss(n|s) wrong(n+s) held-out named  "
+        "its own voice named   (turns unchecked: miss, wrong)"
     )
     for f in folds:
+        unchecked = f.get("unchecked")
         print(
-            f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_pct(f['miss'])}  "
+            f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_verify(f['verify'])}  "
+            f"{_pct(f['miss'])}  "
             f"{_pct(f['wrong'])}  {_pct(f['miss_named_or_suggested'])}  "
             f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}        "
             f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings"
+            + (f"   ({_pct(unchecked['miss'])}, {_pct(unchecked['wrong'])})" if unchecked else "")
         )
     if batch:
         print("the same held-out folds at the [voices] defaults (what --voices uses), auto "
@@ -643,7 +747,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{f['held_out_meetings']} meetings"
             )
     print(
-        f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f} (folds: auto "
+        f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f}, verify {_verify(verify)} "
+        "(folds: auto "
         f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
         f"{statistics.median(f['auto'] for f in folds):.2f})"
     )
@@ -661,20 +766,26 @@ def run(args: argparse.Namespace) -> int:
         ],
     }
     report: dict[str, Any] = {
-        "path": "batch" if batch else "live", "auto": auto, "suggest": suggest, "folds": folds,
+        "path": "batch" if batch else "live", "auto": auto, "suggest": suggest,
+        "verify": verify, "folds": folds,
         "pair": {}, "live_settings": getattr(args, "set", []), "replay": tape is not None,
     }
     b_name = pair["files"][render]["B"]
-    tiers = [IdentifySettings(auto=auto, suggest=suggest)]
+    tiers = [IdentifySettings(auto=auto, suggest=suggest, verify=verify)]
     if batch and (auto, suggest) != (IdentifySettings().auto, IdentifySettings().suggest):
         tiers.insert(0, IdentifySettings())  # what `--voices` uses: the [voices] defaults
+        report["pair_at"] = {}
+    if verify is not None:  # the same, each turn unchecked (what the check changes)
+        tiers.insert(0, IdentifySettings(auto=auto, suggest=suggest))
         report["pair_at"] = {}
     for settings in tiers:
         pair_report = _pair(
             meeting, conditions, settings, b_name, in_a, batch=batch
         )
         if "pair_at" in report:
-            report["pair_at"][f"{settings.auto:.2f}/{settings.suggest:.2f}"] = pair_report
+            report["pair_at"][
+                f"{settings.auto:.2f}/{settings.suggest:.2f}/{_verify(settings.verify).strip()}"
+            ] = pair_report
         report["pair"] = pair_report
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -98,6 +98,8 @@ class LiveRooms:
                 store, config.voices, self.renames.suggest, on_change=self._voices_changed
             )
             self.renames.voices = self.voices
+            voices = self.voices
+            metrics.voice_turns_unmatched = lambda: voices.turns_unmatched
         self._room_locks: dict[str, KeyLock] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._stream_count = 0

@@ -81,6 +81,9 @@ class ServerMetrics(Collector):
         self.second_pass: Callable[[], dict[str, int] | None] = lambda: None
         """What the live second pass did with the turns (`SecondPassStats.as_dict`), read at
         scrape time; None when it is off."""
+        self.voice_turns_unmatched: Callable[[], int | None] = lambda: None
+        """Turns of directory-named voices that read their letter (`[voices] verify`), read at
+        scrape time; None when the voice directory is off."""
         self.stage_load: Callable[[], StageLoad | None] = lambda: None
         """The pipeline's stage load (`Pipeline.stage_load`), read at scrape time."""
         self.load: Callable[[], Load] = lambda: load_figure(stage=0.0, streams=0,
@@ -184,6 +187,14 @@ class ServerMetrics(Collector):
             for outcome, n in outcomes.items():
                 second.add_metric([outcome], n)
             yield second
+        unmatched = self.voice_turns_unmatched()
+        if unmatched is not None:
+            yield _counter(
+                "chorus_voice_turns_unmatched",
+                "Turns of voices the voice directory named that did not sound like the person "
+                "([voices] verify) and read the voice's letter.",
+                unmatched,
+            )
         yield from _delivery_families(self.delivery())
         yield from self._load_families()
 

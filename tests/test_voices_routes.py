@@ -309,6 +309,7 @@ async def test_a_turn_of_a_named_voice_that_sounds_like_someone_else_reads_its_l
         await device.send_audio(tone(2.5), realtime=False)
         await eventually(lambda: len(feed.turns) == 2, 60, "a turn that is not Ian's")
         assert feed.turns[1].speaker == "Speaker A"
+        assert "chorus_voice_turns_unmatched_total 1.0" in (await http.get("/metrics")).text
         PrintedStage.turn_print = IAN
         await device.send_audio(tone(2.5), realtime=False)
         await eventually(lambda: len(feed.turns) == 3, 60, "Ian again")
