@@ -73,7 +73,14 @@ import numpy as np
 import numpy.typing as npt
 
 from voice.diarization_stage import SpeakerTimeline, StagePrints
-from voice.identify import TURN_MIN_S, IdentifySettings, KnownVoice, StreamVoices, turn_matches
+from voice.identify import (
+    TURN_MIN_S,
+    IdentifySettings,
+    KnownVoice,
+    StreamVoices,
+    turn_matches,
+    turn_span,
+)
 
 STEP_S = 0.5
 GRID_S = 0.01
@@ -309,7 +316,7 @@ def label_grids(stretches: Iterable[tuple[str, float, float]], n: int) -> dict[s
 
 class TurnPrints:
     """Turns printed as the server prints them (`EmbeddedStage.turn_voiceprint`: the audio as it
-    is, none under `TURN_MIN_S`), each once per meeting and spans (many directories' runs of one
+    is, a long turn's middle `TURN_MAX_S` only, none under `TURN_MIN_S`), each once per meeting and spans (many directories' runs of one
     meeting share their turns)."""
 
     def __init__(self, stage: Any) -> None:
@@ -322,7 +329,11 @@ class TurnPrints:
         def printer(spans: Sequence[tuple[float, float]]) -> FloatArray | None:
             key = (name, tuple((round(a, 3), round(b, 3)) for a, b in spans))
             if key not in self._made:
-                clip = np.concatenate([audio[round(a * RATE) : round(b * RATE)] for a, b in spans])
+                lo, hi = turn_span(spans[0][0], max(b for _, b in spans))  # as the server
+                clip = np.concatenate(
+                    [audio[round(max(a, lo) * RATE) : round(min(b, hi) * RATE)] for a, b in spans
+                     if min(b, hi) > max(a, lo)]
+                )
                 made = None
                 if len(clip) >= TURN_MIN_S * RATE:
                     made = np.asarray(self.stage.turn_voiceprint(clip), dtype=np.float32)

@@ -41,7 +41,7 @@ from voice.diarization_stage import (
     SpeakerPrints,
     StagePrints,
 )
-from voice.identify import TURN_MIN_S
+from voice.identify import TURN_MIN_S, turn_span
 from voice.second_pass import SecondPass
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
@@ -436,7 +436,7 @@ class VoiceStreamAudio:
         stage = driver.stage
         if not isinstance(stage, ClipPrints):
             return None
-        audio = self.session.audio.between(start, end)  # on the loop: the log is the loop's
+        audio = self.session.audio.between(*turn_span(start, end))  # on the loop: the log's
         if len(audio) < TURN_MIN_S * self.session.audio.sample_rate:
             return None
 

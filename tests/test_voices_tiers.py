@@ -25,7 +25,14 @@ from server.voices import VoiceDirectory
 from voice.audio import StreamFormat
 from voice.diarization_stage import StagePrints
 from voice.events import TranscriptionEvent
-from voice.identify import IdentifySettings, KnownVoice, StreamVoices, turn_matches
+from voice.identify import (
+    TURN_MAX_S,
+    IdentifySettings,
+    KnownVoice,
+    StreamVoices,
+    turn_matches,
+    turn_span,
+)
 
 ROOM = "standup"
 MODEL = "campplus-test"
@@ -124,6 +131,12 @@ def test_a_turn_matches_its_person_from_the_verify_threshold_on() -> None:
     assert turn_matches(PEGGY, ian, IdentifySettings())
     with pytest.raises(ValueError):
         IdentifySettings(verify=1.5)
+
+
+def test_a_long_turn_is_printed_from_its_middle_ten_seconds() -> None:
+    assert turn_span(2.0, 9.0) == (2.0, 9.0)
+    assert turn_span(0.0, TURN_MAX_S) == (0.0, TURN_MAX_S)
+    assert turn_span(10.0, 40.0) == (20.0, 30.0)
 
 
 def test_thresholds_out_of_order_are_refused() -> None:

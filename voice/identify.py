@@ -67,6 +67,18 @@ class IdentifySettings:
 TURN_MIN_S = 0.5
 """A turn shorter than this is not checked (`turn_matches`: too little audio for a print; the
 embedding model's own floor): it reads its voice's name."""
+TURN_MAX_S = 10.0
+"""A longer turn is printed from its middle this long (`turn_span`): the print's cost grows
+with the audio, about 13 ms of CPU per second of it (docs/voices.md)."""
+
+
+def turn_span(start: float, end: float) -> tuple[float, float]:
+    """The part of a turn (`start`…`end`, seconds) its print is made of: all of it, or its
+    middle `TURN_MAX_S` seconds."""
+    if end - start <= TURN_MAX_S:
+        return start, end
+    middle = (start + end) / 2
+    return middle - TURN_MAX_S / 2, middle + TURN_MAX_S / 2
 
 
 @dataclass(frozen=True)
