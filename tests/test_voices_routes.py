@@ -136,6 +136,14 @@ SERVER_ADMIN = bearer(issue_token(SECRET, "*", grants=[Grant.ADMIN]))
 ROOM_ADMIN = bearer(issue_token(SECRET, ROOM, grants=[Grant.ADMIN]))
 
 
+async def spoken(device: DeviceStream, feed: EventFeed, seconds: float, why: str) -> str | None:
+    """One more turn of `seconds` of audio from the device: the name it reached the feed under."""
+    n = len(feed.turns) + 1
+    await device.send_audio(tone(seconds), realtime=False)
+    await eventually(lambda: len(feed.turns) == n, 60, why)
+    return feed.turns[-1].speaker
+
+
 def clip(seconds: float) -> str:
     buffer = io.BytesIO()
     sf.write(buffer, np.frombuffer(tone(seconds), dtype=np.int16), 16000, format="WAV")
@@ -153,9 +161,7 @@ async def test_remember_names_the_speaker_and_forgetting_turns_it_back_into_a_le
         token = issue_token(SECRET, ROOM)
         feed = await EventFeed.open(server.base, ROOM, token)
         device = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
-        await device.send_audio(tone(2.0), realtime=False)
-        await eventually(lambda: len(feed.turns) == 1, 60, "the first turn")
-        assert feed.turns[0].speaker == "Speaker A"
+        assert await spoken(device, feed, 2.0, "the first turn") == "Speaker A"
 
         PrintedStage.heard = StagePrints(MODEL, {"Speaker A": IAN}, {"Speaker A": 3.0})
         body = {"label": "Speaker A", "name": "Ian"}
@@ -195,9 +201,7 @@ async def test_remember_names_the_speaker_and_forgetting_turns_it_back_into_a_le
             "renamed",
         )
 
-        await device.send_audio(tone(2.5), realtime=False)
-        await eventually(lambda: len(feed.turns) == 2, 60, "the second turn")
-        assert feed.turns[1].speaker == "Ian"
+        assert await spoken(device, feed, 2.5, "the second turn") == "Ian"
 
         listed = await http.get("/v1/voices", headers=SERVER_ADMIN)
         assert listed.status_code == 200
@@ -211,9 +215,8 @@ async def test_remember_names_the_speaker_and_forgetting_turns_it_back_into_a_le
             "id": ian["id"],
             "deleted": True,
         }
-        await device.send_audio(tone(3.0), realtime=False)
-        await eventually(lambda: len(feed.turns) == 3, 60, "the third turn")
-        assert feed.turns[2].speaker == "Speaker A"  # the running room forgot the voice
+        # the running room forgot the voice
+        assert await spoken(device, feed, 3.0, "the third turn") == "Speaker A"
         assert (await http.get("/v1/voices", headers=SERVER_ADMIN)).json() == []
         again = await http.delete(f"/v1/voices/{ian['id']}", headers=SERVER_ADMIN)
         assert again.status_code == 404
@@ -301,19 +304,13 @@ async def test_a_turn_of_a_named_voice_that_sounds_like_someone_else_reads_its_l
         token = issue_token(SECRET, ROOM)
         feed = await EventFeed.open(server.base, ROOM, token)
         device = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
-        await device.send_audio(tone(2.5), realtime=False)
-        await eventually(lambda: len(feed.turns) == 1, 60, "the first turn")
-        assert feed.turns[0].speaker == "Ian"
+        assert await spoken(device, feed, 2.5, "the first turn") == "Ian"
         assert PrintedStage.turn_seconds[-1] >= TURN_MIN_S  # printed from the turn's audio
         PrintedStage.turn_print = np.eye(8, dtype=np.float32)[1]  # someone else's words
-        await device.send_audio(tone(2.5), realtime=False)
-        await eventually(lambda: len(feed.turns) == 2, 60, "a turn that is not Ian's")
-        assert feed.turns[1].speaker == "Speaker A"
+        assert await spoken(device, feed, 2.5, "a turn that is not Ian's") == "Speaker A"
         assert "chorus_voice_turns_unmatched_total 1.0" in (await http.get("/metrics")).text
         PrintedStage.turn_print = IAN
-        await device.send_audio(tone(2.5), realtime=False)
-        await eventually(lambda: len(feed.turns) == 3, 60, "Ian again")
-        assert feed.turns[2].speaker == "Ian"
+        assert await spoken(device, feed, 2.5, "Ian again") == "Ian"
         async with asyncio.timeout(60):
             await device.stop()
         await feed.close()
