@@ -82,13 +82,25 @@ FEED_WAIT_S = 10.0
 """How long the feed may lag behind the device once the stream has closed."""
 
 
-def _config(workdir: Path, verify: float | None = None) -> str:
+def voices_settings(pairs: list[str]) -> dict[str, float]:
+    """`--voices-set KEY=NUMBER` items as `[voices]` settings (checked by `VoicesConfig`)."""
+    out: dict[str, float] = {}
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--voices-set wants KEY=NUMBER, got {item!r}")
+        out[key.strip()] = float(value)
+    VoicesConfig(enabled=True, **out)
+    return out
+
+
+def _config(workdir: Path, voices: dict[str, float] | None = None) -> str:
     return (
         '[stt]\nprovider = "whisper"\n'
         '[diarizer]\nkind = "embedded"\n'
         '[realtime]\nprovider = "recorder"\n'
         "[voices]\nenabled = true\n"
-        + (f"verify = {verify}\n" if verify is not None else "")
+        + "".join(f"{k} = {v}\n" for k, v in (voices or {}).items())
         + f'[store]\nurl = "sqlite:///{workdir}/chorus.db"\n'
     )
 
@@ -307,8 +319,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-voices-"))
     port = _free_port()
     config = workdir / "chorus.toml"
-    verify = getattr(args, "verify", None)
-    await asyncio.to_thread(config.write_text, _config(workdir, verify))
+    voices = voices_settings(getattr(args, "voices_set", []))
+    await asyncio.to_thread(config.write_text, _config(workdir, voices))
     env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET,
            "CHORUS_STORE_URL": f"sqlite:///{workdir}/chorus.db"}
     py = sys.executable
@@ -319,9 +331,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     admin = issue_token(SECRET, "*", 7200, grants=["admin"])
     tokens = TokenMinter(REPO, py, env)
     base = f"ws://127.0.0.1:{port}"
-    settings = (
-        VoicesConfig() if verify is None else VoicesConfig(verify=verify)
-    ).identify_settings()
+    settings = VoicesConfig(**voices).identify_settings()
     report: dict[str, Any] = {
         "path": "server", "render": render, "directory": args.directory,
         "commit": _commit_of(REPO), "seconds": limit, "meeting_a": names["A"],

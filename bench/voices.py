@@ -162,11 +162,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "enrolled from their close or far clips (`POST /v1/voices`; meeting A is not streamed)",
     )
     parser.add_argument(
-        "--verify",
-        type=float,
-        default=None,
-        help="with --path server: the server's `[voices] verify` (each named voice's turn "
-        "checked against the person; default: the [voices] default; -1: no turn is checked)",
+        "--voices-set",
+        action="append",
+        default=[],
+        metavar="KEY=NUMBER",
+        help="with --path server: one `[voices]` setting of the server (repeatable; e.g. "
+        "verify=-1: no turn is checked, auto=0.46; default: the [voices] defaults)",
     )
     parser.add_argument(
         "--seconds",

@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from bench._voices_server import (
+    _config,
     _shown_turns,
     in_turns,
     label_of,
     suggestions_by_turn,
     voices_of,
+    voices_settings,
 )
 from bench.load import StreamResult
 from bench.voices import GRID_S, _frames, score_shown
@@ -111,6 +113,23 @@ def test_each_speaker_of_meeting_a_is_remembered_from_the_label_holding_most_of_
 
 
 @pytest.mark.slow
+def test_voices_settings_reach_the_servers_config_and_bad_ones_are_refused(
+    tmp_path: Path,
+) -> None:
+    import tomllib
+
+    from pydantic import ValidationError
+
+    voices = voices_settings(["verify=-1", "auto = 0.5"])
+    assert voices == {"verify": -1.0, "auto": 0.5}
+    config = tomllib.loads(_config(tmp_path, voices))
+    assert config["voices"] == {"enabled": True, "verify": -1.0, "auto": 0.5}
+    with pytest.raises(ValidationError):
+        voices_settings(["loudness=2"])
+    with pytest.raises(SystemExit):
+        voices_settings(["verify"])
+
+
 def test_the_server_path_runs_end_to_end_on_a_cut_of_the_pair(
     shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -120,11 +139,13 @@ def test_the_server_path_runs_end_to_end_on_a_cut_of_the_pair(
 
     out = tmp_path / "voices.json"
     assert main(["bench", "voices", str(shared_fixtures / "librispeech-meetings"), "--path",
-                 "server", "--seconds", "12", "--json", str(out)]) == 0
+                 "server", "--seconds", "12", "--voices-set", "verify=-1", "--json",
+                 str(out)]) == 0
     report = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert "meeting B (lsmeet_dev05_vpB_3spk_far)" in printed
     assert report["path"] == "server" and report["seconds"] == 12
+    assert report["verify"] == -1.0  # the server ran with `[voices] verify = -1.0`
     # the speakers of A's first 12 s: each remembered or refused with a reason
     attempts = {a["speaker"]: a for a in report["directory_attempts"]}
     assert set(attempts) == {"LS367", "LS1688"}
