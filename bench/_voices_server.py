@@ -66,6 +66,7 @@ from bench.voices import (
     _pct,
     _reference,
     label_grids,
+    one_label_each,
     pair_row,
     score_shown,
 )
@@ -146,17 +147,12 @@ def suggestions_by_turn(messages: list[FeedMessage]) -> dict[str, str]:
 
 def label_of(result: StreamResult, reference: dict[str, Any]) -> dict[str, str]:
     """Each reference speaker → the stage label whose turns (settled so far) overlap most of
-    their speech (none when no turn overlaps it)."""
+    their speech, one label per speaker (`bench.voices.one_label_each`; none when no turn left
+    to take overlaps it)."""
     n = len(next(iter(reference.values())))
     turns = settled_versions(result.versions)
     grids = label_grids(((m.label or m.speaker, m.start, m.end) for _, m in turns), n)
-    out: dict[str, str] = {}
-    for speaker, ref in reference.items():
-        overlap = {label: int((g & ref).sum()) for label, g in grids.items()}
-        best = max(overlap, key=lambda k: overlap[k], default=None)
-        if best is not None and overlap[best] > 0:
-            out[speaker] = best
-    return out
+    return one_label_each(reference, grids)
 
 
 def voices_of(

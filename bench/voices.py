@@ -506,26 +506,45 @@ def _clip_voices(
     return out
 
 
+def one_label_each(
+    reference: dict[str, BoolArray], labels: dict[str, BoolArray]
+) -> dict[str, str]:
+    """Each reference speaker → the stage label holding most of their speech, one label per
+    speaker (as a person remembers each voice once): the largest overlaps are taken first, and
+    a speaker whose every overlapping label went to someone else gets none."""
+    pairs = sorted(
+        (
+            (int((grid & ref).sum()), speaker, label)
+            for speaker, ref in reference.items()
+            for label, grid in labels.items()
+        ),
+        key=lambda p: (-p[0], p[1], p[2]),
+    )
+    out: dict[str, str] = {}
+    for overlap, speaker, label in pairs:
+        if overlap > 0 and speaker not in out and label not in out.values():
+            out[speaker] = label
+    return out
+
+
 def remembered_from(meeting: Meeting) -> list[KnownVoice]:
     """Each reference speaker of `meeting` as `remember` would keep them: the final print of the
-    stage voice that overlaps them most, when it spoke at least `MIN_SPEECH_S`."""
+    stage voice that holds most of their speech (`one_label_each`), when it spoke at least
+    `MIN_SPEECH_S`."""
     n = len(meeting.speech)
     heard: dict[str, BoolArray] = {}
     for fed in meeting.fed:
         for label, t0, t1 in fed.pieces:
             heard.setdefault(label, np.zeros(n, dtype=bool))[_frames(t0) : _frames(t1)] = True
     final = meeting.fed[-1].prints
-    out: list[KnownVoice] = []
-    for speaker, grid in meeting.reference.items():
-        overlap = {
-            label: int((g & grid).sum()) for label, g in heard.items() if label in final.prints
-        }
-        if not overlap:
-            continue
-        label = max(overlap, key=lambda k: overlap[k])
-        if final.speech_s.get(label, 0.0) >= MIN_SPEECH_S:
-            out.append(KnownVoice(speaker, speaker, final.prints[label][None, :]))
-    return out
+    chosen = one_label_each(
+        meeting.reference, {k: g for k, g in heard.items() if k in final.prints}
+    )
+    return [
+        KnownVoice(speaker, speaker, final.prints[label][None, :])
+        for speaker, label in chosen.items()
+        if final.speech_s.get(label, 0.0) >= MIN_SPEECH_S
+    ]
 
 
 AUTO_GRID = [round(0.30 + 0.02 * i, 2) for i in range(26)]

@@ -111,6 +111,14 @@ def test_each_speaker_of_meeting_a_is_remembered_from_the_label_holding_most_of_
     ]
     assert label_of(result, REFERENCE) == {"Ian": "Speaker A", "Peg": "Speaker B"}  # New: no turn
 
+    # one voice holding most of two speakers' speech is remembered once, for whom it holds most
+    result.versions = [
+        (1.0, turn("1", "Speaker A", 0.0, 8.0)),  # Ian 4 s, Peg 4 s
+        (2.0, turn("2", "Speaker A", 10.0, 12.0)),  # Ian 2 s more
+        (3.0, turn("3", "Speaker B", 7.0, 7.5)),  # a little of Peg
+    ]
+    assert label_of(result, REFERENCE) == {"Ian": "Speaker A", "Peg": "Speaker B"}
+
 
 @pytest.mark.slow
 def test_voices_settings_reach_the_servers_config_and_bad_ones_are_refused(
