@@ -60,6 +60,7 @@ replay's feeds, the batch's one feed, the server's turns).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -78,7 +79,7 @@ from voice.identify import (
     IdentifySettings,
     KnownVoice,
     StreamVoices,
-    turn_matches,
+    turn_person,
     turn_span,
 )
 
@@ -95,6 +96,7 @@ TURN_GAP_S = 0.5
 """The replay's turns (what `[voices] verify` checks): a label's stretches in a row, nobody
 else's between them, each starting at most this long after the one before ended."""
 VERIFY_GRID: list[float | None] = [None, 0.30, 0.35, 0.40, 0.45, 0.50]
+CLAIM_GRID: list[float | None] = [None, 0.40, 0.46, 0.50, 0.55, 0.60]
 
 
 @dataclass
@@ -367,8 +369,10 @@ def replay_names(
     """The identification replayed over the stage's feeds (`StreamVoices`, what the server's
     rename hook runs): each stretch under the name (or suggestion) its label held just after the
     feed that decided it; and the name each label ended with. With `settings.verify` (and a
-    meeting that prints its turns) each turn of a named voice is checked as the server checks it
-    (`turn_matches`): a turn that does not match the person reads its letter throughout."""
+    meeting that prints its turns) each turn is checked as the server checks it (`turn_person`,
+    against the people named when its last stretch was decided): a turn of a named voice that
+    does not match the person reads its letter throughout, and with `claim` a turn that reads
+    no name of its voice reads the name of the person named for another voice it claims."""
     names = {v.id: v.name for v in directory}
     people = {v.id: v for v in directory}
     state = StreamVoices()
@@ -382,22 +386,26 @@ def replay_names(
                 {k: names[v] for k, v in state.suggested.items() if v in names},
             )
         )
-    check = settings.verify is not None and meeting.printer is not None
     shown: list[Shown] = []
     for turn in replay_turns(meeting):
-        named = [after[k][0].get(label) for label, _, _, k in turn]
-        person = next((people[n[0]] for n in named if n is not None), None)
-        matches = True
-        if check and person is not None:
-            assert meeting.printer is not None
+        label, last = turn[0][0], max(k for *_, k in turn)
+        named = [after[k][0].get(label) for _, _, _, k in turn]
+        own = next((people[n[0]] for n in named if n is not None), None)
+        present = [people[v[0]] for other, v in after[last][0].items() if v and other != label]
+        reads: KnownVoice | None = own  # a turn not checked reads its voice's names as they come
+        if settings.verify is not None and meeting.printer is not None and (
+            own is not None or (settings.claim is not None and present)
+        ):
             made = meeting.printer([(t0, t1) for _, t0, t1, _ in turn])
-            matches = made is None or turn_matches(made, person, settings)
-        for (label, t0, t1, k), name in zip(turn, named, strict=True):
-            suggested = after[k][1].get(label) if name is None else None
-            shown.append(
-                Shown(label, t0, t1, meeting.fed[k].at, name[1] if name and matches else None,
-                      suggested)
-            )
+            if made is not None:
+                reads = turn_person(made, own, present, settings)
+        for (_, t0, t1, k), name in zip(turn, named, strict=True):
+            if reads is own:  # its voice's name from the feed that named it on
+                shown_name = name[1] if name else None
+            else:  # claimed, or its letter
+                shown_name = reads.name if reads is not None else None
+            suggested = after[k][1].get(label) if shown_name is None else None
+            shown.append(Shown(label, t0, t1, meeting.fed[k].at, shown_name, suggested))
     return shown, {label: state.name_of(label) for label in {s.label for s in shown}}
 
 
@@ -554,10 +562,10 @@ def _choose(
     trials: list[tuple[str, Meeting, list[KnownVoice]]],
     fixed_auto: float | None = None,
     verify_grid: Sequence[float | None] = (None,),
-) -> tuple[float, float, float | None]:
-    """(auto, suggest, verify) minimising the module's costs over `trials`: `auto` first (turns
-    not checked), then `verify` at that `auto` (miss + 2 × wrong again; unchecked on a tie),
-    then `suggest`."""
+) -> tuple[float, float, float | None, float | None]:
+    """(auto, suggest, verify, claim) minimising the module's costs over `trials`: `auto` first
+    (turns not checked), then `verify` at that `auto` (miss + 2 × wrong again; unchecked on a
+    tie), then `claim` at those (none on a tie), then `suggest`."""
     if fixed_auto is None:
         costs = {}
         for auto in AUTO_GRID:
@@ -565,18 +573,29 @@ def _choose(
             miss, wrong, _, _ = _rates(name_meeting(m, d, settings) for _, m, d in trials)
             costs[auto] = miss + WRONG_WEIGHT * wrong
         fixed_auto = min(costs, key=lambda a: (costs[a], -a))
-    by_verify: dict[float | None, float] = {}
-    for verify in verify_grid:
-        settings = IdentifySettings(auto=fixed_auto, suggest=fixed_auto, verify=verify)
-        miss, wrong, _, _ = _rates(name_meeting(m, d, settings) for _, m, d in trials)
-        by_verify[verify] = miss + WRONG_WEIGHT * wrong
-    verify = min(verify_grid, key=lambda v: (round(by_verify[v], 9), v is not None, v or 0.0))
+    base = IdentifySettings(auto=fixed_auto, suggest=fixed_auto)
+
+    def cheapest(field: str, grid: Sequence[float | None]) -> float | None:
+        costs: dict[float | None, float] = {}
+        for value in grid:
+            settings = (
+                dataclasses.replace(base, verify=value)
+                if field == "verify"
+                else dataclasses.replace(base, claim=value)
+            )
+            miss, wrong, _, _ = _rates(name_meeting(m, d, settings) for _, m, d in trials)
+            costs[value] = miss + WRONG_WEIGHT * wrong
+        return min(grid, key=lambda v: (round(costs[v], 9), v is not None, v or 0.0))
+
+    verify = cheapest("verify", verify_grid)
+    base = dataclasses.replace(base, verify=verify)
+    claim = cheapest("claim", CLAIM_GRID if verify is not None else (None,))
     costs = {}
     for suggest in [a for a in AUTO_GRID if a <= fixed_auto]:
         settings = IdentifySettings(auto=fixed_auto, suggest=suggest)
         _, _, miss_s, wrong_s = _rates(name_meeting(m, d, settings) for _, m, d in trials)
         costs[suggest] = miss_s + wrong_s
-    return fixed_auto, min(costs, key=lambda s: (costs[s], -s)), verify
+    return fixed_auto, min(costs, key=lambda s: (costs[s], -s)), verify, claim
 
 
 def _fold_at(
@@ -620,7 +639,8 @@ def _pair(
     out: dict[str, Any] = {}
     print(
         f"\nmeeting B ({b_name}) at auto {settings.auto:.2f}, suggest {settings.suggest:.2f}, "
-        f"verify {_verify(settings.verify).strip()}; directory: "
+        f"verify {_verify(settings.verify).strip()}, claim {_verify(settings.claim).strip()}; "
+        "directory: "
         f"the speakers of meeting A ({', '.join(in_a)})"
     )
     for label, directory in conditions.items():
@@ -728,42 +748,48 @@ def run(args: argparse.Namespace) -> int:
     folds: list[dict[str, Any]] = []
     grid: Sequence[float | None] = (None,) if batch else VERIFY_GRID
     for held in speakers:
-        auto, suggest, verify = _choose([t for t in trials if t[0] != held], verify_grid=grid)
+        auto, suggest, verify, claim = _choose(
+            [t for t in trials if t[0] != held], verify_grid=grid
+        )
         test = [t for t in trials if t[0] == held]
+        chosen = IdentifySettings(auto=auto, suggest=suggest, verify=verify, claim=claim)
         folds.append(
             {
                 "held_out": held,
                 "auto": auto,
                 "suggest": suggest,
                 "verify": verify,
-                **_fold_at(
-                    test, held, IdentifySettings(auto=auto, suggest=suggest, verify=verify)
-                ),
+                "claim": claim,
+                **_fold_at(test, held, chosen),
                 **(
                     {"unchecked": _fold_at(test, held, IdentifySettings(auto=auto, suggest=suggest))}
                     if verify is not None else {}
                 ),
+                **(
+                    {"unclaimed": _fold_at(test, held, dataclasses.replace(chosen, claim=None))}
+                    if claim is not None else {}
+                ),
                 **({"at_defaults": _fold_at(test, held, IdentifySettings())} if batch else {}),
             }
         )
-    auto, suggest, verify = _choose(trials, verify_grid=grid)
+    auto, suggest, verify, claim = _choose(trials, verify_grid=grid)
     print(
         f"\nleave-one-speaker-out over the {render} renders (directory: the other speakers' clips, "
         "close + far prints)"
     )
     print(
-        "held out  auto  suggest  verify  miss     wrong    miss(n|s) wrong(n+s) held-out named  "
-        "its own voice named   (turns unchecked: miss, wrong)"
+        "held out  auto  suggest  verify  claim  miss     wrong    miss(n|s) wrong(n+s) held-out "
+        "named  its own voice named   (miss, wrong: turns unchecked; checked, none claimed)"
     )
     for f in folds:
-        unchecked = f.get("unchecked")
+        also = [f[k] for k in ("unchecked", "unclaimed") if k in f]
         print(
             f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_verify(f['verify'])}  "
-            f"{_pct(f['miss'])}  "
+            f"{_verify(f['claim'])}  {_pct(f['miss'])}  "
             f"{_pct(f['wrong'])}  {_pct(f['miss_named_or_suggested'])}  "
             f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}        "
-            f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings"
-            + (f"   ({_pct(unchecked['miss'])}, {_pct(unchecked['wrong'])})" if unchecked else "")
+            f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings   "
+            + "; ".join(f"{_pct(x['miss'])}, {_pct(x['wrong'])}" for x in also)
         )
     if batch:
         print("the same held-out folds at the [voices] defaults (what --voices uses), auto "
@@ -778,8 +804,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{f['held_out_meetings']} meetings"
             )
     print(
-        f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f}, verify {_verify(verify)} "
-        "(folds: auto "
+        f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f}, verify "
+        f"{_verify(verify).strip()}, claim {_verify(claim).strip()} (folds: auto "
         f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
         f"{statistics.median(f['auto'] for f in folds):.2f})"
     )
@@ -798,16 +824,18 @@ def run(args: argparse.Namespace) -> int:
     }
     report: dict[str, Any] = {
         "path": "batch" if batch else "live", "auto": auto, "suggest": suggest,
-        "verify": verify, "folds": folds,
+        "verify": verify, "claim": claim, "folds": folds,
         "pair": {}, "live_settings": getattr(args, "set", []), "replay": tape is not None,
     }
     b_name = pair["files"][render]["B"]
-    tiers = [IdentifySettings(auto=auto, suggest=suggest, verify=verify)]
+    tiers = [IdentifySettings(auto=auto, suggest=suggest, verify=verify, claim=claim)]
     if batch and (auto, suggest) != (IdentifySettings().auto, IdentifySettings().suggest):
         tiers.insert(0, IdentifySettings())  # what `--voices` uses: the [voices] defaults
         report["pair_at"] = {}
-    if verify is not None:  # the same, each turn unchecked (what the check changes)
+    if verify is not None:  # the same, each turn unchecked and unclaimed (what each changes)
         tiers.insert(0, IdentifySettings(auto=auto, suggest=suggest))
+        if claim is not None:
+            tiers.insert(1, IdentifySettings(auto=auto, suggest=suggest, verify=verify))
         report["pair_at"] = {}
     for settings in tiers:
         pair_report = _pair(
@@ -816,6 +844,7 @@ def run(args: argparse.Namespace) -> int:
         if "pair_at" in report:
             report["pair_at"][
                 f"{settings.auto:.2f}/{settings.suggest:.2f}/{_verify(settings.verify).strip()}"
+                f"/{_verify(settings.claim).strip()}"
             ] = pair_report
         report["pair"] = pair_report
     if args.json:

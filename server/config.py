@@ -442,6 +442,10 @@ class VoicesConfig(_Section):
     the person, or the turn reads as the voice's letter (far-field voices that hold two people;
     docs/voices.md, docs/benchmarks.md "Checking each turn"). `verify = -1` turns the check off
     (every print scores at least -1)."""
+    claim: float | None = Field(default=0.46, ge=-1.0, le=2.0)
+    """A checked turn that reads no name of its own voice takes the name of a person named for
+    another voice of the stream when its own print scores at least this against them (the stage
+    split that person's speech over two voices). `claim = 2` never claims (no print scores 2)."""
     refresh_s: float = Field(default=2.0, ge=0.05, le=300.0)
     """A person added or forgotten by another process on the store (`chorus voices`, another
     `chorus serve`, a `chorus agent` job) is seen here within this long: the directory's
@@ -450,7 +454,8 @@ class VoicesConfig(_Section):
     def identify_settings(self) -> IdentifySettings:
         """The tiers' thresholds (`voice.identify`), as the server and `--voices` run them."""
         return IdentifySettings(
-            auto=self.auto, suggest=self.suggest, min_heard_s=self.min_heard_s, verify=self.verify
+            auto=self.auto, suggest=self.suggest, min_heard_s=self.min_heard_s,
+            verify=self.verify, claim=self.claim,
         )
 
     @model_validator(mode="after")

@@ -99,7 +99,7 @@ class LiveRooms:
             )
             self.renames.voices = self.voices
             voices = self.voices
-            metrics.voice_turns_unmatched = lambda: voices.turns_unmatched
+            metrics.voice_turns = lambda: (voices.turns_unmatched, voices.turns_claimed)
         self._room_locks: dict[str, KeyLock] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._stream_count = 0

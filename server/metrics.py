@@ -81,9 +81,10 @@ class ServerMetrics(Collector):
         self.second_pass: Callable[[], dict[str, int] | None] = lambda: None
         """What the live second pass did with the turns (`SecondPassStats.as_dict`), read at
         scrape time; None when it is off."""
-        self.voice_turns_unmatched: Callable[[], int | None] = lambda: None
-        """Turns of directory-named voices that read their letter (`[voices] verify`), read at
-        scrape time; None when the voice directory is off."""
+        self.voice_turns: Callable[[], tuple[int, int] | None] = lambda: None
+        """(unmatched, claimed): turns of directory-named voices that read their letter
+        (`[voices] verify`), and turns that read another voice's person (`[voices] claim`),
+        read at scrape time; None when the voice directory is off."""
         self.stage_load: Callable[[], StageLoad | None] = lambda: None
         """The pipeline's stage load (`Pipeline.stage_load`), read at scrape time."""
         self.load: Callable[[], Load] = lambda: load_figure(stage=0.0, streams=0,
@@ -187,13 +188,19 @@ class ServerMetrics(Collector):
             for outcome, n in outcomes.items():
                 second.add_metric([outcome], n)
             yield second
-        unmatched = self.voice_turns_unmatched()
-        if unmatched is not None:
+        checked = self.voice_turns()
+        if checked is not None:
             yield _counter(
                 "chorus_voice_turns_unmatched",
                 "Turns of voices the voice directory named that did not sound like the person "
-                "([voices] verify) and read the voice's letter.",
-                unmatched,
+                "([voices] verify) and read the voice's letter (or a claimed name).",
+                checked[0],
+            )
+            yield _counter(
+                "chorus_voice_turns_claimed",
+                "Turns that sounded like a person named for another voice of their stream "
+                "([voices] claim) and read that person's name.",
+                checked[1],
             )
         yield from _delivery_families(self.delivery())
         yield from self._load_families()

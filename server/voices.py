@@ -44,7 +44,7 @@ from server.config import VoicesConfig
 from server.room_state import LiveRoom, LiveStream
 from voice.centroids import unit_or_none
 from voice.diarization_stage import StagePrints
-from voice.identify import KnownVoice, StreamVoices, known_voices, turn_matches
+from voice.identify import KnownVoice, StreamVoices, known_voices, turn_person
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,9 @@ class Naming:
     unmatched: bool = False
     """The voice is named, but this turn did not sound like the person (`name_turn`): it reads
     as the voice's letter (`name`), and the next turn is checked again."""
+    claimed: bool = False
+    """This turn sounded like a person named for another voice of the stream (`name_turn`,
+    `[voices] claim`): it reads that person's name, and the next turn is checked again."""
 
 
 class VoiceDirectory:
@@ -129,6 +132,8 @@ class VoiceDirectory:
         """Per model id: the people with prints of that model (unit rows)."""
         self.turns_unmatched = 0
         """Turns of named voices that read their letter: their print did not match (`verify`)."""
+        self.turns_claimed = 0
+        """Turns that read the name of another voice's person: their print matched (`claim`)."""
         self._streams: weakref.WeakKeyDictionary[DirectoryStream, StreamVoices] = (
             weakref.WeakKeyDictionary()
         )
@@ -316,27 +321,46 @@ class VoiceDirectory:
         end: float,
     ) -> Naming | None:
         """`name_for`, and with `[voices] verify` set, the turn checked (`voice.identify`'s
-        `turn_matches`): a turn of a named voice whose own print (the stream's audio over
-        `start`…`end`, printed off the loop) does not sound like the person reads as its letter
-        (`Naming(label, unmatched=True)`), and is counted in `turns_unmatched`. A turn too short
-        to print keeps the name."""
+        `turn_person`) on its own print (the stream's audio over `start`…`end`, printed off the
+        loop): a turn of a named voice that does not sound like the person (counted in
+        `turns_unmatched`) reads as its letter (`unmatched`), unless, with `claim` set, it sounds like a
+        person named for another voice of the stream, whose name it then reads (`claimed`,
+        counted in `turns_claimed`), as a turn of an unnamed voice may. A turn too short to
+        print reads its voice's name, or its letter."""
         naming = self.name_for(stream, label, sender_name)
-        if naming is None or naming.revert or self.settings.verify is None:
+        if (naming is not None and naming.revert) or self.settings.verify is None:
             return naming
-        named = self.state_of(stream).named.get(label)
-        printer = stream.audio.turn_printer(start, end) if stream.audio is not None else None
-        if named is None or printer is None:
-            return naming
+        state = self.state_of(stream)
+        claimed_before = state.claimed.pop(label, None)
+        plain = naming
+        if plain is None and claimed_before is not None and sender_name == claimed_before:
+            plain = Naming(label, unmatched=True)  # the last turn's claimed name is not kept
         prints = stream.audio.speaker_prints() if stream.audio is not None else None
-        model = prints.model if prints is not None else None
-        person = next((p for p in self._known.get(model or "", []) if p.id == named.voice_id), None)
-        if person is None:
+        people = {p.id: p for p in self._known.get(prints.model, [])} if prints else {}
+        named = state.named.get(label)
+        own = people.get(named.voice_id) if named is not None else None
+        present = [
+            people[found.voice_id]
+            for other, found in state.named.items()
+            if other != label and found.voice_id in people
+        ]
+        if own is None and (self.settings.claim is None or not present):
+            return plain
+        printer = stream.audio.turn_printer(start, end) if stream.audio is not None else None
+        turn_print = await asyncio.to_thread(printer) if printer is not None else None
+        if turn_print is None:
+            return plain
+        person = turn_person(turn_print, own, present, self.settings)
+        if person is not None and person is own:
             return naming
-        turn_print = await asyncio.to_thread(printer)
-        if turn_print is None or turn_matches(turn_print, person, self.settings):
-            return naming
-        self.turns_unmatched += 1
-        return Naming(label, unmatched=True)
+        if own is not None:
+            self.turns_unmatched += 1
+        if person is not None:
+            state.claimed[label] = person.name
+            self.turns_claimed += 1
+            self._heard(person.id)
+            return Naming(person.name, claimed=True)
+        return Naming(label, unmatched=True) if own is not None else plain
 
     def _heard(self, voice_id: str) -> None:
         now = time.time()

@@ -31,6 +31,7 @@ from voice.identify import (
     KnownVoice,
     StreamVoices,
     turn_matches,
+    turn_person,
     turn_span,
 )
 
@@ -131,6 +132,20 @@ def test_a_turn_matches_its_person_from_the_verify_threshold_on() -> None:
     assert turn_matches(PEGGY, ian, IdentifySettings())
     with pytest.raises(ValueError):
         IdentifySettings(verify=1.5)
+
+
+def test_a_turn_reads_its_voices_person_or_claims_a_person_named_for_another_voice() -> None:
+    ian, peggy = KNOWN
+    settings = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4, claim=0.5)
+    assert turn_person(near(IAN, 0.45), ian, [peggy], settings) is ian
+    assert turn_person(near(PEGGY, 0.55), ian, [peggy], settings) is peggy  # claimed
+    assert turn_person(near(PEGGY, 0.45), ian, [peggy], settings) is None  # under `claim`
+    assert turn_person(near(PEGGY, 0.55), None, [peggy], settings) is peggy  # an unnamed voice
+    assert turn_person(near(PEGGY, 0.55), None, [], settings) is None  # Peggy not named here
+    unclaimed = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4)
+    assert turn_person(near(PEGGY, 0.9), ian, [peggy], unclaimed) is None
+    with pytest.raises(ValueError):
+        IdentifySettings(claim=2.5)
 
 
 def test_a_long_turn_is_printed_from_its_middle_ten_seconds() -> None:
@@ -320,3 +335,35 @@ async def test_verify_minus_one_names_every_turn_of_a_named_voice() -> None:
     room.audio.turn_print = -IAN
     assert await room.turn("Speaker A") == "Ian"
     assert room.voices.turns_unmatched == 0
+
+
+async def test_a_turn_that_sounds_like_a_person_named_for_another_voice_reads_their_name() -> None:
+    """`[voices] claim`: the stage split a person over two voices; a turn of the other voice (named
+    or not) whose own print is theirs reads their name, and only that turn: the voice's next turn
+    reads its own name or letter again. Only people named in the stream are claimed."""
+    room = await room_with(("Ian", IAN), ("Peggy", PEGGY), ("Omar", unit(0, 0, 0, 1)))
+    room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(PEGGY, 3.0), Speaker_C=(unit(0, 0, 1, 0), 3.0))
+    room.audio.turn_print = IAN
+    assert await room.turn("Speaker A") == "Ian"
+    assert await room.turn("Speaker B") == "Ian"  # Ian's words in Peggy's voice
+    room.audio.turn_print = PEGGY
+    assert await room.turn("Speaker B") == "Peggy"
+    room.audio.turn_print = near(IAN, 0.9)
+    assert await room.turn("Speaker C") == "Ian"  # a voice of its own for some of Ian's speech
+    room.audio.turn_print = None  # too short to print: its letter, not the claimed name
+    assert await room.turn("Speaker C") == "Speaker C"
+    room.audio.turn_print = unit(0, 0, 0, 1)  # Omar's words: Omar is named for no voice here
+    assert await room.turn("Speaker C") == "Speaker C"
+    assert (room.voices.turns_unmatched, room.voices.turns_claimed) == (1, 2)
+
+
+async def test_claim_two_never_claims() -> None:
+    store = InMemoryStore()
+    for name, vector in (("Ian", IAN), ("Peggy", PEGGY)):
+        await store.remember_print(name, MODEL, vector.astype("<f4").tobytes(), "clip")
+    room = Room(RoomKit(store=store), store, VoicesConfig(enabled=True, claim=2.0))
+    await room.voices.load()
+    room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(PEGGY, 3.0))
+    room.audio.turn_print = IAN
+    assert await room.turn("Speaker A") == "Ian"
+    assert await room.turn("Speaker B") == "Speaker B"

@@ -22,6 +22,12 @@ its voice is named after, or the turn reads as its voice's letter (the voice kee
 the next turn). The bench's folds cut wrong names 6.6 -> 2.8 % of the speech for 1.9 points of
 named speech (docs/benchmarks.md, "Checking each turn").
 
+The stage also splits a person: part of their speech goes to a voice of its own, or to another
+person's voice. With `claim` set, a checked turn that reads no name of its own voice takes the
+name of the person named for another voice of the stream whose prints it matches best, at or
+above `claim` (`turn_person`). Only people already named in the stream are claimed — a turn never
+brings a new name into a meeting, and a voice's own name is never given to another voice.
+
 A whole recording (`chorus transcribe`, `chorus diarize`) is one stream scored once, after its
 diarization: `identify_once` is `StreamVoices.update` on a fresh stream, so batch and live share
 the function, the thresholds and the one-to-one rule. `known_voices` turns the directory's people
@@ -54,6 +60,11 @@ class IdentifySettings:
     verify: float | None = None
     """A named voice's turn keeps the name only when the turn's own print scores at least this
     against the person (`turn_matches`); None: every turn of a named voice is named."""
+    claim: float | None = None
+    """A checked turn that reads no name of its own voice (the voice unnamed, or the turn not
+    matching its person) takes the name of a person named for another voice of the stream when
+    its print scores at least this against them, the best such person (`turn_person`); None:
+    never. Only with `verify` set."""
 
     def __post_init__(self) -> None:
         if not (-1.0 <= self.suggest <= self.auto <= 1.0):
@@ -62,6 +73,8 @@ class IdentifySettings:
             raise ValueError("min_heard_s must be >= 0")
         if self.verify is not None and not -1.0 <= self.verify <= 1.0:
             raise ValueError(f"need -1 <= verify <= 1, got {self.verify}")
+        if self.claim is not None and not -1.0 <= self.claim <= 2.0:
+            raise ValueError(f"need -1 <= claim <= 2 (2: never), got {self.claim}")
 
 
 TURN_MIN_S = 0.5
@@ -134,6 +147,9 @@ class StreamVoices:
     """label → the person last suggested for it (a suggestion is made once per pair)."""
     forgotten: dict[str, str] = field(default_factory=dict)
     """label → the name it carried before its person was forgotten (read as a letter again)."""
+    claimed: dict[str, str] = field(default_factory=dict)
+    """label → the name its last turn claimed (`turn_person`), for the server's next turn of it
+    to read its own name or letter again."""
 
     def update(
         self,
@@ -207,6 +223,36 @@ def turn_matches(turn_print: FloatArray, person: KnownVoice, settings: IdentifyS
     return float((person.prints @ np.asarray(turn_print, dtype=np.float32)).max()) >= settings.verify
 
 
+def best_of(turn_print: FloatArray, people: Sequence[KnownVoice]) -> tuple[float, KnownVoice | None]:
+    """The person whose prints a turn's print matches best, and the score (-1, None: nobody)."""
+    best: tuple[float, KnownVoice | None] = (-1.0, None)
+    vector = np.asarray(turn_print, dtype=np.float32)
+    for person in people:
+        if person.prints.size:
+            score = float((person.prints @ vector).max())
+            if score > best[0]:
+                best = (score, person)
+    return best
+
+
+def turn_person(
+    turn_print: FloatArray,
+    own: KnownVoice | None,
+    present: Sequence[KnownVoice],
+    settings: IdentifySettings,
+) -> KnownVoice | None:
+    """Whom a checked turn reads as (module docstring): the person its voice is named after
+    (`own`) when the turn matches them (`turn_matches`); otherwise, with `claim` set, the person
+    named for another voice of the stream (`present`) it matches best, at or above `claim`;
+    otherwise nobody (the voice's letter)."""
+    if own is not None and turn_matches(turn_print, own, settings):
+        return own
+    if settings.claim is None:
+        return None
+    score, person = best_of(turn_print, [p for p in present if own is None or p.id != own.id])
+    return person if person is not None and score >= settings.claim else None
+
+
 def identify_once(
     voices: Mapping[str, FloatArray],
     speech_s: Mapping[str, float],
@@ -219,13 +265,17 @@ def identify_once(
 
 
 __all__ = [
+    "TURN_MAX_S",
     "TURN_MIN_S",
     "Identified",
     "IdentifySettings",
     "KnownVoice",
     "StreamVoices",
+    "best_of",
     "identify_once",
     "known_voices",
     "scores",
     "turn_matches",
+    "turn_person",
+    "turn_span",
 ]
