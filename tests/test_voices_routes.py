@@ -308,7 +308,9 @@ async def test_a_turn_of_a_named_voice_that_sounds_like_someone_else_reads_its_l
         assert PrintedStage.turn_seconds[-1] >= TURN_MIN_S  # printed from the turn's audio
         PrintedStage.turn_print = np.eye(8, dtype=np.float32)[1]  # someone else's words
         assert await spoken(device, feed, 2.5, "a turn that is not Ian's") == "Speaker A"
-        assert "chorus_voice_turns_unmatched_total 1.0" in (await http.get("/metrics")).text
+        metrics = (await http.get("/metrics")).text
+        assert "chorus_voice_turns_unmatched_total 1.0" in metrics
+        assert "chorus_voice_turns_claimed_total 0.0" in metrics  # nobody else named here
         PrintedStage.turn_print = IAN
         assert await spoken(device, feed, 2.5, "Ian again") == "Ian"
         async with asyncio.timeout(60):
