@@ -323,10 +323,10 @@ class VoiceDirectory:
         """`name_for`, and with `[voices] verify` set, the turn checked (`voice.identify`'s
         `turn_person`) on its own print (the stream's audio over `start`…`end`, printed off the
         loop): a turn of a named voice that does not sound like the person (counted in
-        `turns_unmatched`) reads as its letter (`unmatched`), unless, with `claim` set, it sounds like a
-        person named for another voice of the stream, whose name it then reads (`claimed`,
-        counted in `turns_claimed`), as a turn of an unnamed voice may. A turn too short to
-        print reads its voice's name, or its letter."""
+        `turns_unmatched`) reads as its letter (`unmatched`), unless, with `claim` set, it
+        sounds like a person named for another voice of the stream, whose name it then reads
+        (`claimed`, counted in `turns_claimed`), as a turn of an unnamed voice may. A turn too
+        short to print reads its voice's name, or its letter."""
         naming = self.name_for(stream, label, sender_name)
         if (naming is not None and naming.revert) or self.settings.verify is None:
             return naming
@@ -336,7 +336,7 @@ class VoiceDirectory:
         if plain is None and claimed_before is not None and sender_name == claimed_before:
             plain = Naming(label, unmatched=True)  # the last turn's claimed name is not kept
         prints = stream.audio.speaker_prints() if stream.audio is not None else None
-        people = {p.id: p for p in self._known.get(prints.model, [])} if prints else {}
+        people = {p.id: p for p in self._known.get(prints.model, [])} if prints is not None else {}
         named = state.named.get(label)
         own = people.get(named.voice_id) if named is not None else None
         present = [
