@@ -19,10 +19,10 @@ import pytest
 # pyannote's telemetry stays off.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["PYANNOTE_METRICS_ENABLED"] = "0"
-# One torch thread, as the server's process has (importing silero_vad sets it there; see
-# ../shared/ENVIRONMENT.md). With torch's default two OpenMP threads on this 2-core machine, a
-# busy machine makes every small model call wait on a descheduled thread: the rolling-window test
-# took over 300 s with both cores held by other work, against 16 s with one thread (3.5 s idle).
+# One torch thread for these tests. With torch's default two OpenMP threads on this 2-core
+# machine, a busy machine makes every small model call wait on a descheduled thread: the
+# rolling-window test took over 300 s with both cores held by other work, against 16 s with one
+# thread (3.5 s idle). (`PyannoteStage` itself leaves torch's thread count alone.)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No FFmpeg here, so torchcodec cannot load and pyannote.audio warns at import that it cannot
 # decode files; the stage never asks it to (it passes in-memory waveforms).
