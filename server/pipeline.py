@@ -429,11 +429,16 @@ class VoiceStreamAudio:
         if isinstance(stage, Anchors) and isinstance(stage, ClipPrints):
             stage.anchor(prints_of(stage.live_model))
 
-    def turn_printer(self, start: float, end: float) -> Callable[[], Any] | None:
+    def _printing_stage(self) -> object | None:
+        """The stream's stage while it shows its voices' prints (on the stage, declaring
+        `speaker_prints`), else None."""
         driver = self.session.stage
         if driver is None or driver.suspended or not driver.abilities.speaker_prints:
             return None
-        stage = driver.stage
+        return driver.stage
+
+    def turn_printer(self, start: float, end: float) -> Callable[[], Any] | None:
+        stage = self._printing_stage()
         if not isinstance(stage, ClipPrints):
             return None
         audio = self.session.audio.between(*turn_span(start, end))  # on the loop: the log's
@@ -449,10 +454,7 @@ class VoiceStreamAudio:
         return run
 
     def speaker_prints(self) -> StagePrints | None:
-        driver = self.session.stage
-        if driver is None or driver.suspended or not driver.abilities.speaker_prints:
-            return None
-        stage = driver.stage
+        stage = self._printing_stage()
         return stage.speaker_prints() if isinstance(stage, SpeakerPrints) else None
 
     async def finish(self) -> None:

@@ -220,19 +220,20 @@ def turn_matches(turn_print: FloatArray, person: KnownVoice, settings: IdentifyS
         return True
     if not person.prints.size:
         return False
-    return float((person.prints @ np.asarray(turn_print, dtype=np.float32)).max()) >= settings.verify
+    return float(scores({"turn": turn_print}, [person])[0, 0]) >= settings.verify
 
 
 def best_of(turn_print: FloatArray, people: Sequence[KnownVoice]) -> tuple[float, KnownVoice | None]:
-    """The person whose prints a turn's print matches best, and the score (-1, None: nobody)."""
-    best: tuple[float, KnownVoice | None] = (-1.0, None)
-    vector = np.asarray(turn_print, dtype=np.float32)
-    for person in people:
-        if person.prints.size:
-            score = float((person.prints @ vector).max())
-            if score > best[0]:
-                best = (score, person)
-    return best
+    """The person whose prints a turn's print matches best (`scores`), and the score (-1,
+    None: nobody with prints)."""
+    printed = [person for person in people if person.prints.size]
+    if not printed:
+        return -1.0, None
+    row = scores({"turn": turn_print}, printed)[0]
+    best = int(row.argmax())
+    if row[best] <= -1.0:
+        return -1.0, None
+    return float(row[best]), printed[best]
 
 
 def turn_person(
