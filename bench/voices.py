@@ -79,8 +79,9 @@ from voice.identify import (
     IdentifySettings,
     KnownVoice,
     StreamVoices,
+    stretch_turns,
+    turn_clip,
     turn_person,
-    turn_span,
 )
 
 STEP_S = 0.5
@@ -92,9 +93,6 @@ WRONG_WEIGHT = 2.0
 
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float32]
-TURN_GAP_S = 0.5
-"""The replay's turns (what `[voices] verify` checks): a label's stretches in a row, nobody
-else's between them, each starting at most this long after the one before ended."""
 VERIFY_GRID: list[float | None] = [None, 0.30, 0.35, 0.40, 0.45, 0.50]
 CLAIM_GRID: list[float | None] = [None, 0.40, 0.46, 0.50, 0.55, 0.60]
 
@@ -332,11 +330,7 @@ class TurnPrints:
         def printer(spans: Sequence[tuple[float, float]]) -> FloatArray | None:
             key = (name, tuple((round(a, 3), round(b, 3)) for a, b in spans))
             if key not in self._made:
-                lo, hi = turn_span(spans[0][0], max(b for _, b in spans))  # as the server
-                clip = np.concatenate(
-                    [audio[round(max(a, lo) * RATE) : round(min(b, hi) * RATE)] for a, b in spans
-                     if min(b, hi) > max(a, lo)]
-                )
+                clip = turn_clip(audio, spans, RATE)  # as the server and `--voices` print it
                 made = None
                 if len(clip) >= TURN_MIN_S * RATE:
                     made = np.asarray(self.stage.turn_voiceprint(clip), dtype=np.float32)
@@ -348,19 +342,9 @@ class TurnPrints:
 
 def replay_turns(meeting: Meeting) -> list[list[tuple[str, float, float, int]]]:
     """The stretches every feed decided, (label, start, end, feed index), in time order and
-    grouped in turns (`TURN_GAP_S`)."""
-    pieces = sorted(
-        ((label, t0, t1, k) for k, fed in enumerate(meeting.fed) for label, t0, t1 in fed.pieces),
-        key=lambda p: (p[1], p[2]),
-    )
-    turns: list[list[tuple[str, float, float, int]]] = []
-    for piece in pieces:
-        last = turns[-1] if turns else None
-        if last and last[-1][0] == piece[0] and piece[1] - max(p[2] for p in last) <= TURN_GAP_S:
-            last.append(piece)
-        else:
-            turns.append([piece])
-    return turns
+    grouped in turns (`voice.identify.stretch_turns`, as `chorus diarize --voices` groups)."""
+    pieces = [(label, t0, t1, k) for k, fed in enumerate(meeting.fed) for label, t0, t1 in fed.pieces]
+    return [[pieces[k] for k in turn] for turn in stretch_turns([p[:3] for p in pieces])]
 
 
 def replay_names(
@@ -698,8 +682,10 @@ def run(args: argparse.Namespace) -> int:
         return run_server(args)
     from bench.diarization_live import settings_with
     from diarization.embedded import EmbeddedStage
+    from server.config import VoicesConfig
     from voice.audio import read_audio_16k
 
+    defaults = VoicesConfig().identify_settings()  # the [voices] defaults (`--voices`, serve)
     folder: Path = args.dir
     manifest = json.loads((folder / "manifest.json").read_text())
     batch = getattr(args, "path", "live") == "batch"
@@ -721,6 +707,7 @@ def run(args: argparse.Namespace) -> int:
             if name not in batched:
                 batched[name] = batch_meeting(stage, audio_of[name], name, folder / f"{name}.rttm")
                 m = batched[name]
+                m.printer = turn_prints.of(name, audio_of[name])
                 print(f"  {name}: {m.duration:.0f} s through the batch pipeline and printed in "
                       f"{m.seconds:.1f} s", flush=True)
             return batched[name]
@@ -746,7 +733,7 @@ def run(args: argparse.Namespace) -> int:
         for name in far
     ]
     folds: list[dict[str, Any]] = []
-    grid: Sequence[float | None] = (None,) if batch else VERIFY_GRID
+    grid: Sequence[float | None] = VERIFY_GRID
     for held in speakers:
         auto, suggest, verify, claim = _choose(
             [t for t in trials if t[0] != held], verify_grid=grid
@@ -769,7 +756,10 @@ def run(args: argparse.Namespace) -> int:
                     {"unclaimed": _fold_at(test, held, dataclasses.replace(chosen, claim=None))}
                     if claim is not None else {}
                 ),
-                **({"at_defaults": _fold_at(test, held, IdentifySettings())} if batch else {}),
+                **({"at_defaults": _fold_at(test, held, defaults),
+                    "at_defaults_unchecked": _fold_at(
+                        test, held, dataclasses.replace(defaults, verify=None, claim=None))}
+                   if batch else {}),
             }
         )
     auto, suggest, verify, claim = _choose(trials, verify_grid=grid)
@@ -793,15 +783,19 @@ def run(args: argparse.Namespace) -> int:
         )
     if batch:
         print("the same held-out folds at the [voices] defaults (what --voices uses), auto "
-              f"{IdentifySettings().auto:.2f}, suggest {IdentifySettings().suggest:.2f}:")
+              f"{defaults.auto:.2f}, suggest {defaults.suggest:.2f}, verify "
+              f"{_verify(defaults.verify).strip()}, claim {_verify(defaults.claim).strip()}:")
         for f in folds:
             d = f["at_defaults"]
             print(
-                f"{f['held_out']:8}  {IdentifySettings().auto:.2f}  "
-                f"{IdentifySettings().suggest:.2f}     {_pct(d['miss'])}  {_pct(d['wrong'])}  "
+                f"{f['held_out']:8}  {defaults.auto:.2f}  "
+                f"{defaults.suggest:.2f}     {_verify(defaults.verify)}  {_verify(defaults.claim)}  "
+                f"{_pct(d['miss'])}  {_pct(d['wrong'])}  "
                 f"{_pct(d['miss_named_or_suggested'])}  {_pct(d['wrong_with_suggestions'])}   "
                 f"{_pct(d['held_out_named'])}        {d['held_out_voice_named']} of "
-                f"{f['held_out_meetings']} meetings"
+                f"{f['held_out_meetings']} meetings   "
+                f"{_pct(f['at_defaults_unchecked']['miss'])}, "
+                f"{_pct(f['at_defaults_unchecked']['wrong'])}"
             )
     print(
         f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f}, verify "
@@ -829,8 +823,11 @@ def run(args: argparse.Namespace) -> int:
     }
     b_name = pair["files"][render]["B"]
     tiers = [IdentifySettings(auto=auto, suggest=suggest, verify=verify, claim=claim)]
-    if batch and (auto, suggest) != (IdentifySettings().auto, IdentifySettings().suggest):
-        tiers.insert(0, IdentifySettings())  # what `--voices` uses: the [voices] defaults
+    if batch and (auto, suggest, verify, claim) != (
+        defaults.auto, defaults.suggest, defaults.verify, defaults.claim
+    ):
+        tiers.insert(0, defaults)  # what `--voices` uses: the [voices] defaults
+        tiers.insert(0, dataclasses.replace(defaults, verify=None, claim=None))  # ...unchecked
         report["pair_at"] = {}
     if verify is not None:  # the same, each turn unchecked and unclaimed (what each changes)
         tiers.insert(0, IdentifySettings(auto=auto, suggest=suggest))

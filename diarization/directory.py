@@ -15,10 +15,20 @@ The tiers are the live ones (`voice.identify.identify_once`, the same function a
 `chorus serve` runs on each turn): `auto` names the speaker, `suggest` leaves its letter and
 reports the name, below is anonymous; one voice never takes two names, two voices never one.
 Nothing of a print leaves this module: the result holds labels, names and scores only.
+
+Then each turn is checked as the server checks it (`TurnChecks`, with `[voices] verify` and
+`claim`: `voice.identify.turn_person` on the turn's own print, on the same model): a turn of a
+named speaker that does not sound like the person reads the speaker's letter, and a turn that
+reads no name of its speaker's may read the name of a person named for another speaker of the
+recording that it sounds like. `chorus transcribe --voices` checks its word turns;
+`chorus diarize --voices` checks the timeline's turns (`checked_timeline`: a label's stretches
+in a row, `voice.identify.stretch_turns`), which is what `chorus bench voices --path batch`
+measures.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +38,15 @@ import numpy.typing as npt
 from rooms.voices import RememberedVoice
 from voice.centroids import unit_or_none
 from voice.diarization_stage import ClipPrints, SpeakerSegment, SpeakerTimeline, StagePrints
-from voice.identify import IdentifySettings, identify_once, known_voices
+from voice.identify import (
+    TURN_MIN_S,
+    IdentifySettings,
+    identify_once,
+    known_voices,
+    stretch_turns,
+    turn_clip,
+    turn_person,
+)
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -53,6 +71,8 @@ class DirectoryNames:
     """label → name (tier suggest: the letter stays)."""
     scores: dict[str, float] = field(default_factory=dict)
     """label → the score of its name or suggestion."""
+    voice_ids: dict[str, str] = field(default_factory=dict)
+    """label → the directory id of the person it is named after (the labels of `named`)."""
     speech_s: dict[str, float] = field(default_factory=dict)
     """label → seconds of its lone speech (what was printed)."""
     people: int = 0
@@ -155,6 +175,8 @@ def identify_speakers(
         target = names.named if found.tier == "auto" else names.suggested
         target[found.label] = found.name
         names.scores[found.label] = round(found.score, 3)
+        if found.tier == "auto":
+            names.voice_ids[found.label] = found.voice_id
     return names
 
 
@@ -177,6 +199,92 @@ def name_speakers(
     return identify_speakers(prints, voices, settings, taken_names=taken)
 
 
+class TurnChecks:
+    """A recording's turns checked against the names `identify_speakers` gave its speakers
+    (module docstring; the server's `VoiceDirectory.name_turn`, over a whole recording): `reads`
+    says what one turn reads, and the counts say how often a turn did not match its speaker's
+    person (`unmatched`) and how often one took another speaker's person (`claimed`). Safe to
+    call from several threads (the counts are locked)."""
+
+    def __init__(
+        self,
+        printer: ClipPrints,
+        audio: FloatArray,
+        names: DirectoryNames,
+        voices: Sequence[RememberedVoice],
+        settings: IdentifySettings,
+        *,
+        anonymous: Collection[str],
+    ) -> None:
+        self.printer = printer
+        self.audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        self.names = names
+        self.settings = settings
+        self.anonymous = set(anonymous)
+        self._people = {k.id: k for k in known_voices(voices, names.model)}
+        self.unmatched = 0
+        self.claimed = 0
+        self._lock = threading.Lock()
+
+    def reads(self, label: str, spans: Sequence[tuple[float, float]]) -> str:
+        """What a turn of `label` over `spans` (seconds, in time order) reads: its speaker's name
+        when the turn sounds like that person (or is too short to print: under
+        `voice.identify.TURN_MIN_S`, or `verify` is off), a person named for another speaker that
+        it claims, or `label` (its letter). A label that is not anonymous (an enrolled name)
+        reads itself."""
+        plain = self.names.named.get(label, label)
+        if label not in self.anonymous or self.settings.verify is None or not spans:
+            return plain
+        own = self._people.get(self.names.voice_ids.get(label, ""))
+        present = [self._people[v] for other, v in self.names.voice_ids.items()
+                   if other != label and v in self._people]
+        if own is None and (self.settings.claim is None or not present):
+            return plain
+        made = self._print(spans)
+        if made is None:
+            return plain
+        person = turn_person(made, own, present, self.settings)
+        if own is not None and person is own:
+            return plain
+        with self._lock:
+            self.unmatched += own is not None
+            self.claimed += person is not None
+        return person.name if person is not None else label
+
+    def _print(self, spans: Sequence[tuple[float, float]]) -> FloatArray | None:
+        clip = turn_clip(self.audio, spans, SAMPLE_RATE)
+        if len(clip) < TURN_MIN_S * SAMPLE_RATE:
+            return None
+        try:
+            return np.asarray(self.printer.turn_voiceprint(clip), dtype=np.float32)
+        except ValueError:
+            return None
+
+    def lines(self) -> list[str]:
+        """What the checks did, as the commands print it (nothing when they did nothing)."""
+        out = []
+        if self.unmatched:
+            out.append(f"{self.unmatched} turn(s) did not sound like their speaker's remembered "
+                       "person: they read the speaker's letter (voice directory, [voices] verify)")
+        if self.claimed:
+            out.append(f"{self.claimed} turn(s) sounded like a person named for another speaker "
+                       "and read that name (voice directory, [voices] claim)")
+        return out
+
+
+def checked_timeline(checks: TurnChecks, timeline: SpeakerTimeline) -> SpeakerTimeline:
+    """The timeline with each turn (a label's stretches in a row, `voice.identify.stretch_turns`)
+    under what it reads (`TurnChecks.reads`)."""
+    segments = list(timeline)
+    stretches = [(s.speaker, s.start, s.end) for s in segments]
+    out: list[SpeakerSegment] = []
+    for turn in stretch_turns(stretches):
+        label = segments[turn[0]].speaker
+        reads = checks.reads(label, [(segments[k].start, segments[k].end) for k in turn])
+        out += [SpeakerSegment(segments[k].start, segments[k].end, reads) for k in turn]
+    return SpeakerTimeline(sorted(out, key=lambda s: (s.start, s.end, s.speaker)))
+
+
 def renamed(timeline: SpeakerTimeline, names: Mapping[str, str]) -> SpeakerTimeline:
     """The timeline with each label of `names` read as its name."""
     return SpeakerTimeline(
@@ -186,6 +294,8 @@ def renamed(timeline: SpeakerTimeline, names: Mapping[str, str]) -> SpeakerTimel
 
 __all__ = [
     "DirectoryNames",
+    "TurnChecks",
+    "checked_timeline",
     "identify_speakers",
     "lone_speech",
     "name_speakers",

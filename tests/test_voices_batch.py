@@ -19,12 +19,20 @@ import numpy as np
 import pytest
 
 from cli.main import main
-from diarization.directory import lone_speech, name_speakers, renamed, speaker_prints
+from diarization.directory import (
+    DirectoryNames,
+    TurnChecks,
+    checked_timeline,
+    lone_speech,
+    name_speakers,
+    renamed,
+    speaker_prints,
+)
 from diarization.embedded import EmbeddedStage
 from rooms.voices import InMemoryVoices, RememberedVoice, pack_vector
 from voice.audio import read_audio_16k
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline
-from voice.identify import IdentifySettings
+from voice.identify import TURN_GAP_S, TURN_MIN_S, IdentifySettings, stretch_turns
 
 MEETING = "librispeech-meetings/lsmeet_dev05_vpB_3spk_close"
 REMEMBERED = ("LS1688", "LS1998")
@@ -168,6 +176,112 @@ def test_only_lone_speech_is_printed_and_short_voices_not_at_all(diarized: Diari
     assert prints.model == diarized.stage.live_model
 
 
+# --- each turn checked ([voices] verify, claim) -----------------------------------------------
+# Meeting B's close render, the reference's own utterances as turns (STM): LS1688 0.58-8.58 s,
+# LS1998 9.48-16.59 s, LS2033 (nobody remembered) 69.96-72.50 s, LS1998 77.90-79.98 s.
+CHECKED = IdentifySettings(verify=0.40, claim=0.46)
+"""The `[voices]` defaults (`verify` 0.40, `claim` 0.46)."""
+
+
+def checks_of(d: Diarized, settings: IdentifySettings = CHECKED) -> TurnChecks:
+    """The directory names LS1688's and LS1998's batch voices (as `identify_speakers` would);
+    the turns are checked on the meeting's audio."""
+    voices = directory(d, *REMEMBERED)
+    by_name = {v.name: v.id for v in voices}
+    names = DirectoryNames(
+        d.stage.live_model,
+        named={d.label_of[s]: s for s in REMEMBERED},
+        voice_ids={d.label_of[s]: by_name[s] for s in REMEMBERED},
+    )
+    return TurnChecks(d.stage, d.audio, names, voices, settings,
+                      anonymous=list(d.label_of.values()))
+
+
+def test_a_checked_turn_that_sounds_like_its_person_keeps_the_name(diarized: Diarized) -> None:
+    checks = checks_of(diarized)
+    assert checks.reads(diarized.label_of["LS1688"], [(0.58, 8.58)]) == "LS1688"
+    assert checks.reads(diarized.label_of["LS1998"], [(9.48, 12.0), (12.3, 16.59)]) == "LS1998"
+    assert (checks.unmatched, checks.claimed, checks.lines()) == (0, 0, [])
+
+
+def test_a_turn_of_someone_else_under_a_named_voice_reads_its_letter(diarized: Diarized) -> None:
+    """LS2033's words given to LS1688's voice (what a far-field stage does at a change of
+    speaker) do not sound like LS1688: the turn reads the voice's letter, and says so."""
+    checks = checks_of(diarized, IdentifySettings(verify=0.40))
+    label = diarized.label_of["LS1688"]
+    assert checks.reads(label, [(69.96, 72.50)]) == label
+    assert checks.unmatched == 1 and checks.claimed == 0
+    assert "1 turn(s) did not sound like" in checks.lines()[0]
+
+
+def test_a_turn_that_sounds_like_another_named_person_is_claimed(diarized: Diarized) -> None:
+    """LS1998's speech under the new voice's letter (a split person) reads LS1998 with `claim`;
+    without it, the letter."""
+    new = diarized.label_of[NEW]
+    checks = checks_of(diarized)
+    assert checks.reads(new, [(77.9, 79.98)]) == "LS1998"
+    assert checks.claimed == 1 and checks.unmatched == 0
+    assert "read that name" in checks.lines()[0]
+    unclaimed = checks_of(diarized, IdentifySettings(verify=0.40))
+    assert unclaimed.reads(new, [(77.9, 79.98)]) == new and unclaimed.claimed == 0
+    # the new voice's own speech claims nobody
+    assert checks.reads(new, [(69.96, 72.50)]) == new
+
+
+def test_unchecked_turns_read_their_voices_names(diarized: Diarized) -> None:
+    """Too short to print (under 0.5 s), `verify` off, or an enrolled name (not anonymous): the
+    turn reads what its voice reads, with nothing counted."""
+    label = diarized.label_of["LS1688"]
+    assert checks_of(diarized).reads(label, [(70.0, 70.4)]) == "LS1688"
+    off = checks_of(diarized, IdentifySettings())
+    assert off.reads(label, [(69.96, 72.50)]) == "LS1688"
+    enrolled = TurnChecks(diarized.stage, diarized.audio, checks_of(diarized).names,
+                          directory(diarized, *REMEMBERED), CHECKED, anonymous=[])
+    assert enrolled.reads(label, [(69.96, 72.50)]) == "LS1688"
+    assert (off.unmatched, enrolled.unmatched) == (0, 0)
+
+
+def test_stretches_in_a_row_are_one_turn() -> None:
+    stretches = [("A", 0.0, 1.0), ("A", 1.0 + TURN_GAP_S, 3.0), ("B", 2.5, 4.0),
+                 ("A", 4.1, 5.0), ("A", 6.0, 7.0)]
+    assert stretch_turns(stretches) == [[0, 1], [2], [3], [4]]
+    assert stretch_turns(list(reversed(stretches))) == [[4, 3], [2], [1], [0]]
+    assert stretch_turns([]) == []
+
+
+def test_the_timeline_reads_each_turn_as_checked(diarized: Diarized) -> None:
+    """`chorus diarize --voices`: a timeline where LS1688's voice also holds LS2033's words
+    reads LS1688 on his own turn and the letter on the other; the unnamed voice's stretch of
+    LS1998 reads LS1998."""
+    a, new = diarized.label_of["LS1688"], diarized.label_of[NEW]
+    timeline = SpeakerTimeline([SpeakerSegment(0.58, 8.58, a), SpeakerSegment(69.96, 72.5, a),
+                                SpeakerSegment(77.9, 79.98, new)])
+    out = checked_timeline(checks_of(diarized), timeline)
+    assert [(s.start, s.speaker) for s in out] == [(0.58, "LS1688"), (69.96, a), (77.9, "LS1998")]
+
+
+def test_the_batch_bench_checks_turns_as_diarize_does(diarized: Diarized) -> None:
+    """`chorus bench voices --path batch` at verify and claim shows every stretch under what
+    `checked_timeline` (what `chorus diarize --voices` writes) gives it."""
+    from bench.voices import TurnPrints, batch_meeting, replay_names
+    from tests.conftest import SHARED_FIXTURES
+    from voice.identify import known_voices
+
+    meeting = batch_meeting(diarized.stage, diarized.audio, MEETING,
+                            SHARED_FIXTURES / f"{MEETING}.rttm")
+    meeting.printer = TurnPrints(diarized.stage).of(MEETING, diarized.audio)
+    voices = directory(diarized, *REMEMBERED)
+    strict = IdentifySettings(verify=0.7, claim=0.46)  # some turns fail, so both paths decide
+    shown, _ = replay_names(meeting, known_voices(voices, diarized.stage.live_model), strict)
+    names = name_speakers(diarized.stage, diarized.audio, diarized.timeline, voices, strict)
+    checks = TurnChecks(diarized.stage, diarized.audio, names, voices, strict,
+                        anonymous=diarized.timeline.speakers)
+    written = checked_timeline(checks, diarized.timeline)
+    assert checks.unmatched > 0
+    assert sorted((round(s.start, 3), s.name or s.label) for s in shown) == sorted(
+        (round(s.start, 3), s.speaker) for s in written)
+
+
 # --- the commands ---------------------------------------------------------------------------
 
 
@@ -232,6 +346,38 @@ def test_diarize_never_names_a_voice_forgotten_with_chorus_voices_forget(
     speakers = {line.split()[7] for line in rttm.read_text().splitlines()}
     assert "LS1688" not in speakers and "LS1998" in speakers
     assert "LS1688" not in out
+
+
+def test_diarize_and_transcribe_check_each_turn(
+    remembered: Path, shared_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`[voices] verify` reaches both commands: at 0.99 no turn sounds enough like its person, so
+    the voices are named (said on the output) but every checked turn reads its letter, and the
+    commands say how many; at the defaults their turns keep their names."""
+    config = tmp_path / "strict.toml"
+    config.write_text(remembered.read_text() + "[voices]\nverify = 0.99\nclaim = 2\n")
+    rttm = tmp_path / "b.rttm"
+    audio = str(shared_fixtures / f"{MEETING}.flac")
+    assert main(["diarize", audio, "--rttm", str(rttm), "--voices", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "→ LS1688 (voice directory)" in out and "did not sound like" in out
+    rows = [line.split() for line in rttm.read_text().splitlines()]
+    assert {r[7] for r in rows if float(r[4]) >= TURN_MIN_S} == {
+        "Speaker_A", "Speaker_B", "Speaker_C"}  # too short to check: its voice's name
+    words = tmp_path / "b.json"
+    assert main(["transcribe", audio, "--pipeline-speakers", "--voices", "--config", str(config),
+                 "--format", "json", "--model", "tiny.en", "--no-progress",
+                 "-o", str(words)]) == 0
+    err = capsys.readouterr().err
+    assert "→ LS1688 (voice directory)" in err and "did not sound like their speaker" in err
+    checked = [t for t in json.loads(words.read_text()) if t["end"] - t["start"] >= TURN_MIN_S]
+    assert checked and {t["speaker"] for t in checked} <= {"Speaker A", "Speaker B", "Speaker C"}
+    assert main(["transcribe", audio, "--pipeline-speakers", "--voices", "--config",
+                 str(remembered), "--format", "json", "--model", "tiny.en", "--no-progress",
+                 "-o", str(words)]) == 0
+    capsys.readouterr()
+    kept = [t["speaker"] for t in json.loads(words.read_text()) if t["speaker"].startswith("LS")]
+    assert set(kept) == {"LS1688", "LS1998"} and len(kept) >= 8
 
 
 def test_diarize_without_voices_never_reads_the_directory(

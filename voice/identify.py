@@ -30,7 +30,10 @@ brings a new name into a meeting, and a voice's own name is never given to anoth
 
 A whole recording (`chorus transcribe`, `chorus diarize`) is one stream scored once, after its
 diarization: `identify_once` is `StreamVoices.update` on a fresh stream, so batch and live share
-the function, the thresholds and the one-to-one rule. `known_voices` turns the directory's people
+the function, the thresholds and the one-to-one rule; its turns are checked and claimed by the
+same `turn_person` (`diarization.directory.TurnChecks`). Where there are no words to say where a
+turn is (`chorus diarize`, the bench's replay), a label's stretches in a row are one turn
+(`stretch_turns`), printed from their own audio (`turn_clip`). `known_voices` turns the directory's people
 into `KnownVoice`s of one model (every print of another model is left out, never compared).
 """
 
@@ -92,6 +95,36 @@ def turn_span(start: float, end: float) -> tuple[float, float]:
         return start, end
     middle = (start + end) / 2
     return middle - TURN_MAX_S / 2, middle + TURN_MAX_S / 2
+
+
+TURN_GAP_S = 0.5
+"""Where no words say where turns are (`stretch_turns`): a label's stretches, nobody else's
+between them, each starting at most this long after the one before ended, are one turn."""
+
+
+def stretch_turns(stretches: Sequence[tuple[str, float, float]]) -> list[list[int]]:
+    """`stretches` (label, start s, end s) grouped in turns (`TURN_GAP_S`): per turn, the indices
+    of its stretches, turns and stretches in time order (start, then end)."""
+    order = sorted(range(len(stretches)), key=lambda k: (stretches[k][1], stretches[k][2]))
+    turns: list[list[int]] = []
+    for k in order:
+        label, start, _ = stretches[k]
+        last = turns[-1] if turns else None
+        if (last is not None and stretches[last[0]][0] == label
+                and start - max(stretches[j][2] for j in last) <= TURN_GAP_S):
+            last.append(k)
+        else:
+            turns.append([k])
+    return turns
+
+
+def turn_clip(audio: FloatArray, spans: Sequence[tuple[float, float]], rate: int) -> FloatArray:
+    """The audio a turn of several stretches (`spans`, seconds, in time order) is printed from:
+    each stretch's audio within `turn_span` of the whole turn, joined."""
+    lo, hi = turn_span(spans[0][0], max(b for _, b in spans))
+    pieces = [audio[round(max(a, lo) * rate) : round(min(b, hi) * rate)]
+              for a, b in spans if min(b, hi) > max(a, lo)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -266,6 +299,7 @@ def identify_once(
 
 
 __all__ = [
+    "TURN_GAP_S",
     "TURN_MAX_S",
     "TURN_MIN_S",
     "Identified",
@@ -276,6 +310,8 @@ __all__ = [
     "identify_once",
     "known_voices",
     "scores",
+    "stretch_turns",
+    "turn_clip",
     "turn_matches",
     "turn_person",
     "turn_span",

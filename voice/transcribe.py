@@ -115,6 +115,7 @@ async def transcribe_audio(
     second_pass: SecondPass | None = None,
     diarizer_audio: FloatAudio | None = None,
     name_speakers: Callable[[SpeakerTimeline, FloatAudio], Mapping[str, str]] | None = None,
+    name_turn: Callable[[str, float, float], str] | None = None,
 ) -> Transcription:
     """Stream `audio` into a fresh room's VoiceChannel and collect the committed turns.
 
@@ -129,12 +130,17 @@ async def transcribe_audio(
     same recording through another front end, `voice.frontend`).
     `name_speakers(timeline, audio at the stage's rate)` (with `refine_speakers`): names for the
     whole recording's labels (the voice directory's, `diarization.directory`), applied as
-    renames are; a `renames` entry for the same label wins."""
-    names = dict(renames or {})
+    renames are; a `renames` entry for the same label wins. `name_turn(label, start, end)` (with
+    `name_speakers`): what each turn of a label no rename names reads instead (its name, another,
+    or the label: `diarization.directory.TurnChecks`), called off the loop."""
+    explicit = dict(renames or {})
+    names = dict(explicit)
     if name_speakers is not None and not (pipeline_speakers and diarizer is not None
                                           and refine_speakers):
         raise ValueError("naming speakers needs the whole recording diarized first "
                          "(pipeline_speakers, a diarizer and refine_speakers)")
+    if name_turn is not None and name_speakers is None:
+        raise ValueError("name_turn checks the names name_speakers gave: pass both")
     if pipeline_speakers and diarizer is not None and refine_speakers:
         diarized = audio if diarizer_audio is None else diarizer_audio
         whole = resample(diarized, sample_rate, diarizer.sample_rate)
@@ -149,11 +155,17 @@ async def transcribe_audio(
                            policy=policy, kept_turns=None, second_pass=second_pass)
     kit.register_channel(channel)
     await kit.attach_channel(room.id, channel.channel_id)
-    if names:
+    if names or name_turn is not None:
         @kit.hook(HookTrigger.ON_TRANSCRIPTION)
-        def rename(event: TranscriptionEvent, ctx: HookContext) -> HookResult[TranscriptionEvent]:
-            if event.speaker in names and event.sender_name != names[event.speaker]:
-                return HookResult.modify(dataclasses.replace(event, sender_name=names[event.speaker]))
+        async def rename(
+            event: TranscriptionEvent, ctx: HookContext
+        ) -> HookResult[TranscriptionEvent]:
+            label = event.speaker
+            target = names.get(label) if label is not None else None
+            if label is not None and name_turn is not None and label not in explicit:
+                target = await asyncio.to_thread(name_turn, label, event.start, event.end)
+            if target is not None and event.sender_name != target:
+                return HookResult.modify(dataclasses.replace(event, sender_name=target))
             return HookResult.allow()
 
     first_pass: list[TranscriptionEvent] = []

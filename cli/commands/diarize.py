@@ -7,6 +7,10 @@ id = the audio file's name without extension), optionally names enrolled voices
 `--voices` names the voices from the voice directory (docs/voices.md) in tiers: a sure one's
 name replaces its letter in the RTTM, a likely one keeps its letter and is reported
 ("Speaker B — maybe Ian?"); the store and thresholds are `--config`'s, as `chorus voices` reads.
+With `[voices] verify` (on by default) each turn of the RTTM (a speaker's stretches in a row) is
+checked as the server checks a turn (`diarization.directory.checked_timeline`): a turn that does
+not sound like its speaker's person keeps the letter, and with `claim` a turn may read the name
+of a person named for another speaker that it sounds like.
 """
 
 from __future__ import annotations
@@ -150,15 +154,17 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     named_lines: list[str] = []
     if directory is not None:
-        from diarization.directory import name_speakers, renamed
+        from diarization.directory import TurnChecks, checked_timeline, name_speakers, renamed
 
         voices, thresholds = directory
         settings = thresholds.identify_settings()
         assert isinstance(stage, ClipPrints)
-        names = name_speakers(stage, audio, timeline, voices, settings,
-                              anonymous=[s for s in timeline.speakers if s not in dict(clips)])
-        timeline = renamed(timeline, names.named)
-        named_lines = names.lines()
+        anonymous = [s for s in timeline.speakers if s not in dict(clips)]
+        names = name_speakers(stage, audio, timeline, voices, settings, anonymous=anonymous)
+        checks = TurnChecks(stage, audio, names, voices, settings, anonymous=anonymous)
+        timeline = (checked_timeline(checks, timeline) if settings.verify is not None
+                    else renamed(timeline, names.named))
+        named_lines = names.lines() + checks.lines()
     prepare_parent(args.rttm)
     args.rttm.write_text(timeline.to_rttm(file_id))
     speakers = timeline.speakers

@@ -9,7 +9,10 @@ diarization stage (`--diarizer embedded|pyannote`). `--rename "Speaker A=Alice"`
 replays the turns into a realtime session and prints what the model was sent.
 `--voices` (with `--pipeline-speakers`) names the voices from the voice directory
 (docs/voices.md): a sure one's name replaces its letter on its turns, a likely one keeps its
-letter with the suggestion in the JSON and on stderr ("Speaker B — maybe Ian?").
+letter with the suggestion in the JSON and on stderr ("Speaker B — maybe Ian?"). With
+`[voices] verify` (on by default) each turn is checked on its own audio as the server checks it
+(`diarization.directory.TurnChecks`): a turn that does not sound like its speaker's person reads
+the letter, and with `claim` a turn may read the name of a person named for another speaker.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cli.commands.checks import UsageError, check_count, check_writable, prepare_parent
     from cli.commands.voices import DirectoryUnavailable, remembered_voices
-    from diarization.directory import DirectoryNames, name_speakers
+    from diarization.directory import DirectoryNames, TurnChecks, name_speakers
     from server.config import ConfigError, load_config
     from voice.audio import AudioError, read_audio
     from voice.diarization_stage import ClipPrints, SpeakerTimeline
@@ -180,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     heard, diarized = front_end_audio(args.front_end, args.front_end_for, audio, rate)
     found: list[DirectoryNames] = []
+    checks: list[TurnChecks] = []
     name_voices: Callable[[SpeakerTimeline, Any], dict[str, str]] | None = None
+    name_turn: Callable[[str, float, float], str] | None = None
     if directory is not None:
         voices, thresholds = directory
         settings = thresholds.identify_settings()
@@ -189,18 +194,24 @@ def run(args: argparse.Namespace) -> int:
 
         def from_directory(timeline: SpeakerTimeline, whole: Any) -> dict[str, str]:
             assert isinstance(printer, ClipPrints)
-            names = name_speakers(printer, whole, timeline, voices, settings,
-                                  anonymous=[s for s in timeline.speakers if s not in enrolled])
+            anonymous = [s for s in timeline.speakers if s not in enrolled]
+            names = name_speakers(printer, whole, timeline, voices, settings, anonymous=anonymous)
             found.append(names)
+            checks.append(TurnChecks(printer, whole, names, voices, settings, anonymous=anonymous))
             return names.named
 
+        def checked(label: str, start: float, end: float) -> str:
+            return checks[-1].reads(label, [(start, end)]) if checks else label
+
         name_voices = from_directory
+        name_turn = checked if settings.verify is not None else None
 
     try:
         result = asyncio.run(transcribe_audio(
             heard, rate, stt=stt, pipeline_speakers=args.pipeline_speakers, diarizer=diarizer,
             renames=renames, progress=progress, refine_speakers=not args.live_diarization,
-            policy=policy, diarizer_audio=diarized, name_speakers=name_voices))
+            policy=policy, diarizer_audio=diarized, name_speakers=name_voices,
+            name_turn=name_turn))
     except (ConnectionError, OSError) as exc:
         bar.close()
         print(f"chorus transcribe: error: {args.stt}: {exc}", file=sys.stderr)
@@ -213,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
         turns = [dataclasses.replace(t, suggestion=names.suggested.get(t.label or ""))
                  if t.speaker == t.label else t for t in turns]
         for line in names.lines():
+            print(f"chorus transcribe: {line}", file=sys.stderr)
+    for check in checks:
+        for line in check.lines():
             print(f"chorus transcribe: {line}", file=sys.stderr)
     text = format_turns(turns, args.format, file_id=args.audio.stem)
     if args.output is not None:
