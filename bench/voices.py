@@ -41,11 +41,13 @@ each meeting diarized once, whole, by the batch pipeline (`EmbeddedStage.diarize
 so one run per meeting serves every directory), each of its speakers printed again on the live
 model from their lone speech (`diarization.directory.speaker_prints`) and the tiers run once over
 the whole recording (`voice.identify.identify_once`, through the same `StreamVoices.update`):
-one feed at the end, every stretch read under the name its label ended with. "Remembered from
+one feed at the end, every stretch read under the name its label ended with, and with `verify`
+each turn of the timeline checked (and with `claim`, claimed) as `chorus diarize --voices`
+checks it (`diarization.directory.checked_timeline`). "Remembered from
 meeting A" keeps each batch speaker's print of A, as `chorus voices` would from it with
 ≥ `min_speech_s` of lone speech. The first-name times are not a batch figure (a whole file is
-named at once) and are not printed. The pair is scored at the `[voices]` defaults (what
-`--voices` uses) and at the thresholds the batch folds chose, when those differ.
+named at once) and are not printed. The folds and the pair are scored at the `[voices]` defaults
+(what `--voices` uses), with and without the check, and at the thresholds the batch folds chose.
 
 `--path server` measures the pair as the issue words it, through a real `chorus serve` (its own
 process: Whisper tiny.en, the embedded stage, a SQLite store, `[voices]` on at its defaults):
