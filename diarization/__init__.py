@@ -67,15 +67,18 @@ def load_stage(
     pipeline: Any = None,
     hf_token: str | None = None,
     clustering: str | None = None,
+    threads: int | None = None,
 ) -> DiarizationStage:
     """A diarization stage by kind: `embedded` (offline, CPU; P1) or `pyannote` (P2; needs the
     optional pyannote environment; `pipeline` is a Hugging Face id, a local directory or a
     pipeline object, `hf_token` the token for a hub id). `clustering`: the embedded stage's
-    batch clustering method (`diarization.batch.CLUSTERING_METHODS`; default its settings')."""
+    batch clustering method (`diarization.batch.CLUSTERING_METHODS`; default its settings').
+    `threads`: the pyannote stage's torch threads on the CPU (`PyannoteStage`; None: torch's
+    own setting)."""
     if kind == "embedded":
-        if pipeline is not None or hf_token is not None:
+        if pipeline is not None or hf_token is not None or threads is not None:
             raise ValueError(
-                "the embedded stage takes no pipeline or hf_token (those are for pyannote)"
+                "the embedded stage takes no pipeline, hf_token or threads (those are for pyannote)"
             )
         from diarization.batch import BatchSettings
         from diarization.embedded import EmbeddedStage
@@ -106,6 +109,7 @@ def load_stage(
             hf_token=hf_token,
             num_speakers=num_speakers,
             max_speakers=max_speakers,
+            threads=threads,
         )
         return stage
     raise ValueError(f"unknown diarizer {kind!r}; choose one of {', '.join(STAGE_KINDS)}")

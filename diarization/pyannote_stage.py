@@ -263,6 +263,7 @@ class PyannoteStage:
         commit_lag_s: float = 1.0,
         link_threshold: float = 0.5,
         enroll_threshold: float = 0.5,
+        threads: int | None = None,
     ) -> None:
         """Load the pipeline.
 
@@ -275,7 +276,14 @@ class PyannoteStage:
         `commit_lag_s` before the newest audio. `link_threshold` / `enroll_threshold`: cosine
         similarities above which a window's speaker is the same as a session speaker / an
         enrolled voice (untuned defaults: no real weights are reachable here, docs/pyannote.md).
+        `threads` (on the CPU): torch's intra-op threads for the whole process
+        (`torch.set_num_threads`); None leaves torch's own setting (one per core). A server
+        sets 1 (`[diarizer] torch_threads`): its streams share the cores, and once they are busy
+        torch's OpenMP threads wait on descheduled peers — a rolling-window test took over 300 s
+        with two threads and both cores busy, 16 s with one (docs/pyannote.md).
         """
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         if num_speakers is not None and num_speakers < 1:
             raise ValueError(f"num_speakers must be >= 1, got {num_speakers}")
         if max_speakers is not None and max_speakers < 1:
@@ -296,6 +304,11 @@ class PyannoteStage:
         self.link_threshold = float(link_threshold)
         self.enroll_threshold = float(enroll_threshold)
 
+        self.device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if threads is not None and self.device == "cpu":
+            # Before anything runs: torch keeps the number process-wide, and each thread takes
+            # it up at its first parallel op (a thread that ran one already keeps its own).
+            torch.set_num_threads(threads)
         if pipeline is not None and not isinstance(pipeline, (str, os.PathLike)):
             self.source = PipelineSource("object", type(pipeline).__name__)
             self.pipeline: Any = pipeline
@@ -305,8 +318,6 @@ class PyannoteStage:
         if hasattr(self.pipeline, "legacy"):
             self.pipeline.legacy = False  # we need DiarizeOutput, not a bare Annotation
 
-        chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.device = str(chosen)
         self.pipeline.to(torch.device(self.device))
         with _LOCKS_GUARD:
             self._lock = _LOCKS.setdefault(id(self.pipeline), threading.Lock())

@@ -58,7 +58,7 @@ def stage_factory(
     def build() -> DiarizationStage:
         stage = load_stage(cfg.kind, num_speakers=cfg.num_speakers,
                            max_speakers=cfg.max_speakers, pipeline=cfg.pipeline,
-                           hf_token=cfg.hf_token)
+                           hf_token=cfg.hf_token, threads=cfg.pyannote_threads())
         if enrollments:
             enroll_voices(stage, enrollments)
         return stage

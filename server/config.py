@@ -103,6 +103,10 @@ class DiarizerConfig(_Section):
     (`diarization.live_models`; voiceprints use the float one either way)."""
     live_workers: int = Field(default=2, ge=1, le=16)
     """Threads running the live stage's model calls at once (one uses at most one core)."""
+    torch_threads: int = Field(default=1, ge=0, le=256)
+    """The pyannote stage's torch threads on the CPU, for the whole process (0: torch's own
+    setting, one per core). 1: the streams share the cores, and on busy cores torch's OpenMP
+    threads wait on descheduled peers (docs/pyannote.md, *Threads*)."""
     # overload (issue 31, `server.overload`; docs/server.md "When the stage falls behind"): a
     # stream's lag is the seconds of its audio whose stage answer is not back yet
     stretch_lag_s: float = Field(default=1.0, ge=0)
@@ -153,6 +157,13 @@ class DiarizerConfig(_Section):
             verb = "are" if len(given) > 1 else "is"
             raise ValueError(f'{keys} {verb} for kind = "pyannote" (kind is {self.kind!r})')
         return self
+
+    def pyannote_threads(self) -> int | None:
+        """`torch_threads` as `diarization.load_stage` takes it: for the pyannote stage only, and
+        None for torch's own setting."""
+        if self.kind != "pyannote" or self.torch_threads == 0:
+            return None
+        return self.torch_threads
 
 
 class VoiceConfig(_Section):

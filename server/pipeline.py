@@ -294,6 +294,7 @@ class VoicePipeline:
                 max_speakers=cfg.max_speakers,
                 pipeline=pipeline,
                 hf_token=hf_token,
+                threads=cfg.pyannote_threads(),
             )
             if cfg.kind == "pyannote" and self._pyannote_pipeline is None:
                 self._pyannote_pipeline = getattr(stage, "pipeline", None)

@@ -58,6 +58,8 @@ def test_P3_load_stage_refuses_unknown_kinds_and_stray_options() -> None:
         load_stage("nope")
     with pytest.raises(ValueError, match="pyannote"):
         load_stage("embedded", pipeline="pyannote/speaker-diarization-community-1")
+    with pytest.raises(ValueError, match="threads"):
+        load_stage("embedded", threads=1)  # onnxruntime's threads are the stage's own
 
 
 def test_V7_speaker_letters() -> None:

@@ -59,3 +59,18 @@ def test_diarizer_keys_the_kind_does_not_read_are_refused_at_load(
 def test_pyannote_keys_with_the_pyannote_kind_load(tmp_path: Path) -> None:
     path = write(tmp_path, '[diarizer]\nkind = "pyannote"\npipeline = "./my-pipeline"\n')
     assert load_config(path, environ={}).diarizer.pipeline == "./my-pipeline"
+
+
+def test_the_pyannote_stage_runs_on_one_torch_thread_unless_told(tmp_path: Path) -> None:
+    """`[diarizer] torch_threads` (docs/pyannote.md, *Threads*): 1 by default for the pyannote
+    stage, 0 for torch's own setting, and nothing for the embedded stage (onnxruntime's)."""
+    pyannote = write(tmp_path, '[diarizer]\nkind = "pyannote"\n')
+    assert load_config(pyannote, environ={}).diarizer.pyannote_threads() == 1
+    mine = write(tmp_path, '[diarizer]\nkind = "pyannote"\ntorch_threads = 4\n')
+    assert load_config(mine, environ={}).diarizer.pyannote_threads() == 4
+    torch_own = write(tmp_path, '[diarizer]\nkind = "pyannote"\ntorch_threads = 0\n')
+    assert load_config(torch_own, environ={}).diarizer.pyannote_threads() is None
+    embedded = write(tmp_path, "[diarizer]\ntorch_threads = 2\n")
+    assert load_config(embedded, environ={}).diarizer.pyannote_threads() is None
+    with pytest.raises(ConfigError, match="torch_threads"):
+        load_config(write(tmp_path, "[diarizer]\ntorch_threads = -1\n"), environ={})

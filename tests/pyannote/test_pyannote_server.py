@@ -20,6 +20,7 @@ if os.environ.get("CHORUS_PYANNOTE_ENV") != "1":
     )
 
 import asyncio
+import threading
 from pathlib import Path
 
 from diarization.pyannote_stage import PyannoteStage
@@ -50,3 +51,34 @@ async def test_pooled_pyannote_stages_share_one_pipeline(pyannote_pipeline_dir: 
     assert isinstance(shared, PyannoteStage)
     assert shared.source.kind == "local"  # the first stage loaded it from the directory
     await pipeline.close()
+
+
+async def test_the_server_runs_the_stage_on_torch_threads_of_its_config(
+    pyannote_pipeline_dir: Path,
+) -> None:
+    """`[diarizer] torch_threads` (default 1) is what torch runs the stage on (docs/pyannote.md,
+    *Threads*); the setting is the process's, so the test puts it back."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for threads, expected in ((2, 2), (None, 1)):
+            diarizer: dict[str, object] = {"kind": "pyannote", "pipeline": str(pyannote_pipeline_dir)}
+            if threads is not None:
+                diarizer["torch_threads"] = threads
+            config = ServerConfig.model_validate(
+                {"diarizer": diarizer, "realtime": {"provider": "none"}}
+            )
+            pipeline = VoicePipeline(config, stt_provider(config))
+            stage = await pipeline._stage_for("r1")
+            assert isinstance(stage, PyannoteStage) and stage.device == "cpu"
+            # torch keeps the number process-wide and each thread takes it up at its first
+            # parallel op: a thread that has run none reads what the stage's model calls run on
+            seen: list[int] = []
+            reader = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+            reader.start()
+            reader.join()
+            assert seen == [expected]
+            await pipeline.close()
+    finally:
+        torch.set_num_threads(before)
