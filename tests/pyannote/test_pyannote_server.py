@@ -75,7 +75,7 @@ async def test_the_server_runs_the_stage_on_torch_threads_of_its_config(
             # torch keeps the number process-wide and each thread takes it up at its first
             # parallel op: a thread that has run none reads what the stage's model calls run on
             seen: list[int] = []
-            reader = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+            reader = threading.Thread(target=lambda out=seen: out.append(torch.get_num_threads()))
             reader.start()
             reader.join()
             assert seen == [expected]
