@@ -152,7 +152,8 @@ def _pieces(speech: FloatArray) -> list[FloatArray]:
     size = round(PIECE_S * SAMPLE_RATE)
     pieces = [speech[k : k + size] for k in range(0, len(speech), size)]
     if len(pieces) > 1 and len(pieces[-1]) < MIN_PIECE_S * SAMPLE_RATE:
-        pieces[-2] = np.concatenate([pieces[-2], pieces.pop()])
+        rest = pieces.pop()  # (popped first: `pieces[-2] = …pieces.pop()` stores one too early)
+        pieces[-1] = np.concatenate([pieces[-1], rest])
     return pieces
 
 

@@ -164,6 +164,17 @@ def test_enrolled_names_are_not_given_to_another_voice(diarized: Diarized) -> No
     assert "LS1998" not in names.named.values()
 
 
+def test_a_speakers_speech_is_printed_in_pieces_that_keep_every_sample_once() -> None:
+    """`speaker_prints`' pieces of at most 10 s: a short last piece joins the one before it
+    (not the one before that, and nothing is printed twice)."""
+    from diarization.directory import _pieces
+
+    speech = np.arange(round(20.5 * 16000), dtype=np.float32)
+    pieces = _pieces(speech)
+    assert [len(p) / 16000 for p in pieces] == [10.0, 10.5]
+    assert np.array_equal(np.concatenate(pieces), speech)
+
+
 def test_only_lone_speech_is_printed_and_short_voices_not_at_all(diarized: Diarized) -> None:
     timeline = SpeakerTimeline([SpeakerSegment(0.0, 4.0, "Speaker A"),
                                 SpeakerSegment(3.0, 5.0, "Speaker B"),
