@@ -77,10 +77,11 @@ import numpy.typing as npt
 
 from voice.diarization_stage import SpeakerTimeline, StagePrints
 from voice.identify import (
-    TURN_MIN_S,
     IdentifySettings,
     KnownVoice,
     StreamVoices,
+    TurnPrint,
+    print_turn,
     stretch_turns,
     turn_clip,
     turn_person,
@@ -116,7 +117,7 @@ class Meeting:
     fed: list[Fed] = field(default_factory=list)
     seconds: float = 0.0
     """Wall-clock seconds the stage took."""
-    printer: Callable[[Sequence[tuple[float, float]]], FloatArray | None] | None = None
+    printer: Callable[[Sequence[tuple[float, float]]], TurnPrint | None] | None = None
     """The print of the meeting's audio over some spans (a turn's stretches), as the server
     prints a turn (`TurnPrints`); None: turns are not checked (`--path batch`)."""
 
@@ -318,25 +319,23 @@ def label_grids(stretches: Iterable[tuple[str, float, float]], n: int) -> dict[s
 
 
 class TurnPrints:
-    """Turns printed as the server prints them (`EmbeddedStage.turn_voiceprint`: the audio as it
-    is, a long turn's middle `TURN_MAX_S` only, none under `TURN_MIN_S`), each once per meeting and spans (many directories' runs of one
+    """Turns printed as the server prints them (`voice.identify.print_turn` over
+    `EmbeddedStage.turn_voiceprint`: the audio as it is, a long turn's middle `TURN_MAX_S` only,
+    whole and in parts, none under `TURN_MIN_S`), each once per meeting and spans (many directories' runs of one
     meeting share their turns)."""
 
     def __init__(self, stage: Any) -> None:
         self.stage = stage
-        self._made: dict[tuple[str, tuple[tuple[float, float], ...]], FloatArray | None] = {}
+        self._made: dict[tuple[str, tuple[tuple[float, float], ...]], TurnPrint | None] = {}
 
     def of(
         self, name: str, audio: FloatArray
-    ) -> Callable[[Sequence[tuple[float, float]]], FloatArray | None]:
-        def printer(spans: Sequence[tuple[float, float]]) -> FloatArray | None:
+    ) -> Callable[[Sequence[tuple[float, float]]], TurnPrint | None]:
+        def printer(spans: Sequence[tuple[float, float]]) -> TurnPrint | None:
             key = (name, tuple((round(a, 3), round(b, 3)) for a, b in spans))
             if key not in self._made:
                 clip = turn_clip(audio, spans, RATE)  # as the server and `--voices` print it
-                made = None
-                if len(clip) >= TURN_MIN_S * RATE:
-                    made = np.asarray(self.stage.turn_voiceprint(clip), dtype=np.float32)
-                self._made[key] = made
+                self._made[key] = print_turn(clip, RATE, self.stage.turn_voiceprint)
             return self._made[key]
 
         return printer

@@ -39,10 +39,11 @@ from rooms.voices import RememberedVoice
 from voice.centroids import unit_or_none
 from voice.diarization_stage import ClipPrints, SpeakerSegment, SpeakerTimeline, StagePrints
 from voice.identify import (
-    TURN_MIN_S,
     IdentifySettings,
+    TurnPrint,
     identify_once,
     known_voices,
+    print_turn,
     stretch_turns,
     turn_clip,
     turn_person,
@@ -229,8 +230,8 @@ class TurnChecks:
 
     def reads(self, label: str, spans: Sequence[tuple[float, float]]) -> str:
         """What a turn of `label` over `spans` (seconds, in time order) reads: its speaker's name
-        when the turn sounds like that person (or is too short to print: under
-        `voice.identify.TURN_MIN_S`, or `verify` is off), a person named for another speaker that
+        when the turn sounds like that person, whole and in parts (or is too short to print:
+        under `voice.identify.TURN_MIN_S`, or `verify` is off), a person named for another speaker that
         it claims, or `label` (its letter). A label that is not anonymous (an enrolled name)
         reads itself."""
         plain = self.names.named.get(label, label)
@@ -252,14 +253,9 @@ class TurnChecks:
             self.claimed += person is not None
         return person.name if person is not None else label
 
-    def _print(self, spans: Sequence[tuple[float, float]]) -> FloatArray | None:
+    def _print(self, spans: Sequence[tuple[float, float]]) -> TurnPrint | None:
         clip = turn_clip(self.audio, spans, SAMPLE_RATE)
-        if len(clip) < TURN_MIN_S * SAMPLE_RATE:
-            return None
-        try:
-            return np.asarray(self.printer.turn_voiceprint(clip), dtype=np.float32)
-        except ValueError:
-            return None
+        return print_turn(clip, SAMPLE_RATE, self.printer.turn_voiceprint)
 
     def lines(self) -> list[str]:
         """What the checks did, as the commands print it (nothing when they did nothing)."""

@@ -448,15 +448,18 @@ class VoicesConfig(_Section):
     """`remember` refuses a speaker with less speech than this (its print would be noise)."""
     min_heard_s: float = Field(default=2.0, ge=0.0)
     """A voice is compared with the directory once it has spoken this long."""
-    verify: float | None = Field(default=0.40, ge=-1.0, le=1.0)
-    """Each turn of a named voice is checked: its own print must score at least this against
-    the person, or the turn reads as the voice's letter (far-field voices that hold two people;
-    docs/voices.md, docs/benchmarks.md "Checking each turn"). `verify = -1` turns the check off
-    (every print scores at least -1)."""
-    claim: float | None = Field(default=0.46, ge=-1.0, le=2.0)
+    verify: float | None = Field(default=0.35, ge=-1.0, le=1.0)
+    """Each turn of a named voice is checked: its own print, and a long turn's print of each
+    of its parts (`voice.identify.TURN_PART_S`), must score at least this against the person,
+    or the turn reads as the voice's letter (far-field voices that hold two people;
+    docs/voices.md, docs/benchmarks.md "Checking each turn", "A turn checked in parts"). 0.40
+    until the parts came in. `verify = -1` turns the check off (every print scores at least
+    -1)."""
+    claim: float | None = Field(default=0.40, ge=-1.0, le=2.0)
     """A checked turn that reads no name of its own voice takes the name of a person named for
-    another voice of the stream when its own print scores at least this against them (the stage
-    split that person's speech over two voices). `claim = 2` never claims (no print scores 2)."""
+    another voice of the stream when its own prints (whole and each part) score at least this
+    against them (the stage split that person's speech over two voices). 0.46 until the parts
+    came in. `claim = 2` never claims (no print scores 2)."""
     refresh_s: float = Field(default=2.0, ge=0.05, le=300.0)
     """A person added or forgotten by another process on the store (`chorus voices`, another
     `chorus serve`, a `chorus agent` job) is seen here within this long: the directory's

@@ -41,7 +41,7 @@ from voice.diarization_stage import (
     SpeakerPrints,
     StagePrints,
 )
-from voice.identify import TURN_MIN_S, turn_span
+from voice.identify import TURN_MIN_S, print_turn, turn_span
 from voice.second_pass import SecondPass
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
@@ -446,11 +446,10 @@ class VoiceStreamAudio:
         if len(audio) < TURN_MIN_S * self.session.audio.sample_rate:
             return None
 
+        rate = self.session.audio.sample_rate
+
         def run() -> Any:
-            try:
-                return stage.turn_voiceprint(audio)
-            except ValueError:
-                return None
+            return print_turn(audio, rate, stage.turn_voiceprint)
 
         return run
 

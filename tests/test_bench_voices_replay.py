@@ -10,7 +10,7 @@ import numpy as np
 
 from bench.voices import Fed, Meeting, _frames, replay_names, replay_turns
 from voice.diarization_stage import StagePrints
-from voice.identify import IdentifySettings, KnownVoice
+from voice.identify import IdentifySettings, KnownVoice, TurnPrint
 
 IAN, OTHER = np.eye(8, dtype=np.float32)[0], np.eye(8, dtype=np.float32)[1]
 KNOWN = [KnownVoice("v-ian", "Ian", IAN[None, :])]
@@ -28,8 +28,9 @@ def meeting(printed: dict[float, np.ndarray]) -> Meeting:
         Fed(6.0, prints, [("Speaker A", 4.0, 6.0)]),
     ]
 
-    def printer(spans: Sequence[tuple[float, float]]) -> np.ndarray | None:
-        return printed.get(spans[0][0])
+    def printer(spans: Sequence[tuple[float, float]]) -> TurnPrint | None:
+        made = printed.get(spans[0][0])
+        return None if made is None else TurnPrint(made)
 
     m.printer = printer
     return m

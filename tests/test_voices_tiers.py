@@ -27,11 +27,16 @@ from voice.diarization_stage import StagePrints
 from voice.events import TranscriptionEvent
 from voice.identify import (
     TURN_MAX_S,
+    TURN_PART_S,
     IdentifySettings,
     KnownVoice,
     StreamVoices,
+    TurnPrint,
+    print_turn,
     turn_matches,
+    turn_parts,
     turn_person,
+    turn_scores,
     turn_span,
 )
 
@@ -122,28 +127,79 @@ def test_prints_of_the_best_matching_recording_count() -> None:
 def test_a_turn_matches_its_person_from_the_verify_threshold_on() -> None:
     settings = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4)
     ian = KNOWN[0]
-    assert turn_matches(near(IAN, 0.45), ian, settings)
-    assert not turn_matches(near(IAN, 0.35), ian, settings)
-    assert not turn_matches(PEGGY, ian, settings)
+    assert turn_matches(TurnPrint(near(IAN, 0.45)), ian, settings)
+    assert not turn_matches(TurnPrint(near(IAN, 0.35)), ian, settings)
+    assert not turn_matches(TurnPrint(PEGGY), ian, settings)
     # the best of the person's prints counts (one per meeting or clip)
     two = KnownVoice("v-ian", "Ian", np.stack([PEGGY, IAN]))
-    assert turn_matches(near(IAN, 0.45), two, settings)
+    assert turn_matches(TurnPrint(near(IAN, 0.45)), two, settings)
     # without a threshold every turn matches
-    assert turn_matches(PEGGY, ian, IdentifySettings())
+    assert turn_matches(TurnPrint(PEGGY), ian, IdentifySettings())
     with pytest.raises(ValueError):
         IdentifySettings(verify=1.5)
+
+
+def test_a_long_turn_must_match_its_person_on_every_part() -> None:
+    """A turn holding two people, more of the named one, matches as a whole but not on the
+    other person's part (`TURN_PART_S`)."""
+    settings = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4)
+    ian = KNOWN[0]
+    assert turn_matches(TurnPrint(near(IAN, 0.6), (near(IAN, 0.5), near(IAN, 0.45))), ian, settings)
+    assert not turn_matches(TurnPrint(near(IAN, 0.6), (near(IAN, 0.7), PEGGY)), ian, settings)
+    assert turn_matches(TurnPrint(near(IAN, 0.6), (PEGGY,)), ian, IdentifySettings())
+
+
+
+def test_a_turn_is_claimed_only_by_a_person_it_sounds_like_on_every_part() -> None:
+    """Claims score the turn as checks do (`turn_scores`: the least-like part counts): Peggy's
+    whole-turn match does not claim a turn one of whose parts is Ian's."""
+    ian, peggy = KNOWN
+    settings = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4, claim=0.5)
+    hers = TurnPrint(near(PEGGY, 0.7), (near(PEGGY, 0.6), near(PEGGY, 0.55)))
+    mixed = TurnPrint(near(PEGGY, 0.7), (near(PEGGY, 0.6), IAN))
+    assert turn_person(hers, None, [peggy], settings) is peggy
+    assert turn_person(mixed, None, [peggy], settings) is None
+    assert turn_scores(hers, [peggy]).tolist() == pytest.approx([0.55], abs=1e-6)
+    assert turn_scores(mixed, [ian, peggy]).tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+
+
+def test_a_turn_is_cut_in_parts_from_twice_the_part_length_on() -> None:
+    rate = 100
+    lengths = {
+        seconds: [len(p) / rate for p in turn_parts(np.zeros(round(seconds * rate), np.float32), rate)]
+        for seconds in (5.9, 6.0, 7.4, 7.6, 10.0)
+    }
+    assert TURN_PART_S == 3.0
+    assert lengths == {5.9: [], 6.0: [3.0, 3.0], 7.4: [3.0, 4.4], 7.6: [3.0, 3.0, 1.6],
+                       10.0: [3.0, 3.0, 4.0]}
+
+
+def test_a_turn_is_printed_whole_and_in_parts_or_not_at_all() -> None:
+    rate = 100
+    heard: list[int] = []
+
+    def voiceprint(audio: np.ndarray) -> np.ndarray:
+        heard.append(len(audio))
+        if len(audio) < 200:
+            raise ValueError("too little speech")
+        return IAN
+
+    made = print_turn(np.zeros(700, np.float32), rate, voiceprint)
+    assert made is not None and len(made.parts) == 2 and heard == [700, 300, 400]
+    assert print_turn(np.zeros(49, np.float32), rate, voiceprint) is None  # under TURN_MIN_S
+    assert print_turn(np.zeros(150, np.float32), rate, voiceprint) is None  # the model refuses
 
 
 def test_a_turn_reads_its_voices_person_or_claims_a_person_named_for_another_voice() -> None:
     ian, peggy = KNOWN
     settings = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4, claim=0.5)
-    assert turn_person(near(IAN, 0.45), ian, [peggy], settings) is ian
-    assert turn_person(near(PEGGY, 0.55), ian, [peggy], settings) is peggy  # claimed
-    assert turn_person(near(PEGGY, 0.45), ian, [peggy], settings) is None  # under `claim`
-    assert turn_person(near(PEGGY, 0.55), None, [peggy], settings) is peggy  # an unnamed voice
-    assert turn_person(near(PEGGY, 0.55), None, [], settings) is None  # Peggy not named here
+    assert turn_person(TurnPrint(near(IAN, 0.45)), ian, [peggy], settings) is ian
+    assert turn_person(TurnPrint(near(PEGGY, 0.55)), ian, [peggy], settings) is peggy  # claimed
+    assert turn_person(TurnPrint(near(PEGGY, 0.45)), ian, [peggy], settings) is None  # under `claim`
+    assert turn_person(TurnPrint(near(PEGGY, 0.55)), None, [peggy], settings) is peggy  # an unnamed voice
+    assert turn_person(TurnPrint(near(PEGGY, 0.55)), None, [], settings) is None  # Peggy not named here
     unclaimed = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4)
-    assert turn_person(near(PEGGY, 0.9), ian, [peggy], unclaimed) is None
+    assert turn_person(TurnPrint(near(PEGGY, 0.9)), ian, [peggy], unclaimed) is None
     with pytest.raises(ValueError):
         IdentifySettings(claim=2.5)
 
@@ -180,11 +236,11 @@ class StageAudio:
     def speaker_prints(self) -> StagePrints | None:
         return self.prints
 
-    def turn_printer(self, start: float, end: float) -> Callable[[], np.ndarray | None] | None:
+    def turn_printer(self, start: float, end: float) -> Callable[[], TurnPrint | None] | None:
         """The print of the turn's audio: `turn_print` (None: a turn too short to print)."""
         if self.turn_print is None:
             return None
-        made = self.turn_print
+        made = TurnPrint(self.turn_print)
         return lambda: made
 
 

@@ -20,7 +20,10 @@ named voice. So with `verify` set each turn is checked too (`turn_matches`): the
 turn's own audio (`TURN_MIN_S` or more of it) must score at least `verify` against the person
 its voice is named after, or the turn reads as its voice's letter (the voice keeps its name for
 the next turn). The bench's folds cut wrong names 6.6 -> 2.8 % of the speech for 1.9 points of
-named speech (docs/benchmarks.md, "Checking each turn").
+named speech (docs/benchmarks.md, "Checking each turn"). A long turn can hold both people, more
+of the named one, and still match as a whole; so a turn of twice `TURN_PART_S` or more is also
+printed in parts (`print_turn`, `turn_parts`) and must match on every part
+(docs/benchmarks.md, "A turn checked in parts").
 
 The stage also splits a person: part of their speech goes to a voice of its own, or to another
 person's voice. With `claim` set, a checked turn that reads no name of its own voice takes the
@@ -39,7 +42,7 @@ into `KnownVoice`s of one model (every print of another model is left out, never
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -95,6 +98,52 @@ def turn_span(start: float, end: float) -> tuple[float, float]:
         return start, end
     middle = (start + end) / 2
     return middle - TURN_MAX_S / 2, middle + TURN_MAX_S / 2
+
+
+TURN_PART_S = 3.0
+"""A turn at least twice this long is also printed in parts this long (`turn_parts`; a last
+part under half this joins the one before) and must match its person on every part as well as
+whole (`turn_matches`): a turn that holds two people, more of the named one, matches as a whole
+but not on the other person's part. 3 s is what the folds preferred over 2 and 4 s
+(docs/benchmarks.md, "A turn checked in parts")."""
+
+
+@dataclass(frozen=True)
+class TurnPrint:
+    """A turn's prints (unit vectors): of the whole turn, and of its parts when it is long enough
+    (`turn_parts`; none otherwise)."""
+
+    whole: FloatArray
+    parts: tuple[FloatArray, ...] = ()
+
+
+def turn_parts(audio: FloatArray, rate: int) -> list[FloatArray]:
+    """A turn's audio (what its print is made of) in parts of `TURN_PART_S` (module docstring);
+    none under twice that."""
+    size = round(TURN_PART_S * rate)
+    if len(audio) < 2 * size:
+        return []
+    parts = [audio[k : k + size] for k in range(0, len(audio), size)]
+    if len(parts[-1]) < size / 2:
+        rest = parts.pop()
+        parts[-1] = np.concatenate([parts[-1], rest])
+    return parts
+
+
+def print_turn(
+    audio: FloatArray, rate: int, voiceprint: Callable[[FloatArray], FloatArray]
+) -> TurnPrint | None:
+    """`audio` (a turn's, `turn_span` or `turn_clip` applied) printed whole and in parts with
+    `voiceprint` (a stage's `turn_voiceprint`); None under `TURN_MIN_S` or when the model finds
+    too little in it (ValueError)."""
+    if len(audio) < TURN_MIN_S * rate:
+        return None
+    try:
+        whole = np.asarray(voiceprint(audio), dtype=np.float32)
+        parts = tuple(np.asarray(voiceprint(p), dtype=np.float32) for p in turn_parts(audio, rate))
+    except ValueError:
+        return None
+    return TurnPrint(whole, parts)
 
 
 TURN_GAP_S = 0.5
@@ -245,24 +294,33 @@ class StreamVoices:
         return gone
 
 
-def turn_matches(turn_print: FloatArray, person: KnownVoice, settings: IdentifySettings) -> bool:
+def turn_scores(turn: TurnPrint, people: Sequence[KnownVoice]) -> FloatArray:
+    """Per person, the turn's score: the lowest of its prints' (whole and each part) scores
+    against the person's prints (`scores`; -1 for a person without prints). A turn sounds like
+    a person only as much as its least-like part does."""
+    prints = {str(k): p for k, p in enumerate((turn.whole, *turn.parts))}
+    out: FloatArray = scores(prints, people).min(axis=0)
+    return out
+
+
+def turn_matches(turn: TurnPrint, person: KnownVoice, settings: IdentifySettings) -> bool:
     """Whether a named voice's turn sounds like the person the voice is named after (module
-    docstring): the turn's print (unit) against the person's prints, the best one counting, at
+    docstring): the turn's score against the person (`turn_scores`: whole and every part) at
     least `settings.verify` (always, with `verify` None)."""
     if settings.verify is None:
         return True
     if not person.prints.size:
         return False
-    return float(scores({"turn": turn_print}, [person])[0, 0]) >= settings.verify
+    return float(turn_scores(turn, [person])[0]) >= settings.verify
 
 
-def best_of(turn_print: FloatArray, people: Sequence[KnownVoice]) -> tuple[float, KnownVoice | None]:
-    """The person whose prints a turn's print matches best (`scores`), and the score (-1,
-    None: nobody with prints)."""
+def best_of(turn: TurnPrint, people: Sequence[KnownVoice]) -> tuple[float, KnownVoice | None]:
+    """The person a turn matches best (`turn_scores`), and the score (-1, None: nobody with
+    prints)."""
     printed = [person for person in people if person.prints.size]
     if not printed:
         return -1.0, None
-    row = scores({"turn": turn_print}, printed)[0]
+    row = turn_scores(turn, printed)
     best = int(row.argmax())
     if row[best] <= -1.0:
         return -1.0, None
@@ -270,7 +328,7 @@ def best_of(turn_print: FloatArray, people: Sequence[KnownVoice]) -> tuple[float
 
 
 def turn_person(
-    turn_print: FloatArray,
+    turn: TurnPrint,
     own: KnownVoice | None,
     present: Sequence[KnownVoice],
     settings: IdentifySettings,
@@ -279,11 +337,11 @@ def turn_person(
     (`own`) when the turn matches them (`turn_matches`); otherwise, with `claim` set, the person
     named for another voice of the stream (`present`) it matches best, at or above `claim`;
     otherwise nobody (the voice's letter)."""
-    if own is not None and turn_matches(turn_print, own, settings):
+    if own is not None and turn_matches(turn, own, settings):
         return own
     if settings.claim is None:
         return None
-    score, person = best_of(turn_print, [p for p in present if own is None or p.id != own.id])
+    score, person = best_of(turn, [p for p in present if own is None or p.id != own.id])
     return person if person is not None and score >= settings.claim else None
 
 
@@ -302,17 +360,22 @@ __all__ = [
     "TURN_GAP_S",
     "TURN_MAX_S",
     "TURN_MIN_S",
+    "TURN_PART_S",
     "Identified",
     "IdentifySettings",
     "KnownVoice",
     "StreamVoices",
+    "TurnPrint",
     "best_of",
     "identify_once",
     "known_voices",
+    "print_turn",
     "scores",
     "stretch_turns",
     "turn_clip",
     "turn_matches",
+    "turn_parts",
     "turn_person",
+    "turn_scores",
     "turn_span",
 ]
