@@ -734,10 +734,9 @@ def run(args: argparse.Namespace) -> int:
         for name in far
     ]
     folds: list[dict[str, Any]] = []
-    grid: Sequence[float | None] = VERIFY_GRID
     for held in speakers:
         auto, suggest, verify, claim = _choose(
-            [t for t in trials if t[0] != held], verify_grid=grid
+            [t for t in trials if t[0] != held], verify_grid=VERIFY_GRID
         )
         test = [t for t in trials if t[0] == held]
         chosen = IdentifySettings(auto=auto, suggest=suggest, verify=verify, claim=claim)
@@ -763,7 +762,7 @@ def run(args: argparse.Namespace) -> int:
                    if batch else {}),
             }
         )
-    auto, suggest, verify, claim = _choose(trials, verify_grid=grid)
+    auto, suggest, verify, claim = _choose(trials, verify_grid=VERIFY_GRID)
     print(
         f"\nleave-one-speaker-out over the {render} renders (directory: the other speakers' clips, "
         "close + far prints)"

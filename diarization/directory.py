@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rooms.voices import RememberedVoice
+from voice.audio import split_audio
 from voice.centroids import unit_or_none
 from voice.diarization_stage import ClipPrints, SpeakerSegment, SpeakerTimeline, StagePrints
 from voice.identify import (
@@ -150,12 +151,7 @@ def speaker_prints(
 
 
 def _pieces(speech: FloatArray) -> list[FloatArray]:
-    size = round(PIECE_S * SAMPLE_RATE)
-    pieces = [speech[k : k + size] for k in range(0, len(speech), size)]
-    if len(pieces) > 1 and len(pieces[-1]) < MIN_PIECE_S * SAMPLE_RATE:
-        rest = pieces.pop()  # (popped first: `pieces[-2] = …pieces.pop()` stores one too early)
-        pieces[-1] = np.concatenate([pieces[-1], rest])
-    return pieces
+    return split_audio(speech, round(PIECE_S * SAMPLE_RATE), MIN_PIECE_S * SAMPLE_RATE)
 
 
 def identify_speakers(

@@ -185,6 +185,16 @@ def to_mono(audio: npt.NDArray[np.float32]) -> FloatAudio:
     return np.asarray(audio.mean(axis=1), np.float32)
 
 
+def split_audio(audio: FloatAudio, size: int, shortest: float) -> list[FloatAudio]:
+    """`audio` in consecutive pieces of `size` samples; a last piece under `shortest` samples
+    joins the one before it (when there is one). No audio: no piece."""
+    pieces = [audio[k : k + size] for k in range(0, len(audio), size)]
+    if len(pieces) > 1 and len(pieces[-1]) < shortest:
+        rest = pieces.pop()  # popped first: `pieces[-2] = …pieces.pop()` stores one too early
+        pieces[-1] = np.concatenate([pieces[-1], rest])
+    return pieces
+
+
 def level_dbfs(audio: FloatAudio) -> float:
     """RMS level in dBFS (−inf-safe: silence reads −160)."""
     if len(audio) == 0:

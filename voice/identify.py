@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rooms.voices import RememberedVoice
+from voice.audio import split_audio
 from voice.centroids import unit_or_none
 
 FloatArray = npt.NDArray[np.float32]
@@ -121,13 +122,7 @@ def turn_parts(audio: FloatArray, rate: int) -> list[FloatArray]:
     """A turn's audio (what its print is made of) in parts of `TURN_PART_S` (module docstring);
     none under twice that."""
     size = round(TURN_PART_S * rate)
-    if len(audio) < 2 * size:
-        return []
-    parts = [audio[k : k + size] for k in range(0, len(audio), size)]
-    if len(parts[-1]) < size / 2:
-        rest = parts.pop()
-        parts[-1] = np.concatenate([parts[-1], rest])
-    return parts
+    return [] if len(audio) < 2 * size else split_audio(audio, size, size / 2)
 
 
 def print_turn(

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     named_lines: list[str] = []
     if directory is not None:
-        from diarization.directory import TurnChecks, checked_timeline, name_speakers, renamed
+        from diarization.directory import TurnChecks, checked_timeline, name_speakers
 
         voices, thresholds = directory
         settings = thresholds.identify_settings()
@@ -162,8 +162,7 @@ def run(args: argparse.Namespace) -> int:
         anonymous = [s for s in timeline.speakers if s not in dict(clips)]
         names = name_speakers(stage, audio, timeline, voices, settings, anonymous=anonymous)
         checks = TurnChecks(stage, audio, names, voices, settings, anonymous=anonymous)
-        timeline = (checked_timeline(checks, timeline) if settings.verify is not None
-                    else renamed(timeline, names.named))
+        timeline = checked_timeline(checks, timeline)  # `verify` off: every turn its name
         named_lines = names.lines() + checks.lines()
     prepare_parent(args.rttm)
     args.rttm.write_text(timeline.to_rttm(file_id))
