@@ -85,6 +85,7 @@ from voice.identify import (
     stretch_turns,
     turn_clip,
     turn_person,
+    worth_checking,
 )
 
 STEP_S = 0.5
@@ -378,9 +379,7 @@ def replay_names(
         own = next((people[n[0]] for n in named if n is not None), None)
         present = [people[v[0]] for other, v in after[last][0].items() if v and other != label]
         reads: KnownVoice | None = own  # a turn not checked reads its voice's names as they come
-        if settings.verify is not None and meeting.printer is not None and (
-            own is not None or (settings.claim is not None and present)
-        ):
+        if meeting.printer is not None and worth_checking(own, present, settings):
             made = meeting.printer([(t0, t1) for _, t0, t1, _ in turn])
             if made is not None:
                 reads = turn_person(made, own, present, settings)

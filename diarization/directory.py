@@ -29,7 +29,7 @@ measures.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +48,7 @@ from voice.identify import (
     stretch_turns,
     turn_clip,
     turn_person,
+    worth_checking,
 )
 
 FloatArray = npt.NDArray[np.float32]
@@ -231,12 +232,12 @@ class TurnChecks:
         it claims, or `label` (its letter). A label that is not anonymous (an enrolled name)
         reads itself."""
         plain = self.names.named.get(label, label)
-        if label not in self.anonymous or self.settings.verify is None or not spans:
+        if label not in self.anonymous or not spans:
             return plain
         own = self._people.get(self.names.voice_ids.get(label, ""))
         present = [self._people[v] for other, v in self.names.voice_ids.items()
                    if other != label and v in self._people]
-        if own is None and (self.settings.claim is None or not present):
+        if not worth_checking(own, present, self.settings):
             return plain
         made = self._print(spans)
         if made is None:
@@ -278,13 +279,6 @@ def checked_timeline(checks: TurnChecks, timeline: SpeakerTimeline) -> SpeakerTi
     return SpeakerTimeline(sorted(out, key=lambda s: (s.start, s.end, s.speaker)))
 
 
-def renamed(timeline: SpeakerTimeline, names: Mapping[str, str]) -> SpeakerTimeline:
-    """The timeline with each label of `names` read as its name."""
-    return SpeakerTimeline(
-        [SpeakerSegment(s.start, s.end, names.get(s.speaker, s.speaker)) for s in timeline]
-    )
-
-
 __all__ = [
     "DirectoryNames",
     "TurnChecks",
@@ -292,6 +286,5 @@ __all__ = [
     "identify_speakers",
     "lone_speech",
     "name_speakers",
-    "renamed",
     "speaker_prints",
 ]

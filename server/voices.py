@@ -44,7 +44,7 @@ from server.config import VoicesConfig
 from server.room_state import LiveRoom, LiveStream
 from voice.centroids import unit_or_none
 from voice.diarization_stage import StagePrints
-from voice.identify import KnownVoice, StreamVoices, known_voices, turn_person
+from voice.identify import KnownVoice, StreamVoices, known_voices, turn_person, worth_checking
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ class VoiceDirectory:
             for other, found in state.named.items()
             if other != label and found.voice_id in people
         ]
-        if own is None and (self.settings.claim is None or not present):
+        if not worth_checking(own, present, self.settings):
             return plain
         printer = stream.audio.turn_printer(start, end) if stream.audio is not None else None
         turn_print = await asyncio.to_thread(printer) if printer is not None else None

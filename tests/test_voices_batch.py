@@ -25,7 +25,6 @@ from diarization.directory import (
     checked_timeline,
     lone_speech,
     name_speakers,
-    renamed,
     speaker_prints,
 )
 from diarization.embedded import EmbeddedStage
@@ -41,6 +40,14 @@ SURE = IdentifySettings()
 """The `[voices]` defaults: both remembered voices score well above `auto` in the close render."""
 UNSURE = IdentifySettings(auto=0.99, suggest=0.3)
 """No score reaches `auto`: every match is a suggestion."""
+
+
+def renamed(timeline: SpeakerTimeline, names: dict[str, str]) -> SpeakerTimeline:
+    """The timeline with each label of `names` read as its name (what `--enroll` gives)."""
+    return SpeakerTimeline(
+        [SpeakerSegment(s.start, s.end, names.get(s.speaker, s.speaker)) for s in timeline]
+    )
+
 
 
 @dataclass

@@ -38,6 +38,7 @@ from voice.identify import (
     turn_person,
     turn_scores,
     turn_span,
+    worth_checking,
 )
 
 ROOM = "standup"
@@ -202,6 +203,17 @@ def test_a_turn_reads_its_voices_person_or_claims_a_person_named_for_another_voi
     assert turn_person(TurnPrint(near(PEGGY, 0.9)), ian, [peggy], unclaimed) is None
     with pytest.raises(ValueError):
         IdentifySettings(claim=2.5)
+
+
+def test_a_turn_is_checked_only_when_it_has_a_person_to_match_or_to_claim() -> None:
+    """`worth_checking`, the one guard of the server's, batch's and the bench's checks."""
+    ian, peggy = KNOWN
+    checked = IdentifySettings(verify=0.4, claim=0.5)
+    assert worth_checking(ian, [], checked)  # its voice's person
+    assert worth_checking(None, [peggy], checked)  # someone to claim
+    assert not worth_checking(None, [], checked)
+    assert not worth_checking(None, [peggy], IdentifySettings(verify=0.4))  # claims off
+    assert not worth_checking(ian, [peggy], IdentifySettings())  # verify off: nothing is checked
 
 
 def test_a_long_turn_is_printed_from_its_middle_ten_seconds() -> None:

@@ -322,6 +322,18 @@ def best_of(turn: TurnPrint, people: Sequence[KnownVoice]) -> tuple[float, Known
     return float(row[best]), printed[best]
 
 
+def worth_checking(
+    own: KnownVoice | None, present: Sequence[KnownVoice], settings: IdentifySettings
+) -> bool:
+    """Whether a turn is printed and checked at all (module docstring): `verify` is set, and its
+    voice is named after a person (`own`) or, with `claim` set, another voice of the stream is
+    (`present`: someone it could claim). Otherwise it reads its voice's name or letter as it is.
+    The one guard of the server's, batch's and the bench's checks."""
+    if settings.verify is None:
+        return False
+    return own is not None or (settings.claim is not None and bool(present))
+
+
 def turn_person(
     turn: TurnPrint,
     own: KnownVoice | None,
@@ -373,4 +385,5 @@ __all__ = [
     "turn_person",
     "turn_scores",
     "turn_span",
+    "worth_checking",
 ]
