@@ -332,7 +332,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         "path": "server", "render": render, "directory": args.directory,
         "commit": _commit_of(REPO), "seconds": limit, "meeting_a": names["A"],
         "meeting_b": names["B"], "auto": settings.auto, "suggest": settings.suggest,
-        "verify": settings.verify, "claim": settings.claim,
+        "verify": settings.verify, "claim": settings.claim, "claim_new": settings.claim_new,
         "load_average_before": os.getloadavg(),
     }
     began = time.monotonic()
@@ -387,7 +387,7 @@ def run_server(args: argparse.Namespace) -> int:
     clips = report["directory"].replace("-", " ")
     print(f"\nthrough chorus serve ({report['commit']}), {report['render']} render, {where} at "
           f"real-time pace; auto {report['auto']:.2f}, suggest {report['suggest']:.2f}, "
-          f"verify {report['verify']}, claim {report['claim']}")
+          f"verify {report['verify']}, claim {report['claim']}, claim_new {report['claim_new']}")
     if report["directory"] == "remembered":
         print(f"meeting A ({report['meeting_a']}): remembered from its room:")
     else:

@@ -81,6 +81,7 @@ from voice.identify import (
     KnownVoice,
     StreamVoices,
     TurnPrint,
+    absent_people,
     print_turn,
     stretch_turns,
     turn_clip,
@@ -99,6 +100,7 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float32]
 VERIFY_GRID: list[float | None] = [None, 0.30, 0.35, 0.40, 0.45, 0.50]
 CLAIM_GRID: list[float | None] = [None, 0.40, 0.46, 0.50, 0.55, 0.60]
+CLAIM_NEW_GRID: list[float | None] = [None, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65]
 
 
 @dataclass
@@ -378,11 +380,16 @@ def replay_names(
         named = [after[k][0].get(label) for _, _, _, k in turn]
         own = next((people[n[0]] for n in named if n is not None), None)
         present = [people[v[0]] for other, v in after[last][0].items() if v and other != label]
+        ids = {v.name: v.id for v in directory}
+        absent = absent_people(
+            directory, {v[0] for v in after[last][0].values() if v},
+            {ids[n] for n in after[last][1].values() if n in ids},
+        )
         reads: KnownVoice | None = own  # a turn not checked reads its voice's names as they come
-        if meeting.printer is not None and worth_checking(own, present, settings):
+        if meeting.printer is not None and worth_checking(own, present, settings, absent):
             made = meeting.printer([(t0, t1) for _, t0, t1, _ in turn])
             if made is not None:
-                reads = turn_person(made, own, present, settings)
+                reads = turn_person(made, own, present, settings, absent)
         for (_, t0, t1, k), name in zip(turn, named, strict=True):
             if reads is own:  # its voice's name from the feed that named it on
                 shown_name = name[1] if name else None
@@ -542,14 +549,23 @@ def remembered_from(meeting: Meeting) -> list[KnownVoice]:
 AUTO_GRID = [round(0.30 + 0.02 * i, 2) for i in range(26)]
 
 
+def _with(settings: IdentifySettings, name: str, value: float | None) -> IdentifySettings:
+    """`settings` with its `verify`, `claim` or `claim_new` (`name`) at `value`."""
+    if name == "verify":
+        return dataclasses.replace(settings, verify=value)
+    if name == "claim":
+        return dataclasses.replace(settings, claim=value)
+    return dataclasses.replace(settings, claim_new=value)
+
+
 def _choose(
     trials: list[tuple[str, Meeting, list[KnownVoice]]],
     fixed_auto: float | None = None,
     verify_grid: Sequence[float | None] = (None,),
-) -> tuple[float, float, float | None, float | None]:
-    """(auto, suggest, verify, claim) minimising the module's costs over `trials`: `auto` first
-    (turns not checked), then `verify` at that `auto` (miss + 2 × wrong again; unchecked on a
-    tie), then `claim` at those (none on a tie), then `suggest`."""
+) -> IdentifySettings:
+    """The settings minimising the module's costs over `trials`: `auto` first (turns not
+    checked), then `verify` at that `auto` (miss + 2 × wrong again; unchecked on a tie), then
+    `claim` at those (none on a tie), then `claim_new` (none on a tie), then `suggest`."""
     if fixed_auto is None:
         costs = {}
         for auto in AUTO_GRID:
@@ -559,27 +575,23 @@ def _choose(
         fixed_auto = min(costs, key=lambda a: (costs[a], -a))
     base = IdentifySettings(auto=fixed_auto, suggest=fixed_auto)
 
-    def cheapest(field: str, grid: Sequence[float | None]) -> float | None:
+    def cheapest(name: str, grid: Sequence[float | None]) -> float | None:
         costs: dict[float | None, float] = {}
         for value in grid:
-            settings = (
-                dataclasses.replace(base, verify=value)
-                if field == "verify"
-                else dataclasses.replace(base, claim=value)
-            )
+            settings = _with(base, name, value)
             miss, wrong, _, _ = _rates(name_meeting(m, d, settings) for _, m, d in trials)
             costs[value] = miss + WRONG_WEIGHT * wrong
         return min(grid, key=lambda v: (round(costs[v], 9), v is not None, v or 0.0))
 
-    verify = cheapest("verify", verify_grid)
-    base = dataclasses.replace(base, verify=verify)
-    claim = cheapest("claim", CLAIM_GRID if verify is not None else (None,))
+    base = _with(base, "verify", cheapest("verify", verify_grid))
+    for name, grid in (("claim", CLAIM_GRID), ("claim_new", CLAIM_NEW_GRID)):
+        base = _with(base, name, cheapest(name, grid if base.verify is not None else (None,)))
     costs = {}
     for suggest in [a for a in AUTO_GRID if a <= fixed_auto]:
         settings = IdentifySettings(auto=fixed_auto, suggest=suggest)
         _, _, miss_s, wrong_s = _rates(name_meeting(m, d, settings) for _, m, d in trials)
         costs[suggest] = miss_s + wrong_s
-    return fixed_auto, min(costs, key=lambda s: (costs[s], -s)), verify, claim
+    return dataclasses.replace(base, suggest=min(costs, key=lambda s: (costs[s], -s)))
 
 
 def _fold_at(
@@ -600,6 +612,16 @@ def _fold_at(
         "held_out_voice_named": sum(v is not None for v in own_voice),
         "held_out_meetings": len(own_voice),
     }
+
+
+def unchecked(settings: IdentifySettings) -> IdentifySettings:
+    """`settings` with no turn checked (nor claimed)."""
+    return dataclasses.replace(settings, verify=None, claim=None, claim_new=None)
+
+
+def unclaimed(settings: IdentifySettings) -> IdentifySettings:
+    """`settings` with turns checked but none claimed."""
+    return dataclasses.replace(settings, claim=None, claim_new=None)
 
 
 def _verify(v: float | None) -> str:
@@ -623,7 +645,8 @@ def _pair(
     out: dict[str, Any] = {}
     print(
         f"\nmeeting B ({b_name}) at auto {settings.auto:.2f}, suggest {settings.suggest:.2f}, "
-        f"verify {_verify(settings.verify).strip()}, claim {_verify(settings.claim).strip()}; "
+        f"verify {_verify(settings.verify).strip()}, claim {_verify(settings.claim).strip()}, "
+        f"claim_new {_verify(settings.claim_new).strip()}; "
         "directory: "
         f"the speakers of meeting A ({', '.join(in_a)})"
     )
@@ -734,47 +757,46 @@ def run(args: argparse.Namespace) -> int:
     ]
     folds: list[dict[str, Any]] = []
     for held in speakers:
-        auto, suggest, verify, claim = _choose(
-            [t for t in trials if t[0] != held], verify_grid=VERIFY_GRID
-        )
+        chosen = _choose([t for t in trials if t[0] != held], verify_grid=VERIFY_GRID)
         test = [t for t in trials if t[0] == held]
-        chosen = IdentifySettings(auto=auto, suggest=suggest, verify=verify, claim=claim)
         folds.append(
             {
                 "held_out": held,
-                "auto": auto,
-                "suggest": suggest,
-                "verify": verify,
-                "claim": claim,
+                "auto": chosen.auto,
+                "suggest": chosen.suggest,
+                "verify": chosen.verify,
+                "claim": chosen.claim,
+                "claim_new": chosen.claim_new,
                 **_fold_at(test, held, chosen),
                 **(
-                    {"unchecked": _fold_at(test, held, IdentifySettings(auto=auto, suggest=suggest))}
-                    if verify is not None else {}
+                    {"unchecked": _fold_at(test, held, unchecked(chosen))}
+                    if chosen.verify is not None else {}
                 ),
                 **(
-                    {"unclaimed": _fold_at(test, held, dataclasses.replace(chosen, claim=None))}
-                    if claim is not None else {}
+                    {"unclaimed": _fold_at(test, held, unclaimed(chosen))}
+                    if (chosen.claim, chosen.claim_new) != (None, None) else {}
                 ),
                 **({"at_defaults": _fold_at(test, held, defaults),
-                    "at_defaults_unchecked": _fold_at(
-                        test, held, dataclasses.replace(defaults, verify=None, claim=None))}
+                    "at_defaults_unchecked": _fold_at(test, held, unchecked(defaults))}
                    if batch else {}),
             }
         )
-    auto, suggest, verify, claim = _choose(trials, verify_grid=VERIFY_GRID)
+    chosen = _choose(trials, verify_grid=VERIFY_GRID)
+    auto, suggest, verify, claim = chosen.auto, chosen.suggest, chosen.verify, chosen.claim
     print(
         f"\nleave-one-speaker-out over the {render} renders (directory: the other speakers' clips, "
         "close + far prints)"
     )
     print(
-        "held out  auto  suggest  verify  claim  miss     wrong    miss(n|s) wrong(n+s) held-out "
-        "named  its own voice named   (miss, wrong: turns unchecked; checked, none claimed)"
+        "held out  auto  suggest  verify  claim  new    miss     wrong    miss(n|s) wrong(n+s) "
+        "held-out named  its own voice named   (miss, wrong: turns unchecked; checked, none "
+        "claimed)"
     )
     for f in folds:
         also = [f[k] for k in ("unchecked", "unclaimed") if k in f]
         print(
             f"{f['held_out']:8}  {f['auto']:.2f}  {f['suggest']:.2f}     {_verify(f['verify'])}  "
-            f"{_verify(f['claim'])}  {_pct(f['miss'])}  "
+            f"{_verify(f['claim'])}  {_verify(f['claim_new'])}  {_pct(f['miss'])}  "
             f"{_pct(f['wrong'])}  {_pct(f['miss_named_or_suggested'])}  "
             f"{_pct(f['wrong_with_suggestions'])}   {_pct(f['held_out_named'])}        "
             f"{f['held_out_voice_named']} of {f['held_out_meetings']} meetings   "
@@ -783,12 +805,14 @@ def run(args: argparse.Namespace) -> int:
     if batch:
         print("the same held-out folds at the [voices] defaults (what --voices uses), auto "
               f"{defaults.auto:.2f}, suggest {defaults.suggest:.2f}, verify "
-              f"{_verify(defaults.verify).strip()}, claim {_verify(defaults.claim).strip()}:")
+              f"{_verify(defaults.verify).strip()}, claim {_verify(defaults.claim).strip()}, "
+              f"claim_new {_verify(defaults.claim_new).strip()}:")
         for f in folds:
             d = f["at_defaults"]
             print(
                 f"{f['held_out']:8}  {defaults.auto:.2f}  "
                 f"{defaults.suggest:.2f}     {_verify(defaults.verify)}  {_verify(defaults.claim)}  "
+                f"{_verify(defaults.claim_new)}  "
                 f"{_pct(d['miss'])}  {_pct(d['wrong'])}  "
                 f"{_pct(d['miss_named_or_suggested'])}  {_pct(d['wrong_with_suggestions'])}   "
                 f"{_pct(d['held_out_named'])}        {d['held_out_voice_named']} of "
@@ -798,7 +822,8 @@ def run(args: argparse.Namespace) -> int:
             )
     print(
         f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f}, verify "
-        f"{_verify(verify).strip()}, claim {_verify(claim).strip()} (folds: auto "
+        f"{_verify(verify).strip()}, claim {_verify(claim).strip()}, claim_new "
+        f"{_verify(chosen.claim_new).strip()} (folds: auto "
         f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
         f"{statistics.median(f['auto'] for f in folds):.2f})"
     )
@@ -817,21 +842,19 @@ def run(args: argparse.Namespace) -> int:
     }
     report: dict[str, Any] = {
         "path": "batch" if batch else "live", "auto": auto, "suggest": suggest,
-        "verify": verify, "claim": claim, "folds": folds,
+        "verify": verify, "claim": claim, "claim_new": chosen.claim_new, "folds": folds,
         "pair": {}, "live_settings": getattr(args, "set", []), "replay": tape is not None,
     }
     b_name = pair["files"][render]["B"]
-    tiers = [IdentifySettings(auto=auto, suggest=suggest, verify=verify, claim=claim)]
-    if batch and (auto, suggest, verify, claim) != (
-        defaults.auto, defaults.suggest, defaults.verify, defaults.claim
-    ):
+    tiers = [chosen]
+    if batch and chosen != defaults:
         tiers.insert(0, defaults)  # what `--voices` uses: the [voices] defaults
-        tiers.insert(0, dataclasses.replace(defaults, verify=None, claim=None))  # ...unchecked
+        tiers.insert(0, unchecked(defaults))  # ...unchecked
         report["pair_at"] = {}
     if verify is not None:  # the same, each turn unchecked and unclaimed (what each changes)
-        tiers.insert(0, IdentifySettings(auto=auto, suggest=suggest))
-        if claim is not None:
-            tiers.insert(1, IdentifySettings(auto=auto, suggest=suggest, verify=verify))
+        tiers.insert(0, unchecked(chosen))
+        if (claim, chosen.claim_new) != (None, None):
+            tiers.insert(1, unclaimed(chosen))
         report["pair_at"] = {}
     for settings in tiers:
         pair_report = _pair(
@@ -840,7 +863,7 @@ def run(args: argparse.Namespace) -> int:
         if "pair_at" in report:
             report["pair_at"][
                 f"{settings.auto:.2f}/{settings.suggest:.2f}/{_verify(settings.verify).strip()}"
-                f"/{_verify(settings.claim).strip()}"
+                f"/{_verify(settings.claim).strip()}/{_verify(settings.claim_new).strip()}"
             ] = pair_report
         report["pair"] = pair_report
     if args.json:

@@ -20,7 +20,8 @@ Then each turn is checked as the server checks it (`TurnChecks`, with `[voices] 
 `claim`: `voice.identify.turn_person` on the turn's own print, on the same model): a turn of a
 named speaker that does not sound like the person reads the speaker's letter, and a turn that
 reads no name of its speaker's may read the name of a person named for another speaker of the
-recording that it sounds like. `chorus transcribe --voices` checks its word turns;
+recording that it sounds like (`claim`), or of a remembered person named for none (`claim_new`).
+`chorus transcribe --voices` checks its word turns;
 `chorus diarize --voices` checks the timeline's turns (`checked_timeline`: a label's stretches
 in a row, `voice.identify.stretch_turns`), which is what `chorus bench voices --path batch`
 measures.
@@ -42,6 +43,7 @@ from voice.diarization_stage import ClipPrints, SpeakerSegment, SpeakerTimeline,
 from voice.identify import (
     IdentifySettings,
     TurnPrint,
+    absent_people,
     identify_once,
     known_voices,
     print_turn,
@@ -237,12 +239,17 @@ class TurnChecks:
         own = self._people.get(self.names.voice_ids.get(label, ""))
         present = [self._people[v] for other, v in self.names.voice_ids.items()
                    if other != label and v in self._people]
-        if not worth_checking(own, present, self.settings):
+        by_name = {p.name: p.id for p in self._people.values()}
+        absent = absent_people(
+            self._people.values(), set(self.names.voice_ids.values()),
+            {by_name[n] for n in self.names.suggested.values() if n in by_name},
+        )
+        if not worth_checking(own, present, self.settings, absent):
             return plain
         made = self._print(spans)
         if made is None:
             return plain
-        person = turn_person(made, own, present, self.settings)
+        person = turn_person(made, own, present, self.settings, absent)
         if own is not None and person is own:
             return plain
         with self._lock:
@@ -262,7 +269,8 @@ class TurnChecks:
                        "person: they read the speaker's letter (voice directory, [voices] verify)")
         if self.claimed:
             out.append(f"{self.claimed} turn(s) sounded like a person named for another speaker "
-                       "and read that name (voice directory, [voices] claim)")
+                       "(or for none) and read that name (voice directory, [voices] claim, "
+                       "claim_new)")
         return out
 
 

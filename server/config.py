@@ -460,6 +460,12 @@ class VoicesConfig(_Section):
     another voice of the stream when its own prints (whole and each part) score at least this
     against them (the stage split that person's speech over two voices). 0.46 until the parts
     came in. `claim = 2` never claims (no print scores 2)."""
+    claim_new: float | None = Field(default=0.50, ge=-1.0, le=2.0)
+    """A checked turn that reads no name of its own voice and claims nobody named in the stream
+    takes the name of a remembered person named for no voice of the stream when its own prints
+    (whole and each part) score at least this against them: a person the stage has not told
+    apart yet (the first turn of a voice not named yet), or whose speech it gave to another
+    person's voice. Unset (the default): never."""
     refresh_s: float = Field(default=2.0, ge=0.05, le=300.0)
     """A person added or forgotten by another process on the store (`chorus voices`, another
     `chorus serve`, a `chorus agent` job) is seen here within this long: the directory's
@@ -469,7 +475,7 @@ class VoicesConfig(_Section):
         """The tiers' thresholds (`voice.identify`), as the server and `--voices` run them."""
         return IdentifySettings(
             auto=self.auto, suggest=self.suggest, min_heard_s=self.min_heard_s,
-            verify=self.verify, claim=self.claim,
+            verify=self.verify, claim=self.claim, claim_new=self.claim_new,
         )
 
     @model_validator(mode="after")

@@ -199,7 +199,8 @@ class ServerMetrics(Collector):
             yield _counter(
                 "chorus_voice_turns_claimed",
                 "Turns that sounded like a person named for another voice of their stream "
-                "([voices] claim) and read that person's name.",
+                "([voices] claim), or a remembered person named for none of its voices "
+                "(claim_new), and read that person's name.",
                 checked[1],
             )
         yield from _delivery_families(self.delivery())

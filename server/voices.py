@@ -44,7 +44,14 @@ from server.config import VoicesConfig
 from server.room_state import LiveRoom, LiveStream
 from voice.centroids import unit_or_none
 from voice.diarization_stage import StagePrints
-from voice.identify import KnownVoice, StreamVoices, known_voices, turn_person, worth_checking
+from voice.identify import (
+    KnownVoice,
+    StreamVoices,
+    absent_people,
+    known_voices,
+    turn_person,
+    worth_checking,
+)
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +331,10 @@ class VoiceDirectory:
         `turn_person`) on its own print (the stream's audio over `start`…`end`, printed off the
         loop): a turn of a named voice that does not sound like the person (counted in
         `turns_unmatched`) reads as its letter (`unmatched`), unless, with `claim` set, it
-        sounds like a person named for another voice of the stream, whose name it then reads
-        (`claimed`, counted in `turns_claimed`), as a turn of an unnamed voice may. A turn too
-        short to print reads its voice's name, or its letter."""
+        sounds like a person named for another voice of the stream (or, with `claim_new`, a
+        remembered person named for none of its voices), whose name it then reads (`claimed`,
+        counted in `turns_claimed`), as a turn of an unnamed voice may. A turn too short to
+        print reads its voice's name, or its letter."""
         naming = self.name_for(stream, label, sender_name)
         if (naming is not None and naming.revert) or self.settings.verify is None:
             return naming
@@ -344,13 +352,17 @@ class VoiceDirectory:
             for other, found in state.named.items()
             if other != label and found.voice_id in people
         ]
-        if not worth_checking(own, present, self.settings):
+        absent = absent_people(
+            people.values(), {found.voice_id for found in state.named.values()},
+            set(state.suggested.values()),
+        )
+        if not worth_checking(own, present, self.settings, absent):
             return plain
         printer = stream.audio.turn_printer(start, end) if stream.audio is not None else None
         turn_print = await asyncio.to_thread(printer) if printer is not None else None
         if turn_print is None:
             return plain
-        person = turn_person(turn_print, own, present, self.settings)
+        person = turn_person(turn_print, own, present, self.settings, absent)
         if person is not None and person is own:
             return naming
         if own is not None:

@@ -11,6 +11,7 @@ pipeline's own embeddings.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +245,31 @@ def test_a_turn_that_sounds_like_another_named_person_is_claimed(diarized: Diari
     assert unclaimed.reads(new, [(77.9, 79.98)]) == new and unclaimed.claimed == 0
     # the new voice's own speech claims nobody
     assert checks.reads(new, [(69.96, 72.50)]) == new
+
+
+def test_a_turn_of_a_remembered_person_no_voice_is_named_for_is_claimed_with_claim_new(
+    diarized: Diarized,
+) -> None:
+    """LS1998 remembered but named for no voice (as when the stage has not told her voice apart
+    yet): her speech under the new voice's letter reads LS1998 with `claim_new`, its letter
+    without; the new voice's own speech claims nobody."""
+    voices = directory(diarized, *REMEMBERED)
+    names = DirectoryNames(
+        diarized.stage.live_model,
+        named={diarized.label_of["LS1688"]: "LS1688"},
+        voice_ids={diarized.label_of["LS1688"]: next(v.id for v in voices if v.name == "LS1688")},
+    )
+    new = diarized.label_of[NEW]
+
+    def checks(settings: IdentifySettings) -> TurnChecks:
+        return TurnChecks(diarized.stage, diarized.audio, names, voices, settings,
+                          anonymous=list(diarized.label_of.values()))
+
+    claiming = checks(dataclasses.replace(CHECKED, claim_new=0.55))
+    assert claiming.reads(new, [(77.9, 79.98)]) == "LS1998"
+    assert claiming.reads(new, [(69.96, 72.50)]) == new
+    assert claiming.claimed == 1
+    assert checks(CHECKED).reads(new, [(77.9, 79.98)]) == new
 
 
 def test_unchecked_turns_read_their_voices_names(diarized: Diarized) -> None:

@@ -6,6 +6,7 @@ Checked on the pure `StreamVoices`, then through the server's real rename hook
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from voice.identify import (
     KnownVoice,
     StreamVoices,
     TurnPrint,
+    absent_people,
     print_turn,
     turn_matches,
     turn_parts,
@@ -205,6 +207,28 @@ def test_a_turn_reads_its_voices_person_or_claims_a_person_named_for_another_voi
         IdentifySettings(claim=2.5)
 
 
+def test_a_turn_claims_a_person_named_for_no_voice_only_from_claim_new_on() -> None:
+    """`claim_new`: a remembered person the stream has named for no voice (`absent`) is claimed
+    at or above its own threshold; the higher score wins over a person named for another voice;
+    the voice's own person is never claimed from the absent."""
+    ian, peggy = KNOWN
+    omar = KnownVoice("v-omar", "Omar", unit(0, 0, 0, 1)[None, :])
+    settings = IdentifySettings(verify=0.4, claim=0.5, claim_new=0.6)
+    assert turn_person(TurnPrint(near(PEGGY, 0.65)), None, [], settings, [peggy]) is peggy
+    assert turn_person(TurnPrint(near(PEGGY, 0.55)), None, [], settings, [peggy]) is None
+    assert turn_person(TurnPrint(near(PEGGY, 0.9)), None, [], dataclasses.replace(
+        settings, claim_new=None), [peggy]) is None
+    both = TurnPrint(unit(0, 0.6, 0, 0.8))  # Peggy 0.6, Omar 0.8
+    assert turn_person(both, None, [peggy], settings, [omar]) is omar
+    assert turn_person(TurnPrint(unit(0, 0.8, 0, 0.6)), None, [peggy], settings, [omar]) is peggy
+    assert turn_person(TurnPrint(near(IAN, 0.3)), ian, [], settings, [ian]) is None
+    assert absent_people([ian, peggy, omar], {"v-ian"}, {"v-peggy"}) == [omar]
+    assert worth_checking(None, [], settings, [omar])
+    assert not worth_checking(None, [], dataclasses.replace(settings, claim_new=None), [omar])
+    with pytest.raises(ValueError):
+        IdentifySettings(claim_new=2.5)
+
+
 def test_a_turn_is_checked_only_when_it_has_a_person_to_match_or_to_claim() -> None:
     """`worth_checking`, the one guard of the server's, batch's and the bench's checks."""
     ian, peggy = KNOWN
@@ -312,11 +336,11 @@ class Room:
         return [m for m in map(json.loads, self.live.feed.history) if m["type"] == type_]
 
 
-async def room_with(*people: tuple[str, np.ndarray]) -> Room:
+async def room_with(*people: tuple[str, np.ndarray], config: VoicesConfig | None = None) -> Room:
     store = InMemoryStore()
     for name, vector in people:
         await store.remember_print(name, MODEL, vector.astype("<f4").tobytes(), "clip")
-    room = Room(RoomKit(store=store), store)
+    room = Room(RoomKit(store=store), store, config)
     await room.voices.load()
     return room
 
@@ -390,8 +414,8 @@ async def test_a_named_voices_turn_that_does_not_sound_like_the_person_reads_its
     assert await room.turn("Speaker A") == "Ian"
     room.audio.turn_print = None  # too short to print: the voice's name
     assert await room.turn("Speaker A") == "Ian"
-    room.audio.turn_print = PEGGY  # Peggy's words inside Ian's voice are not named Peggy either
-    assert await room.turn("Speaker A") == "Speaker A"
+    room.audio.turn_print = PEGGY  # Peggy's words inside Ian's voice: Peggy is named for no
+    assert await room.turn("Speaker A") == "Peggy"  # voice here, her turn reads her ([voices] claim_new)
 
 
 async def test_verify_minus_one_names_every_turn_of_a_named_voice() -> None:
@@ -408,8 +432,10 @@ async def test_verify_minus_one_names_every_turn_of_a_named_voice() -> None:
 async def test_a_turn_that_sounds_like_a_person_named_for_another_voice_reads_their_name() -> None:
     """`[voices] claim`: the stage split a person over two voices; a turn of the other voice (named
     or not) whose own print is theirs reads their name, and only that turn: the voice's next turn
-    reads its own name or letter again. Only people named in the stream are claimed."""
-    room = await room_with(("Ian", IAN), ("Peggy", PEGGY), ("Omar", unit(0, 0, 0, 1)))
+    reads its own name or letter again. With `claim` alone (`claim_new = 2`), only people named
+    in the stream are claimed."""
+    room = await room_with(("Ian", IAN), ("Peggy", PEGGY), ("Omar", unit(0, 0, 0, 1)),
+                           config=VoicesConfig(enabled=True, claim_new=2.0))
     room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(PEGGY, 3.0), Speaker_C=(unit(0, 0, 1, 0), 3.0))
     room.audio.turn_print = IAN
     assert await room.turn("Speaker A") == "Ian"
@@ -423,6 +449,34 @@ async def test_a_turn_that_sounds_like_a_person_named_for_another_voice_reads_th
     room.audio.turn_print = unit(0, 0, 0, 1)  # Omar's words: Omar is named for no voice here
     assert await room.turn("Speaker C") == "Speaker C"
     assert (room.voices.turns_unmatched, room.voices.turns_claimed) == (1, 2)
+
+
+async def test_with_claim_new_a_turn_reads_a_remembered_person_no_voice_is_named_for() -> None:
+    """`[voices] claim_new`: the first turn of a voice not named yet (or a turn the stage gave to
+    another person's voice) whose own print is a remembered person's reads their name, when no
+    voice of the stream is named for them; the voice itself stays unnamed. `claim_new = 2`:
+    never. A person only suggested for a voice is not claimed (the suggest tier keeps its
+    letter until someone confirms)."""
+    omar = unit(0, 0, 0, 1)
+    room = await room_with(("Ian", IAN), ("Omar", omar),
+                           config=VoicesConfig(enabled=True, claim_new=2.0))
+    room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(unit(0, 0, 1, 0), 3.0))
+    room.audio.turn_print = omar
+    assert await room.turn("Speaker B") == "Speaker B"  # never
+    room = await room_with(("Ian", IAN), ("Omar", omar),
+                           config=VoicesConfig(enabled=True, claim_new=0.6))
+    room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(unit(0, 0, 1, 0), 3.0))
+    room.audio.turn_print = near(omar, 0.7)
+    assert await room.turn("Speaker B") == "Omar"
+    room.audio.turn_print = near(omar, 0.5)  # under claim_new
+    assert await room.turn("Speaker B") == "Speaker B"
+    room.audio.turn_print = near(IAN, 0.7)
+    assert await room.turn("Speaker A") == "Ian"  # Ian is named here: his own voice's
+    assert "Speaker B" not in room.voices.state_of(room.stream).named
+    room.hears(Speaker_A=(IAN, 3.0), Speaker_B=(near(omar, 0.5), 3.0))  # Omar suggested for B
+    room.audio.turn_print = near(omar, 0.7)
+    assert await room.turn("Speaker B") == "Speaker B"
+    assert list(room.voices.state_of(room.stream).suggested) == ["Speaker B"]  # ...as the feed says
 
 
 async def test_claim_two_never_claims() -> None:

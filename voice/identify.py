@@ -28,8 +28,12 @@ printed in parts (`print_turn`, `turn_parts`) and must match on every part
 The stage also splits a person: part of their speech goes to a voice of its own, or to another
 person's voice. With `claim` set, a checked turn that reads no name of its own voice takes the
 name of the person named for another voice of the stream whose prints it matches best, at or
-above `claim` (`turn_person`). Only people already named in the stream are claimed — a turn never
-brings a new name into a meeting, and a voice's own name is never given to another voice.
+above `claim` (`turn_person`). With `claim_new` set as well, a turn that claims nobody named in
+the stream may read a remembered person named for none of its voices (`absent_people`: the stage
+has not told their voice apart yet, or gave their speech to another person's voice), at or above
+`claim_new`; the turn reads the name, its voice does not take it. A person suggested for a voice is
+not claimed this way: the suggest tier keeps its letter until someone confirms. A voice's own name is never given
+to another voice: names go to voices one-to-one (`StreamVoices`), claims only to turns.
 
 A whole recording (`chorus transcribe`, `chorus diarize`) is one stream scored once, after its
 diarization: `identify_once` is `StreamVoices.update` on a fresh stream, so batch and live share
@@ -42,7 +46,7 @@ into `KnownVoice`s of one model (every print of another model is left out, never
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -72,6 +76,12 @@ class IdentifySettings:
     matching its person) takes the name of a person named for another voice of the stream when
     its print scores at least this against them, the best such person (`turn_person`); None:
     never. Only with `verify` set."""
+    claim_new: float | None = None
+    """A checked turn that reads no name of its own voice and claims nobody named in the stream
+    takes the name of a remembered person named for no voice of the stream (`absent`) when its
+    print scores at least this against them, the best such person (`turn_person`): a person
+    whose voice the stage has not told apart yet, or gave to another person's voice. None:
+    never. Only with `verify` set."""
 
     def __post_init__(self) -> None:
         if not (-1.0 <= self.suggest <= self.auto <= 1.0):
@@ -82,6 +92,8 @@ class IdentifySettings:
             raise ValueError(f"need -1 <= verify <= 1, got {self.verify}")
         if self.claim is not None and not -1.0 <= self.claim <= 2.0:
             raise ValueError(f"need -1 <= claim <= 2 (2: never), got {self.claim}")
+        if self.claim_new is not None and not -1.0 <= self.claim_new <= 2.0:
+            raise ValueError(f"need -1 <= claim_new <= 2 (2: never), got {self.claim_new}")
 
 
 TURN_MIN_S = 0.5
@@ -322,16 +334,34 @@ def best_of(turn: TurnPrint, people: Sequence[KnownVoice]) -> tuple[float, Known
     return float(row[best]), printed[best]
 
 
+def absent_people(
+    people: Iterable[KnownVoice], named: Collection[str], suggested: Collection[str]
+) -> list[KnownVoice]:
+    """The remembered people a turn may claim at `claim_new` (`turn_person`'s `absent`): those
+    named for no voice of the stream (`named`: person ids) and suggested for none (`suggested`:
+    person ids): a voice in the suggest tier keeps its letter until someone confirms, and no
+    turn reads the name it is only suggested."""
+    return [p for p in people if p.id not in named and p.id not in suggested]
+
+
 def worth_checking(
-    own: KnownVoice | None, present: Sequence[KnownVoice], settings: IdentifySettings
+    own: KnownVoice | None,
+    present: Sequence[KnownVoice],
+    settings: IdentifySettings,
+    absent: Sequence[KnownVoice] = (),
 ) -> bool:
     """Whether a turn is printed and checked at all (module docstring): `verify` is set, and its
-    voice is named after a person (`own`) or, with `claim` set, another voice of the stream is
-    (`present`: someone it could claim). Otherwise it reads its voice's name or letter as it is.
-    The one guard of the server's, batch's and the bench's checks."""
+    voice is named after a person (`own`), or someone could be claimed: with `claim` set, a
+    person named for another voice of the stream (`present`), with `claim_new` set, a
+    remembered person named for none (`absent`). Otherwise it reads its voice's name or letter
+    as it is. The one guard of the server's, batch's and the bench's checks."""
     if settings.verify is None:
         return False
-    return own is not None or (settings.claim is not None and bool(present))
+    return (
+        own is not None
+        or (settings.claim is not None and bool(present))
+        or (settings.claim_new is not None and bool(absent))
+    )
 
 
 def turn_person(
@@ -339,17 +369,28 @@ def turn_person(
     own: KnownVoice | None,
     present: Sequence[KnownVoice],
     settings: IdentifySettings,
+    absent: Sequence[KnownVoice] = (),
 ) -> KnownVoice | None:
     """Whom a checked turn reads as (module docstring): the person its voice is named after
     (`own`) when the turn matches them (`turn_matches`); otherwise, with `claim` set, the person
-    named for another voice of the stream (`present`) it matches best, at or above `claim`;
-    otherwise nobody (the voice's letter)."""
+    named for another voice of the stream (`present`) it matches best, at or above `claim`,
+    or, with `claim_new` set, the remembered person named for no voice of the stream (`absent`)
+    it matches best, at or above `claim_new` (of the two, the higher score); otherwise nobody
+    (the voice's letter)."""
     if own is not None and turn_matches(turn, own, settings):
         return own
-    if settings.claim is None:
-        return None
-    score, person = best_of(turn, [p for p in present if own is None or p.id != own.id])
-    return person if person is not None and score >= settings.claim else None
+    others = [p for p in present if own is None or p.id != own.id]
+    taken = {p.id for p in others} | ({own.id} if own is not None else set())
+    claims: list[tuple[float, KnownVoice]] = []
+    for threshold, people in (
+        (settings.claim, others),
+        (settings.claim_new, [p for p in absent if p.id not in taken]),
+    ):
+        if threshold is not None:
+            score, person = best_of(turn, people)
+            if person is not None and score >= threshold:
+                claims.append((score, person))
+    return max(claims, key=lambda c: c[0])[1] if claims else None
 
 
 def identify_once(
@@ -373,6 +414,7 @@ __all__ = [
     "KnownVoice",
     "StreamVoices",
     "TurnPrint",
+    "absent_people",
     "best_of",
     "identify_once",
     "known_voices",
