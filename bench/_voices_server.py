@@ -95,10 +95,13 @@ def voices_settings(pairs: list[str]) -> dict[str, float]:
     return out
 
 
-def _config(workdir: Path, voices: dict[str, float] | None = None) -> str:
+def _config(
+    workdir: Path, voices: dict[str, float] | None = None, stt_model: str | None = None
+) -> str:
     return (
         '[stt]\nprovider = "whisper"\n'
-        '[diarizer]\nkind = "embedded"\n'
+        + (f"model = {json.dumps(stt_model)}\n" if stt_model else "")
+        + '[diarizer]\nkind = "embedded"\n'
         '[realtime]\nprovider = "recorder"\n'
         "[voices]\nenabled = true\n"
         + "".join(f"{k} = {v}\n" for k, v in (voices or {}).items())
@@ -316,7 +319,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     port = _free_port()
     config = workdir / "chorus.toml"
     voices = voices_settings(getattr(args, "voices_set", []))
-    await asyncio.to_thread(config.write_text, _config(workdir, voices))
+    stt_model = getattr(args, "stt_model", None)
+    await asyncio.to_thread(config.write_text, _config(workdir, voices, stt_model))
     env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET,
            "CHORUS_STORE_URL": f"sqlite:///{workdir}/chorus.db"}
     py = sys.executable
@@ -333,6 +337,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         "commit": _commit_of(REPO), "seconds": limit, "meeting_a": names["A"],
         "meeting_b": names["B"], "auto": settings.auto, "suggest": settings.suggest,
         "verify": settings.verify, "claim": settings.claim, "claim_new": settings.claim_new,
+        "stt_model": stt_model or "tiny.en",
         "load_average_before": os.getloadavg(),
     }
     began = time.monotonic()
@@ -387,7 +392,8 @@ def run_server(args: argparse.Namespace) -> int:
     clips = report["directory"].replace("-", " ")
     print(f"\nthrough chorus serve ({report['commit']}), {report['render']} render, {where} at "
           f"real-time pace; auto {report['auto']:.2f}, suggest {report['suggest']:.2f}, "
-          f"verify {report['verify']}, claim {report['claim']}, claim_new {report['claim_new']}")
+          f"verify {report['verify']}, claim {report['claim']}, claim_new {report['claim_new']}; "
+          f"Whisper {report.get('stt_model', 'tiny.en')}")
     if report["directory"] == "remembered":
         print(f"meeting A ({report['meeting_a']}): remembered from its room:")
     else:

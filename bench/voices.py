@@ -176,6 +176,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "verify=-1: no turn is checked, auto=0.46; default: the [voices] defaults)",
     )
     parser.add_argument(
+        "--stt-model",
+        default=None,
+        metavar="tiny.en|base|DIR",
+        help="with --path server: the server's `[stt] model` (its live Whisper; default: the "
+        "embedded default, tiny.en)",
+    )
+    parser.add_argument(
         "--seconds",
         type=float,
         default=None,

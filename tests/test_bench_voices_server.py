@@ -132,6 +132,10 @@ def test_voices_settings_reach_the_servers_config_and_bad_ones_are_refused(
     assert voices == {"verify": -1.0, "auto": 0.5}
     config = tomllib.loads(_config(tmp_path, voices))
     assert config["voices"] == {"enabled": True, "verify": -1.0, "auto": 0.5}
+    assert config["stt"] == {"provider": "whisper"}  # the embedded default model
+    assert tomllib.loads(_config(tmp_path, voices, "base"))["stt"] == {
+        "provider": "whisper", "model": "base"
+    }
     with pytest.raises(ValidationError):
         voices_settings(["loudness=2"])
     with pytest.raises(SystemExit):
