@@ -81,7 +81,7 @@ from voice.identify import (
     KnownVoice,
     StreamVoices,
     TurnPrint,
-    absent_people,
+    claimable,
     print_turn,
     stretch_turns,
     turn_clip,
@@ -370,6 +370,7 @@ def replay_names(
     no name of its voice reads the name of the person named for another voice it claims."""
     names = {v.id: v.name for v in directory}
     people = {v.id: v for v in directory}
+    ids = {v.name: v.id for v in directory}
     state = StreamVoices()
     after: list[tuple[dict[str, tuple[str, str] | None], dict[str, str]]] = []
     for fed in meeting.fed:
@@ -386,11 +387,9 @@ def replay_names(
         label, last = turn[0][0], max(k for *_, k in turn)
         named = [after[k][0].get(label) for _, _, _, k in turn]
         own = next((people[n[0]] for n in named if n is not None), None)
-        present = [people[v[0]] for other, v in after[last][0].items() if v and other != label]
-        ids = {v.name: v.id for v in directory}
-        absent = absent_people(
-            directory, {v[0] for v in after[last][0].values() if v},
-            {ids[n] for n in after[last][1].values() if n in ids},
+        present, absent = claimable(
+            label, {other: v[0] for other, v in after[last][0].items() if v},
+            {ids[n] for n in after[last][1].values() if n in ids}, people,
         )
         reads: KnownVoice | None = own  # a turn not checked reads its voice's names as they come
         if meeting.printer is not None and worth_checking(own, present, settings, absent):

@@ -43,7 +43,7 @@ from voice.diarization_stage import ClipPrints, SpeakerSegment, SpeakerTimeline,
 from voice.identify import (
     IdentifySettings,
     TurnPrint,
-    absent_people,
+    claimable,
     identify_once,
     known_voices,
     print_turn,
@@ -223,6 +223,9 @@ class TurnChecks:
         self.settings = settings
         self.anonymous = set(anonymous)
         self._people = {k.id: k for k in known_voices(voices, names.model)}
+        by_name = {p.name: p.id for p in self._people.values()}
+        self._suggested = {by_name[n] for n in names.suggested.values() if n in by_name}
+        """The people suggested for a speaker (ids): never claimed (`claimable`)."""
         self.unmatched = 0
         self.claimed = 0
         self._lock = threading.Lock()
@@ -237,13 +240,7 @@ class TurnChecks:
         if label not in self.anonymous or not spans:
             return plain
         own = self._people.get(self.names.voice_ids.get(label, ""))
-        present = [self._people[v] for other, v in self.names.voice_ids.items()
-                   if other != label and v in self._people]
-        by_name = {p.name: p.id for p in self._people.values()}
-        absent = absent_people(
-            self._people.values(), set(self.names.voice_ids.values()),
-            {by_name[n] for n in self.names.suggested.values() if n in by_name},
-        )
+        present, absent = claimable(label, self.names.voice_ids, self._suggested, self._people)
         if not worth_checking(own, present, self.settings, absent):
             return plain
         made = self._print(spans)

@@ -465,7 +465,8 @@ class VoicesConfig(_Section):
     takes the name of a remembered person named for no voice of the stream when its own prints
     (whole and each part) score at least this against them: a person the stage has not told
     apart yet (the first turn of a voice not named yet), or whose speech it gave to another
-    person's voice. Unset (the default): never."""
+    person's voice. Chosen by the live folds (docs/benchmarks.md, "Claiming a person no voice is
+    named for"). `claim_new = 2` never claims (no print scores 2)."""
     refresh_s: float = Field(default=2.0, ge=0.05, le=300.0)
     """A person added or forgotten by another process on the store (`chorus voices`, another
     `chorus serve`, a `chorus agent` job) is seen here within this long: the directory's

@@ -47,7 +47,7 @@ from voice.diarization_stage import StagePrints
 from voice.identify import (
     KnownVoice,
     StreamVoices,
-    absent_people,
+    claimable,
     known_voices,
     turn_person,
     worth_checking,
@@ -347,14 +347,9 @@ class VoiceDirectory:
         people = {p.id: p for p in self._known.get(prints.model, [])} if prints is not None else {}
         named = state.named.get(label)
         own = people.get(named.voice_id) if named is not None else None
-        present = [
-            people[found.voice_id]
-            for other, found in state.named.items()
-            if other != label and found.voice_id in people
-        ]
-        absent = absent_people(
-            people.values(), {found.voice_id for found in state.named.values()},
-            set(state.suggested.values()),
+        present, absent = claimable(
+            label, {other: found.voice_id for other, found in state.named.items()},
+            set(state.suggested.values()), people,
         )
         if not worth_checking(own, present, self.settings, absent):
             return plain

@@ -33,7 +33,7 @@ from voice.identify import (
     KnownVoice,
     StreamVoices,
     TurnPrint,
-    absent_people,
+    claimable,
     print_turn,
     turn_matches,
     turn_parts,
@@ -222,7 +222,9 @@ def test_a_turn_claims_a_person_named_for_no_voice_only_from_claim_new_on() -> N
     assert turn_person(both, None, [peggy], settings, [omar]) is omar
     assert turn_person(TurnPrint(unit(0, 0.8, 0, 0.6)), None, [peggy], settings, [omar]) is peggy
     assert turn_person(TurnPrint(near(IAN, 0.3)), ian, [], settings, [ian]) is None
-    assert absent_people([ian, peggy, omar], {"v-ian"}, {"v-peggy"}) == [omar]
+    people = {p.id: p for p in (ian, peggy, omar)}
+    assert claimable("Speaker A", {"Speaker A": "v-ian"}, {"v-peggy"}, people) == ([], [omar])
+    assert claimable("Speaker B", {"Speaker A": "v-ian"}, {"v-peggy"}, people) == ([ian], [omar])
     assert worth_checking(None, [], settings, [omar])
     assert not worth_checking(None, [], dataclasses.replace(settings, claim_new=None), [omar])
     with pytest.raises(ValueError):

@@ -29,11 +29,12 @@ The stage also splits a person: part of their speech goes to a voice of its own,
 person's voice. With `claim` set, a checked turn that reads no name of its own voice takes the
 name of the person named for another voice of the stream whose prints it matches best, at or
 above `claim` (`turn_person`). With `claim_new` set as well, a turn that claims nobody named in
-the stream may read a remembered person named for none of its voices (`absent_people`: the stage
-has not told their voice apart yet, or gave their speech to another person's voice), at or above
-`claim_new`; the turn reads the name, its voice does not take it. A person suggested for a voice is
-not claimed this way: the suggest tier keeps its letter until someone confirms. A voice's own name is never given
-to another voice: names go to voices one-to-one (`StreamVoices`), claims only to turns.
+the stream may read a remembered person named for none of its voices (`claimable`: the stage has
+not told their voice apart yet, or gave their speech to another person's voice), at or above
+`claim_new`; the turn reads the name, its voice does not take it. A person suggested for a voice
+is not claimed this way: the suggest tier keeps its letter until someone confirms. A voice's own
+name is never given to another voice: names go to voices one-to-one (`StreamVoices`), claims
+only to turns.
 
 A whole recording (`chorus transcribe`, `chorus diarize`) is one stream scored once, after its
 diarization: `identify_once` is `StreamVoices.update` on a fresh stream, so batch and live share
@@ -46,7 +47,7 @@ into `KnownVoice`s of one model (every print of another model is left out, never
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -334,14 +335,21 @@ def best_of(turn: TurnPrint, people: Sequence[KnownVoice]) -> tuple[float, Known
     return float(row[best]), printed[best]
 
 
-def absent_people(
-    people: Iterable[KnownVoice], named: Collection[str], suggested: Collection[str]
-) -> list[KnownVoice]:
-    """The remembered people a turn may claim at `claim_new` (`turn_person`'s `absent`): those
-    named for no voice of the stream (`named`: person ids) and suggested for none (`suggested`:
-    person ids): a voice in the suggest tier keeps its letter until someone confirms, and no
-    turn reads the name it is only suggested."""
-    return [p for p in people if p.id not in named and p.id not in suggested]
+def claimable(
+    label: str,
+    named: Mapping[str, str],
+    suggested: Collection[str],
+    people: Mapping[str, KnownVoice],
+) -> tuple[list[KnownVoice], list[KnownVoice]]:
+    """Whom a turn of `label` may claim (`turn_person`'s `present` and `absent`), from whom the
+    stream's voices are named after (`named`: label → person id) and suggested as (`suggested`:
+    person ids), among `people` (person id → person, one model's prints): the people named for
+    its other voices, and the people named for no voice and suggested for none (a voice in the
+    suggest tier keeps its letter until someone confirms, and no turn reads the name it is only
+    suggested). The one home of this rule for the server, batch and the bench."""
+    present = [people[v] for other, v in named.items() if other != label and v in people]
+    taken = set(named.values()) | set(suggested)
+    return present, [p for v, p in people.items() if v not in taken]
 
 
 def worth_checking(
@@ -414,8 +422,8 @@ __all__ = [
     "KnownVoice",
     "StreamVoices",
     "TurnPrint",
-    "absent_people",
     "best_of",
+    "claimable",
     "identify_once",
     "known_voices",
     "print_turn",
