@@ -74,6 +74,7 @@ from server.client import EventFeed
 from server.config import VoicesConfig
 from server.metrics import percentile
 from server.protocol import FeedMessage, SpeakerSuggestionMessage, TurnMessage
+from voice.identify import TURN_MIN_S
 
 SETTLE_S = 3.0
 """Meeting A's turns are taken as settled once none arrived for this long (after its audio)..."""
@@ -113,7 +114,9 @@ def _shown_turns(
     result: StreamResult, suggestions: dict[str, str]
 ) -> tuple[list[Shown], dict[str, str | None], list[dict[str, Any]]]:
     """The settled turns of a stream as `Shown` stretches (arrival from the stream's first frame),
-    the name each label ended with, and the turns for the JSON."""
+    the name each label ended with (its last turn long enough to be checked: a shorter one reads
+    its letter whatever the voice is named, `voice.identify.TURN_MIN_S`), and the turns for the
+    JSON."""
     began = result.sent_wall[0] if result.sent_wall else 0.0
     shown: list[Shown] = []
     final: dict[str, tuple[float, str | None]] = {}
@@ -124,7 +127,7 @@ def _shown_turns(
         suggested = None if name is not None else suggestions.get(m.event_id or "")
         at = round(now - began, 3)
         shown.append(Shown(label, m.start, m.end, at, name, suggested))
-        if label not in final or m.end >= final[label][0]:
+        if m.end - m.start >= TURN_MIN_S and (label not in final or m.end >= final[label][0]):
             final[label] = (m.end, name)
         rows.append({"at": at, "start": m.start, "end": m.end, "label": label, "speaker": m.speaker,
                      "suggested": suggested, "corrected": m.corrected, "text": m.text[:80]})

@@ -394,8 +394,7 @@ def replay_names(
         reads: KnownVoice | None = own  # a turn not checked reads its voice's names as they come
         if meeting.printer is not None and worth_checking(own, present, settings, absent):
             made = meeting.printer([(t0, t1) for _, t0, t1, _ in turn])
-            if made is not None:
-                reads = turn_person(made, own, present, settings, absent)
+            reads = turn_person(made, own, present, settings, absent)  # None print: its letter
         for (_, t0, t1, k), name in zip(turn, named, strict=True):
             if reads is own:  # its voice's name from the feed that named it on
                 shown_name = name[1] if name else None

@@ -232,10 +232,10 @@ class TurnChecks:
 
     def reads(self, label: str, spans: Sequence[tuple[float, float]]) -> str:
         """What a turn of `label` over `spans` (seconds, in time order) reads: its speaker's name
-        when the turn sounds like that person, whole and in parts (or is too short to print:
-        under `voice.identify.TURN_MIN_S`, or `verify` is off), a person named for another speaker that
-        it claims, or `label` (its letter). A label that is not anonymous (an enrolled name)
-        reads itself."""
+        when the turn sounds like that person, whole and in parts (or `verify` is off), a person
+        named for another speaker that it claims, or `label` (its letter; also for a turn too
+        short to print, under `voice.identify.TURN_MIN_S`). A label that is not anonymous (an
+        enrolled name) reads itself."""
         plain = self.names.named.get(label, label)
         if label not in self.anonymous or not spans:
             return plain
@@ -243,10 +243,7 @@ class TurnChecks:
         present, absent = claimable(label, self.names.voice_ids, self._suggested, self._people)
         if not worth_checking(own, present, self.settings, absent):
             return plain
-        made = self._print(spans)
-        if made is None:
-            return plain
-        person = turn_person(made, own, present, self.settings, absent)
+        person = turn_person(self._print(spans), own, present, self.settings, absent)
         if own is not None and person is own:
             return plain
         with self._lock:
@@ -263,7 +260,8 @@ class TurnChecks:
         out = []
         if self.unmatched:
             out.append(f"{self.unmatched} turn(s) did not sound like their speaker's remembered "
-                       "person: they read the speaker's letter (voice directory, [voices] verify)")
+                       "person (or were too short to tell): they read the speaker's letter (voice "
+                       "directory, [voices] verify)")
         if self.claimed:
             out.append(f"{self.claimed} turn(s) sounded like a person named for another speaker "
                        "(or for none) and read that name (voice directory, [voices] claim, "

@@ -193,7 +193,8 @@ class ServerMetrics(Collector):
             yield _counter(
                 "chorus_voice_turns_unmatched",
                 "Turns of voices the voice directory named that did not sound like the person "
-                "([voices] verify) and read the voice's letter (or a claimed name).",
+                "([voices] verify), or were too short to print, and read the voice's letter (or "
+                "a claimed name).",
                 checked[0],
             )
             yield _counter(

@@ -90,7 +90,8 @@ class StreamAudio(Protocol):
     def turn_printer(self, start: float, end: float) -> Callable[[], Any] | None:
         """The print of this stream's audio over `start`…`end` (session seconds: a turn) on the
         model of `speaker_prints`, to run off the loop (the audio is read now, the model runs
-        when it is called; None from it for too little audio); None without such a stage."""
+        when it is called; None from it for a turn too short to print, `print_turn`); None
+        without such a stage, or when the stream's audio log no longer holds the turn."""
         ...
 
     def anchor(self, prints_of: Callable[[str], dict[str, Any]]) -> None:
@@ -443,10 +444,11 @@ class VoiceStreamAudio:
         if not isinstance(stage, ClipPrints):
             return None
         audio = self.session.audio.between(*turn_span(start, end))  # on the loop: the log's
-        if len(audio) < TURN_MIN_S * self.session.audio.sample_rate:
-            return None
-
+        if not len(audio):
+            return None  # the log no longer holds the turn: it cannot be checked
         rate = self.session.audio.sample_rate
+        if len(audio) < TURN_MIN_S * rate:
+            return lambda: None  # too short to print (`print_turn`), without a thread's hop
 
         def run() -> Any:
             return print_turn(audio, rate, stage.turn_voiceprint)

@@ -113,8 +113,8 @@ class Naming:
     name: str
     revert: bool = False
     unmatched: bool = False
-    """The voice is named, but this turn did not sound like the person (`name_turn`): it reads
-    as the voice's letter (`name`), and the next turn is checked again."""
+    """The voice is named, but this turn did not sound like the person, or was too short to tell
+    (`name_turn`): it reads as the voice's letter (`name`), and the next turn is checked again."""
     claimed: bool = False
     """This turn sounded like a person named for another voice of the stream (`name_turn`,
     `[voices] claim`): it reads that person's name, and the next turn is checked again."""
@@ -334,7 +334,8 @@ class VoiceDirectory:
         sounds like a person named for another voice of the stream (or, with `claim_new`, a
         remembered person named for none of its voices), whose name it then reads (`claimed`,
         counted in `turns_claimed`), as a turn of an unnamed voice may. A turn too short to
-        print reads its voice's name, or its letter."""
+        print (`voice.identify.TURN_MIN_S`) reads its letter (and counts in `turns_unmatched`
+        when its voice is named); one the stream's audio no longer holds is not checked."""
         naming = self.name_for(stream, label, sender_name)
         if (naming is not None and naming.revert) or self.settings.verify is None:
             return naming
@@ -354,9 +355,9 @@ class VoiceDirectory:
         if not worth_checking(own, present, self.settings, absent):
             return plain
         printer = stream.audio.turn_printer(start, end) if stream.audio is not None else None
-        turn_print = await asyncio.to_thread(printer) if printer is not None else None
-        if turn_print is None:
+        if printer is None:
             return plain
+        turn_print = await asyncio.to_thread(printer)  # None: too short to print, reads no name
         person = turn_person(turn_print, own, present, self.settings, absent)
         if person is not None and person is own:
             return naming

@@ -58,6 +58,7 @@ def test_a_turn_that_does_not_sound_like_the_person_reads_its_letter() -> None:
     }
     unchecked, _ = replay_names(m, KNOWN, IdentifySettings(auto=0.5, suggest=0.5))
     assert {(s.label, s.start): s.name for s in unchecked}[("Speaker A", 4.0)] == "Ian"
-    # a turn too short to print keeps the voice's name
+    # a turn too short to print reads its letter (as the server's and batch's checks)
     short, _ = replay_names(meeting({0.0: IAN}), KNOWN, checked)
-    assert {(s.label, s.start): s.name for s in short}[("Speaker A", 4.0)] == "Ian"
+    assert {(s.label, s.start): s.name for s in short}[("Speaker A", 4.0)] is None
+    assert {(s.label, s.start): s.name for s in short}[("Speaker A", 0.0)] == "Ian"

@@ -110,10 +110,10 @@ WORDS = ScriptedWords(
 
 @contextlib.asynccontextmanager
 async def directory_server(
-    enabled: bool = True, kit: RoomKit | None = None, **voices: Any
+    enabled: bool = True, kit: RoomKit | None = None, words: ScriptedWords = WORDS, **voices: Any
 ) -> AsyncIterator[tuple[RunningServer, httpx.AsyncClient]]:
-    """A server whose shared-mic streams run on `PrintedStage`, its directory `enabled` with
-    `[voices]` `voices`, on `kit`'s store (memory by default)."""
+    """A server whose shared-mic streams run on `PrintedStage` and hear `words`, its directory
+    `enabled` with `[voices]` `voices`, on `kit`'s store (memory by default)."""
     PrintedStage.heard = StagePrints(MODEL)
     PrintedStage.made.clear()
     PrintedStage.turn_print = IAN
@@ -122,7 +122,7 @@ async def directory_server(
         "stt": {"diarize": False}, "voices": {"enabled": enabled, **voices}
     }
     async with running_server_with_local_stt(
-        config, WORDS, stage_factory=PrintedStage, kit=kit
+        config, words, stage_factory=PrintedStage, kit=kit
     ) as srv:
         async with httpx.AsyncClient(base_url=srv.http_base, timeout=30) as http:
             yield srv, http
@@ -312,6 +312,32 @@ async def test_a_turn_of_a_named_voice_that_sounds_like_someone_else_reads_its_l
         assert "chorus_voice_turns_unmatched_total 1.0" in metrics
         assert "chorus_voice_turns_claimed_total 0.0" in metrics  # nobody else named here
         PrintedStage.turn_print = IAN
+        assert await spoken(device, feed, 2.5, "Ian again") == "Ian"
+        async with asyncio.timeout(60):
+            await device.stop()
+        await feed.close()
+
+
+async def test_a_turn_of_a_named_voice_too_short_to_print_reads_its_letter() -> None:
+    """A turn under `TURN_MIN_S` (a word, most often at a change of speaker, where the stage's
+    voices mix) cannot show it is the person: it reads the voice's letter, unprinted, and
+    counts as unmatched; the next turn long enough to print reads the name again."""
+    words = ScriptedWords([
+        [SpokenWord("first", 0.3, 0.8)],
+        [SpokenWord("yes", 3.0, 3.3)],
+        [SpokenWord("third", 6.0, 6.5)],
+    ])
+    async with directory_server(words=words) as (server, http):
+        await http.post("/v1/voices", json={"name": "Ian", "audio": clip(2)}, headers=SERVER_ADMIN)
+        PrintedStage.heard = StagePrints(MODEL, {"Speaker A": IAN}, {"Speaker A": 3.0})
+        token = issue_token(SECRET, ROOM)
+        feed = await EventFeed.open(server.base, ROOM, token)
+        device = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
+        assert await spoken(device, feed, 2.5, "the first turn") == "Ian"
+        printed = len(PrintedStage.turn_seconds)
+        assert await spoken(device, feed, 2.5, "a one-word turn") == "Speaker A"
+        assert len(PrintedStage.turn_seconds) == printed  # not printed: too little audio
+        assert "chorus_voice_turns_unmatched_total 1.0" in (await http.get("/metrics")).text
         assert await spoken(device, feed, 2.5, "Ian again") == "Ian"
         async with asyncio.timeout(60):
             await device.stop()

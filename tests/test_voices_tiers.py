@@ -201,6 +201,8 @@ def test_a_turn_reads_its_voices_person_or_claims_a_person_named_for_another_voi
     assert turn_person(TurnPrint(near(PEGGY, 0.45)), ian, [peggy], settings) is None  # under `claim`
     assert turn_person(TurnPrint(near(PEGGY, 0.55)), None, [peggy], settings) is peggy  # an unnamed voice
     assert turn_person(TurnPrint(near(PEGGY, 0.55)), None, [], settings) is None  # Peggy not named here
+    # a turn too short to print (no print) cannot show it is anyone: its voice's letter
+    assert turn_person(None, ian, [peggy], settings, [peggy]) is None
     unclaimed = IdentifySettings(auto=0.6, suggest=0.45, verify=0.4)
     assert turn_person(TurnPrint(near(PEGGY, 0.9)), ian, [peggy], unclaimed) is None
     with pytest.raises(ValueError):
@@ -266,6 +268,10 @@ class StageAudio:
     def __init__(self) -> None:
         self.prints = StagePrints(MODEL)
         self.turn_print: np.ndarray | None = None
+        """The print of the next turn (None: no printer, as when the stream's audio log no
+        longer holds the turn: not checked)."""
+        self.short = False
+        """The next turn is too short to print (the printer gives None)."""
 
     async def push(self, frame: bytes) -> None: ...
 
@@ -275,10 +281,11 @@ class StageAudio:
         return self.prints
 
     def turn_printer(self, start: float, end: float) -> Callable[[], TurnPrint | None] | None:
-        """The print of the turn's audio: `turn_print` (None: a turn too short to print)."""
+        """The print of the turn's audio: `turn_print` (None from it: a turn too short to
+        print, `short`); None without a print (`turn_print` None)."""
         if self.turn_print is None:
             return None
-        made = TurnPrint(self.turn_print)
+        made = None if self.short else TurnPrint(self.turn_print)
         return lambda: made
 
 
@@ -404,7 +411,8 @@ async def test_prints_of_another_model_are_never_compared() -> None:
 async def test_a_named_voices_turn_that_does_not_sound_like_the_person_reads_its_letter() -> None:
     """`[voices] verify`: a far-field voice can hold two people; a turn of the named voice whose
     own print is someone else's reads the voice's letter, the next turn that sounds like the
-    person reads the name again, and a turn too short to print keeps the name."""
+    person reads the name again, and a turn too short to print reads the letter too (it cannot
+    show it is the person); a turn the stream's audio no longer holds is not checked."""
     room = await room_with(("Ian", IAN), ("Peggy", PEGGY))
     room.hears(Speaker_A=(near(IAN, 0.8), 3.0))
     room.audio.turn_print = near(IAN, 0.7)
@@ -414,8 +422,12 @@ async def test_a_named_voices_turn_that_does_not_sound_like_the_person_reads_its
     assert room.voices.turns_unmatched == 1
     room.audio.turn_print = near(IAN, 0.5)
     assert await room.turn("Speaker A") == "Ian"
-    room.audio.turn_print = None  # too short to print: the voice's name
+    room.audio.short = True  # too short to print: the voice's letter
+    assert await room.turn("Speaker A") == "Speaker A"
+    assert room.voices.turns_unmatched == 2
+    room.audio.short, room.audio.turn_print = False, None  # not held by the log: not checked
     assert await room.turn("Speaker A") == "Ian"
+    assert room.voices.turns_unmatched == 2
     room.audio.turn_print = PEGGY  # Peggy's words inside Ian's voice: Peggy is named for no
     assert await room.turn("Speaker A") == "Peggy"  # voice here, her turn reads her ([voices] claim_new)
 
@@ -446,8 +458,9 @@ async def test_a_turn_that_sounds_like_a_person_named_for_another_voice_reads_th
     assert await room.turn("Speaker B") == "Peggy"
     room.audio.turn_print = near(IAN, 0.9)
     assert await room.turn("Speaker C") == "Ian"  # a voice of its own for some of Ian's speech
-    room.audio.turn_print = None  # too short to print: its letter, not the claimed name
+    room.audio.short = True  # too short to print: its letter, not the claimed name
     assert await room.turn("Speaker C") == "Speaker C"
+    room.audio.short = False
     room.audio.turn_print = unit(0, 0, 0, 1)  # Omar's words: Omar is named for no voice here
     assert await room.turn("Speaker C") == "Speaker C"
     assert (room.voices.turns_unmatched, room.voices.turns_claimed) == (1, 2)

@@ -19,7 +19,9 @@ changes segmentation-3.0 can give one local speaker two people, and their mixed 
 named voice. So with `verify` set each turn is checked too (`turn_matches`): the print of the
 turn's own audio (`TURN_MIN_S` or more of it) must score at least `verify` against the person
 its voice is named after, or the turn reads as its voice's letter (the voice keeps its name for
-the next turn). The bench's folds cut wrong names 6.6 -> 2.8 % of the speech for 1.9 points of
+the next turn). A turn too short to print (under `TURN_MIN_S`: a word or two, most often at a
+change of speaker) cannot show it is the person, so it reads the letter too (`turn_person` of no
+print). The bench's folds cut wrong names 6.6 -> 2.8 % of the speech for 1.9 points of
 named speech (docs/benchmarks.md, "Checking each turn"). A long turn can hold both people, more
 of the named one, and still match as a whole; so a turn of twice `TURN_PART_S` or more is also
 printed in parts (`print_turn`, `turn_parts`) and must match on every part
@@ -98,8 +100,11 @@ class IdentifySettings:
 
 
 TURN_MIN_S = 0.5
-"""A turn shorter than this is not checked (`turn_matches`: too little audio for a print; the
-embedding model's own floor): it reads its voice's name."""
+"""A turn shorter than this is not printed (too little audio for a print; the embedding model's
+own floor): a checked turn this short reads its voice's letter (`turn_person` of no print). Such
+turns come mostly at changes of speaker, where the stage's voices mix: the folds' cost fell in
+every fold when they read the letter rather than the name, and rose with a floor of 1 s
+(docs/benchmarks.md, "A turn too short to check")."""
 TURN_MAX_S = 10.0
 """A longer turn is printed from its middle this long (`turn_span`): the print's cost grows
 with the audio, about 13 ms of CPU per second of it (docs/voices.md)."""
@@ -373,7 +378,7 @@ def worth_checking(
 
 
 def turn_person(
-    turn: TurnPrint,
+    turn: TurnPrint | None,
     own: KnownVoice | None,
     present: Sequence[KnownVoice],
     settings: IdentifySettings,
@@ -384,7 +389,9 @@ def turn_person(
     named for another voice of the stream (`present`) it matches best, at or above `claim`,
     or, with `claim_new` set, the remembered person named for no voice of the stream (`absent`)
     it matches best, at or above `claim_new` (of the two, the higher score); otherwise nobody
-    (the voice's letter)."""
+    (the voice's letter). A turn with no print (`print_turn`: too short) matches nobody."""
+    if turn is None:
+        return None
     if own is not None and turn_matches(turn, own, settings):
         return own
     others = [p for p in present if own is None or p.id != own.id]
