@@ -422,18 +422,19 @@ def run_server(args: argparse.Namespace) -> int:
           f"{', '.join(f'{x:.2f}' for x in report['load_average_after'])} after; "
           f"{report['wall_s']:.0f} s in all")
     print("\n| speaker | speech (s) | in a turn | named | named or suggested | first name after (s) "
-          "| first suggestion after (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| first suggestion after (s) | first turn (s): named |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     cover = report["in_turns"]
     for s, v in row["speakers"].items():
         print(f"| {s} | {v['speech_s']:.1f} | {_pct(cover[s])} | {_pct(v['named'])} | "
               f"{_pct(v['named_or_suggested'])}"
               f" | {_or_never(v['first_named_after_s'])} | "
-              f"{_or_never(v['first_suggested_after_s'])} |")
+              f"{_or_never(v['first_suggested_after_s'])} | "
+              f"{v['first_turn_s']:.1f}: {_pct(v['first_turn_named'])} |")
     for s, v in row["strangers_named"].items():
         print(f"| {s} (not remembered) | {outcome.strangers[s] * GRID_S:.1f} | {_pct(cover[s])} | "
               f"under a name {_pct(v)} | own voice: {outcome.strangers_voice[s] or 'its letter'} "
-              "| | |")
+              "| | | |")
     print(f"\nwrong names {_pct(row['wrong'])} of all speech, wrong suggestions "
           f"{_pct(row['wrong_suggested'])}")
     print("meeting B's stage voices (the name each ended with: whose speech its turns hold):")

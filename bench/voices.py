@@ -303,6 +303,9 @@ class Outcome:
     strangers_voice: dict[str, str | None]
     """Each speaker not in the directory → the name their own voice (the stage label holding
     most of their speech) ended with (None: it kept its letter)."""
+    first_turn: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Remembered speaker → (frames of their first turn: the first stretch of their reference
+    speech, frames of it named correctly). The issue's target includes it when it lasts 3 s."""
 
 
 @dataclass(frozen=True)
@@ -452,6 +455,12 @@ def score_shown(
         return int(bad.sum())
 
     strangers = {s: int(ref[s].sum()) for s in ref if s not in named}
+    first_turn: dict[str, tuple[int, int]] = {}
+    for who in own:
+        lo = int(np.argmax(ref[who]))
+        gap = np.flatnonzero(~ref[who][lo:])
+        hi = lo + (int(gap[0]) if len(gap) else n - lo)
+        first_turn[who] = (hi - lo, int(named[who][lo:hi].sum()))
     voice_of = {
         s: max(labels, key=lambda k: int((labels[k] & ref[s]).sum()), default=None)
         for s in strangers
@@ -470,6 +479,7 @@ def score_shown(
         strangers_voice={
             s: None if label is None else final.get(label) for s, label in voice_of.items()
         },
+        first_turn=first_turn,
     )
 
 
@@ -676,6 +686,8 @@ def pair_row(label: str, directory: list[str], o: Outcome, *, batch: bool) -> di
             "first_named_after_s": None if batch else o.first_named[s],
             "first_suggested_after_s": None if batch else o.first_suggested[s],
             "speech_s": o.own[s] * GRID_S,
+            "first_turn_s": o.first_turn[s][0] * GRID_S,
+            "first_turn_named": o.first_turn[s][1] / max(o.first_turn[s][0], 1),
         }
         when = "" if batch else (
             f"; first name {o.first_named[s]} s after they began, first suggestion "
@@ -683,7 +695,8 @@ def pair_row(label: str, directory: list[str], o: Outcome, *, batch: bool) -> di
         )
         print(
             f"    {s}: named {_pct(share)} of {o.own[s] * GRID_S:.1f} s, named or "
-            f"suggested {_pct(either)}{when}"
+            f"suggested {_pct(either)}{when}; their first turn ({o.first_turn[s][0] * GRID_S:.1f} s) "
+            f"named {_pct(row['speakers'][s]['first_turn_named'])}"
         )
     row["wrong"] = o.wrong / o.speech
     row["wrong_suggested"] = o.wrong_suggested / o.speech
