@@ -297,8 +297,11 @@ async def test_every_stream_stage_starts_from_the_directory_and_hears_a_forget()
 
 async def test_a_turn_of_a_named_voice_that_sounds_like_someone_else_reads_its_letter() -> None:
     """`[voices] verify` through a running server: the rename hook prints each turn of a voice
-    the directory named, from the stream's own audio over the turn, off the loop."""
-    async with directory_server() as (server, http):
+    the directory named, from the stream's own audio over the turn, off the loop. A turn under
+    `TURN_MIN_S` (a word, most often at a change of speaker, where the stage's voices mix)
+    cannot show it is the person: it reads the letter too, unprinted."""
+    words = ScriptedWords([*WORDS.finals, [SpokenWord("yes", 9.0, 9.3)]])
+    async with directory_server(words=words) as (server, http):
         await http.post("/v1/voices", json={"name": "Ian", "audio": clip(2)}, headers=SERVER_ADMIN)
         PrintedStage.heard = StagePrints(MODEL, {"Speaker A": IAN}, {"Speaker A": 3.0})
         token = issue_token(SECRET, ROOM)
@@ -313,32 +316,10 @@ async def test_a_turn_of_a_named_voice_that_sounds_like_someone_else_reads_its_l
         assert "chorus_voice_turns_claimed_total 0.0" in metrics  # nobody else named here
         PrintedStage.turn_print = IAN
         assert await spoken(device, feed, 2.5, "Ian again") == "Ian"
-        async with asyncio.timeout(60):
-            await device.stop()
-        await feed.close()
-
-
-async def test_a_turn_of_a_named_voice_too_short_to_print_reads_its_letter() -> None:
-    """A turn under `TURN_MIN_S` (a word, most often at a change of speaker, where the stage's
-    voices mix) cannot show it is the person: it reads the voice's letter, unprinted, and
-    counts as unmatched; the next turn long enough to print reads the name again."""
-    words = ScriptedWords([
-        [SpokenWord("first", 0.3, 0.8)],
-        [SpokenWord("yes", 3.0, 3.3)],
-        [SpokenWord("third", 6.0, 6.5)],
-    ])
-    async with directory_server(words=words) as (server, http):
-        await http.post("/v1/voices", json={"name": "Ian", "audio": clip(2)}, headers=SERVER_ADMIN)
-        PrintedStage.heard = StagePrints(MODEL, {"Speaker A": IAN}, {"Speaker A": 3.0})
-        token = issue_token(SECRET, ROOM)
-        feed = await EventFeed.open(server.base, ROOM, token)
-        device = await DeviceStream.open(server.base, ROOM, token, StartMessage(participant="desk"))
-        assert await spoken(device, feed, 2.5, "the first turn") == "Ian"
         printed = len(PrintedStage.turn_seconds)
         assert await spoken(device, feed, 2.5, "a one-word turn") == "Speaker A"
         assert len(PrintedStage.turn_seconds) == printed  # not printed: too little audio
-        assert "chorus_voice_turns_unmatched_total 1.0" in (await http.get("/metrics")).text
-        assert await spoken(device, feed, 2.5, "Ian again") == "Ian"
+        assert "chorus_voice_turns_unmatched_total 2.0" in (await http.get("/metrics")).text
         async with asyncio.timeout(60):
             await device.stop()
         await feed.close()
