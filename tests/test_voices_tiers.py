@@ -394,9 +394,13 @@ async def test_forgetting_a_voice_in_a_running_room_turns_its_next_turn_back_int
     assert await room.turn("Speaker A") == "Speaker A"  # and stays a letter
     assert await room.turn("Speaker B") == "Peggy"
     assert [v.name for v in await room.voices.voices()] == ["Peggy"]
-    # a voice that sounds like Ian now is never named Ian again
+    # a voice that sounds like Ian now is never named Ian again, nor is a turn claimed for him
+    # (`claim`, `claim_new`: only the directory's people can be claimed)
     room.hears(Speaker_C=(IAN, 5.0))
     assert await room.turn("Speaker C") == "Speaker C"
+    room.audio.turn_print = IAN
+    assert await room.turn("Speaker C") == "Speaker C"
+    assert await room.turn("Speaker B") == "Speaker B"  # Ian's words in Peggy's voice
 
 
 async def test_prints_of_another_model_are_never_compared() -> None:
