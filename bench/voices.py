@@ -304,8 +304,10 @@ class Outcome:
     """Each speaker not in the directory → the name their own voice (the stage label holding
     most of their speech) ended with (None: it kept its letter)."""
     first_turn: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Remembered speaker → (frames of their first turn: the first stretch of their reference
-    speech, frames of it named correctly). The issue's target includes it when it lasts 3 s."""
+    """Remembered speaker → (speech frames of their first turn, frames of it named correctly).
+    Their first turn: their speech from its first frame until someone else speaks while they do
+    not (the meetings' turns are whole utterances, their pauses inside). The issue's target
+    includes it when it lasts 3 s."""
 
 
 @dataclass(frozen=True)
@@ -458,9 +460,11 @@ def score_shown(
     first_turn: dict[str, tuple[int, int]] = {}
     for who in own:
         lo = int(np.argmax(ref[who]))
-        gap = np.flatnonzero(~ref[who][lo:])
-        hi = lo + (int(gap[0]) if len(gap) else n - lo)
-        first_turn[who] = (hi - lo, int(named[who][lo:hi].sum()))
+        others = np.logical_or.reduce([g for k, g in ref.items() if k != who] + [np.zeros(n, bool)])
+        ended = np.flatnonzero(~ref[who][lo:] & others[lo:])  # someone else speaks, they do not
+        hi = lo + (int(ended[0]) if len(ended) else n - lo)
+        turn = ref[who][lo:hi]
+        first_turn[who] = (int(turn.sum()), int((named[who][lo:hi] & turn).sum()))
     voice_of = {
         s: max(labels, key=lambda k: int((labels[k] & ref[s]).sum()), default=None)
         for s in strangers

@@ -24,7 +24,7 @@ from bench._voices_server import (
     voices_settings,
 )
 from bench.load import StreamResult
-from bench.voices import GRID_S, _frames, score_shown
+from bench.voices import GRID_S, Shown, _frames, score_shown
 from server.protocol import SpeakerSuggestionMessage, TurnMessage
 
 N = _frames(20.0) + 1
@@ -193,3 +193,12 @@ def test_the_name_a_voice_ended_with_skips_turns_too_short_to_check() -> None:
     ]
     _, final, _ = _shown_turns(result, {})
     assert final == {"Speaker A": "Ian"}
+
+
+def test_a_speakers_first_turn_runs_until_someone_else_speaks_alone() -> None:
+    """A turn is a whole utterance (its pauses inside, an overlap by the next speaker too): it
+    ends where someone else speaks while its speaker does not."""
+    ref = {"Ian": grid((0.0, 2.0), (2.5, 4.0), (4.5, 5.0), (9.0, 10.0)), "Peg": grid((4.8, 8.0))}
+    shown = [Shown("Speaker A", 0.0, 2.0, 3.0, "Ian"), Shown("Speaker A", 2.5, 5.0, 6.0)]
+    outcome = score_shown(ref, shown, ["Ian"], {})
+    assert outcome.first_turn == {"Ian": (_frames(4.0), _frames(2.0))}  # 0-5 s: 4 s of speech
