@@ -460,8 +460,7 @@ def score_shown(
     first_turn: dict[str, tuple[int, int]] = {}
     for who in own:
         lo = int(np.argmax(ref[who]))
-        others = np.logical_or.reduce([g for k, g in ref.items() if k != who] + [np.zeros(n, bool)])
-        ended = np.flatnonzero(~ref[who][lo:] & others[lo:])  # someone else speaks, they do not
+        ended = np.flatnonzero(~ref[who][lo:] & speech[lo:])  # someone else speaks, they do not
         hi = lo + (int(ended[0]) if len(ended) else n - lo)
         turn = ref[who][lo:hi]
         first_turn[who] = (int(turn.sum()), int((named[who][lo:hi] & turn).sum()))
@@ -647,6 +646,15 @@ def _verify(v: float | None) -> str:
     return "  off" if v is None else f"{v:5.2f}"
 
 
+def describe(settings: IdentifySettings) -> str:
+    """The tiers and checks of `settings` as the bench prints them."""
+    return (
+        f"auto {settings.auto:.2f}, suggest {settings.suggest:.2f}, verify "
+        f"{_verify(settings.verify).strip()}, claim {_verify(settings.claim).strip()}, "
+        f"claim_new {_verify(settings.claim_new).strip()}"
+    )
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:5.1f} %"
 
@@ -663,10 +671,7 @@ def _pair(
     """Meeting B named by each directory of `conditions` at `settings`; printed and returned."""
     out: dict[str, Any] = {}
     print(
-        f"\nmeeting B ({b_name}) at auto {settings.auto:.2f}, suggest {settings.suggest:.2f}, "
-        f"verify {_verify(settings.verify).strip()}, claim {_verify(settings.claim).strip()}, "
-        f"claim_new {_verify(settings.claim_new).strip()}; "
-        "directory: "
+        f"\nmeeting B ({b_name}) at {describe(settings)}; directory: "
         f"the speakers of meeting A ({', '.join(in_a)})"
     )
     for label, directory in conditions.items():
@@ -796,7 +801,7 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 **(
                     {"unclaimed": _fold_at(test, held, unclaimed(chosen))}
-                    if (chosen.claim, chosen.claim_new) != (None, None) else {}
+                    if unclaimed(chosen) != chosen else {}
                 ),
                 **({"at_defaults": _fold_at(test, held, defaults),
                     "at_defaults_unchecked": _fold_at(test, held, unchecked(defaults))}
@@ -804,7 +809,6 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     chosen = _choose(trials, verify_grid=VERIFY_GRID)
-    auto, suggest, verify, claim = chosen.auto, chosen.suggest, chosen.verify, chosen.claim
     print(
         f"\nleave-one-speaker-out over the {render} renders (directory: the other speakers' clips, "
         "close + far prints)"
@@ -825,10 +829,8 @@ def run(args: argparse.Namespace) -> int:
             + "; ".join(f"{_pct(x['miss'])}, {_pct(x['wrong'])}" for x in also)
         )
     if batch:
-        print("the same held-out folds at the [voices] defaults (what --voices uses), auto "
-              f"{defaults.auto:.2f}, suggest {defaults.suggest:.2f}, verify "
-              f"{_verify(defaults.verify).strip()}, claim {_verify(defaults.claim).strip()}, "
-              f"claim_new {_verify(defaults.claim_new).strip()}:")
+        print("the same held-out folds at the [voices] defaults (what --voices uses), "
+              f"{describe(defaults)}:")
         for f in folds:
             d = f["at_defaults"]
             print(
@@ -843,9 +845,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{_pct(f['at_defaults_unchecked']['wrong'])}"
             )
     print(
-        f"chosen on every fold: auto {auto:.2f}, suggest {suggest:.2f}, verify "
-        f"{_verify(verify).strip()}, claim {_verify(claim).strip()}, claim_new "
-        f"{_verify(chosen.claim_new).strip()} (folds: auto "
+        f"chosen on every fold: {describe(chosen)} (folds: auto "
         f"{min(f['auto'] for f in folds):.2f}–{max(f['auto'] for f in folds):.2f}, median "
         f"{statistics.median(f['auto'] for f in folds):.2f})"
     )
@@ -863,8 +863,9 @@ def run(args: argparse.Namespace) -> int:
         ],
     }
     report: dict[str, Any] = {
-        "path": "batch" if batch else "live", "auto": auto, "suggest": suggest,
-        "verify": verify, "claim": claim, "claim_new": chosen.claim_new, "folds": folds,
+        "path": "batch" if batch else "live", "auto": chosen.auto, "suggest": chosen.suggest,
+        "verify": chosen.verify, "claim": chosen.claim, "claim_new": chosen.claim_new,
+        "folds": folds,
         "pair": {}, "live_settings": getattr(args, "set", []), "replay": tape is not None,
     }
     b_name = pair["files"][render]["B"]
@@ -873,9 +874,9 @@ def run(args: argparse.Namespace) -> int:
         tiers.insert(0, defaults)  # what `--voices` uses: the [voices] defaults
         tiers.insert(0, unchecked(defaults))  # ...unchecked
         report["pair_at"] = {}
-    if verify is not None:  # the same, each turn unchecked and unclaimed (what each changes)
+    if chosen.verify is not None:  # the same, each turn unchecked and unclaimed (what each does)
         tiers.insert(0, unchecked(chosen))
-        if (claim, chosen.claim_new) != (None, None):
+        if unclaimed(chosen) != chosen:
             tiers.insert(1, unclaimed(chosen))
         report["pair_at"] = {}
     for settings in tiers:

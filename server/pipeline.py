@@ -41,7 +41,7 @@ from voice.diarization_stage import (
     SpeakerPrints,
     StagePrints,
 )
-from voice.identify import TURN_MIN_S, print_turn, turn_span
+from voice.identify import print_turn, turn_span
 from voice.second_pass import SecondPass
 from voice.stt import load_stt
 from voice.stt.base import SttProvider, SttStatus
@@ -446,9 +446,7 @@ class VoiceStreamAudio:
         audio = self.session.audio.between(*turn_span(start, end))  # on the loop: the log's
         if not len(audio):
             return None  # the log no longer holds the turn: it cannot be checked
-        rate = self.session.audio.sample_rate
-        if len(audio) < TURN_MIN_S * rate:
-            return lambda: None  # too short to print (`print_turn`), without a thread's hop
+        rate = self.session.audio.sample_rate  # a turn too short to print: None from `print_turn`
 
         def run() -> Any:
             return print_turn(audio, rate, stage.turn_voiceprint)
