@@ -49,7 +49,13 @@ import numpy.typing as npt
 from diarization.models import POWERSET, SegmentationModel, default_segmentation_model
 from voice.centroids import unit_or_none
 from voice.diarization_stage import Audio
-from voice.embedding import default_cache_dir, fbank, onnx_session, package_file
+from voice.embedding import (
+    default_cache_dir,
+    embed_in_batches,
+    fbank,
+    onnx_session,
+    package_file,
+)
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -317,22 +323,16 @@ class TrunkEmbedding:
         self, features: Sequence[FloatArray], *, min_frames: int = 10
     ) -> FloatArray:
         """Embeddings (n, 192) of fbank slices (frames, 80); a slice under `min_frames` frames
-        (at least 2) gets a NaN row. Slices of equal length share one trunk call."""
-        out = np.full((len(features), EMBEDDING_DIM), np.nan, dtype=np.float32)
-        by_length: dict[int, list[int]] = {}
-        for i, feats in enumerate(features):
-            if feats.ndim != 2 or feats.shape[1] != self.bins:
-                raise ValueError(f"expected fbank features (frames, {self.bins}), got {feats.shape}")
-            if len(feats) >= max(min_frames, 2):
-                by_length.setdefault(len(feats), []).append(i)
+        (at least 2) gets a NaN row. Slices of equal length share one trunk call (which removes
+        each slice's mean itself)."""
+        return embed_in_batches(
+            self._network, features, dim=EMBEDDING_DIM, bins=self.bins, kind="fbank",
+            shortest=max(min_frames, 2), batch=32, prepare=np.stack)
+
+    def _network(self, stacked: FloatArray) -> FloatArray:
         everything = np.ones((1, 1), dtype=np.float32)
-        for items in by_length.values():
-            for lo in range(0, len(items), 32):
-                group = items[lo : lo + 32]
-                frames = self.models.trunk(np.stack([features[i] for i in group]))
-                for i, one in zip(group, frames, strict=True):
-                    out[i] = self.models.pool(one, everything)[0]
-        return out
+        return np.concatenate(
+            [self.models.pool(one, everything) for one in self.models.trunk(stacked)])
 
     def voiceprint(self, audio: FloatArray) -> FloatArray:
         return self.models.voiceprint(audio)

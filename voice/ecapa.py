@@ -57,6 +57,7 @@ from voice.embedding import (
     export_embedding_onnx,
     load_network,
     package_file,
+    session_network,
 )
 
 FloatArray = npt.NDArray[np.float32]
@@ -373,7 +374,7 @@ class EcapaModel:
         clipped or normalised: `normalise` is applied here, per slice). A slice shorter than
         `min_frames` gets a NaN row. Slices of equal length run in one batched call."""
         return embed_in_batches(
-            self.session, features, dim=ECAPA_DIM, bins=ECAPA_BINS, kind="filterbank",
+            session_network(self.session), features, dim=ECAPA_DIM, bins=ECAPA_BINS, kind="filterbank",
             # reflect padding needs more frames than the widest pad (4)
             shortest=max(min_frames, 10), batch=16,
             prepare=lambda slices: np.stack([normalise(f) for f in slices]))

@@ -250,8 +250,19 @@ def _campplus_state(path: Path) -> Mapping[str, Any]:
     return state
 
 
+def session_network(session: Any) -> Callable[[FloatArray], FloatArray]:
+    """An embedding network's onnxruntime session (input `features`) as `embed_in_batches`
+    calls it: a stacked batch in, its embeddings out."""
+
+    def run(stacked: FloatArray) -> FloatArray:
+        out: FloatArray = session.run(None, {"features": stacked})[0]
+        return out
+
+    return run
+
+
 def embed_in_batches(
-    session: Any,
+    network: Callable[[FloatArray], FloatArray],
     features: Sequence[FloatArray],
     *,
     dim: int,
@@ -261,10 +272,11 @@ def embed_in_batches(
     batch: int,
     prepare: Callable[[list[FloatArray]], FloatArray],
 ) -> FloatArray:
-    """Embeddings (n, `dim`) of feature slices (each (frames, `bins`)) on an embedding network's
-    session (input `features`): a slice shorter than `shortest` frames gets a NaN row; slices of
-    equal length run together, `batch` at a time, stacked by `prepare` (which also applies the
-    network's per-utterance normalisation)."""
+    """Embeddings (n, `dim`) of feature slices (each (frames, `bins`)) by an embedding `network`
+    (a stacked batch in, one embedding per item out: `session_network` of an onnxruntime
+    session): a slice shorter than `shortest` frames gets a NaN row; slices of equal length run
+    together, `batch` at a time, stacked by `prepare` (which also applies the network's
+    per-utterance normalisation)."""
     out = np.full((len(features), dim), np.nan, dtype=np.float32)
     by_length: dict[int, list[int]] = {}
     for i, feats in enumerate(features):
@@ -276,7 +288,7 @@ def embed_in_batches(
         for lo in range(0, len(items), batch):
             batch_items = items[lo : lo + batch]
             stacked = prepare([features[i] for i in batch_items])
-            out[batch_items] = session.run(None, {"features": stacked})[0]
+            out[batch_items] = network(stacked)
     return out
 
 
@@ -419,7 +431,7 @@ class EmbeddingModel:
         done here, per slice). A slice shorter than `min_frames` gets a NaN row. Slices of equal
         length run in one batched call."""
         return embed_in_batches(
-            self.session, features, dim=CAMPPLUS_DIM, bins=FBANK_BINS, kind="fbank",
+            session_network(self.session), features, dim=CAMPPLUS_DIM, bins=FBANK_BINS, kind="fbank",
             shortest=max(min_frames, 2), batch=32, prepare=_mean_removed)
 
     def embed(
