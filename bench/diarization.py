@@ -237,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         )
     # warm-up (first-call allocations), not timed
     stage.diarize(read_audio_16k(scored[0])[: 2 * stage.sample_rate])
+    probes = [_probe(stage, args)]
 
     results: list[FileResult] = []
     for wav in tqdm(scored, desc=f"diarization ({args.diarizer})", unit="file", file=sys.stderr):
@@ -265,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
             result.live_speakers = len(live_hyp.speakers)
         results.append(result)
 
+    probes.append(_probe(stage, args))
     summary: dict[str, Any] = {
         "diarizer": args.diarizer,
         "embedding": args.embedding if args.diarizer == "embedded" else None,
@@ -277,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
         if len(sys.argv) > 3
         else None,
         "load_average": list(os.getloadavg()),
+        "machine_probe_s": probes if None not in probes else None,
+        "machine_probe": "bench.machine.speed_probe: CPU s of a fixed batch of model work",
     }
     header = (
         f"{'file':<28} {'set':<32} {'dur':>5} {'DER@0':>6} {'miss':>5} {'FA':>5} {'conf':>5}"
@@ -345,6 +349,14 @@ def run(args: argparse.Namespace) -> int:
             summary["rtf"] = block["rtf"]
         else:
             summary["sets"][name] = block
+    timed = [p for p in probes if p is not None]
+    if len(timed) == len(probes):
+        summary["rtf_per_probe"] = summary["rtf"] / (sum(timed) / len(timed))
+        lines.append(
+            "machine probe (bench.machine: fixed model work, CPU s, before / after): "
+            + " / ".join(f"{p:.3f}" for p in timed)
+            + f"; RTF in probes: {summary['rtf_per_probe']:.3f}"
+        )
     if args.live:
         live_overall = {c: DerScore.sum(r.live[c] for r in results) for c in COLLARS}
         all_lat = (
@@ -396,6 +408,15 @@ def _parts(by_collar: dict[float, Any]) -> str:
         f" {q.der * 100:7.1f} {_pct(q.missed, q)} {_pct(q.false_alarm, q)} {_pct(q.confusion, q)}"
         f" {_share(q) * 100:5.1f}"
     )
+
+
+def _probe(stage: Any, args: argparse.Namespace) -> float | None:
+    """`bench.machine.speed_probe` on the embedded stage's own models (None for pyannote's)."""
+    if args.diarizer != "embedded":
+        return None
+    from bench.machine import speed_probe
+
+    return speed_probe(stage.segmentation, stage.embedding)
 
 
 def embedding_of(name: str, threads: int) -> Any:

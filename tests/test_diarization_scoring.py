@@ -149,7 +149,13 @@ def test_P4_bench_reads_references_next_to_the_audio_and_reports_per_set(
     assert {f["file"] for f in result["files"]} == {"falcon_test", "fw_stereo_mix"}
     assert set(result["sets"]) == {"clips"}
     assert result["sets"]["clips"]["speakers_ref"] == 5
-    assert "= clips" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "= clips" in printed
+    # the machine's speed at the time, before and after, so RTFs of two runs compare
+    before, after = result["machine_probe_s"]
+    assert 0 < before < 30 and 0 < after < 30
+    assert result["rtf_per_probe"] == pytest.approx(result["rtf"] / ((before + after) / 2))
+    assert "machine probe" in printed
 
 
 @pytest.mark.slow
