@@ -599,7 +599,10 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
             caller = RawCaller(sip_port(srv))
             try:
                 assert await caller.invite("standup", USERS["dana"]) == 200
-                caller.send_rtp(pcmu(0.6, 2.0, 0.8))  # "Good morning everyone." then quiet
+                # "Good morning everyone." then 3 s of quiet RTP, as a phone keeps sending: the turn needs the
+                # STT to hear the silence after it (with 1.5 s or less of it and then no RTP at
+                # all, the turn came only when rtp_timeout_s hung the leg up, a minute later)
+                caller.send_rtp(pcmu(0.6, 2.0, 3.0))
                 received = 0
 
                 def hearing(packets: int) -> Any:
@@ -615,6 +618,9 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
                 await eventually(lambda: leg.barge_ins >= 1, BOUND_S, "barge-in")
                 # the rest of the 6 s reply is dropped (a reply to the new turn may follow)
                 await eventually(lambda: leg.cleared_s >= 3.0, BOUND_S, "the reply dropped")
+                # hang up: the leg ends now, not when rtp_timeout_s of silence has passed
+                caller.request("BYE", "standup")
+                await eventually(lambda: srv.server.metrics.streams_active["sip"] == 0, BOUND_S)
             finally:
                 caller.close()
     assert leg.barge_ins >= 1

@@ -213,8 +213,17 @@ class _HalfDeadConnection(SttConnection):
         self.closed.set()
 
     async def events(self) -> AsyncIterator[RawEvent]:
-        if self.provider.connects > 1:
-            await self.provider.finalized.wait()
+        # the new connection answers every Finalize, as a provider does (the stream's own flush
+        # at its end waited out the quiet bound, 30 s, when only the first was answered)
+        while self.provider.connects > 1 and not self.closed.is_set():
+            answered = asyncio.ensure_future(self.provider.finalized.wait())
+            closing = asyncio.ensure_future(self.closed.wait())
+            await asyncio.wait({answered, closing}, return_when=asyncio.FIRST_COMPLETED)
+            closing.cancel()
+            if not answered.done():  # closed first
+                answered.cancel()
+                break
+            self.provider.finalized.clear()
             yield RawFinalized()
         await self.closed.wait()  # the receiving side hears nothing, ever
         return
