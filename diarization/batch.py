@@ -59,9 +59,7 @@ IntArray = npt.NDArray[np.int64]
 class SpanEmbedding(Protocol):
     """An embedding that `analyse` runs once over each block's span, pooling every local
     speaker's slice out of its frames (`diarization.live_models.SpanTrunkEmbedding`, tried for
-    speed, not the default), when `pools_spans` says so."""
-
-    pools_spans: bool
+    speed, not the default)."""
 
     def span_frames(self, features: FloatArray) -> FloatArray: ...
 
@@ -204,9 +202,10 @@ def analyse(
 ) -> Analysis:
     """Run the models over a recording (mono float32, 16 kHz). `embedding`: CAM++ (the default
     stage's), or any `voice.embedding.SpeakerEmbedding` (ECAPA-TDNN, the two fused:
-    `voice.ecapa`); its features are computed once per block and sliced per local speaker."""
+    `voice.ecapa`); its features are computed once per block and sliced per local speaker (a
+    `SpanEmbedding` instead runs once over the block and pools each local speaker out of it)."""
     wav = np.asarray(audio, dtype=np.float32)
-    spans = embedding if isinstance(embedding, SpanEmbedding) and embedding.pools_spans else None
+    spans = embedding if isinstance(embedding, SpanEmbedding) else None
     starts = window_starts(len(wav), settings.step_samples)
     frames = segmentation.frames
     to_frame = _fbank_to_frame(frames)

@@ -50,6 +50,8 @@ from diarization.models import POWERSET, SegmentationModel, default_segmentation
 from voice.centroids import unit_or_none
 from voice.diarization_stage import Audio
 from voice.embedding import (
+    FBANK_BINS,
+    MIN_EMBED_FRAMES,
     default_cache_dir,
     embed_in_batches,
     fbank,
@@ -302,15 +304,14 @@ class TrunkEmbedding:
     `chorus bench diarization --embedding campplus-int8`)."""
 
     dim = EMBEDDING_DIM
-    bins = 80
-    pools_spans = False
-    """`SpanTrunkEmbedding` runs the trunk once per block of windows instead."""
+    bins = FBANK_BINS
+    kind = "trunk"
+    """In its name (`SpanTrunkEmbedding`: "span")."""
 
     def __init__(self, models: LiveModels | None = None) -> None:
         self.models = models or default_live_models()
         self.source = self.models.source
-        kind = "span" if self.pools_spans else "trunk"
-        self.name = f"campplus-{kind}-{self.models.precision}"
+        self.name = f"campplus-{self.kind}-{self.models.precision}"
         """Its own name, so a `--cache` of analyses never mixes it up with CAM++'s."""
 
     def __repr__(self) -> str:
@@ -320,7 +321,7 @@ class TrunkEmbedding:
         return fbank(audio)
 
     def embed_features(
-        self, features: Sequence[FloatArray], *, min_frames: int = 10
+        self, features: Sequence[FloatArray], *, min_frames: int = MIN_EMBED_FRAMES
     ) -> FloatArray:
         """Embeddings (n, 192) of fbank slices (frames, 80); a slice under `min_frames` frames
         (at least 2) gets a NaN row. Slices of equal length share one trunk call (which removes
@@ -339,14 +340,14 @@ class TrunkEmbedding:
 
 
 class SpanTrunkEmbedding(TrunkEmbedding):
-    """`TrunkEmbedding` the way the live stage embeds a window (`diarization.batch.analyse` asks
-    for it by `pools_spans`): the trunk runs once over a block's whole span (4 windows, 16 s),
+    """`TrunkEmbedding` the way the live stage embeds a window (a `diarization.batch.SpanEmbedding`
+    to `analyse`): the trunk runs once over a block's whole span (4 windows, 16 s),
     and each local speaker's embedding pools the frames of its slice out of it, so a second of
     audio goes through the trunk about twice instead of once per window that holds it. Tried and
     not the default: those frames carry context from the other voices, and DER rises (the same
     section; `--embedding campplus-block`, `campplus-block-int8`)."""
 
-    pools_spans = True
+    kind = "span"
 
     def span_frames(self, features: FloatArray) -> FloatArray:
         """The trunk's frame features (C, frames // 2) of one span's fbank (frames, 80)."""
