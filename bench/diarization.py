@@ -235,9 +235,14 @@ def run(args: argparse.Namespace) -> int:
             segmentation=SegmentationModel(threads=args.threads),
             embedding=embedding_of(args.embedding, args.threads),
         )
+    from bench.machine import speed_probe
+
+    # the machine's speed before and after (our models: not for pyannote's stage, whose
+    # environment may lack them)
+    probing = args.diarizer == "embedded"
     # warm-up (first-call allocations), not timed
     stage.diarize(read_audio_16k(scored[0])[: 2 * stage.sample_rate])
-    probes = [_probe(stage, args)]
+    probes = [speed_probe()] if probing else []
 
     results: list[FileResult] = []
     for wav in tqdm(scored, desc=f"diarization ({args.diarizer})", unit="file", file=sys.stderr):
@@ -266,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             result.live_speakers = len(live_hyp.speakers)
         results.append(result)
 
-    probes.append(_probe(stage, args))
+    probes += [speed_probe()] if probing else []
     summary: dict[str, Any] = {
         "diarizer": args.diarizer,
         "embedding": args.embedding if args.diarizer == "embedded" else None,
@@ -279,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         if len(sys.argv) > 3
         else None,
         "load_average": list(os.getloadavg()),
-        "machine_probe_s": probes if None not in probes else None,
+        "machine_probe_s": probes or None,
         "machine_probe": "bench.machine.speed_probe: CPU s of a fixed batch of model work",
     }
     header = (
@@ -349,12 +354,11 @@ def run(args: argparse.Namespace) -> int:
             summary["rtf"] = block["rtf"]
         else:
             summary["sets"][name] = block
-    timed = [p for p in probes if p is not None]
-    if len(timed) == len(probes):
-        summary["rtf_per_probe"] = summary["rtf"] / (sum(timed) / len(timed))
+    if probes:
+        summary["rtf_per_probe"] = summary["rtf"] / (sum(probes) / len(probes))
         lines.append(
             "machine probe (bench.machine: fixed model work, CPU s, before / after): "
-            + " / ".join(f"{p:.3f}" for p in timed)
+            + " / ".join(f"{p:.3f}" for p in probes)
             + f"; RTF in probes: {summary['rtf_per_probe']:.3f}"
         )
     if args.live:
@@ -408,15 +412,6 @@ def _parts(by_collar: dict[float, Any]) -> str:
         f" {q.der * 100:7.1f} {_pct(q.missed, q)} {_pct(q.false_alarm, q)} {_pct(q.confusion, q)}"
         f" {_share(q) * 100:5.1f}"
     )
-
-
-def _probe(stage: Any, args: argparse.Namespace) -> float | None:
-    """`bench.machine.speed_probe` on the embedded stage's own models (None for pyannote's)."""
-    if args.diarizer != "embedded":
-        return None
-    from bench.machine import speed_probe
-
-    return speed_probe(stage.segmentation, stage.embedding)
 
 
 def embedding_of(name: str, threads: int) -> Any:
