@@ -42,8 +42,13 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; one per core by default): half of its
+# wall time is waiting on real-time audio, servers and browsers, so workers overlap it
+# (docs/benchmarks.md, "Tests under load"). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell nproc)
+
 unit: install system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test: lint unit test-pyannote
 
