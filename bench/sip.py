@@ -6,10 +6,12 @@ the server's default STT (local Whisper tiny.en; `--stt-model` for another), the
 here (`SipCaller`: INVITE answered with digest credentials, ACK, BYE; RTP from its own socket).
 Each call sends `--audio` (a recording with speech, e.g. the demo meeting or a LibriSpeech
 conversation) as 20 ms PCMU RTP packets paced at real time, then a second of silence and a BYE.
+With `--silence-suppression` the caller is a phone with VAD/DTX: after `HANGOVER_FRAMES` frames
+under `VAD_DBFS` it sends one RFC 3389 comfort-noise packet and no RTP until a frame is loud again.
 A feed on each room (`/v1/rooms/{room}/events`) receives the committed turns.
 
 Latency per turn: from the moment the RTP packet carrying the end of the turn's audio (its `end`)
-was sent to the moment the turn reached the feed, as `bench.load`'s strict latency (a turn
+was sent (or, suppressed, was due) to the moment the turn reached the feed, as `bench.load`'s strict latency (a turn
 corrected later counts from its settled version). The largest N whose p95 stays under 1 s is the
 answer (the completion latency, which forgives a turn its wait for the rest of the STT result it
 was cut from, is a column only). The server's CPU per call comes from /proc. Everything stays on 127.0.0.1 and every loop
@@ -55,6 +57,11 @@ REPO = Path(__file__).resolve().parents[1]
 USER, PASSWORD = "bench", "bench-secret"
 FRAME_S = 0.02
 FRAME_BYTES = 160  # 20 ms of PCMU at 8 kHz
+VAD_DBFS = -45.0
+"""`--silence-suppression`: a 20 ms frame under this RMS level is silence to the phone's VAD."""
+HANGOVER_FRAMES = 10
+"""`--silence-suppression`: silent frames (200 ms) the phone still sends before it stops."""
+CN_PAYLOAD_TYPE = 13
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="whisper: the server's default; deepgram: bench.load's local Deepgram-protocol "
         "stand-in in its own process (it knows only the demo meeting's words), so the figure is "
         "the SIP leg's and the server's own cost, not the recogniser's",
+    )
+    parser.add_argument(
+        "--silence-suppression",
+        action="store_true",
+        help="each caller is a phone with VAD/DTX: no RTP in pauses (one comfort-noise packet each)",
     )
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument(
@@ -214,9 +226,13 @@ class SipCaller:
         self.answer_port = int(port.group(1))
         self._send("ACK")
 
-    def rtp(self, seq: int, payload: bytes) -> None:
+    def rtp(self, seq: int, payload: bytes, frame: int | None = None,
+            payload_type: int = 0) -> None:  # fmt: skip
+        """One RTP packet: sequence number `seq`, the timestamp of 20 ms frame `frame` (`seq`
+        unless frames were suppressed)."""
         assert self._rtp is not None
-        header = struct.pack(">BBHII", 0x80, 0, seq & 0xFFFF, (seq * FRAME_BYTES) & 0xFFFFFFFF, 0xB0)
+        stamp = ((seq if frame is None else frame) * FRAME_BYTES) & 0xFFFFFFFF
+        header = struct.pack(">BBHII", 0x80, payload_type, seq & 0xFFFF, stamp, 0xB0)
         self._rtp.sendto(header + payload, ("127.0.0.1", self.answer_port))
 
     async def hang_up(self) -> None:
@@ -242,12 +258,33 @@ class CallResult:
     late_packets: int = 0
     """RTP packets sent more than 20 ms after their due time (the sender could not keep pace)."""
     slowest: list[dict[str, Any]] = field(default_factory=list)
+    comfort_noise: int = 0
+    """Comfort-noise packets sent (`--silence-suppression`: one per pause)."""
+    suppressed_s: float = 0.0
+    """Audio not sent (`--silence-suppression`)."""
     error: str | None = None
 
 
-async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str) -> CallResult:
-    """One SIP call into `room`: `mulaw` sent at real time, the latency of every turn its feed
-    (opened with `token`) receives."""
+def suppressed_frames(frames: list[bytes]) -> list[bool]:
+    """Which PCMU frames a phone with VAD/DTX does not send: every frame after
+    `HANGOVER_FRAMES` frames in a row under `VAD_DBFS`, until a frame is loud again."""
+    import numpy as np
+
+    from voice.audio import mulaw_decode
+
+    quiet_run, out = 0, []
+    for frame in frames:
+        samples = mulaw_decode(frame).astype(np.float64) / 32768.0
+        level = 20.0 * np.log10(max(float(np.sqrt(np.mean(samples * samples))), 1e-9))
+        quiet_run = quiet_run + 1 if level < VAD_DBFS else 0
+        out.append(quiet_run > HANGOVER_FRAMES)
+    return out
+
+
+async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str,
+                   suppress: bool = False) -> CallResult:  # fmt: skip
+    """One SIP call into `room`: `mulaw` sent at real time (`suppress`: as a phone with silence
+    suppression sends it), the latency of every turn its feed (opened with `token`) receives."""
     from server.client import EventFeed
     from server.protocol import FeedMessage, TurnMessage
 
@@ -271,16 +308,24 @@ async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str
         silence = b"\xff" * FRAME_BYTES
         frames = [mulaw[i : i + FRAME_BYTES] for i in range(0, len(mulaw), FRAME_BYTES)]
         frames += [silence] * int(1.0 / FRAME_S)
-        began = time.monotonic()
-        for seq, frame in enumerate(frames):
-            due = began + seq * FRAME_S
+        quiet = suppressed_frames(frames) if suppress else [False] * len(frames)
+        result.suppressed_s = round(sum(quiet) * FRAME_S, 2)
+        began, seq = time.monotonic(), 0
+        for n, frame in enumerate(frames):
+            due = began + n * FRAME_S
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             elif delay < -FRAME_S:
                 result.late_packets += 1
-            caller.rtp(seq, frame.ljust(FRAME_BYTES, b"\xff"))
-            sent_audio.append((seq + 1) * FRAME_S)
+            if not quiet[n]:
+                caller.rtp(seq, frame.ljust(FRAME_BYTES, b"\xff"), n)
+                seq += 1
+            elif n == 0 or not quiet[n - 1]:  # the pause begins: one comfort-noise packet
+                caller.rtp(seq, bytes([60]), n, CN_PAYLOAD_TYPE)  # -60 dBov
+                seq += 1
+                result.comfort_noise += 1
+            sent_audio.append((n + 1) * FRAME_S)
             sent_wall.append(time.monotonic())
         await caller.hang_up()
         async with asyncio.timeout(120):
@@ -321,6 +366,8 @@ class Step:
     cpu_percent_per_call: float
     rss_peak_mib: float
     errors: list[str]
+    comfort_noise_packets: int
+    suppressed_s: float
     slowest_turns: list[dict[str, Any]]
 
     @property
@@ -329,12 +376,13 @@ class Step:
 
 
 async def _step(base: str, sip_port: int, probe: ProcessProbe, mulaw: bytes, n: int,
-                seconds: float) -> Step:  # fmt: skip
+                seconds: float, suppress: bool = False) -> Step:  # fmt: skip
     cpu_before, wall_before, peak = probe.cpu_seconds(), time.monotonic(), probe.rss_mib()
     from server.auth import issue_token
 
     rooms = [f"sipbench-{n}-{i}" for i in range(n)]
-    tasks = [asyncio.create_task(one_call(base, sip_port, room, mulaw, issue_token(SECRET, room, 7200)))
+    tasks = [asyncio.create_task(one_call(base, sip_port, room, mulaw,
+                                          issue_token(SECRET, room, 7200), suppress))
              for room in rooms]  # fmt: skip
     while not all(t.done() for t in tasks):
         peak = max(peak, probe.rss_mib())
@@ -356,6 +404,8 @@ async def _step(base: str, sip_port: int, probe: ProcessProbe, mulaw: bytes, n: 
         cpu_percent_per_call=round(cpu / n, 1),
         rss_peak_mib=round(peak, 1),
         errors=[r.error for r in results if r.error],
+        comfort_noise_packets=sum(r.comfort_noise for r in results),
+        suppressed_s=round(sum(r.suppressed_s for r in results), 2),
         slowest_turns=sorted((t for r in results for t in r.slowest),
                              key=lambda t: -float(t["latency_s"]))[:5],
     )
@@ -425,7 +475,8 @@ async def _serve_and_call(
         print(f"server pid {srv.pid}, SIP on udp/{sip_port}, {seconds:.0f} s of {args.audio} per "
               f"call; logs in {workdir}", file=sys.stderr)  # fmt: skip
         for n in counts:
-            step = await _step(f"ws://127.0.0.1:{port}", sip_port, probe, mulaw, n, seconds)
+            step = await _step(f"ws://127.0.0.1:{port}", sip_port, probe, mulaw, n, seconds,
+                               args.silence_suppression)
             steps.append(step)
             print(f"N={n}: turns {step.turns}, p50 {step.p50_latency_s:.2f} s, p95 "
                   f"{step.p95_latency_s:.2f} s, CPU {step.cpu_percent_per_call:.0f} %/call"
@@ -444,7 +495,8 @@ async def _serve_and_call(
     print(f"\nlargest N with p95 latency < {LATENCY_TARGET_S:g} s: {largest}")
     if args.json:
         out = {"largest_calls_under_target": largest, "target_p95_s": LATENCY_TARGET_S,
-               "audio": args.audio, "steps": [asdict(s) for s in steps]}  # fmt: skip
+               "audio": args.audio, "silence_suppression": args.silence_suppression,
+               "steps": [asdict(s) for s in steps]}  # fmt: skip
         await asyncio.to_thread(Path(args.json).write_text, json.dumps(out, indent=2))
     return 0
 

@@ -211,6 +211,52 @@ BARGE_IN_FRAMES = 3
 """Consecutive loud frames (60 ms) that clear the reply audio queued for the caller."""
 
 
+SILENCE_FILL_S = 0.2
+"""No caller audio for this long while the call is up and not on hold (a phone's silence
+suppression: RFC 3389 comfort noise or simply no RTP until the caller talks again): the leg feeds
+the stream digital silence for the time since the caller's last frame, and again every
+`SILENCE_FILL_S`, so the STT hears the pause that ends a turn, as it does from a phone that keeps
+sending RTP. When the caller talks again, the RTP timestamps say how long the pause really was
+(`SkippedTime`) and the rest of it is fed before their first frame, so the stream keeps the
+call's time however short the pauses are. A jitter spike longer than this feeds that much silence
+before the late frames; the next pause is fed that much less."""
+
+
+class SkippedTime:
+    """How much of the call a phone skipped before each frame, read from the RTP timestamps: a
+    phone with silence suppression keeps its sequence numbers contiguous and moves its timestamp
+    on by the time it did not send (RFC 3551 §4.1). The timestamp units per second are learnt from
+    the frames themselves (the smallest step per second of audio seen), not taken from the SDP,
+    because G.722 senders disagree on its clock (RFC 3551 says 8 kHz; some step 16 kHz). A step
+    back, or forward by more than the wall time since the last frame (a new source, a restart),
+    is a discontinuity: nothing skipped."""
+
+    SLACK_S = 0.5
+    """A skip may exceed the wall time since the last frame by this much (network jitter)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, float, float] | None = None
+        """The last frame: its timestamp, its length in seconds, when it came."""
+        self._units_per_s: float | None = None
+
+    def skipped(self, timestamp: int, seconds: float, now: float) -> float:
+        """Seconds of the call the sender skipped between the last frame and this one (of
+        `seconds` of audio, arriving at `now`)."""
+        last, self._last = self._last, (timestamp, seconds, now)
+        if last is None or last[1] <= 0:
+            return 0.0
+        step = (timestamp - last[0]) & 0xFFFFFFFF
+        if step == 0 or step >= 0x80000000:
+            return 0.0
+        rate = step / last[1]
+        if self._units_per_s is None or rate < self._units_per_s:
+            self._units_per_s = rate
+        skipped = step / self._units_per_s - last[1]
+        if skipped < RTP_FRAME_S / 2 or skipped > now - last[2] + self.SLACK_S:
+            return 0.0
+        return skipped
+
+
 def _dbfs(pcm: bytes) -> float:
     import numpy as np
 
@@ -223,9 +269,10 @@ def _dbfs(pcm: bytes) -> float:
 
 class SipLeg:
     """One accepted call as a `StreamSocket`: the caller's decoded audio (from aiortp's jitter
-    buffer) as messages until a BYE, a CANCEL or `rtp_timeout_s` without audio; binary messages
-    sent go out as RTP 20 ms frames paced at real time; `close` sends BYE (unless the caller
-    hung up) and closes the RTP session.
+    buffer) as messages until a BYE, a CANCEL or `rtp_timeout_s` without RTP (audio or RFC 3389
+    comfort noise); a pause in the caller's audio longer than `SILENCE_FILL_S` reads as digital
+    silence (`silence_filled_s`); binary messages sent go out as RTP 20 ms frames paced at real
+    time; `close` sends BYE (unless the caller hung up) and closes the RTP session.
 
     On hold (a re-INVITE with `a=sendonly`, `a=inactive` or `c=0.0.0.0`: `hold(True)`) no RTP
     timeout hangs up and no reply audio is sent (it is dropped); `hold(False)` resumes, the RTP
@@ -253,8 +300,22 @@ class SipLeg:
         """Seconds of reply audio dropped by barge-in."""
         self._queued_chunks = 0
         self._drop_chunks = 0
+        self.silence_filled_s = 0.0
+        """Seconds of silence fed for pauses in the caller's audio (`SILENCE_FILL_S`)."""
+        self.comfort_noise = 0
+        """RFC 3389 comfort-noise packets received (they keep the leg from `rtp_timeout_s`)."""
         self._loud = 0
-        self._since = 0.0
+        self._quiet_from = time.monotonic()
+        """Since when no RTP has come (or the last resume, or the last timeout counted on hold)."""
+        self._heard_until: float | None = None
+        """Where the stream's audio reaches in the call's time: the caller's last frame, or the
+        silence fed after it; None until the caller's first frame (a leg that never sends audio
+        costs the STT nothing)."""
+        self._skips = SkippedTime()
+        self._filled_ahead = 0.0
+        """Silence fed for pauses that the sender's timestamps have not yet shown it skipped (the
+        jitter buffer still holds a pause's last frames; or a jitter spike, not a pause): what a
+        skip that comes later owes less."""
         self._rtp_timeout_s = rtp_timeout_s
         self._audio: asyncio.Queue[bytes | None] = asyncio.Queue(max_queued)
         self._hung_up = False
@@ -262,14 +323,34 @@ class SipLeg:
         self._due = 0.0
         self._timestamp = 0
         session.on_audio = self._on_audio
+        rtp = getattr(session, "rtp_session", None)
+        if rtp is not None:
+            rtp.on_cn = self._on_comfort_noise
+
+    def _on_comfort_noise(self, level: int) -> None:
+        self.comfort_noise += 1
+        self._quiet_from = time.monotonic()
 
     def _on_audio(self, pcm: bytes, timestamp: int) -> None:
+        now = time.monotonic()
+        self._quiet_from = now
+        self._heard_until = now
+        rate = self.session.codec_sample_rate
+        skipped = self._skips.skipped(timestamp, len(pcm) / 2 / rate, now)
+        owed = int((skipped - self._filled_ahead) / RTP_FRAME_S + 0.5)
+        self._filled_ahead = max(0.0, self._filled_ahead - skipped)
+        if owed > 0 and not self.held:  # the rest of a pause shorter than SILENCE_FILL_S, or
+            self.silence_filled_s += owed * RTP_FRAME_S  # its part after the last fill
+            self._put(bytes(owed * int(rate * RTP_FRAME_S) * 2))
         if self._queued_chunks > self._drop_chunks:
             self._loud = self._loud + 1 if _dbfs(pcm) >= BARGE_IN_DBFS else 0
             if self._loud >= BARGE_IN_FRAMES:
                 self.barge_in()
         else:
             self._loud = 0
+        self._put(pcm)
+
+    def _put(self, pcm: bytes) -> None:
         try:
             self._audio.put_nowait(pcm)
         except asyncio.QueueFull:
@@ -290,7 +371,11 @@ class SipLeg:
         if held != self.held:
             log.info("sip leg %s: %s", self.call.call_id, "on hold" if held else "resumed")
         self.held = held
-        self._since = asyncio.get_running_loop().time()
+        now = time.monotonic()
+        self._quiet_from = now  # the timeout counts from a hold or a resume
+        self._skips, self._filled_ahead = SkippedTime(), 0.0  # a hold's time is not fed
+        if self._heard_until is not None:
+            self._heard_until = max(self._heard_until, now)  # no silence fed for the hold
 
     def hung_up(self) -> None:
         """The caller sent BYE (or CANCEL): the stream ends after what it already sent."""
@@ -301,28 +386,45 @@ class SipLeg:
     async def recv(self) -> bytes:
         if self._closed:
             raise SocketClosed("closed")
-        loop = asyncio.get_running_loop()
         while True:
-            since = loop.time() - self._since  # a resume: the timeout counts from it
-            wait = self._rtp_timeout_s - since if since < self._rtp_timeout_s else self._rtp_timeout_s
+            now = time.monotonic()
+            due = self._quiet_from + self._rtp_timeout_s
+            if self._heard_until is not None and not self.held:
+                due = min(due, self._heard_until + SILENCE_FILL_S)
             try:
-                item = await asyncio.wait_for(self._audio.get(), max(wait, 0.05))
+                item = await asyncio.wait_for(self._audio.get(), max(due - now, 0.005))
                 break
             except TimeoutError:
-                if self.held:
+                pass
+            now = time.monotonic()
+            if now - self._quiet_from >= self._rtp_timeout_s:
+                if self.held:  # no hang-up on hold: counted, and the next timeout counts from now
                     self.idle_while_held += 1
+                    self._quiet_from = now
                     continue
-                if loop.time() - self._since < self._rtp_timeout_s:
-                    continue  # resumed from hold less than a timeout ago
-            self.timed_out = True
-            self.closed_cleanly = True
-            log.info("sip leg %s: no RTP for %.0f s, hanging up", self.call.call_id,
-                     self._rtp_timeout_s)  # fmt: skip
-            raise SocketClosed("rtp timeout")
+                self.timed_out = True
+                self.closed_cleanly = True
+                log.info("sip leg %s: no RTP for %.0f s, hanging up", self.call.call_id,
+                         self._rtp_timeout_s)  # fmt: skip
+                raise SocketClosed("rtp timeout")
+            silence = self._silence_due(now)
+            if silence:
+                return silence
         if item is None:
             self.closed_cleanly = True
             raise SocketClosed("caller hung up")
         return item
+
+    def _silence_due(self, now: float) -> bytes:
+        """The silence that covers the pause since the caller's last frame (whole 20 ms frames at
+        the codec's rate), once the pause is `SILENCE_FILL_S` long; empty before, or on hold."""
+        if self._heard_until is None or self.held or now - self._heard_until < SILENCE_FILL_S:
+            return b""
+        frames = int((now - self._heard_until) / RTP_FRAME_S)
+        self._heard_until += frames * RTP_FRAME_S
+        self.silence_filled_s += frames * RTP_FRAME_S
+        self._filled_ahead += frames * RTP_FRAME_S
+        return bytes(frames * int(self.session.codec_sample_rate * RTP_FRAME_S) * 2)
 
     def messages(self) -> AsyncIterator[str | bytes]:
         return messages_until_closed(self)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -489,6 +490,57 @@ async def test_a_drain_says_bye_to_every_leg_after_its_last_turns() -> None:
     assert "Good morning everyone" in " ".join(t.text for t in feed.turns)
 
 
+# --- a phone's silence suppression (no RTP, or RFC 3389 comfort noise, between talk spurts) -------
+
+
+def comfort_noise_packet(seq: int, timestamp: int, level: int = 60) -> bytes:
+    """An RFC 3389 comfort-noise packet (payload type 13): the noise level in -dBov, no spectrum."""
+    import struct as _struct
+
+    return _struct.pack(">BBHIIB", 0x80, 13, seq & 0xFFFF, timestamp, 0x1234, level)
+
+
+async def test_a_phone_that_stops_sending_between_talk_spurts_gets_its_turn_while_the_call_is_up() -> None:
+    """The caller's phone sends its words and then, as a phone with silence suppression does, one
+    comfort-noise packet and no RTP at all. The leg feeds the pause as silence, so the turn comes
+    while the call is up (before, it waited for the caller's next words or for `rtp_timeout_s`
+    to hang the leg up); comfort noise keeps the leg from the RTP timeout, and the timeout
+    still hangs up a leg that sends nothing at all."""
+    async with sip_server(sip={"rtp_timeout_s": 4.0}, stt={"diarize": False}) as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        caller = RawCaller(sip_port(srv))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            speech = pcmu(0.6, 2.0, 0)  # "Good morning everyone." and no quiet after it
+            caller.send_rtp(speech)
+            seq = len(speech) // 160
+            caller.rtp.sendto(comfort_noise_packet(seq, seq * 160), ("127.0.0.1", caller.answer_port))
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
+            leg = only_leg(srv)
+            await eventually(lambda: leg.comfort_noise == 1, BOUND_S, "the comfort-noise packet")
+
+            def said() -> bool:
+                return any("Good morning everyone" in t.text for t in feed.turns)
+
+            # comfort noise refreshed as the phone would (RFC 3389: every few seconds), until the
+            # turn has come and the phone has been silent for longer than the RTP timeout
+            last_word, refresh = time.monotonic(), 0
+            while not said() or time.monotonic() - last_word < 4.0 + 1.0:
+                refresh += 1
+                caller.rtp.sendto(comfort_noise_packet(seq + refresh, (seq + refresh) * 160),
+                                  ("127.0.0.1", caller.answer_port))  # fmt: skip
+                await asyncio.sleep(0.5)
+                assert time.monotonic() - last_word < BOUND_S, "no turn while the phone was silent"
+            assert not leg.timed_out and srv.server.metrics.streams_active["sip"] == 1
+            assert leg.silence_filled_s > 0
+            # the phone sends nothing more: the RTP timeout hangs the leg up
+            await caller.until(lambda m: m.startswith("BYE "), BOUND_S)
+            assert leg.timed_out
+        finally:
+            caller.close()
+            await feed.close()
+
+
 # --- re-INVITE (hold), DTMF, barge-in -------------------------------------------------------------
 
 
@@ -727,8 +779,14 @@ async def test_the_sip_bench_caller_measures_its_turns() -> None:
         mulaw = phone_audio(str(MEETING / "meeting.wav"), 2.6)[int(0.6 * 8000) :]
         result = await one_call(srv.base, sip_port(srv), "standup", mulaw,
                                 issue_token(SECRET, "standup"))  # fmt: skip
-    assert result.error is None and result.turns >= 1, result
-    assert len(result.latencies) == result.turns and all(x > 0 for x in result.latencies)
+        # the same as a phone with silence suppression: its last second is not sent
+        suppressed = await one_call(srv.base, sip_port(srv), "retro", mulaw,
+                                    issue_token(SECRET, "retro"), suppress=True)  # fmt: skip
+    for call in (result, suppressed):
+        assert call.error is None and call.turns >= 1, call
+        assert len(call.latencies) == call.turns and all(x > 0 for x in call.latencies)
+    assert result.comfort_noise == 0 and result.suppressed_s == 0
+    assert suppressed.comfort_noise >= 1 and suppressed.suppressed_s >= 0.7
 
 
 async def test_floods_of_invites_and_rtp_are_answered_and_the_server_keeps_serving() -> None:

@@ -1,0 +1,186 @@
+"""A SIP leg's audio in (`server.sip.SipLeg`) without a network: a phone's silence suppression.
+
+A phone with silence suppression stops sending RTP between talk spurts (or sends an RFC 3389
+comfort-noise packet and then nothing). The leg reads each pause longer than `SILENCE_FILL_S` as
+digital silence for the time the caller was quiet, so the STT hears the pause that ends a turn;
+comfort noise keeps the leg from `rtp_timeout_s`; a held leg is fed nothing. The call's network
+side is `tests/test_server_sip.py` (a real RTP socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from server.sip import RTP_FRAME_S, SILENCE_FILL_S, SipLeg, SkippedTime
+from server.sockets import SocketClosed
+
+
+@dataclass
+class FakeCall:
+    call_id: str = "call-1"
+    source_addr: tuple[str, int] = ("127.0.0.1", 5060)
+
+
+@dataclass
+class FakeRtp:
+    on_cn: Any = None
+
+
+@dataclass
+class FakeSession:
+    codec_sample_rate: int = 8000
+    on_audio: Any = None
+    rtp_session: FakeRtp = field(default_factory=FakeRtp)
+
+
+FRAME = bytes(range(256)) + bytes(64)  # 20 ms at 8 kHz, 16-bit: 320 bytes, not silence
+
+
+def a_leg(rtp_timeout_s: float = 60.0) -> tuple[SipLeg, FakeSession]:
+    session = FakeSession()
+    leg = SipLeg(FakeCall(), session, rtp_timeout_s)  # type: ignore[arg-type]
+    return leg, session
+
+
+async def test_a_pause_after_the_callers_words_reads_as_silence_for_the_time_it_lasted() -> None:
+    leg, session = a_leg()
+    for n in range(5):
+        session.on_audio(FRAME, n * 160)
+    assert [await leg.recv() for _ in range(5)] == [FRAME] * 5
+    started = time.monotonic()
+    silence = await leg.recv()  # nothing more came: the pause, once SILENCE_FILL_S long
+    waited = time.monotonic() - started
+    frame_bytes = int(8000 * RTP_FRAME_S) * 2
+    assert silence == bytes(len(silence)) and len(silence) % frame_bytes == 0
+    assert len(silence) >= int(SILENCE_FILL_S / RTP_FRAME_S) * frame_bytes - frame_bytes
+    assert len(silence) <= (waited + RTP_FRAME_S) * 8000 * 2 + frame_bytes
+    more = await leg.recv()  # and again while the caller stays quiet
+    assert more == bytes(len(more)) and len(more) > 0
+    assert leg.silence_filled_s == pytest.approx((len(silence) + len(more)) / 2 / 8000)
+    session.on_audio(FRAME, 5 * 160)  # the caller talks again: the frame comes as it is
+    assert await leg.recv() == FRAME
+
+
+async def test_a_leg_that_never_sent_audio_is_fed_no_silence_and_times_out() -> None:
+    leg, _ = a_leg(rtp_timeout_s=0.5)
+    with pytest.raises(SocketClosed, match="rtp timeout"):
+        await leg.recv()
+    assert leg.timed_out and leg.silence_filled_s == 0
+
+
+async def test_comfort_noise_keeps_the_leg_up_and_its_end_times_it_out() -> None:
+    leg, session = a_leg(rtp_timeout_s=1.0)
+    session.on_audio(FRAME, 0)
+    assert await leg.recv() == FRAME
+    noise = session.rtp_session.on_cn
+    assert noise is not None
+    heard = 0.0
+
+    async def refresh() -> None:
+        for _ in range(8):  # 1.6 s of comfort noise, past the 1 s timeout
+            noise(60)
+            await asyncio.sleep(0.2)
+
+    refreshing = asyncio.create_task(refresh())
+    while not refreshing.done():
+        heard += len(await leg.recv()) / 2 / 8000
+    assert not leg.timed_out and leg.comfort_noise == 8 and heard > 1.0
+    with pytest.raises(SocketClosed, match="rtp timeout"):
+        while True:
+            await leg.recv()
+    assert leg.timed_out
+
+
+async def test_a_held_leg_is_fed_no_silence_and_a_resumed_one_is_fed_from_the_resume() -> None:
+    leg, session = a_leg(rtp_timeout_s=60.0)
+    session.on_audio(FRAME, 0)
+    assert await leg.recv() == FRAME
+    leg.hold(True)
+    with pytest.raises(TimeoutError):  # held: nothing read, however long the pause
+        await asyncio.wait_for(leg.recv(), SILENCE_FILL_S * 3)
+    leg.hold(False)
+    started = time.monotonic()
+    silence = await leg.recv()
+    waited = time.monotonic() - started
+    assert silence == bytes(len(silence))
+    assert len(silence) / 2 / 8000 <= waited + RTP_FRAME_S  # not the held time
+
+
+def test_the_bench_phone_stops_sending_after_its_hangover_until_a_loud_frame() -> None:
+    """`chorus bench sip --silence-suppression`: the phone's VAD, an energy gate with a hangover."""
+    import numpy as np
+
+    from bench.sip import HANGOVER_FRAMES, suppressed_frames
+    from voice.audio import mulaw_encode
+
+    quiet = mulaw_encode(np.zeros(160, np.int16))
+    loud = mulaw_encode((8000 * np.sin(np.arange(160) / 3)).astype(np.int16))
+    frames = [loud] * 3 + [quiet] * (HANGOVER_FRAMES + 5) + [loud] + [quiet] * 2
+    sent = [not q for q in suppressed_frames(frames)]
+    assert sent == [True] * (3 + HANGOVER_FRAMES) + [False] * 5 + [True] * 3
+
+
+@given(
+    units_per_frame=st.sampled_from([160, 320]),  # PCMU; G.722 at its RFC clock or at 16 kHz
+    pauses=st.lists(st.integers(0, 400), min_size=1, max_size=12),  # frames skipped, per spurt
+    spurt=st.integers(2, 30),
+    start=st.integers(0, 2**32 - 1),
+)
+def test_the_skipped_time_is_read_from_the_timestamps_whatever_their_clock(
+    units_per_frame: int, pauses: list[int], spurt: int, start: int
+) -> None:
+    """Spurts of `spurt` 20 ms frames, each after a pause of so many frames the phone did not
+    send: what `SkippedTime` reads before each frame adds up to the pauses (the timestamp
+    wrapping at 2**32 included), and nothing inside a spurt."""
+    skips = SkippedTime()
+    frame, now, read = 0, 0.0, []
+    for pause in [0, *pauses]:
+        frame += pause
+        now += pause * RTP_FRAME_S
+        for i in range(spurt):
+            stamp = (start + frame * units_per_frame) & 0xFFFFFFFF
+            read.append((i, skips.skipped(stamp, RTP_FRAME_S, now)))
+            frame += 1
+            now += RTP_FRAME_S
+    assert all(x == 0 for i, x in read if i > 0)
+    firsts = [x for i, x in read if i == 0][1:]
+    assert firsts == pytest.approx([p * RTP_FRAME_S for p in pauses], abs=1e-9)
+
+
+def test_a_timestamp_step_back_or_past_the_wall_time_is_no_skip() -> None:
+    skips = SkippedTime()
+    assert skips.skipped(1000, RTP_FRAME_S, 0.0) == 0
+    assert skips.skipped(1160, RTP_FRAME_S, 0.02) == 0
+    assert skips.skipped(500, RTP_FRAME_S, 0.04) == 0  # back: a new source
+    assert skips.skipped(500 + 160 * 1000, RTP_FRAME_S, 0.06) == 0  # 20 s ahead after 20 ms
+    assert skips.skipped(500 + 160 * 1011, RTP_FRAME_S, 0.3) == pytest.approx(0.2)
+
+
+async def test_a_pause_shorter_than_the_fill_is_fed_when_the_caller_talks_again() -> None:
+    """The phone skips 100 ms (its timestamps jump by five frames): before the next frame, the
+    stream gets those 100 ms of silence, so its clock keeps the call's time."""
+    leg, session = a_leg()
+    for n in range(3):
+        session.on_audio(FRAME, n * 160)
+    session.on_audio(FRAME, 8 * 160)  # frames 3-7 not sent
+    read = [await leg.recv() for _ in range(5)]
+    assert read[:3] == [FRAME] * 3 and read[4] == FRAME
+    assert read[3] == bytes(5 * 320)
+    assert leg.silence_filled_s == pytest.approx(0.1)
+
+
+async def test_silence_fed_during_a_pause_is_not_fed_again_when_its_timestamps_show_it() -> None:
+    leg, session = a_leg()
+    session.on_audio(FRAME, 0)
+    session.on_audio(FRAME, 160)
+    assert [await leg.recv(), await leg.recv()] == [FRAME, FRAME]
+    fed = await leg.recv()  # the pause, fed as it goes
+    frames_fed = len(fed) // 320
+    session.on_audio(FRAME, (2 + frames_fed + 3) * 160)  # the pause was 3 frames longer
+    assert await leg.recv() == bytes(3 * 320) and await leg.recv() == FRAME
