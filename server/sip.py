@@ -211,6 +211,11 @@ BARGE_IN_FRAMES = 3
 """Consecutive loud frames (60 ms) that clear the reply audio queued for the caller."""
 
 
+JITTER_FRAMES = 2
+"""Whole frames aiortp's jitter buffer holds after a frame before handing it on (40 ms): packets
+that arrive out of order by up to that much are put back in order; a packet later than that is
+concealed as lost."""
+
 SILENCE_FILL_S = 0.2
 """No caller audio for this long while the call is up and not on hold (a phone's silence
 suppression: RFC 3389 comfort noise or simply no RTP until the caller talks again): the leg feeds
@@ -300,6 +305,8 @@ class SipLeg:
         """Seconds of reply audio dropped by barge-in."""
         self._queued_chunks = 0
         self._drop_chunks = 0
+        self.heard_s = 0.0
+        """Seconds of the caller's audio handed on by the jitter buffer (lost packets concealed)."""
         self.silence_filled_s = 0.0
         """Seconds of silence fed for pauses in the caller's audio (`SILENCE_FILL_S`)."""
         self.comfort_noise = 0
@@ -336,6 +343,7 @@ class SipLeg:
         self._quiet_from = now
         self._heard_until = now
         rate = self.session.codec_sample_rate
+        self.heard_s += len(pcm) / 2 / rate
         skipped = self._skips.skipped(timestamp, len(pcm) / 2 / rate, now)
         owed = int((skipped - self._filled_ahead) / RTP_FRAME_S + 0.5)
         self._filled_ahead = max(0.0, self._filled_ahead - skipped)
@@ -608,9 +616,17 @@ class SipEndpoint:
         try:
             from aiosipua import CallSession
 
+            # aiortp's jitter buffer, set for a recogniser rather than a loudspeaker: a lost
+            # packet is concealed as soon as a later one shows it lost (`skip_audio_gaps`), and
+            # a frame waits for two after it (40 ms), enough to put packets that arrive out of
+            # order back in order. With aiortp's defaults (no skip, four frames), one lost packet
+            # held every later frame until the buffer overflowed (16 packets), which then dropped
+            # the four frames before it, and left the stream 300 ms behind the call from then on
+            # and each talk spurt's last frames waiting for the next (docs/phone.md)
             session = CallSession(
                 self.config.media_host, _free_udp_port(self.config.media_host), offer,
-                supported_codecs=codecs, symmetric_rtp=True,
+                supported_codecs=codecs, symmetric_rtp=True, jitter_prefetch=JITTER_FRAMES,
+                skip_audio_gaps=True,
             )  # fmt: skip
         except Exception:
             self._reject(call, 488, "Not Acceptable Here (no common codec)")
