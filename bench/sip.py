@@ -6,7 +6,8 @@ the server's default STT (local Whisper tiny.en; `--stt-model` for another), the
 here (`SipCaller`: INVITE answered with digest credentials, ACK, BYE; RTP from its own socket).
 Each call sends `--audio` (a recording with speech, e.g. the demo meeting or a LibriSpeech
 conversation) as 20 ms PCMU RTP packets paced at real time, then a second of silence and a BYE.
-With `--silence-suppression` the caller is a phone with VAD/DTX: after `HANGOVER_FRAMES` frames
+With `--loss P` each RTP packet is lost on the way with probability P (seeded, the same packets
+in every run). With `--silence-suppression` the caller is a phone with VAD/DTX: after `HANGOVER_FRAMES` frames
 under `VAD_DBFS` it sends one RFC 3389 comfort-noise packet and no RTP until a frame is loud again.
 A feed on each room (`/v1/rooms/{room}/events`) receives the committed turns.
 
@@ -78,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="whisper: the server's default; deepgram: bench.load's local Deepgram-protocol "
         "stand-in in its own process (it knows only the demo meeting's words), so the figure is "
         "the SIP leg's and the server's own cost, not the recogniser's",
+    )
+    parser.add_argument(
+        "--loss", type=float, default=0.0,
+        help="share of RTP packets lost on the way (seeded: the same packets in every run)",
     )
     parser.add_argument(
         "--silence-suppression",
@@ -265,6 +270,15 @@ class CallResult:
     error: str | None = None
 
 
+def lost_packets(count: int, loss: float, room: str) -> set[int]:
+    """Which of `count` audio packets are lost on the way at `loss` (seeded by the room's name,
+    so each call of a step loses its own packets, and every run the same ones)."""
+    import random
+
+    rng = random.Random(f"{room}:{loss}")
+    return {n for n in range(count) if rng.random() < loss}
+
+
 def suppressed_frames(frames: list[bytes]) -> list[bool]:
     """Which PCMU frames a phone with VAD/DTX does not send: every frame after
     `HANGOVER_FRAMES` frames in a row under `VAD_DBFS`, until a frame is loud again."""
@@ -282,7 +296,7 @@ def suppressed_frames(frames: list[bytes]) -> list[bool]:
 
 
 async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str,
-                   suppress: bool = False) -> CallResult:  # fmt: skip
+                   suppress: bool = False, loss: float = 0.0) -> CallResult:  # fmt: skip
     """One SIP call into `room`: `mulaw` sent at real time (`suppress`: as a phone with silence
     suppression sends it), the latency of every turn its feed (opened with `token`) receives."""
     from server.client import EventFeed
@@ -309,6 +323,7 @@ async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str
         frames = [mulaw[i : i + FRAME_BYTES] for i in range(0, len(mulaw), FRAME_BYTES)]
         frames += [silence] * int(1.0 / FRAME_S)
         quiet = suppressed_frames(frames) if suppress else [False] * len(frames)
+        lost = lost_packets(len(frames), loss, room)
         result.suppressed_s = round(sum(quiet) * FRAME_S, 2)
         began, seq = time.monotonic(), 0
         for n, frame in enumerate(frames):
@@ -319,7 +334,8 @@ async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str
             elif delay < -FRAME_S:
                 result.late_packets += 1
             if not quiet[n]:
-                caller.rtp(seq, frame.ljust(FRAME_BYTES, b"\xff"), n)
+                if n not in lost:
+                    caller.rtp(seq, frame.ljust(FRAME_BYTES, b"\xff"), n)
                 seq += 1
             elif n == 0 or not quiet[n - 1]:  # the pause begins: one comfort-noise packet
                 caller.rtp(seq, bytes([60]), n, CN_PAYLOAD_TYPE)  # -60 dBov
@@ -376,13 +392,13 @@ class Step:
 
 
 async def _step(base: str, sip_port: int, probe: ProcessProbe, mulaw: bytes, n: int,
-                seconds: float, suppress: bool = False) -> Step:  # fmt: skip
+                seconds: float, suppress: bool = False, loss: float = 0.0) -> Step:  # fmt: skip
     cpu_before, wall_before, peak = probe.cpu_seconds(), time.monotonic(), probe.rss_mib()
     from server.auth import issue_token
 
     rooms = [f"sipbench-{n}-{i}" for i in range(n)]
     tasks = [asyncio.create_task(one_call(base, sip_port, room, mulaw,
-                                          issue_token(SECRET, room, 7200), suppress))
+                                          issue_token(SECRET, room, 7200), suppress, loss))
              for room in rooms]  # fmt: skip
     while not all(t.done() for t in tasks):
         peak = max(peak, probe.rss_mib())
@@ -476,7 +492,7 @@ async def _serve_and_call(
               f"call; logs in {workdir}", file=sys.stderr)  # fmt: skip
         for n in counts:
             step = await _step(f"ws://127.0.0.1:{port}", sip_port, probe, mulaw, n, seconds,
-                               args.silence_suppression)
+                               args.silence_suppression, args.loss)
             steps.append(step)
             print(f"N={n}: turns {step.turns}, p50 {step.p50_latency_s:.2f} s, p95 "
                   f"{step.p95_latency_s:.2f} s, CPU {step.cpu_percent_per_call:.0f} %/call"
@@ -496,6 +512,7 @@ async def _serve_and_call(
     if args.json:
         out = {"largest_calls_under_target": largest, "target_p95_s": LATENCY_TARGET_S,
                "audio": args.audio, "silence_suppression": args.silence_suppression,
+               "loss": args.loss,
                "steps": [asdict(s) for s in steps]}  # fmt: skip
         await asyncio.to_thread(Path(args.json).write_text, json.dumps(out, indent=2))
     return 0

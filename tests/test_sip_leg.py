@@ -184,3 +184,12 @@ async def test_silence_fed_during_a_pause_is_not_fed_again_when_its_timestamps_s
     frames_fed = len(fed) // 320
     session.on_audio(FRAME, (2 + frames_fed + 3) * 160)  # the pause was 3 frames longer
     assert await leg.recv() == bytes(3 * 320) and await leg.recv() == FRAME
+
+
+def test_the_bench_loses_the_same_packets_in_every_run_and_its_own_in_each_room() -> None:
+    from bench.sip import lost_packets
+
+    first = lost_packets(5000, 0.02, "sipbench-1-0")
+    assert first == lost_packets(5000, 0.02, "sipbench-1-0")
+    assert first != lost_packets(5000, 0.02, "sipbench-2-1")
+    assert 50 <= len(first) <= 150 and lost_packets(5000, 0.0, "r") == set()
