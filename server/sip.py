@@ -669,8 +669,10 @@ class SipEndpoint:
     def _on_reinvite(self, call: IncomingCall) -> None:
         """A re-INVITE in an established call: hold (`a=sendonly`, `a=inactive`, or the old
         `c=0.0.0.0`) or resume (`sendrecv`), answered 200 with our SDP in the matching
-        direction (RFC 3264 §8.4). A re-INVITE that is not for a running leg gets 481; one
-        without an audio offer keeps the media as it is."""
+        direction (RFC 3264 §8.4); an offer with another RTP address moves the call's media
+        there (a transfer, a phone that changed network), when the re-INVITE comes from the
+        host the call's INVITE came from. A re-INVITE that is not for a running leg gets 481;
+        one without an audio offer keeps the media as it is."""
         leg = self.legs.get(call.call_id)
         if leg is None:
             call._send_response(481, "Call/Transaction Does Not Exist")
@@ -684,6 +686,11 @@ class SipEndpoint:
             if conn is not None and conn.address == "0.0.0.0" and direction == "sendrecv":
                 direction = "sendonly"  # RFC 2543 hold
             leg.hold(direction in ("sendonly", "inactive"))
+            moved = offer.rtp_address
+            if (moved is not None and moved[0] != "0.0.0.0" and moved != leg.session.remote_addr
+                    and call.source_addr[0] == leg.remote):  # fmt: skip
+                log.info("sip leg %s: media moved to %s:%d", leg.call.call_id, *moved)
+                leg.session.update_remote(moved)
         answer = _answer_with_direction(leg.session.sdp_answer, _ANSWER_DIRECTION[direction])
         call.accept(answer)
 
@@ -883,18 +890,18 @@ def _only_from_negotiated(session: CallSession, signalling_host: str) -> None:
     anyone, so its receive callback gets a filter in front. Taken: the SDP's port from the SDP's
     host or from the host the (authenticated) INVITE came from — a client behind NAT, or one
     that offers its interface address but sends from loopback, is still heard; aiortp then
-    latches replies to where the audio really comes from (symmetric RTP)."""
+    latches replies to where the audio really comes from (symmetric RTP). The SDP's address is
+    the call's current one (a re-INVITE may move it)."""
     rtp = session.rtp_session
     protocol = getattr(rtp, "_rtp_transport", None)
     receive = getattr(protocol, "_on_rtp", None)
-    sdp_host, sdp_port = session.remote_addr
-    hosts = {sdp_host, signalling_host}
     if protocol is None or receive is None:
         log.warning("sip: cannot filter RTP by source on this aiortp version")
         return
 
     def filtered(data: bytes, addr: tuple[str, int]) -> None:
-        if addr[0] in hosts and addr[1] == sdp_port:
+        sdp_host, sdp_port = session.remote_addr
+        if addr[1] == sdp_port and addr[0] in (sdp_host, signalling_host):
             receive(data, addr)
         else:
             dropped_rtp[0] += 1

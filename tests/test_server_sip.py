@@ -455,6 +455,49 @@ async def test_rtp_from_an_address_the_call_did_not_negotiate_is_dropped() -> No
             caller.close()
 
 
+async def test_a_re_invite_that_moves_the_media_is_followed() -> None:
+    """A transfer or a phone that changed network: the re-INVITE offers another RTP port. The
+    leg hears the new one from then on, replies go there, and the old port is dropped."""
+    import socket
+
+    from server import sip as sip_module
+
+    async with sip_server(sip={"rtp_timeout_s": 60.0}) as srv:
+        caller = RawCaller(sip_port(srv))
+        moved = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        moved.bind(("127.0.0.1", 0))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            caller.send_rtp(pcmu(0.6, 1.1, 0))
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
+            leg = only_leg(srv)
+            await eventually(lambda: leg.heard_s >= 0.4, BOUND_S, "audio from the first port")
+            old, caller.rtp, caller.rtp_port = caller.rtp, moved, moved.getsockname()[1]
+            assert "a=sendrecv" in await caller.reinvite("standup", None)
+            assert leg.session.remote_addr == ("127.0.0.1", caller.rtp_port)
+            heard, before = leg.heard_s, sip_module.dropped_rtp[0]
+            caller.send_rtp(pcmu(1.1, 1.6, 0), sock=old, seq0=100)  # the old port: dropped
+            await eventually(lambda: sip_module.dropped_rtp[0] - before >= 20, BOUND_S, "drops")
+            caller.send_rtp(pcmu(1.1, 1.6, 0), seq0=200)  # the new one: heard
+            await eventually(lambda: leg.heard_s >= heard + 0.4, BOUND_S, "audio from the new port")
+            await leg.send(bytes(3200))  # a reply chunk goes to the new port
+            moved.setblocking(False)
+
+            def reply_heard() -> bool:
+                try:
+                    return len(moved.recv(2048)) > 12
+                except BlockingIOError:
+                    return False
+
+            await eventually(reply_heard, BOUND_S, "the reply's RTP at the new port")
+            caller.rtp = old  # closed with the caller
+            caller.request("BYE", "standup")
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 0, BOUND_S)
+        finally:
+            moved.close()
+            caller.close()
+
+
 async def test_a_caller_that_never_sends_audio_is_hung_up_and_calls_are_capped() -> None:
     config = {"sip": {"rtp_timeout_s": 1.0, "max_calls_per_room": 1, "max_calls": 2}}
     async with sip_server(**config) as srv:
