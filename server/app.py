@@ -492,6 +492,7 @@ class ChorusServer:
         declaration = framing.declare(opening, call)
         framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
         ws.push_back(opening.first_audio)
+        ws.fill_pauses(framing.silence)  # Asterisk forwards no frames while a DTX caller is quiet
         await run_stream(ws, self.rooms, call.room, framing, declaration, self._drain)
 
     def _default_call(self) -> AudioSocketCall | None:

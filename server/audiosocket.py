@@ -72,6 +72,7 @@ AUDIO_RATES: dict[int, int] = {
 """Each audio kind's sample rate (16-bit signed little-endian mono)."""
 _KINDS = frozenset(int(k) for k in Kind)
 HEADER = struct.Struct(">BH")
+MAX_PAYLOAD = 0xFFFF
 FRAME_S = 0.02
 """Reply audio goes out as 20 ms frames (what Asterisk itself sends)."""
 FRAMES_PER_MESSAGE = 10
@@ -292,6 +293,15 @@ class AudioSocketFraming:
         cut = len(data) - len(data) % 2
         self._carry = data[cut:]
         return data[:cut]
+
+    def silence(self, seconds: float) -> list[bytes]:
+        """`seconds` of silence as audio frames of the call's kind (none before it is known):
+        what a pause in the caller's audio reads as (`server.sockets.PauseFill`)."""
+        if self.audio_kind is None or seconds <= 0:
+            return []
+        data = bytes(round(seconds * AUDIO_RATES[self.audio_kind]) * 2)
+        step = MAX_PAYLOAD - MAX_PAYLOAD % 2
+        return [Frame(self.audio_kind, data[i : i + step]).encode() for i in range(0, len(data), step)]
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
         self.stream_id = stream_id

@@ -31,7 +31,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from server.framing import Outgoing, StreamDeclaration, StreamKind, declared_format
 from server.protocol import ROOM_ID
 from server.reply_audio import FRAME_SECONDS, convert_reply
-from server.sockets import REFUSAL_WAIT_S, SocketClosed, messages_until_closed
+from server.sockets import (
+    REFUSAL_WAIT_S,
+    PauseFill,
+    SocketClosed,
+    messages_until_closed,
+)
 
 if TYPE_CHECKING:
     from aiosipua import CallSession, IncomingCall, SipRequest
@@ -216,17 +221,6 @@ JITTER_FRAMES = 2
 that arrive out of order by up to that much are put back in order; a packet later than that is
 concealed as lost."""
 
-SILENCE_FILL_S = 0.2
-"""No caller audio for this long while the call is up and not on hold (a phone's silence
-suppression: RFC 3389 comfort noise or simply no RTP until the caller talks again): the leg feeds
-the stream digital silence for the time since the caller's last frame, and again every
-`SILENCE_FILL_S`, so the STT hears the pause that ends a turn, as it does from a phone that keeps
-sending RTP. When the caller talks again, the RTP timestamps say how long the pause really was
-(`SkippedTime`) and the rest of it is fed before their first frame, so the stream keeps the
-call's time however short the pauses are. A jitter spike longer than this feeds that much silence
-before the late frames; the next pause is fed that much less."""
-
-
 class SkippedTime:
     """How much of the call a phone skipped before each frame, read from the RTP timestamps: a
     phone with silence suppression keeps its sequence numbers contiguous and moves its timestamp
@@ -307,22 +301,15 @@ class SipLeg:
         self._drop_chunks = 0
         self.heard_s = 0.0
         """Seconds of the caller's audio handed on by the jitter buffer (lost packets concealed)."""
-        self.silence_filled_s = 0.0
-        """Seconds of silence fed for pauses in the caller's audio (`SILENCE_FILL_S`)."""
         self.comfort_noise = 0
         """RFC 3389 comfort-noise packets received (they keep the leg from `rtp_timeout_s`)."""
         self._loud = 0
         self._quiet_from = time.monotonic()
         """Since when no RTP has come (or the last resume, or the last timeout counted on hold)."""
-        self._heard_until: float | None = None
-        """Where the stream's audio reaches in the call's time: the caller's last frame, or the
-        silence fed after it; None until the caller's first frame (a leg that never sends audio
-        costs the STT nothing)."""
+        self._pauses = PauseFill()
+        """The caller's pauses fed as silence, on the wall clock and, when the caller talks
+        again, from the RTP timestamps (`SkippedTime`)."""
         self._skips = SkippedTime()
-        self._filled_ahead = 0.0
-        """Silence fed for pauses that the sender's timestamps have not yet shown it skipped (the
-        jitter buffer still holds a pause's last frames; or a jitter spike, not a pause): what a
-        skip that comes later owes less."""
         self._rtp_timeout_s = rtp_timeout_s
         self._audio: asyncio.Queue[bytes | None] = asyncio.Queue(max_queued)
         self._hung_up = False
@@ -334,6 +321,11 @@ class SipLeg:
         if rtp is not None:
             rtp.on_cn = self._on_comfort_noise
 
+    @property
+    def silence_filled_s(self) -> float:
+        """Seconds of silence fed for pauses in the caller's audio (`SILENCE_FILL_S`)."""
+        return self._pauses.filled_s
+
     def _on_comfort_noise(self, level: int) -> None:
         self.comfort_noise += 1
         self._quiet_from = time.monotonic()
@@ -341,15 +333,13 @@ class SipLeg:
     def _on_audio(self, pcm: bytes, timestamp: int) -> None:
         now = time.monotonic()
         self._quiet_from = now
-        self._heard_until = now
+        self._pauses.heard(now)
         rate = self.session.codec_sample_rate
         self.heard_s += len(pcm) / 2 / rate
         skipped = self._skips.skipped(timestamp, len(pcm) / 2 / rate, now)
-        owed = int((skipped - self._filled_ahead) / RTP_FRAME_S + 0.5)
-        self._filled_ahead = max(0.0, self._filled_ahead - skipped)
-        if owed > 0 and not self.held:  # the rest of a pause shorter than SILENCE_FILL_S, or
-            self.silence_filled_s += owed * RTP_FRAME_S  # its part after the last fill
-            self._put(bytes(owed * int(rate * RTP_FRAME_S) * 2))
+        owed = self._pauses.owed(skipped) if skipped and not self.held else 0.0
+        if owed:  # the rest of a pause shorter than SILENCE_FILL_S, or its part after the last fill
+            self._put(self._silence(owed))
         if self._queued_chunks > self._drop_chunks:
             self._loud = self._loud + 1 if _dbfs(pcm) >= BARGE_IN_DBFS else 0
             if self._loud >= BARGE_IN_FRAMES:
@@ -381,9 +371,8 @@ class SipLeg:
         self.held = held
         now = time.monotonic()
         self._quiet_from = now  # the timeout counts from a hold or a resume
-        self._skips, self._filled_ahead = SkippedTime(), 0.0  # a hold's time is not fed
-        if self._heard_until is not None:
-            self._heard_until = max(self._heard_until, now)  # no silence fed for the hold
+        self._skips = SkippedTime()  # a hold's time is not fed
+        self._pauses.resume(now)
 
     def hung_up(self) -> None:
         """The caller sent BYE (or CANCEL): the stream ends after what it already sent."""
@@ -397,8 +386,9 @@ class SipLeg:
         while True:
             now = time.monotonic()
             due = self._quiet_from + self._rtp_timeout_s
-            if self._heard_until is not None and not self.held:
-                due = min(due, self._heard_until + SILENCE_FILL_S)
+            fill = self._pauses.due()
+            if fill is not None and not self.held:
+                due = min(due, fill)
             try:
                 item = await asyncio.wait_for(self._audio.get(), max(due - now, 0.005))
                 break
@@ -415,23 +405,17 @@ class SipLeg:
                 log.info("sip leg %s: no RTP for %.0f s, hanging up", self.call.call_id,
                          self._rtp_timeout_s)  # fmt: skip
                 raise SocketClosed("rtp timeout")
-            silence = self._silence_due(now)
+            silence = 0.0 if self.held else self._pauses.take(now)
             if silence:
-                return silence
+                return self._silence(silence)
         if item is None:
             self.closed_cleanly = True
             raise SocketClosed("caller hung up")
         return item
 
-    def _silence_due(self, now: float) -> bytes:
-        """The silence that covers the pause since the caller's last frame (whole 20 ms frames at
-        the codec's rate), once the pause is `SILENCE_FILL_S` long; empty before, or on hold."""
-        if self._heard_until is None or self.held or now - self._heard_until < SILENCE_FILL_S:
-            return b""
-        frames = int((now - self._heard_until) / RTP_FRAME_S)
-        self._heard_until += frames * RTP_FRAME_S
-        self.silence_filled_s += frames * RTP_FRAME_S
-        self._filled_ahead += frames * RTP_FRAME_S
+    def _silence(self, seconds: float) -> bytes:
+        """`seconds` (whole 20 ms frames) of silence at the codec's rate."""
+        frames = round(seconds / RTP_FRAME_S)
         return bytes(frames * int(self.session.codec_sample_rate * RTP_FRAME_S) * 2)
 
     def messages(self) -> AsyncIterator[str | bytes]:

@@ -7,6 +7,8 @@ abort, and keeping room tokens out of uvicorn's request-line logs. The protocol 
 reads like the protocol. `StreamSocket` is what a stream's handlers need of any socket, and
 `TcpSocket` is a framed TCP connection that offers it (Asterisk AudioSocket): the protocol
 module cuts the byte stream into messages, and the socket paces the audio it sends at real time.
+`PauseFill` is the one rule for a call whose audio stops between talk spurts (a phone's silence
+suppression): the SIP leg and `TcpSocket` feed its pauses to the stream as silence.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import http
 import json
 import logging
 import re
+import time
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +38,63 @@ with warnings.catch_warnings():
     from websockets.legacy.server import HTTPResponse
 
 from server.protocol import ErrorMessage, dump
+
+SILENCE_FILL_S = 0.2
+"""No audio from a call for this long (a phone's silence suppression: RFC 3389 comfort noise or
+simply nothing until the caller talks again; Asterisk's `AudioSocket()` forwards only voice
+frames): its stream is fed digital silence for the time since the call's last audio, and again
+every `SILENCE_FILL_S`, so the STT hears the pause that ends a turn, as it does from a phone that
+keeps sending audio. A network stall longer than this feeds that much silence before the late
+audio."""
+PAUSE_FRAME_S = 0.02
+"""Silence is fed in whole 20 ms frames."""
+
+
+class PauseFill:
+    """How much silence a call's pause owes its stream (`SILENCE_FILL_S`), on the wall clock.
+
+    `heard(now)` at each piece of the call's audio; `due()` is when the next silence is owed
+    (None before the call's first audio: a call that never sends audio costs the STT nothing);
+    `take(now)` is the silence owed now, in whole frames. Where the wire says how long a pause
+    really was (RTP timestamps), `owed(skipped)` is what is still owed of it once the call
+    talks again: the pause less what the wall clock fed and the wire has not shown yet.
+    `resume(now)` after a time that is not to be fed (a SIP hold)."""
+
+    def __init__(self) -> None:
+        self.heard_until: float | None = None
+        """Where the stream's audio reaches in the call's time: its last audio, or the silence
+        fed after it."""
+        self.filled_s = 0.0
+        """Seconds of silence fed in all."""
+        self._ahead = 0.0
+
+    def heard(self, now: float) -> None:
+        self.heard_until = now
+
+    def due(self) -> float | None:
+        return None if self.heard_until is None else self.heard_until + SILENCE_FILL_S
+
+    def take(self, now: float) -> float:
+        if self.heard_until is None or now - self.heard_until < SILENCE_FILL_S:
+            return 0.0
+        seconds = int((now - self.heard_until) / PAUSE_FRAME_S + 1e-6) * PAUSE_FRAME_S
+        self.heard_until += seconds
+        self.filled_s += seconds
+        self._ahead += seconds
+        return seconds
+
+    def owed(self, skipped: float) -> float:
+        frames = int((skipped - self._ahead) / PAUSE_FRAME_S + 0.5)
+        self._ahead = max(0.0, self._ahead - skipped)
+        seconds = max(0, frames) * PAUSE_FRAME_S
+        self.filled_s += seconds
+        return seconds
+
+    def resume(self, now: float) -> None:
+        self._ahead = 0.0
+        if self.heard_until is not None:
+            self.heard_until = max(self.heard_until, now)
+
 
 REFUSAL_WAIT_S = 3.0
 """How long a refused peer gets to take the error and the close frame before it is cut off."""
@@ -243,7 +303,14 @@ class TcpSocket:
     at real time (`seconds_of` says how long each plays; the socket keeps `lead_s` ahead), so
     the peer can play each as it comes; text (the room's turns) has no place on such a wire and
     is dropped. A close (or a refusal) sends `goodbye` and closes the connection; a peer that
-    does not take it within the bound is cut off."""
+    does not take it within the bound is cut off.
+
+    Once `fill_pauses(silence)` is called (`silence(seconds)`: that much silence as the call's
+    own messages), a pause in what the peer sends reads as silence (`PauseFill`), and while it
+    lasts a 20 ms silence goes back to the peer whenever nothing was sent for `KEEPALIVE_S`:
+    Asterisk's `AudioSocket()` ends a call after 2 s with nothing from either side."""
+
+    KEEPALIVE_S = 1.0
 
     READ_BYTES = 65536
 
@@ -269,24 +336,56 @@ class TcpSocket:
         self._ready: deque[bytes] = deque()
         self._due = 0.0
         self._closed = False
+        self._silence: Callable[[float], list[bytes]] | None = None
+        self.pauses = PauseFill()
+        """The peer's pauses fed as silence (after `fill_pauses`)."""
+        self.keepalives = 0
+        """Silences sent to keep the peer's side of the call from its idle timeout."""
+        self._sent_at = 0.0
 
     def push_back(self, message: bytes) -> None:
         """`message` is the next one `recv` returns (a message read before the stream opened)."""
         self._ready.appendleft(message)
 
+    def fill_pauses(self, silence: Callable[[float], list[bytes]]) -> None:
+        """From now on, pauses read as `silence(seconds)` (the call's own audio messages)."""
+        self._silence = silence
+        self.pauses.heard(time.monotonic())
+
     async def recv(self) -> bytes:
         while not self._ready:
             if self._closed:
                 raise SocketClosed("already closed")
+            due = self.pauses.due() if self._silence is not None else None
             try:
-                data = await self.reader.read(self.READ_BYTES)
+                read = self.reader.read(self.READ_BYTES)
+                if due is None:
+                    data = await read
+                else:
+                    data = await asyncio.wait_for(read, max(due - time.monotonic(), 0.005))
+            except TimeoutError:
+                self._fill_pause()
+                continue
             except (ConnectionError, OSError) as exc:
                 raise SocketClosed(str(exc)) from exc
             if not data:
                 self.closed_cleanly = True  # the peer closed its side (TCP has no close code)
                 raise SocketClosed("peer closed")
+            self.pauses.heard(time.monotonic())
             self._ready.extend(self._splitter.feed(data))
         return self._ready.popleft()
+
+    def _fill_pause(self) -> None:
+        assert self._silence is not None
+        if self.writer.is_closing():  # a keepalive found the peer gone
+            raise SocketClosed("peer gone")
+        now = time.monotonic()
+        self._ready.extend(self._silence(self.pauses.take(now)))
+        if now - self._sent_at >= self.KEEPALIVE_S and not self.writer.is_closing():
+            with contextlib.suppress(ConnectionError, OSError):
+                self.writer.write(b"".join(self._silence(PAUSE_FRAME_S)))
+                self._sent_at = now
+                self.keepalives += 1
 
     def messages(self) -> AsyncIterator[str | bytes]:
         return messages_until_closed(self)
@@ -307,6 +406,7 @@ class TcpSocket:
             await self.writer.drain()
         except (ConnectionError, OSError) as exc:
             raise SocketClosed(str(exc)) from exc
+        self._sent_at = time.monotonic()
         self._due += self._seconds_of(message)
 
     async def close(self, code: int, reason: str = "", *, within_s: float = REFUSAL_WAIT_S) -> None:

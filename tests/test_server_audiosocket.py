@@ -106,7 +106,12 @@ class AsteriskCall:
         self.closed.set()
 
     def heard(self, kind: int = 0x10) -> list[tuple[bytes, float]]:
-        return [(p, t) for k, p, t in self.received if k == kind]
+        """The audio frames of `kind` the server sent, but the silence that keeps the call alive."""
+        return [(p, t) for k, p, t in self.received if k == kind and any(p)]
+
+    def keepalives(self) -> list[tuple[bytes, float]]:
+        """The frames of digital silence the server sent (kept alive while the caller is quiet)."""
+        return [(p, t) for k, p, t in self.received if k in AUDIO_RATES and p and not any(p)]
 
     @property
     def hung_up(self) -> bool:
@@ -201,6 +206,29 @@ async def test_a_mapped_call_speaks_into_its_room_presses_a_key_and_hears_the_re
 
 def audio_seconds_heard(call: AsteriskCall) -> float:
     return sum(len(p) for p, _ in call.heard(0x10)) / (2 * 8000)
+
+
+async def test_a_caller_quiet_after_speaking_gets_the_turn_and_the_line_is_kept_alive() -> None:
+    """Asterisk's `AudioSocket()` forwards only voice frames, so a caller whose phone suppresses
+    silence sends nothing in a pause. The pause reads as silence, so the turn comes while the
+    call is up (before, only when the caller spoke again or hung up); and while it lasts Chorus
+    sends a 20 ms silence every second, since Asterisk ends an AudioSocket call after 2 s with
+    nothing from either side."""
+    async with audiosocket_server(stt={"diarize": False}, audiosocket={"default_room": "lobby"}) as srv:
+        feed = await EventFeed.open(srv.base, "lobby", issue_token(SECRET, "lobby"))
+        call = await AsteriskCall.dial(port_of(srv), uuid.uuid4())
+        await call.play(slin(0.6, 2.0, silence=0.0))  # "Good morning everyone." and nothing more
+        await eventually(lambda: "Good morning everyone" in " ".join(t.text for t in feed.turns),
+                         BOUND_S, "the turn while the caller is quiet")  # fmt: skip
+        await eventually(lambda: len(call.keepalives()) >= 2, BOUND_S, "the line kept alive")
+        assert all(len(p) == 320 for p, _ in call.keepalives())  # 20 ms of 8 kHz slin
+        assert not call.hung_up and srv.server.metrics.streams_active["audiosocket"] == 1
+        await call.hang_up()
+        await eventually(
+            lambda: any(m.type == "stream_stopped" for m in feed.received), BOUND_S, "the stop"
+        )
+        await call.close()
+        await feed.close()
 
 
 async def test_a_wideband_call_in_the_default_room_is_flushed_and_hung_up_on_a_drain() -> None:

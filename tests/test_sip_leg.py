@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.sip import RTP_FRAME_S, SILENCE_FILL_S, SipLeg, SkippedTime
-from server.sockets import SocketClosed
+from server.sip import RTP_FRAME_S, SipLeg, SkippedTime
+from server.sockets import SILENCE_FILL_S, SocketClosed
 
 
 @dataclass
