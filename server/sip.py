@@ -366,8 +366,11 @@ class SipLeg:
                  self._drop_chunks)  # fmt: skip
 
     def hold(self, held: bool) -> None:
-        if held != self.held:
-            log.info("sip leg %s: %s", self.call.call_id, "on hold" if held else "resumed")
+        """On hold or resumed; a re-INVITE that leaves it as it was (a session refresh, a media
+        move) changes nothing here."""
+        if held == self.held:
+            return
+        log.info("sip leg %s: %s", self.call.call_id, "on hold" if held else "resumed")
         self.held = held
         now = time.monotonic()
         self._quiet_from = now  # the timeout counts from a hold or a resume

@@ -193,3 +193,16 @@ def test_the_bench_loses_the_same_packets_in_every_run_and_its_own_in_each_room(
     assert first == lost_packets(5000, 0.02, "sipbench-1-0")
     assert first != lost_packets(5000, 0.02, "sipbench-2-1")
     assert 50 <= len(first) <= 150 and lost_packets(5000, 0.0, "r") == set()
+
+
+async def test_a_re_invite_that_changes_nothing_leaves_the_pause_as_it_was() -> None:
+    """A session refresh (RFC 4028) or a media move comes as a re-INVITE with `sendrecv`: the
+    pause it falls in is still fed from the caller's last frame, not from the re-INVITE."""
+    leg, session = a_leg()
+    session.on_audio(FRAME, 0)
+    spoke = time.monotonic()
+    assert await leg.recv() == FRAME
+    await asyncio.sleep(SILENCE_FILL_S / 2)
+    leg.hold(False)  # not held: nothing changes
+    silence = await leg.recv()
+    assert len(silence) / 2 / 8000 >= time.monotonic() - spoke - 2 * RTP_FRAME_S
