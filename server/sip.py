@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import hmac
 import logging
@@ -48,6 +49,9 @@ log = logging.getLogger("chorus.server.sip")
 G722, PCMU, PCMA = 9, 0, 8
 _CODEC_NAMES = {G722: "G722", PCMU: "PCMU", PCMA: "PCMA"}
 NONCE_TTL_S = 300.0
+PORT_ATTEMPTS = 5
+"""Ports tried when one chosen free is taken before it is bound: `listen` on port 0 (UDP ports
+until TCP takes the same number), and each call's RTP port."""
 RTP_FRAME_S = 0.02
 _DISPLAY_NAME = re.compile(r"[^\w .'-]+")
 
@@ -518,7 +522,6 @@ class SipEndpoint:
         from server.config import split_host_port
 
         host, port = split_host_port(self.config.listen)
-        self._transport = _udp_transport((host, port))
 
         class ChorusUAS(SipUAS):
             """A request the library cannot take (a malformed SDP raises in its parser) is
@@ -532,17 +535,28 @@ class SipEndpoint:
                     with contextlib.suppress(Exception):
                         self._send_error(request, 400, "Bad Request (malformed message)")
 
-        self._uas = ChorusUAS(self._transport, user_agent="chorus")
-        await self._serve(self._uas)
-        udp = self._transport._udp_transport
-        if udp is not None:  # port 0: the one the system chose, for Via and Contact
-            self._transport.local_addr = udp.get_extra_info("sockname")[:2]
-        self._tcp_transport = _tcp_transport(
-            self._transport.local_addr, self.config.max_tcp_connections, self.config.tcp_idle_s,
-            self._carries_call, self.tcp_closed,
-        )  # fmt: skip
-        self._tcp_uas = ChorusUAS(self._tcp_transport, user_agent="chorus")
-        await self._serve(self._tcp_uas)
+        for attempt in range(PORT_ATTEMPTS if port == 0 else 1):
+            self._transport = _udp_transport((host, port))
+            self._uas = ChorusUAS(self._transport, user_agent="chorus")
+            await self._serve(self._uas)
+            udp = self._transport._udp_transport
+            if udp is not None:  # port 0: the one the system chose, for Via and Contact
+                self._transport.local_addr = udp.get_extra_info("sockname")[:2]
+            self._tcp_transport = _tcp_transport(
+                self._transport.local_addr, self.config.max_tcp_connections,
+                self.config.tcp_idle_s, self._carries_call, self.tcp_closed,
+            )  # fmt: skip
+            self._tcp_uas = ChorusUAS(self._tcp_transport, user_agent="chorus")
+            try:
+                await self._serve(self._tcp_uas)
+                return
+            except OSError as exc:
+                # port 0: the UDP port the system chose can be taken for TCP (an outgoing
+                # connection's port); give it back and take another
+                if exc.errno != errno.EADDRINUSE or attempt == PORT_ATTEMPTS - 1 or port != 0:
+                    raise
+                log.info("sip: tcp port %d taken, choosing another", self.port)
+                await self._uas.stop()
 
     def _carries_call(self, addr: tuple[str, int]) -> bool:
         """Whether a call of this endpoint came in over the connection from `addr`."""
@@ -610,11 +624,14 @@ class SipEndpoint:
             # held every later frame until the buffer overflowed (16 packets), which then dropped
             # the four frames before it, and left the stream 300 ms behind the call from then on
             # and each talk spurt's last frames waiting for the next (docs/phone.md)
-            session = CallSession(
-                self.config.media_host, _free_udp_port(self.config.media_host), offer,
-                supported_codecs=codecs, symmetric_rtp=True, jitter_prefetch=JITTER_FRAMES,
-                skip_audio_gaps=True,
-            )  # fmt: skip
+            def new_session() -> CallSession:
+                return CallSession(
+                    self.config.media_host, _free_udp_port(self.config.media_host), offer,
+                    supported_codecs=codecs, symmetric_rtp=True, jitter_prefetch=JITTER_FRAMES,
+                    skip_audio_gaps=True,
+                )  # fmt: skip
+
+            session = new_session()
         except Exception:
             self._reject(call, 488, "Not Acceptable Here (no common codec)")
             return
@@ -624,15 +641,29 @@ class SipEndpoint:
             participant=f"sip-{user}-{hashlib.sha256(call.call_id.encode()).hexdigest()[:8]}",
             shared_mic=is_shared(invite, user, list(self.config.shared_mic_users)),
         )
-        task = asyncio.get_running_loop().create_task(self._answer(call, session, plan))
+        task = asyncio.get_running_loop().create_task(
+            self._answer(call, session, plan, new_session)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, call: IncomingCall, session: CallSession, plan: SipCallPlan) -> None:
-        try:
-            await session.start()
-        except Exception:
-            log.exception("sip: could not open RTP for %s", call.call_id)
+    async def _answer(
+        self, call: IncomingCall, session: CallSession, plan: SipCallPlan,
+        new_session: Callable[[], CallSession],
+    ) -> None:  # fmt: skip
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                await session.start()
+                break
+            except OSError as exc:
+                # the RTP port was free when chosen and taken before it was bound (the answer,
+                # which names it, is not sent yet): another port
+                if exc.errno == errno.EADDRINUSE and attempt < PORT_ATTEMPTS - 1:
+                    session = new_session()
+                    continue
+                log.exception("sip: could not open RTP for %s", call.call_id)
+            except Exception:
+                log.exception("sip: could not open RTP for %s", call.call_id)
             self._reject(call, 500, "Server Internal Error")
             return
         _only_from_negotiated(session, call.source_addr[0])

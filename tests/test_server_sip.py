@@ -748,6 +748,69 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
 # --- SIP over TCP, G.722 ------------------------------------------------------------------------
 
 
+async def test_on_port_0_a_udp_port_whose_tcp_twin_is_taken_is_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`listen` on port 0 takes the UDP port the system chooses and TCP on the same number; that
+    number can be taken for TCP by anything else on the machine (another test's connection did
+    it once, under a parallel run). The endpoint then gives the UDP port back and takes another."""
+    import socket
+
+    from server import sip as sip_module
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    real, tried = sip_module._udp_transport, []
+
+    def first_the_busy_port(addr: tuple[str, int]) -> Any:
+        tried.append(addr)
+        return real(("127.0.0.1", busy) if len(tried) == 1 else addr)
+
+    monkeypatch.setattr(sip_module, "_udp_transport", first_the_busy_port)
+    try:
+        async with sip_server() as srv:
+            port = sip_port(srv)
+            assert len(tried) == 2 and port != busy
+            _, writer = await asyncio.open_connection("127.0.0.1", port)  # its own TCP
+            writer.close()
+    finally:
+        taken.close()
+
+
+async def test_a_call_whose_rtp_port_is_taken_before_it_is_bound_gets_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each call's RTP port is one the system says is free, bound a moment later; another
+    process can take it in between. The call then gets another port, and is answered."""
+    import socket
+
+    from server import sip as sip_module
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", 0))
+    real, chosen = sip_module._free_udp_port, []
+
+    def first_a_taken_port(host: str) -> int:
+        chosen.append(taken.getsockname()[1] if not chosen else real(host))
+        return int(chosen[-1])
+
+    monkeypatch.setattr(sip_module, "_free_udp_port", first_a_taken_port)
+    try:
+        async with sip_server(sip={"rtp_timeout_s": 60.0}) as srv:
+            caller = RawCaller(sip_port(srv))
+            try:
+                assert await caller.invite("standup", USERS["dana"]) == 200
+                assert len(chosen) == 2 and caller.answer_port == chosen[1]
+                caller.request("BYE", "standup")
+                await eventually(lambda: srv.server.metrics.streams_active["sip"] == 0, BOUND_S)
+            finally:
+                caller.close()
+    finally:
+        taken.close()
+
+
 async def test_a_call_over_tcp(tmp_path: Path) -> None:
     """baresip's account on `transport=tcp`: the INVITE, its challenge, the call and its BYE
     all over one TCP connection to the same port as UDP; the turn arrives."""
