@@ -225,6 +225,11 @@ JITTER_FRAMES = 2
 that arrive out of order by up to that much are put back in order; a packet later than that is
 concealed as lost."""
 
+HOLD_TAIL_S = 3.0
+"""A leg put on hold is fed this much more of the pause it is in, so the turn its caller ended
+just before the hold closes (the STT hears the pause after it); then nothing until the resume."""
+
+
 class SkippedTime:
     """How much of the call a phone skipped before each frame, read from the RTP timestamps: a
     phone with silence suppression keeps its sequence numbers contiguous and moves its timestamp
@@ -310,6 +315,7 @@ class SipLeg:
         self._loud = 0
         self._quiet_from = time.monotonic()
         """Since when no RTP has come (or the last resume, or the last timeout counted on hold)."""
+        self._held_at = 0.0
         self._pauses = PauseFill()
         """The caller's pauses fed as silence, on the wall clock and, when the caller talks
         again, from the RTP timestamps (`SkippedTime`)."""
@@ -327,7 +333,8 @@ class SipLeg:
 
     @property
     def silence_filled_s(self) -> float:
-        """Seconds of silence fed for pauses in the caller's audio (`SILENCE_FILL_S`)."""
+        """Seconds of silence fed for pauses in the caller's audio (`SILENCE_FILL_S`), on hold
+        only for its first `HOLD_TAIL_S`."""
         return self._pauses.filled_s
 
     def _on_comfort_noise(self, level: int) -> None:
@@ -378,8 +385,11 @@ class SipLeg:
         self.held = held
         now = time.monotonic()
         self._quiet_from = now  # the timeout counts from a hold or a resume
-        self._skips = SkippedTime()  # a hold's time is not fed
-        self._pauses.resume(now)
+        self._skips = SkippedTime()  # a hold's time is not fed, past its first HOLD_TAIL_S
+        if held:
+            self._held_at = now
+        else:
+            self._pauses.resume(now)
 
     def hung_up(self) -> None:
         """The caller sent BYE (or CANCEL): the stream ends after what it already sent."""
@@ -394,7 +404,7 @@ class SipLeg:
             now = time.monotonic()
             due = self._quiet_from + self._rtp_timeout_s
             fill = self._pauses.due()
-            if fill is not None and not self.held:
+            if fill is not None and (not self.held or fill <= self._held_at + HOLD_TAIL_S):
                 due = min(due, fill)
             try:
                 item = await asyncio.wait_for(self._audio.get(), max(due - now, 0.005))
@@ -412,7 +422,7 @@ class SipLeg:
                 log.info("sip leg %s: no RTP for %.0f s, hanging up", self.call.call_id,
                          self._rtp_timeout_s)  # fmt: skip
                 raise SocketClosed("rtp timeout")
-            silence = 0.0 if self.held else self._pauses.take(now)
+            silence = self._pauses.take(min(now, self._held_at + HOLD_TAIL_S) if self.held else now)
             if silence:
                 return self._silence(silence)
         if item is None:

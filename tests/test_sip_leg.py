@@ -97,33 +97,33 @@ async def test_comfort_noise_keeps_the_leg_up_and_its_end_times_it_out() -> None
     assert leg.timed_out
 
 
-async def test_a_held_leg_is_fed_no_silence_and_a_resumed_one_is_fed_from_the_resume() -> None:
+async def test_a_held_leg_is_fed_its_pause_for_hold_tail_s_then_nothing_until_the_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller speaks and puts the call on hold: the pause is fed for `HOLD_TAIL_S` more (the
+    turn they ended closes), then nothing however long the hold; after the resume, the pause is
+    fed from the resume, not for the hold."""
+    from server import sip as sip_module
+
+    monkeypatch.setattr(sip_module, "HOLD_TAIL_S", 0.5)
     leg, session = a_leg(rtp_timeout_s=60.0)
     session.on_audio(FRAME, 0)
     assert await leg.recv() == FRAME
     leg.hold(True)
-    with pytest.raises(TimeoutError):  # held: nothing read, however long the pause
+    held = 0.0
+    while held < 0.5 - SILENCE_FILL_S:  # the pause's first HOLD_TAIL_S, fed as it goes
+        chunk = await leg.recv()
+        assert chunk == bytes(len(chunk))
+        held += len(chunk) / 2 / 8000
+    with pytest.raises(TimeoutError):  # then nothing, however long the hold
         await asyncio.wait_for(leg.recv(), SILENCE_FILL_S * 3)
+    assert leg.silence_filled_s <= 0.5 + RTP_FRAME_S
     leg.hold(False)
     started = time.monotonic()
     silence = await leg.recv()
     waited = time.monotonic() - started
     assert silence == bytes(len(silence))
-    assert len(silence) / 2 / 8000 <= waited + RTP_FRAME_S  # not the held time
-
-
-def test_the_bench_phone_stops_sending_after_its_hangover_until_a_loud_frame() -> None:
-    """`chorus bench sip --silence-suppression`: the phone's VAD, an energy gate with a hangover."""
-    import numpy as np
-
-    from bench.sip import HANGOVER_FRAMES, suppressed_frames
-    from voice.audio import mulaw_encode
-
-    quiet = mulaw_encode(np.zeros(160, np.int16))
-    loud = mulaw_encode((8000 * np.sin(np.arange(160) / 3)).astype(np.int16))
-    frames = [loud] * 3 + [quiet] * (HANGOVER_FRAMES + 5) + [loud] + [quiet] * 2
-    sent = [not q for q in suppressed_frames(frames)]
-    assert sent == [True] * (3 + HANGOVER_FRAMES) + [False] * 5 + [True] * 3
+    assert len(silence) / 2 / 8000 <= waited + RTP_FRAME_S  # from the resume, not the hold
 
 
 @given(
