@@ -533,9 +533,34 @@ class SipEndpoint:
 
         host, port = split_host_port(self.config.listen)
 
+        endpoint = self
+
         class ChorusUAS(SipUAS):
             """A request the library cannot take (a malformed SDP raises in its parser) is
-            answered 400 instead of going unanswered; the endpoint keeps serving."""
+            answered 400 instead of going unanswered; the endpoint keeps serving. An in-dialog
+            INFO carrying a DTMF digit (`info_digit`) is the leg's digit, as RFC 4733's are."""
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self._handlers["INFO"] = self._handle_info
+
+            def _handle_info(self, request: SipRequest, addr: tuple[str, int]) -> None:
+                call = self._calls.get(request.call_id or "")
+                if call is None:
+                    self._send_error(request, 481, "Call/Transaction Does Not Exist")
+                    return
+                if not self._validate_in_dialog(call.dialog, request):
+                    return
+                kind = request.headers.get_first("content-type") or ""
+                body = bytes(request.body or b"")
+                digit = info_digit(kind, body)
+                if body and digit is None:  # an empty INFO (a keepalive) is simply answered
+                    self._send_error(request, 415, "Unsupported Media Type")
+                    return
+                if digit is not None:
+                    endpoint._on_info_digit(call.call_id, digit)
+                response = call.dialog.create_response(request, 200, "OK")
+                self.transport.send_reply(response)
 
             def _handle_request(self, request: SipRequest, addr: tuple[str, int]) -> None:
                 try:
@@ -722,6 +747,11 @@ class SipEndpoint:
         answer = _answer_with_direction(leg.session.sdp_answer, _ANSWER_DIRECTION[direction])
         call.accept(answer)
 
+    def _on_info_digit(self, call_id: str, digit: str) -> None:
+        leg = self.legs.get(call_id)
+        if leg is not None and leg.session.on_dtmf is not None:
+            leg.session.on_dtmf(digit, 0)
+
     def _on_bye(self, call: IncomingCall, request: SipRequest) -> None:
         leg = self.legs.get(call.call_id)
         if leg is not None:
@@ -905,6 +935,27 @@ def _has_g722() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("G722") is not None
+
+
+_INFO_SIGNALS = {"10": "*", "11": "#", "12": "A", "13": "B", "14": "C", "15": "D"}
+
+
+def info_digit(content_type: str, body: bytes) -> str | None:
+    """The DTMF digit of a SIP INFO (RFC 6086's legacy use, still what many PBXs and phones send
+    when RFC 4733 is not negotiated): `application/dtmf-relay` (`Signal=5` and `Duration=160`
+    lines) or `application/dtmf` (the digit alone); events 10-15 are * # A-D. None for another
+    body or no digit."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    text = body.decode("ascii", "replace")
+    if kind == "application/dtmf-relay":
+        found = re.search(r"(?im)^\s*signal\s*=\s*(\S+)\s*$", text)
+        value = found.group(1) if found else ""
+    elif kind == "application/dtmf":
+        value = text.strip()
+    else:
+        return None
+    value = _INFO_SIGNALS.get(value, value).upper()
+    return value if len(value) == 1 and value in "0123456789*#ABCD" else None
 
 
 def _free_udp_port(host: str) -> int:

@@ -290,7 +290,7 @@ class RawCaller:
             "Max-Forwards: 70",
             *(f"{k}: {v}" for k, v in (headers or {}).items()),
         ]
-        if body:
+        if body and not any(k.lower() == "content-type" for k in headers or {}):
             lines.append("Content-Type: application/sdp")
         lines += [f"Content-Length: {len(body)}", "", body]
         self.sip.sendto("\r\n".join(lines).encode(), self.server)
@@ -695,6 +695,46 @@ async def test_a_dtmf_digit_reaches_the_feed_and_the_rooms_hooks() -> None:
     assert dtmf.digit == "5" and dtmf.participant.startswith("sip-dana-")
     message, ctx = pressed[0]
     assert message.digit == "5" and ctx.room_id == "standup" and ctx.participant_id == dtmf.participant
+
+
+async def test_a_dtmf_digit_in_a_sip_info_reaches_the_feed() -> None:
+    """Phones and PBXs that do not send RFC 4733 events send each key as an in-dialog INFO
+    (`application/dtmf-relay`); an INFO with another body is refused (415), an empty one (a
+    keepalive) answered."""
+    async with sip_server() as srv:
+        feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
+        caller = RawCaller(sip_port(srv))
+        try:
+            assert await caller.invite("standup", USERS["dana"]) == 200
+            caller.send_rtp(pcmu(0.6, 1.0, 0))
+            await eventually(lambda: srv.server.metrics.streams_active["sip"] == 1, BOUND_S)
+            relay = {"Content-Type": "application/dtmf-relay"}
+            caller.request("INFO", "standup", relay, "Signal=7\r\nDuration=160\r\n")
+            assert await caller.status() == 200
+            caller.request("INFO", "standup", relay, "Signal=11\r\nDuration=160\r\n")  # #
+            assert await caller.status() == 200
+            caller.request("INFO", "standup", {"Content-Type": "text/plain"}, "hello")
+            assert await caller.status() == 415
+            caller.request("INFO", "standup")
+            assert await caller.status() == 200
+            await eventually(lambda: sum(m.type == "dtmf" for m in feed.received) >= 2, BOUND_S)
+        finally:
+            caller.close()
+            await feed.close()
+    assert [m.digit for m in feed.received if m.type == "dtmf"] == ["7", "#"]
+
+
+def test_info_digits_are_read_from_both_bodies_and_nothing_else() -> None:
+    from server.sip import info_digit
+
+    assert info_digit("application/dtmf-relay", b"Signal=5\r\nDuration=160\r\n") == "5"
+    assert info_digit("Application/DTMF-Relay; charset=x", b"Signal= *\nDuration= 250") == "*"
+    assert info_digit("application/dtmf-relay", b"Signal=10\r\n") == "*"
+    assert info_digit("application/dtmf", b"9") == "9"
+    assert info_digit("application/dtmf", b"d") == "D"
+    for kind, body in [("application/dtmf-relay", b"Duration=160"), ("application/dtmf", b"99"),
+                       ("text/plain", b"Signal=5"), ("application/dtmf-relay", b"Signal=E")]:
+        assert info_digit(kind, body) is None, (kind, body)
 
 
 def re_search(pattern: str, text: str) -> str:
