@@ -282,14 +282,11 @@ def lost_packets(count: int, loss: float, room: str) -> set[int]:
 def suppressed_frames(frames: list[bytes]) -> list[bool]:
     """Which PCMU frames a phone with VAD/DTX does not send: every frame after
     `HANGOVER_FRAMES` frames in a row under `VAD_DBFS`, until a frame is loud again."""
-    import numpy as np
-
-    from voice.audio import mulaw_decode
+    from voice.audio import level_dbfs, mulaw_decode, pcm16_to_float
 
     quiet_run, out = 0, []
     for frame in frames:
-        samples = mulaw_decode(frame).astype(np.float64) / 32768.0
-        level = 20.0 * np.log10(max(float(np.sqrt(np.mean(samples * samples))), 1e-9))
+        level = level_dbfs(pcm16_to_float(mulaw_decode(frame)))
         quiet_run = quiet_run + 1 if level < VAD_DBFS else 0
         out.append(quiet_run > HANGOVER_FRAMES)
     return out

@@ -278,9 +278,10 @@ def _dbfs(pcm: bytes) -> float:
 class SipLeg:
     """One accepted call as a `StreamSocket`: the caller's decoded audio (from aiortp's jitter
     buffer) as messages until a BYE, a CANCEL or `rtp_timeout_s` without RTP (audio or RFC 3389
-    comfort noise); a pause in the caller's audio longer than `SILENCE_FILL_S` reads as digital
-    silence (`silence_filled_s`); binary messages sent go out as RTP 20 ms frames paced at real
-    time; `close` sends BYE (unless the caller hung up) and closes the RTP session.
+    comfort noise); a pause in the caller's audio longer than `server.sockets.SILENCE_FILL_S`
+    reads as digital silence (`silence_filled_s`); binary messages sent go out as RTP 20 ms
+    frames paced at real time; `close` sends BYE (unless the caller hung up) and closes the RTP
+    session.
 
     On hold (a re-INVITE with `a=sendonly`, `a=inactive` or `c=0.0.0.0`: `hold(True)`) no RTP
     timeout hangs up and no reply audio is sent (it is dropped); `hold(False)` resumes, the RTP
@@ -570,7 +571,8 @@ class SipEndpoint:
                     with contextlib.suppress(Exception):
                         self._send_error(request, 400, "Bad Request (malformed message)")
 
-        for attempt in range(PORT_ATTEMPTS if port == 0 else 1):
+        attempts = PORT_ATTEMPTS if port == 0 else 1
+        for attempt in range(attempts):
             self._transport = _udp_transport((host, port))
             self._uas = ChorusUAS(self._transport, user_agent="chorus")
             await self._serve(self._uas)
@@ -588,7 +590,7 @@ class SipEndpoint:
             except OSError as exc:
                 # port 0: the UDP port the system chose can be taken for TCP (an outgoing
                 # connection's port); give it back and take another
-                if exc.errno != errno.EADDRINUSE or attempt == PORT_ATTEMPTS - 1 or port != 0:
+                if exc.errno != errno.EADDRINUSE or attempt == attempts - 1:
                     raise
                 log.info("sip: tcp port %d taken, choosing another", self.port)
                 await self._uas.stop()
@@ -690,14 +692,13 @@ class SipEndpoint:
             try:
                 await session.start()
                 break
-            except OSError as exc:
+            except Exception as exc:
                 # the RTP port was free when chosen and taken before it was bound (the answer,
                 # which names it, is not sent yet): another port
-                if exc.errno == errno.EADDRINUSE and attempt < PORT_ATTEMPTS - 1:
+                taken = isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+                if taken and attempt < PORT_ATTEMPTS - 1:
                     session = new_session()
                     continue
-                log.exception("sip: could not open RTP for %s", call.call_id)
-            except Exception:
                 log.exception("sip: could not open RTP for %s", call.call_id)
             self._reject(call, 500, "Server Internal Error")
             return
