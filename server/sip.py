@@ -38,6 +38,7 @@ from server.sockets import (
     SocketClosed,
     messages_until_closed,
 )
+from voice.audio import level_dbfs, pcm16_to_float
 
 if TYPE_CHECKING:
     from aiosipua import CallSession, IncomingCall, SipRequest
@@ -265,16 +266,6 @@ class SkippedTime:
         return skipped
 
 
-def _dbfs(pcm: bytes) -> float:
-    import numpy as np
-
-    samples = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], "<i2").astype(np.float64)
-    if samples.size == 0:
-        return -120.0
-    rms = float(np.sqrt(np.mean(samples * samples))) / 32768.0
-    return 20.0 * float(np.log10(max(rms, 1e-6)))
-
-
 class SipLeg:
     """One accepted call as a `StreamSocket`: the caller's decoded audio (from aiortp's jitter
     buffer) as messages until a BYE, a CANCEL or `rtp_timeout_s` without RTP (audio or RFC 3389
@@ -284,7 +275,8 @@ class SipLeg:
     session.
 
     On hold (a re-INVITE with `a=sendonly`, `a=inactive` or `c=0.0.0.0`: `hold(True)`) no RTP
-    timeout hangs up and no reply audio is sent (it is dropped); `hold(False)` resumes, the RTP
+    timeout hangs up, no reply audio is sent (it is dropped) and the caller's RTP audio (music on
+    hold) is not handed on; `hold(False)` resumes, the RTP
     timeout counting from then. Barge-in: while reply audio is queued for the caller,
     `BARGE_IN_FRAMES` consecutive caller frames at `BARGE_IN_DBFS` or louder drop all of it
     (the frame being sent included); a reply queued afterwards plays."""
@@ -304,6 +296,9 @@ class SipLeg:
         """RTP timeouts that passed while the leg was on hold (no hang-up for them)."""
         self.dropped_while_held = 0
         """Reply RTP frames not sent because the leg was on hold."""
+        self.ignored_while_held_s = 0.0
+        """Seconds of the caller's RTP audio not handed on because the leg was on hold (a phone
+        holding with `a=sendonly` may send music on hold)."""
         self.barge_ins = 0
         self.cleared_s = 0.0
         """Seconds of reply audio dropped by barge-in."""
@@ -345,15 +340,18 @@ class SipLeg:
     def _on_audio(self, pcm: bytes, timestamp: int) -> None:
         now = time.monotonic()
         self._quiet_from = now
-        self._pauses.heard(now)
         rate = self.session.codec_sample_rate
+        if self.held:  # music on hold, or the caller's hold announcement: not the caller talking
+            self.ignored_while_held_s += len(pcm) / 2 / rate
+            return
+        self._pauses.heard(now)
         self.heard_s += len(pcm) / 2 / rate
         skipped = self._skips.skipped(timestamp, len(pcm) / 2 / rate, now)
         owed = self._pauses.owed(skipped) if skipped and not self.held else 0.0
         if owed:  # the rest of a pause shorter than SILENCE_FILL_S, or its part after the last fill
             self._put(self._silence(owed))
         if self._queued_chunks > self._drop_chunks:
-            self._loud = self._loud + 1 if _dbfs(pcm) >= BARGE_IN_DBFS else 0
+            self._loud = self._loud + 1 if level_dbfs(pcm16_to_float(pcm)) >= BARGE_IN_DBFS else 0
             if self._loud >= BARGE_IN_FRAMES:
                 self.barge_in()
         else:

@@ -126,6 +126,36 @@ async def test_a_held_leg_is_fed_its_pause_for_hold_tail_s_then_nothing_until_th
     assert len(silence) / 2 / 8000 <= waited + RTP_FRAME_S  # from the resume, not the hold
 
 
+async def test_music_on_hold_is_not_handed_on_and_the_callers_audio_is_after_the_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A phone holding with `a=sendonly` sends music on hold: none of it reaches the STT (the
+    caller is not talking), the pause is still fed for `HOLD_TAIL_S`, and after the resume the
+    caller's frames come as they are."""
+    from server import sip as sip_module
+
+    monkeypatch.setattr(sip_module, "HOLD_TAIL_S", 0.5)
+    leg, session = a_leg(rtp_timeout_s=60.0)
+    session.on_audio(FRAME, 0)
+    assert await leg.recv() == FRAME
+    leg.hold(True)
+    music = bytes(range(1, 256)) + bytes(range(1, 66))  # 320 bytes, loud, not FRAME
+    for n in range(1, 51):  # one second of music on hold, as it would arrive
+        session.on_audio(music, n * 160)
+    held = 0.0
+    while held < 0.5 - SILENCE_FILL_S:  # the pause's tail is still fed, as silence
+        chunk = await leg.recv()
+        assert chunk == bytes(len(chunk))
+        held += len(chunk) / 2 / 8000
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(leg.recv(), SILENCE_FILL_S * 3)
+    assert leg.ignored_while_held_s == pytest.approx(1.0)
+    leg.hold(False)
+    session.on_audio(FRAME, 60 * 160)
+    while (chunk := await leg.recv()) != FRAME:  # at most the pause since the resume, as silence
+        assert chunk == bytes(len(chunk))
+
+
 @given(
     units_per_frame=st.sampled_from([160, 320]),  # PCMU; G.722 at its RFC clock or at 16 kHz
     pauses=st.lists(st.integers(0, 400), min_size=1, max_size=12),  # frames skipped, per spurt
