@@ -159,12 +159,13 @@ class TrackPlayer:
         self.track = rtc.LocalAudioTrack.create_audio_track(name, self.source)
 
     async def play(self, pcm: npt.NDArray[np.int16]) -> None:
+        """Queue the whole clip in one capture, padded to whole 10 ms frames. Queued 10 ms at a
+        time, a stall of the event loop between two captures (a loaded machine) let the native
+        side run dry and play silence into the middle of the clip; the Deepgram-protocol stand-in
+        then found no recording in the audio and sent no words at all."""
         step = RATE // 100
-        for start in range(0, len(pcm), step):
-            chunk = pcm[start : start + step]
-            if len(chunk) < step:
-                chunk = np.pad(chunk, (0, step - len(chunk)))
-            await self.source.capture_frame(rtc.AudioFrame(chunk.tobytes(), RATE, 1, step))
+        pcm = np.pad(pcm, (0, -len(pcm) % step))
+        await self.source.capture_frame(rtc.AudioFrame(pcm.tobytes(), RATE, 1, len(pcm)))
 
     async def played(self) -> None:
         await self.source.wait_for_playout()

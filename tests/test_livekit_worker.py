@@ -98,6 +98,47 @@ async def deepgram(falcon: tuple[MeetingWords, np.ndarray]) -> AsyncIterator[Dee
         yield server
 
 
+async def test_a_stalled_event_loop_leaves_no_gap_in_a_played_clip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The test player's clip reaches a reader of its track whole, even when the event loop
+    stalls (a loaded machine) right after the player's first capture: no silence played into
+    the middle of it, which once left the Deepgram stand-in with no words for either track."""
+    import time
+
+    player = TrackPlayer("stall")
+    capture = player.source.capture_frame
+
+    async def stalling_capture(frame: rtc.AudioFrame) -> None:
+        await capture(frame)
+        time.sleep(0.2)  # noqa: ASYNC251 - the whole loop, blocked, as a loaded machine does
+
+    monkeypatch.setattr(player.source, "capture_frame", stalling_capture)
+    pcm = clip(meeting_pcm(), *ALICE)
+    stream = rtc.AudioStream.from_track(track=player.track, sample_rate=RATE, num_channels=1)
+    received: list[np.ndarray] = []
+
+    async def read() -> None:
+        async for event in stream:
+            received.append(np.frombuffer(bytes(event.frame.data), np.int16))
+            audio = np.concatenate(received)
+            voiced = np.flatnonzero(audio)
+            if len(voiced) and len(audio) - voiced[0] >= len(pcm):
+                return
+
+    try:
+        reading = asyncio.create_task(read())
+        await player.play(pcm)
+        await asyncio.wait_for(reading, 60)
+        audio = np.concatenate(received)
+        first = int(np.flatnonzero(pcm)[0])
+        start = int(np.flatnonzero(audio)[0])
+        assert np.array_equal(audio[start : start + len(pcm) - first], pcm[first:])
+    finally:
+        await stream.aclose()
+        await player.aclose()
+
+
 async def test_two_people_and_a_shared_mic_in_one_room(
     deepgram: DeepgramTestServer, falcon: tuple[MeetingWords, np.ndarray]
 ) -> None:
