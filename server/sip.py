@@ -41,6 +41,8 @@ from server.sockets import (
 from voice.audio import level_dbfs, pcm16_to_float
 
 if TYPE_CHECKING:
+    from aiortp.jitterbuffer import JitterBuffer, JitterFrame
+    from aiortp.packet import RtpPacket
     from aiosipua import CallSession, IncomingCall, SipRequest
 
     from server.config import SipConfig
@@ -266,6 +268,37 @@ class SkippedTime:
         return skipped
 
 
+def held_frames(buffer: JitterBuffer) -> list[JitterFrame]:
+    """The whole frames an aiortp `JitterBuffer` still holds, oldest first, as `JitterFrame`s
+    (each with the packets confirmed lost before it): what it would hand on only once later
+    packets came. Packets of one timestamp make one frame; an empty slot before a held packet is
+    a lost packet; a non-media slot (RFC 4733, RFC 3389) is neither. (aiortp has no public way to
+    read them: this reads its buffer's slots, for the version range the `sip` extra pins.)"""
+    from aiortp.jitterbuffer import _NON_MEDIA, JitterFrame
+
+    origin = buffer._origin
+    if origin is None:
+        return []
+    slots = [(n, buffer._packets[(origin + n) % buffer.capacity]) for n in range(buffer.capacity)]
+    frames: list[JitterFrame] = []
+    packets: list[RtpPacket] = []
+    lost = 0
+    previous = -1
+    for n, packet in ((n, p) for n, p in slots if p is not None):
+        gap = n - previous - 1
+        previous = n
+        if packets and (gap or packet is _NON_MEDIA or packet.timestamp != packets[0].timestamp):
+            frames.append(JitterFrame(b"".join(p.payload for p in packets), packets[0].timestamp,
+                                      lost))  # fmt: skip
+            packets, lost = [], 0
+        lost += gap
+        if packet is not _NON_MEDIA:
+            packets.append(packet)
+    if packets:
+        frames.append(JitterFrame(b"".join(p.payload for p in packets), packets[0].timestamp, lost))
+    return frames
+
+
 class SipLeg:
     """One accepted call as a `StreamSocket`: the caller's decoded audio (from aiortp's jitter
     buffer) as messages until a BYE, a CANCEL or `rtp_timeout_s` without RTP (audio or RFC 3389
@@ -312,6 +345,7 @@ class SipLeg:
         self._quiet_from = time.monotonic()
         """Since when no RTP has come (or the last resume, or the last timeout counted on hold)."""
         self._held_at = 0.0
+        self._draining = False
         self._pauses = PauseFill()
         """The caller's pauses fed as silence, on the wall clock and, when the caller talks
         again, from the RTP timestamps (`SkippedTime`)."""
@@ -344,7 +378,8 @@ class SipLeg:
         if self.held:  # music on hold, or the caller's hold announcement: not the caller talking
             self.ignored_while_held_s += len(pcm) / 2 / rate
             return
-        self._pauses.heard(now)
+        if not self._draining:  # drained frames are audio from before the pause, not heard now
+            self._pauses.heard(now)
         self.heard_s += len(pcm) / 2 / rate
         skipped = self._skips.skipped(timestamp, len(pcm) / 2 / rate, now)
         owed = self._pauses.owed(skipped) if skipped and not self.held else 0.0
@@ -390,9 +425,34 @@ class SipLeg:
         else:
             self._pauses.resume(now)
 
+    def drain_jitter(self) -> bool:
+        """Hand on the frames aiortp's jitter buffer still holds (the `JITTER_FRAMES` after the
+        newest it handed on), through the same path as every frame; True if there were any. The
+        buffer lets a frame go only once later packets come: a phone with silence suppression
+        sends them only when the caller talks again, and after a hang-up none come, so without
+        this the last 40 ms of each talk spurt reached the STT after the pause (the start of
+        the next utterance) or never."""
+        rtp = getattr(self.session, "rtp_session", None)
+        buffer = getattr(rtp, "_jitter_buffer", None)
+        deliver = getattr(rtp, "_deliver_audio_frame", None)
+        if buffer is None or deliver is None:
+            return False
+        frames = held_frames(buffer)
+        if not frames:
+            return False
+        buffer.reset()  # the next packet starts it again
+        self._draining = True
+        try:
+            for frame in frames:
+                deliver(frame)
+        finally:
+            self._draining = False
+        return True
+
     def hung_up(self) -> None:
         """The caller sent BYE (or CANCEL): the stream ends after what it already sent."""
         self._hung_up = True
+        self.drain_jitter()
         with contextlib.suppress(asyncio.QueueFull):
             self._audio.put_nowait(None)
 
@@ -421,6 +481,8 @@ class SipLeg:
                 log.info("sip leg %s: no RTP for %.0f s, hanging up", self.call.call_id,
                          self._rtp_timeout_s)  # fmt: skip
                 raise SocketClosed("rtp timeout")
+            if self.drain_jitter():  # the caller's last frames come before the pause's silence
+                continue
             silence = self._pauses.take(min(now, self._held_at + HOLD_TAIL_S) if self.held else now)
             if silence:
                 return self._silence(silence)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.sip import RTP_FRAME_S, SipLeg, SkippedTime
+from server.sip import JITTER_FRAMES, RTP_FRAME_S, SipLeg, SkippedTime, held_frames
 from server.sockets import SILENCE_FILL_S, SocketClosed
 
 
@@ -236,3 +236,93 @@ async def test_a_re_invite_that_changes_nothing_leaves_the_pause_as_it_was() -> 
     leg.hold(False)  # not held: nothing changes
     silence = await leg.recv()
     assert len(silence) / 2 / 8000 >= time.monotonic() - spoke - 2 * RTP_FRAME_S
+
+
+# --- the frames aiortp's jitter buffer holds back -------------------------------------------------
+
+
+def rtp_packet(seq: int, payload: bytes | None = None) -> Any:
+    from aiortp.packet import RtpPacket
+
+    return RtpPacket(payload_type=0, sequence_number=seq & 0xFFFF, timestamp=(seq * 160) & 0xFFFFFFFF,
+                     ssrc=0x1234, payload=payload if payload is not None else bytes([seq % 256]) * 160)  # fmt: skip
+
+
+@given(
+    first=st.integers(0, 2**16 - 1),
+    kept=st.lists(st.booleans(), min_size=1, max_size=40),
+)
+def test_held_frames_are_what_the_buffer_has_not_handed_on_in_order_with_the_losses(
+    first: int, kept: list[bool]
+) -> None:
+    """Packets in order with some lost on the way (the first always arrives): the frames the
+    buffer hands on as packets come, then `held_frames`, give every packet that came once, in
+    order, and count every lost packet before the last one that came."""
+    from aiortp.jitterbuffer import JitterBuffer
+
+    kept[0] = True
+    buffer = JitterBuffer(capacity=64, prefetch=JITTER_FRAMES, skip_audio_gaps=True)
+    handed: list[Any] = []
+    for n, came in enumerate(kept):
+        if came:
+            _, frame = buffer.add(rtp_packet(first + n))
+            if frame is not None:
+                handed.append(frame)
+    held = held_frames(buffer)
+    frames = handed + held
+    last = max(n for n, came in enumerate(kept) if came)
+    assert [f.timestamp for f in frames] == [((first + n) * 160) & 0xFFFFFFFF
+                                             for n, came in enumerate(kept) if came]  # fmt: skip
+    assert sum(f.lost for f in frames) == sum(not came for came in kept[: last + 1])
+    assert len(held) <= JITTER_FRAMES + 1 and (held or len(handed) == sum(kept))
+
+
+@dataclass
+class BufferedRtp:
+    """The part of aiortp's `RTPSession` a leg drains: its jitter buffer (the real one) and the
+    path a frame takes from it to `on_audio` (no codec: the payload is the PCM)."""
+
+    session: Any
+    on_cn: Any = None
+    _jitter_buffer: Any = None
+
+    def __post_init__(self) -> None:
+        from aiortp.jitterbuffer import JitterBuffer
+
+        self._jitter_buffer = JitterBuffer(capacity=16, prefetch=JITTER_FRAMES, skip_audio_gaps=True)
+
+    def receive(self, packet: Any) -> None:
+        _, frame = self._jitter_buffer.add(packet)
+        if frame is not None:
+            self._deliver_audio_frame(frame)
+
+    def _deliver_audio_frame(self, frame: Any) -> None:
+        self.session.on_audio(frame.data, frame.timestamp)
+
+
+async def test_a_talk_spurts_last_frames_come_before_its_pause_and_before_a_hang_up() -> None:
+    """The jitter buffer hands a frame on only once later packets come. A phone with silence
+    suppression sends none in the pause, so the spurt's last `JITTER_FRAMES` frames reached the
+    STT after the pause's silence (and after a hang-up, never): they now come first."""
+    session = FakeSession()
+    rtp = BufferedRtp(session)
+    session.rtp_session = rtp  # type: ignore[assignment]
+    leg = SipLeg(FakeCall(), session, 60.0)  # type: ignore[arg-type]
+    frames = [bytes([n + 1]) * 320 for n in range(10)]
+    for n, frame in enumerate(frames):
+        rtp.receive(rtp_packet(n, frame))
+    got = [await leg.recv() for _ in range(10)]  # the first 8 as they came, then the held 2
+    assert got == frames
+    silence = await leg.recv()
+    assert silence == bytes(len(silence))  # then the pause
+    assert leg.heard_s == pytest.approx(10 * RTP_FRAME_S)
+    more = [bytes([n + 21]) * 320 for n in range(5)]
+    for n, frame in enumerate(more):  # the next spurt, 1 s later on the phone's clock
+        rtp.receive(rtp_packet(60 + n, frame))
+    leg.hung_up()  # and the caller hangs up straight after it
+    tail: list[bytes] = []
+    with pytest.raises(SocketClosed, match="hung up"):
+        while True:
+            tail.append(await leg.recv())
+    assert [c for c in tail if c != bytes(len(c))] == more  # every frame, the held ones included
+
