@@ -549,6 +549,22 @@ class SipLeg:
         await self.close(code, reason)
 
 
+SUPPORTED_OPTIONS = frozenset({"100rel"})
+"""The SIP option tags a request may require of this endpoint. `100rel` (RFC 3262) holds
+without anything to do: the endpoint sends no provisional response but 100 Trying, which is
+never sent reliably. Session timers are off (no `Session-Expires` in an answer), so `timer` is
+not one; nor is `precondition` (RFC 3312) or any other."""
+
+
+def unsupported_options(request: SipRequest) -> list[str]:
+    """The option tags of `request`'s `Require` headers this endpoint does not support, in their
+    order, for a 420 Bad Extension (RFC 3261 §8.2.2.3: not for ACK or CANCEL)."""
+    if request.method.upper() in ("ACK", "CANCEL"):
+        return []
+    tags = (t.strip() for value in request.headers.get("require") for t in value.split(","))
+    return list(dict.fromkeys(t for t in tags if t and t.lower() not in SUPPORTED_OPTIONS))
+
+
 # --- the endpoint -------------------------------------------------------------------------------
 
 OnLeg = Callable[[SipLeg, SipFraming, SipCallPlan], Awaitable[None]]
@@ -624,6 +640,14 @@ class SipEndpoint:
                 self.transport.send_reply(response)
 
             def _handle_request(self, request: SipRequest, addr: tuple[str, int]) -> None:
+                unsupported = unsupported_options(request)
+                if unsupported:  # RFC 3261 §8.2.2.3: refused, the options named
+                    log.info("sip: %s from %s requires %s", request.method, addr[0],
+                             ", ".join(unsupported))  # fmt: skip
+                    endpoint.refused[420] = endpoint.refused.get(420, 0) + 1
+                    self._send_error(request, 420, "Bad Extension",
+                                     extra_headers={"Unsupported": ", ".join(unsupported)})
+                    return
                 try:
                     super()._handle_request(request, addr)
                 except Exception:

@@ -431,6 +431,37 @@ async def test_malformed_sip_and_sdp_get_an_error_and_the_server_keeps_serving(t
             caller.close()
 
 
+async def test_a_request_requiring_an_unsupported_extension_gets_420_naming_it() -> None:
+    """RFC 3261 §8.2.2.3: an INVITE whose `Require` names an option tag the endpoint does not
+    support (`precondition`, `timer`) is refused 420 Bad Extension with those tags in
+    `Unsupported`, and no call is set up; `100rel` is supported (no provisional response but
+    100 Trying is ever sent), and a caller that retries without the extension gets its call.
+    OPTIONS (a PBX's keepalive) is answered 200 with the methods allowed."""
+    async with sip_server() as srv:
+        caller = RawCaller(sip_port(srv))
+        try:
+            caller.request("INVITE", "standup", {"Require": "precondition, 100rel",
+                                                 "Supported": "timer"}, caller.sdp())
+            assert await caller.status() == 420
+            assert caller.header("Unsupported") == "precondition"
+            caller.request("ACK", "standup")
+            caller.request("INVITE", "standup", {"Require": "timer"}, caller.sdp())
+            assert await caller.status() == 420 and caller.header("Unsupported") == "timer"
+            caller.request("ACK", "standup")
+            assert srv.server.sip is not None and srv.server.sip.refused.get(420) == 2
+            assert srv.server.sip.legs == {}
+            caller.request("INVITE", "standup", {"Require": "100rel"}, caller.sdp())
+            assert await caller.status() == 401  # taken: the usual challenge
+            caller.request("ACK", "standup")
+            assert await caller.invite("standup", USERS["dana"], {"Require": "100rel"}) == 200
+            caller.request("OPTIONS", "standup")  # a trunk's keepalive
+            assert await caller.status() == 200
+            assert {"INVITE", "BYE", "INFO", "OPTIONS"} <= {
+                m.strip() for m in caller.header("Allow").split(",")}
+        finally:
+            caller.close()
+
+
 async def test_rtp_from_an_address_the_call_did_not_negotiate_is_dropped() -> None:
     import socket
 
