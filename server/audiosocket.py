@@ -272,6 +272,7 @@ class AudioSocketFraming:
             name=call.name[:80] if call.name else None,
             shared_mic=call.shared_mic,
             format=declared_format(AUDIO_RATES[opening.kind], "pcm16", 1),
+            echo_gate=False,  # a phone: the caller may talk over a reply
         )
 
     def audio(self, message: str | bytes) -> bytes | None:
@@ -302,6 +303,9 @@ class AudioSocketFraming:
         data = bytes(round(seconds * AUDIO_RATES[self.audio_kind]) * 2)
         step = MAX_PAYLOAD - MAX_PAYLOAD % 2
         return [Frame(self.audio_kind, data[i : i + step]).encode() for i in range(0, len(data), step)]
+
+    def answers(self) -> list[Outgoing]:
+        return []
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
         self.stream_id = stream_id

@@ -95,6 +95,9 @@ class DeviceFraming:
             return None
         raise Refusal(CloseCode.BAD_MESSAGE, "stream already started", "bad_message")
 
+    def answers(self) -> list[Outgoing]:
+        return []
+
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
         participant = self._declared().participant
         return [dump(StartedMessage(room=room, stream=stream_id, participant=participant))]

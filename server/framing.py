@@ -51,6 +51,11 @@ class StreamDeclaration:
     shared_mic: bool
     """True: several people at one microphone (diarized). False: one person."""
     format: StreamFormat
+    echo_gate: bool = True
+    """Whether the room's replies may play into this stream's own microphone (a speakerphone
+    device), so its audio is replaced by silence while one plays (V9). False for a phone leg:
+    its caller hears the reply in the phone, which cancels its own echo, and what they say over
+    the reply (barge-in) is heard."""
 
 
 class Refusal(Exception):
@@ -83,6 +88,11 @@ class StreamFraming(Protocol):
 
     def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
         """The room's reply audio (pcm16 at `sample_rate`) as this socket's messages."""
+        ...
+
+    def answers(self) -> list[Outgoing]:
+        """What the socket owes its peer after the messages read so far (a Twilio `clear` when
+        the caller talks over a reply), once each; usually nothing."""
         ...
 
 

@@ -337,6 +337,7 @@ class VoicePipeline:
                 fmt=declared.format,
                 session_id=info.stream_id,
                 stage=stage,
+                echo_gate=declared.echo_gate,
             )
         except BaseException:
             self._on_status.pop(info.stream_id, None)

@@ -12,12 +12,46 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from voice.audio import float_to_pcm16, mulaw_encode, pcm16_to_float, resample
+from voice.audio import float_to_pcm16, level_dbfs, mulaw_encode, pcm16_to_float, resample
 
 FRAME_SECONDS = 0.2
 """Reply audio is sent in 200 ms pieces: small enough to start playing at once."""
 
 PHONE_RATE = 8000
+
+BARGE_IN_DBFS = -35.0
+"""A caller's 20 ms frame at least this loud (RMS) is speech for barge-in."""
+BARGE_IN_FRAMES = 3
+"""Consecutive loud frames (60 ms) that make a barge-in."""
+
+
+class BargeIn:
+    """A phone's caller talking over the reply playing to them: `BARGE_IN_FRAMES` consecutive
+    frames of theirs at `BARGE_IN_DBFS` or louder while it plays. The one home of the rule for
+    every phone leg (SIP drops the reply audio it still holds; Twilio is sent `clear`).
+
+    An energy gate on the caller's decoded audio, not a VAD: a phone that echoed the reply back
+    loudly would cut it off. Phones cancel their own echo, which is why a phone leg is not
+    silenced while a reply plays (`StreamDeclaration.echo_gate`)."""
+
+    def __init__(self) -> None:
+        self._loud = 0
+        self.count = 0
+        """Barge-ins so far."""
+
+    def heard(self, pcm16: bytes, playing: bool) -> bool:
+        """One frame of the caller's audio (pcm16); True when it completes a barge-in."""
+        if not playing:
+            self._loud = 0
+            return False
+        usable = len(pcm16) - len(pcm16) % 2
+        loud = usable > 0 and level_dbfs(pcm16_to_float(pcm16[:usable])) >= BARGE_IN_DBFS
+        self._loud = self._loud + 1 if loud else 0
+        if self._loud < BARGE_IN_FRAMES:
+            return False
+        self._loud = 0
+        self.count += 1
+        return True
 
 
 def convert_reply(pcm16: bytes, from_rate: int, to_rate: int, encoding: str) -> bytes:

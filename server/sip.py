@@ -31,14 +31,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from server.framing import Outgoing, StreamDeclaration, StreamKind, declared_format
 from server.protocol import ROOM_ID
-from server.reply_audio import FRAME_SECONDS, convert_reply
+from server.reply_audio import FRAME_SECONDS, BargeIn, convert_reply
 from server.sockets import (
     REFUSAL_WAIT_S,
     PauseFill,
     SocketClosed,
     messages_until_closed,
 )
-from voice.audio import level_dbfs, pcm16_to_float
 
 if TYPE_CHECKING:
     from aiortp.jitterbuffer import JitterBuffer, JitterFrame
@@ -197,12 +196,16 @@ class SipFraming:
             name=plan.declaration_name,
             shared_mic=plan.shared_mic,
             format=declared_format(self.sample_rate, "pcm16", 1),
+            echo_gate=False,  # a phone: the caller may talk over a reply
         )
 
     def audio(self, message: str | bytes) -> bytes | None:
         if isinstance(message, str):
             return b""
         return message[: len(message) - len(message) % 2]
+
+    def answers(self) -> list[Outgoing]:
+        return []
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
         self.stream_id = stream_id
@@ -215,12 +218,6 @@ class SipFraming:
         if self.on_reply_queued is not None:
             self.on_reply_queued(len(chunks))
         return chunks
-
-
-BARGE_IN_DBFS = -35.0
-"""A caller's 20 ms frame at least this loud (RMS) is speech for barge-in."""
-BARGE_IN_FRAMES = 3
-"""Consecutive loud frames (60 ms) that clear the reply audio queued for the caller."""
 
 
 JITTER_FRAMES = 2
@@ -310,9 +307,9 @@ class SipLeg:
     On hold (a re-INVITE with `a=sendonly`, `a=inactive` or `c=0.0.0.0`: `hold(True)`) no RTP
     timeout hangs up, no reply audio is sent (it is dropped) and the caller's RTP audio (music on
     hold) is not handed on; `hold(False)` resumes, the RTP
-    timeout counting from then. Barge-in: while reply audio is queued for the caller,
-    `BARGE_IN_FRAMES` consecutive caller frames at `BARGE_IN_DBFS` or louder drop all of it
-    (the frame being sent included); a reply queued afterwards plays."""
+    timeout counting from then. Barge-in (`server.reply_audio.BargeIn`: the caller talking while
+    reply audio is queued for them) drops all of it (the frame being sent included); a reply
+    queued afterwards plays."""
 
     def __init__(
         self, call: IncomingCall, session: CallSession, rtp_timeout_s: float, max_queued: int = 500
@@ -341,7 +338,7 @@ class SipLeg:
         """Seconds of the caller's audio handed on by the jitter buffer (lost packets concealed)."""
         self.comfort_noise = 0
         """RFC 3389 comfort-noise packets received (they keep the leg from `rtp_timeout_s`)."""
-        self._loud = 0
+        self._barge = BargeIn()
         self._quiet_from = time.monotonic()
         """Since when no RTP has come (or the last resume, or the last timeout counted on hold)."""
         self._held_at = 0.0
@@ -385,12 +382,8 @@ class SipLeg:
         owed = self._pauses.owed(skipped) if skipped and not self.held else 0.0
         if owed:  # the rest of a pause shorter than SILENCE_FILL_S, or its part after the last fill
             self._put(self._silence(owed))
-        if self._queued_chunks > self._drop_chunks:
-            self._loud = self._loud + 1 if level_dbfs(pcm16_to_float(pcm)) >= BARGE_IN_DBFS else 0
-            if self._loud >= BARGE_IN_FRAMES:
-                self.barge_in()
-        else:
-            self._loud = 0
+        if self._barge.heard(pcm, playing=self._queued_chunks > self._drop_chunks):
+            self.barge_in()
         self._put(pcm)
 
     def _put(self, pcm: bytes) -> None:
@@ -405,7 +398,6 @@ class SipLeg:
     def barge_in(self) -> None:
         """The caller speaks over the reply: every reply chunk queued so far is dropped."""
         self.barge_ins += 1
-        self._loud = 0
         self._drop_chunks = self._queued_chunks
         log.info("sip leg %s: barge-in, %d reply chunks dropped", self.call.call_id,
                  self._drop_chunks)  # fmt: skip

@@ -104,6 +104,8 @@ async def _read_audio(
     """Audio out of each message, into the room, until the framing says the stream ended."""
     async for message in ws.messages():
         audio = framing.audio(message)
+        for answer in framing.answers():
+            stream.send(answer)
         if audio is None:
             return
         if audio:

@@ -33,7 +33,8 @@ from server.framing import (
     schema_names,
 )
 from server.protocol import ROOM_ID, CloseCode, dump
-from server.reply_audio import FRAME_SECONDS, PHONE_RATE, convert_reply
+from server.reply_audio import FRAME_SECONDS, PHONE_RATE, BargeIn, convert_reply
+from voice.audio import mulaw_decode
 
 # --- messages, as Twilio documents them -----------------------------------------------------
 
@@ -152,9 +153,11 @@ class TwilioClear(_Twilio):
     streamSid: str
 
 
-def twilio_reply_messages(stream_sid: str, pcm16: bytes, rate: int) -> Iterator[str]:
-    """Twilio `media` messages (8 kHz µ-law) for one reply, then a `mark` naming it (so the
-    bridge can report when playback finished)."""
+def twilio_reply_messages(
+    stream_sid: str, pcm16: bytes, rate: int, mark: str = "reply"
+) -> Iterator[str]:
+    """Twilio `media` messages (8 kHz µ-law) for one reply, then a `mark` named `mark` (Twilio
+    sends it back when the reply has played, or when a `clear` dropped it)."""
     data = convert_reply(pcm16, rate, PHONE_RATE, "mulaw")
     step = int(PHONE_RATE * FRAME_SECONDS)
     for i in range(0, len(data), step):
@@ -165,7 +168,7 @@ def twilio_reply_messages(stream_sid: str, pcm16: bytes, rate: int) -> Iterator[
             )
         )
     if data:
-        yield dump(TwilioOutboundMark(streamSid=stream_sid, mark=TwilioMarkName(name="reply")))
+        yield dump(TwilioOutboundMark(streamSid=stream_sid, mark=TwilioMarkName(name=mark)))
 
 
 # --- a leg, read into a declaration plus audio --------------------------------------------------
@@ -203,6 +206,12 @@ class TwilioFraming:
 
     def __init__(self) -> None:
         self.stream_sid = ""
+        self.barge_in = BargeIn()
+        """The caller talking over a reply still playing: Twilio is sent `clear`."""
+        self._replies = 0
+        self._playing: set[str] = set()
+        """The marks of the replies sent and not yet played (Twilio has not sent them back)."""
+        self._owed: list[Outgoing] = []
 
     def opening(self, message: str | bytes) -> TwilioOpening | None:
         """A message before `start`: None for `connected`, `mark` and `dtmf` (read on), the
@@ -245,6 +254,7 @@ class TwilioFraming:
             name=name[:80] if name else None,
             shared_mic=params.get("shared_mic", "false").strip().lower() in ("1", "true", "yes"),
             format=declared_format(fmt.sampleRate, "mulaw", 1),
+            echo_gate=False,  # a phone: the caller may talk over a reply
         )
 
     def audio(self, message: str | bytes) -> bytes | None:
@@ -255,11 +265,18 @@ class TwilioFraming:
             if parsed.media.track not in INBOUND_TRACKS:
                 return b""
             try:
-                return base64.b64decode(parsed.media.payload, validate=True)
+                mulaw = base64.b64decode(parsed.media.payload, validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise Refusal(
                     CloseCode.BAD_MESSAGE, "media payload is not base64", "bad_message"
                 ) from exc
+            if self.barge_in.heard(mulaw_decode(mulaw).tobytes(), playing=bool(self._playing)):
+                self._playing.clear()  # what Twilio holds is dropped; its marks come back
+                self._owed.append(dump(TwilioClear(streamSid=self.stream_sid)))
+            return mulaw
+        if isinstance(parsed, TwilioMark):
+            self._playing.discard(parsed.mark.name)
+            return b""
         if isinstance(parsed, TwilioStop):
             return None
         if isinstance(parsed, TwilioStart):
@@ -270,7 +287,20 @@ class TwilioFraming:
         return []  # Twilio has no message for it
 
     def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
-        return list(twilio_reply_messages(self.stream_sid, pcm16, sample_rate))
+        """The reply's `media` messages and a mark of its own: until Twilio sends the mark back,
+        the reply is playing, and the caller talking over it (`BargeIn`) sends `clear`."""
+        self._replies += 1
+        mark = f"reply-{self._replies}"
+        messages: list[Outgoing] = list(
+            twilio_reply_messages(self.stream_sid, pcm16, sample_rate, mark)
+        )
+        if messages:
+            self._playing.add(mark)
+        return messages
+
+    def answers(self) -> list[Outgoing]:
+        owed, self._owed = self._owed, []
+        return owed
 
 
 # --- the upgrade's signature ------------------------------------------------------------------

@@ -85,7 +85,8 @@ async def test_two_phone_legs_and_a_shared_mic_device_in_one_room(
     await dana.send_mulaw(phone_audio(0.6, 4.3), realtime=False)
     await eventually(lambda: any(m.get("event") == "mark" for m in dana.received), BOUND_S, "a reply")
     await eventually(lambda: any(m.type == "reply" for m in feed.received), BOUND_S, "the whole reply")
-    # the room's microphones are gated while the reply plays (V9): Eli speaks once it has played
+    # the room's device is gated while the reply plays (V9); Eli speaks once it has played (so
+    # his turn is not a barge-in)
     await server.until_reply_played(ROOM, BOUND_S)
     # Eli's line carries Bob's first turn.
     await eli.send_mulaw(phone_audio(4.7, 8.95), realtime=False)

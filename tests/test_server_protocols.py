@@ -7,6 +7,7 @@ import base64
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
 from server.device import DeviceFraming
@@ -126,15 +127,15 @@ def _opened(params: dict[str, str], media_format: dict[str, Any] | None = None) 
 @pytest.mark.parametrize(
     ("params", "declared"),
     [
-        ({"room": "r1"}, StreamDeclaration("call-CA1", None, False, StreamFormat(8000, "mulaw"))),
+        ({"room": "r1"}, StreamDeclaration("call-CA1", None, False, StreamFormat(8000, "mulaw"), echo_gate=False)),
         (
             {"room": "r1", "participant": "p-dana", "name": "Dana", "shared_mic": "yes"},
-            StreamDeclaration("p-dana", "Dana", True, StreamFormat(8000, "mulaw")),
+            StreamDeclaration("p-dana", "Dana", True, StreamFormat(8000, "mulaw"), echo_gate=False),
         ),
         ({"room": "r1", "name": "N" * 100},
-         StreamDeclaration("call-CA1", "N" * 80, False, StreamFormat(8000, "mulaw"))),
+         StreamDeclaration("call-CA1", "N" * 80, False, StreamFormat(8000, "mulaw"), echo_gate=False)),
         ({"room": "r1", "name": "", "shared_mic": " TRUE "},
-         StreamDeclaration("call-CA1", None, True, StreamFormat(8000, "mulaw"))),
+         StreamDeclaration("call-CA1", None, True, StreamFormat(8000, "mulaw"), echo_gate=False)),
     ],
 )
 def test_a_twilio_start_is_its_opening_and_declaration(
@@ -229,6 +230,45 @@ def test_a_bad_twilio_media_message_is_refused(message: str | bytes, reason: str
     assert _refused(_opened({"room": "r1"}).audio, message) == (
         CloseCode.BAD_MESSAGE, "bad_message", reason
     )
+
+
+def _mulaw_frame(level: float) -> str:
+    """A 20 ms `media` message of a 440 Hz tone at `level` (0: digital silence)."""
+    from voice.audio import mulaw_encode
+
+    tone = (level * 32767 * np.sin(2 * np.pi * 440 * np.arange(160) / 8000)).astype(np.int16)
+    return _media(base64.b64encode(mulaw_encode(tone)).decode())
+
+
+def test_a_twilio_caller_talking_over_a_reply_gets_it_cleared_once() -> None:
+    """While a reply's mark has not come back, the caller talking (`BargeIn`: 3 loud frames)
+    makes the leg owe Twilio one `clear`; quiet frames, or talking once every reply has played,
+    owe nothing. A mark of a cleared reply coming back changes nothing."""
+    leg = _opened({"room": "r1"})
+    loud, quiet = _mulaw_frame(0.3), _mulaw_frame(0.001)
+    for _ in range(5):  # no reply playing: talking is just talking
+        leg.audio(loud)
+    assert leg.answers() == []
+    first = [json.loads(m) for m in leg.reply_audio(b"\x10\x00" * 16000, 16000)]
+    assert first[-1]["mark"]["name"] == "reply-1"
+    for _ in range(10):
+        leg.audio(quiet)
+    leg.audio(loud)
+    leg.audio(loud)
+    assert leg.answers() == []
+    leg.audio(loud)  # the third loud frame in a row
+    assert [json.loads(m) for m in leg.answers()] == [{"event": "clear", "streamSid": "MZ1"}]
+    assert leg.answers() == []  # once
+    for _ in range(6):  # still talking: the reply is already cleared
+        leg.audio(loud)
+    assert leg.answers() == [] and leg.barge_in.count == 1
+    leg.audio('{"event": "mark", "streamSid": "MZ1", "mark": {"name": "reply-1"}}')  # sent back
+    second = [json.loads(m) for m in leg.reply_audio(b"\x10\x00" * 1600, 16000)]
+    assert second[-1]["mark"]["name"] == "reply-2"
+    leg.audio('{"event": "mark", "streamSid": "MZ1", "mark": {"name": "reply-2"}}')  # played
+    for _ in range(5):
+        leg.audio(loud)
+    assert leg.answers() == [] and leg.barge_in.count == 1
 
 
 def test_the_caller_hears_nothing_on_start_and_replies_as_media_on_its_stream() -> None:

@@ -779,7 +779,8 @@ def re_search(pattern: str, text: str) -> str:
 
 
 async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> None:
-    """A 6 s reply is playing; the caller talks: the rest of it is dropped, not sent."""
+    """A 6 s reply is playing; the caller talks: the rest of it is dropped, not sent, and what
+    they said over it is heard."""
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
         config = {
             "sip": {"rtp_timeout_s": 60.0},
@@ -810,6 +811,15 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
                 await eventually(lambda: leg.barge_ins >= 1, BOUND_S, "barge-in")
                 # the rest of the 6 s reply is dropped (a reply to the new turn may follow)
                 await eventually(lambda: leg.cleared_s >= 3.0, BOUND_S, "the reply dropped")
+                # and what the caller said over it reached the STT: a phone leg is not gated
+                # while a reply plays (its caller hears it in the phone, V9 is for a speakerphone)
+                assert srv.stt_server is not None
+
+                def voiced_s() -> float:
+                    pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
+                    return int(np.count_nonzero(pcm)) / 16000
+
+                await eventually(lambda: voiced_s() >= 1.4 + 1.5 - 0.2, BOUND_S, "the words over it")
                 # hang up: the leg ends now, not when rtp_timeout_s of silence has passed
                 caller.request("BYE", "standup")
                 await eventually(lambda: srv.server.metrics.streams_active["sip"] == 0, BOUND_S)

@@ -360,6 +360,28 @@ async def test_V9_audio_arriving_while_the_agent_speaks_is_not_transcribed() -> 
     del kit
 
 
+async def test_V9_a_phone_stream_is_heard_while_the_agent_speaks() -> None:
+    """V9 gates a microphone the reply plays into (a speakerphone). A phone's caller hears the
+    reply in the phone, which cancels its own echo: a stream opened with `echo_gate=False` is
+    heard over the reply (the caller barging in), while the room's speakerphone stays gated."""
+    async with DeepgramTestServer(ScriptedWords([])) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), echo_tail=0.0)
+        kit = await voice_room(channel)
+        speakerphone = await channel.start_session("room", "mic-1")
+        phone = await channel.start_session("room", "caller-1", echo_gate=False)
+        loud = (0.2 * np.sin(np.arange(16000) / 5)).astype(np.float32)
+        await channel.play("room", float_to_pcm16(np.zeros(320000, np.float32)), 16000)  # 20 s
+        await stream(speakerphone, loud[:4000], 16000)
+        await stream(phone, loud[:4000], 16000)  # the caller talks over the reply
+        assert channel.is_playing("room")  # both quarter seconds landed inside the reply
+        await speakerphone.finish()
+        await phone.finish()
+        heard = {c.index: np.frombuffer(bytes(c.audio), dtype="<i2") for c in server.connections}
+    assert speakerphone.gated_seconds == pytest.approx(0.25) and phone.gated_seconds == 0
+    assert not heard[0][:4000].any() and heard[1][:4000].any()
+    del kit
+
+
 async def test_V10_bad_live_frames_are_refused_and_other_streams_lose_nothing() -> None:
     async with DeepgramTestServer(script()) as server:
         channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))

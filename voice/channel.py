@@ -190,12 +190,16 @@ class VoiceChannel(Channel):
         fmt: StreamFormat | None = None,
         session_id: str | None = None,
         stage: DiarizationStage | None = None,
+        echo_gate: bool = True,
     ) -> VoiceSession:
         """Open a stream in a room (the channel must be attached to it). `fmt` declares the
         stream's audio at once (else `sample_rate`, `encoding`, `channels`). With pipeline
         speakers the stream's diarization stage is `stage` (the caller's, reset for this
-        stream) or else the channel's own `diarizer`, which serves one stream at a time. Bad
-        declared formats raise an `AudioError` naming the problem (rule V10)."""
+        stream) or else the channel's own `diarizer`, which serves one stream at a time.
+        `echo_gate`: the room's replies may play into this stream's microphone (a speakerphone),
+        so its audio is silenced while one plays (V9); False for a stream whose listener hears
+        replies on a device that cancels its own echo (a phone), so words said over a reply are
+        heard. Bad declared formats raise an `AudioError` naming the problem (rule V10)."""
         kit = self.require_kit()
         if await kit.get_room(room_id) is None:
             raise KeyError(f"no room {room_id!r}")
@@ -214,7 +218,8 @@ class VoiceChannel(Channel):
                                    "session; pass start_session(stage=…) for each stream, or "
                                    "use one VoiceChannel per pipeline-diarized stream")
             stage = self.diarizer
-        session = VoiceSession(self, room_id, participant_id, fmt, session_id, stage)
+        session = VoiceSession(self, room_id, participant_id, fmt, session_id, stage,
+                               echo_gate=echo_gate)
         self._sessions[session.id] = session
         try:
             await session.start()

@@ -71,8 +71,13 @@ class VoiceSession:
         fmt: StreamFormat,
         session_id: str | None = None,
         stage: DiarizationStage | None = None,
+        *,
+        echo_gate: bool = True,
     ) -> None:
         self.channel = channel
+        self.echo_gate = echo_gate
+        """Silence this stream's audio while the room's agent plays a reply (V9): see
+        `VoiceChannel.start_session`."""
         self.room_id = room_id
         self.participant_id = participant_id
         self.format = fmt
@@ -160,7 +165,7 @@ class VoiceSession:
         return self._accept(samples) if not self.paused else 0
 
     def _accept(self, samples: FloatAudio) -> int:
-        if self.channel.is_playing(self.room_id):
+        if self.echo_gate and self.channel.is_playing(self.room_id):
             self.gated_seconds += len(samples) / STT_SAMPLE_RATE
             samples = np.zeros_like(samples)  # V9: the agent's own voice is not a participant
         self.stt.push(samples)  # also appends to self.audio

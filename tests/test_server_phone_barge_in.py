@@ -1,0 +1,72 @@
+"""A Twilio caller talking over the assistant's reply (barge-in), through the running server.
+
+The reply comes from the local OpenAI-Realtime-protocol server (6 s of audio), the words from
+the local Deepgram-protocol server, the leg is the server's own Twilio client. What is checked
+is what a phone bridge owes its caller: the reply still playing is cleared (`clear`, Twilio's
+message for dropping what it has buffered), and what the caller said over it reaches the STT
+(a phone leg is not silenced while a reply plays: `StreamDeclaration.echo_gate`). The SIP leg's
+barge-in is `tests/test_server_sip.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from realtime.testing.openai_server import OpenAIRealtimeServer
+from server.auth import issue_token
+from server.client import TwilioLeg
+from server.testing.harness import SECRET, eventually, running_server_with_local_stt
+from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
+from voice.testing.deepgram_server import MeetingWords
+
+pytestmark = pytest.mark.asyncio
+
+MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
+ROOM = "standup"
+BOUND_S = 120.0
+
+
+def phone_audio(start: float, end: float, silence: float = 0.0) -> bytes:
+    """An excerpt of the meeting as a phone line carries it (8 kHz µ-law), then `silence`."""
+    audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
+    narrow = np.concatenate([resample(audio, 16000, 8000), np.zeros(int(silence * 8000), np.float32)])
+    return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
+
+
+async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> None:
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
+        config = {
+            "stt": {"diarize": False},
+            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
+            "policy": {"answer_only": ["Dana"]},
+        }
+        words = MeetingWords.from_meeting(MEETING)
+        async with running_server_with_local_stt(config, words) as srv:
+            token = issue_token(SECRET, ROOM)
+            dana = await TwilioLeg.open(srv.base, {"room": ROOM, "token": token, "name": "Dana"})
+            try:
+                # "Good morning everyone." and 3 s of quiet: the stand-in's words run on by
+                # time, so its final needs the quiet past the script's next words to close the
+                # turn; the model answers Dana
+                await dana.send_mulaw(phone_audio(0.6, 2.0, 3.0), realtime=False)
+
+                def events(kind: str) -> list[dict[str, object]]:
+                    return [m for m in dana.received if m.get("event") == kind]
+
+                await eventually(lambda: len(events("media")) >= 5, BOUND_S, "the reply's audio")
+                assert events("clear") == []
+                # Dana talks over it, at the pace a phone sends
+                await dana.send_mulaw(phone_audio(2.0, 3.5))
+                await eventually(lambda: len(events("clear")) == 1, BOUND_S, "a clear")
+                assert srv.stt_server is not None
+
+                def voiced_s() -> float:
+                    pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
+                    return int(np.count_nonzero(pcm)) / 16000
+
+                # the 1.4 s before the reply and the 1.5 s over it, none of it silenced
+                await eventually(lambda: voiced_s() >= 1.4 + 1.5 - 0.2, BOUND_S, "the words over it")
+            finally:
+                await dana.stop()
