@@ -399,6 +399,7 @@ class ChorusServer:
         whose upgrade Twilio signed is not counted as waiting to authenticate."""
         self._check_capacity()
         framing = TwilioFraming()
+        framing.barge_in.on_barge_in = lambda: self._count_barge_in("twilio")
         with contextlib.nullcontext() if signed else self._unauthenticated(ws):
             opening = await self._twilio_opening(ws, framing)
         if opening is None:
@@ -407,6 +408,9 @@ class ChorusServer:
         declaration = framing.declare(opening)
         check_stream_participant(grant, declaration.participant)
         await run_stream(ws, self.rooms, opening.room, framing, declaration, self._drain)
+
+    def _count_barge_in(self, kind: str) -> None:
+        self.metrics.barge_ins_total[kind] += 1
 
     async def _signed_twilio_leg(self, ws: Socket) -> None:
         await self._twilio_leg(ws, signed=True)
@@ -480,6 +484,7 @@ class ChorusServer:
         map or `[audiosocket] default_room`, then audio until a hangup."""
         self._check_capacity()
         framing = AudioSocketFraming()
+        framing.barge_in.on_barge_in = lambda: self._count_barge_in("audiosocket")
         with self._unauthenticated(ws):
             opening = await self._audiosocket_opening(ws, framing)
         if opening is None:
@@ -493,6 +498,7 @@ class ChorusServer:
         framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
         ws.push_back(opening.first_audio)
         ws.fill_pauses(framing.silence)  # Asterisk forwards no frames while a DTX caller is quiet
+        ws.before_send = framing.sending  # a barge-in drops the reply audio not sent yet
         await run_stream(ws, self.rooms, call.room, framing, declaration, self._drain)
 
     def _default_call(self) -> AudioSocketCall | None:
@@ -546,6 +552,7 @@ class ChorusServer:
         self._sockets.add(leg)
         self._stream_handlers.add(task)
         framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
+        leg.barge.on_barge_in = lambda: self._count_barge_in("sip")
         try:
             await run_stream(
                 leg, self.rooms, plan.room, framing, framing.declare(plan), self._drain

@@ -36,7 +36,7 @@ from server.framing import (
     declared_format,
 )
 from server.protocol import ROOM_ID, CloseCode
-from server.reply_audio import convert_reply
+from server.reply_audio import BargeIn, convert_reply
 
 # --- frames, as Asterisk's res_audiosocket defines them ----------------------------------------
 
@@ -236,6 +236,12 @@ class AudioSocketFraming:
         self.on_dtmf: Callable[[str], None] | None = None
         """Told each digit the caller pressed once the stream is open (the feed's `dtmf`)."""
         self._carry = b""
+        self.barge_in = BargeIn()
+        """The caller talking over reply audio still queued for them drops it (`sending`)."""
+        self.cleared_s = 0.0
+        """Seconds of reply audio dropped by barge-in."""
+        self._queued = 0
+        self._drop = 0
 
     def opening(self, message: str | bytes) -> AudioSocketOpening | None:
         """A frame before the call's first audio: None for the UUID and DTMF (read on), the
@@ -293,6 +299,8 @@ class AudioSocketFraming:
         data = self._carry + frame.payload
         cut = len(data) - len(data) % 2
         self._carry = data[cut:]
+        if self.barge_in.heard(data[:cut], playing=self._queued > self._drop):
+            self._drop = self._queued  # every reply message not sent yet
         return data[:cut]
 
     def silence(self, seconds: float) -> list[bytes]:
@@ -314,4 +322,17 @@ class AudioSocketFraming:
     def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
         if self.audio_kind is None:
             return []
-        return list(reply_messages(pcm16, sample_rate, self.audio_kind))
+        messages = reply_messages(pcm16, sample_rate, self.audio_kind)
+        self._queued += len(messages)
+        return list(messages)
+
+    def sending(self, message: bytes) -> bool:
+        """Whether a reply message the socket is about to send goes out (the socket paces them
+        at real time, so what is not sent yet has not played): not when the caller barged in
+        after it was queued."""
+        self._queued = max(0, self._queued - 1)
+        if self._drop == 0:
+            return True
+        self._drop -= 1
+        self.cleared_s += audio_seconds(message)
+        return False

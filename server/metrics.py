@@ -65,6 +65,8 @@ class ServerMetrics(Collector):
         self.replies_total = 0
         self.speaker_changes_total = 0
         self.dtmf_total = 0
+        self.barge_ins_total: dict[str, int] = defaultdict(int)
+        """Phone callers talking over a reply (which was stopped), by stream kind."""
         self.audio_seconds_total = 0.0
         self.feed_consumers = 0
         self.rooms_evicted_total = 0
@@ -133,6 +135,14 @@ class ServerMetrics(Collector):
             "chorus_speaker_changes", "Speaker changes seen.", self.speaker_changes_total
         )
         yield _counter("chorus_dtmf", "DTMF digits pressed on phone legs.", self.dtmf_total)
+        barge_ins = CounterMetricFamily(
+            "chorus_barge_ins",
+            "Phone callers talking over a reply, which was stopped, by kind (twilio, audiosocket, sip).",
+            labels=["kind"],
+        )
+        for kind in ("twilio", "audiosocket", "sip"):
+            barge_ins.add_metric([kind], self.barge_ins_total[kind])
+        yield barge_ins
         yield _counter("chorus_replies", "Assistant replies committed.", self.replies_total)
         yield _counter(
             "chorus_audio_seconds", "Seconds of audio received.", self.audio_seconds_total

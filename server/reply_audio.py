@@ -8,7 +8,7 @@ Codecs and resampling come from `voice.audio`, the one place audio formats are c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -38,6 +38,8 @@ class BargeIn:
         self._loud = 0
         self.count = 0
         """Barge-ins so far."""
+        self.on_barge_in: Callable[[], None] | None = None
+        """Told of each barge-in (the server counts them: `chorus_barge_ins_total{kind}`)."""
 
     def heard(self, pcm16: bytes, playing: bool) -> bool:
         """One frame of the caller's audio (pcm16); True when it completes a barge-in."""
@@ -51,6 +53,8 @@ class BargeIn:
             return False
         self._loud = 0
         self.count += 1
+        if self.on_barge_in is not None:
+            self.on_barge_in()
         return True
 
 

@@ -338,7 +338,8 @@ class SipLeg:
         """Seconds of the caller's audio handed on by the jitter buffer (lost packets concealed)."""
         self.comfort_noise = 0
         """RFC 3389 comfort-noise packets received (they keep the leg from `rtp_timeout_s`)."""
-        self._barge = BargeIn()
+        self.barge = BargeIn()
+        """The caller talking over the reply queued for them (`barge_in` drops it)."""
         self._quiet_from = time.monotonic()
         """Since when no RTP has come (or the last resume, or the last timeout counted on hold)."""
         self._held_at = 0.0
@@ -382,7 +383,7 @@ class SipLeg:
         owed = self._pauses.owed(skipped) if skipped and not self.held else 0.0
         if owed:  # the rest of a pause shorter than SILENCE_FILL_S, or its part after the last fill
             self._put(self._silence(owed))
-        if self._barge.heard(pcm, playing=self._queued_chunks > self._drop_chunks):
+        if self.barge.heard(pcm, playing=self._queued_chunks > self._drop_chunks):
             self.barge_in()
         self._put(pcm)
 

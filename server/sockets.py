@@ -342,6 +342,8 @@ class TcpSocket:
         self.keepalives = 0
         """Silences sent to keep the peer's side of the call from its idle timeout."""
         self._sent_at = 0.0
+        self.before_send: Callable[[bytes], bool] | None = None
+        """Asked before each audio message goes out; False drops it (a barge-in)."""
 
     def push_back(self, message: bytes) -> None:
         """`message` is the next one `recv` returns (a message read before the stream opened)."""
@@ -395,6 +397,8 @@ class TcpSocket:
             return
         if self._closed or self.writer.is_closing():
             raise SocketClosed("closed")
+        if self.before_send is not None and not self.before_send(message):
+            return
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._due = max(self._due, now)

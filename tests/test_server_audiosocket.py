@@ -204,6 +204,49 @@ async def test_a_mapped_call_speaks_into_its_room_presses_a_key_and_hears_the_re
     ]
 
 
+async def test_a_caller_talking_over_a_reply_stops_it_and_is_heard() -> None:
+    """A 6 s reply is playing to the call; the caller talks (`BargeIn`): the reply audio not sent
+    yet is dropped (the socket paces it at real time, so it has not played), the barge-in is
+    counted, and what the caller said over the reply reaches the STT (a phone leg is not
+    silenced while a reply plays)."""
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
+        config = {
+            "stt": {"diarize": False},
+            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
+            "policy": {"answer_only": ["Dana"]},
+        }
+        async with audiosocket_server(**config) as srv:
+            call_id = uuid.uuid4()
+            await route(srv, call_id, {"room": "pbx", "participant": "dana-line", "name": "Dana"})
+            feed = await EventFeed.open(srv.base, "pbx", issue_token(SECRET, "pbx"))
+            call = await AsteriskCall.dial(port_of(srv), call_id)
+            try:
+                # "Good morning everyone." and 3 s of quiet: the turn closes, the model answers
+                await call.play(slin(0.6, 2.0, silence=3.0))
+                await eventually(lambda: audio_seconds_heard(call) >= 0.3, BOUND_S, "the reply")
+                model.reply_audio_seconds = 0.0  # what Dana says next is answered without audio
+                await call.play(slin(2.0, 3.5, silence=0.0))  # Dana talks over it
+                metrics = srv.server.metrics
+                await eventually(lambda: metrics.barge_ins_total["audiosocket"] == 1, BOUND_S)
+                await eventually(lambda: any(m.type == "reply" for m in feed.received), BOUND_S)
+                (stream,) = srv.server.rooms.rooms["pbx"].streams.values()
+                # every reply message went through the socket: sent, or dropped at once
+                await eventually(lambda: stream.outbox.empty(), BOUND_S, "the outbox")
+                assert audio_seconds_heard(call) < 4.0  # of 6 s
+                assert srv.stt_server is not None
+
+                def voiced_s() -> float:
+                    pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
+                    return int(np.count_nonzero(pcm)) / 16000
+
+                await eventually(lambda: voiced_s() >= 1.4 + 1.5 - 0.2, BOUND_S, "the words over it")
+                assert "chorus_barge_ins_total{kind=\"audiosocket\"} 1.0" in metrics.render(1)
+            finally:
+                await call.hang_up()
+                await call.close()
+                await feed.close()
+
+
 def audio_seconds_heard(call: AsteriskCall) -> float:
     return sum(len(p) for p, _ in call.heard(0x10)) / (2 * 8000)
 

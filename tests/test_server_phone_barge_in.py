@@ -60,6 +60,7 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 # Dana talks over it, at the pace a phone sends
                 await dana.send_mulaw(phone_audio(2.0, 3.5))
                 await eventually(lambda: len(events("clear")) == 1, BOUND_S, "a clear")
+                assert srv.server.metrics.barge_ins_total["twilio"] == 1
                 assert srv.stt_server is not None
 
                 def voiced_s() -> float:

@@ -809,6 +809,7 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
                 leg = only_leg(srv)
                 caller.send_rtp(pcmu(2.0, 3.5, 0), seq0=1000)  # the caller talks over it
                 await eventually(lambda: leg.barge_ins >= 1, BOUND_S, "barge-in")
+                assert srv.server.metrics.barge_ins_total["sip"] == leg.barge_ins
                 # the rest of the 6 s reply is dropped (a reply to the new turn may follow)
                 await eventually(lambda: leg.cleared_s >= 3.0, BOUND_S, "the reply dropped")
                 # and what the caller said over it reached the STT: a phone leg is not gated
