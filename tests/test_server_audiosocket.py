@@ -42,6 +42,7 @@ from server.protocol import DtmfMessage, SttStatusMessage
 from server.testing.harness import (
     SECRET,
     RunningServer,
+    answering,
     eventually,
     metric_value,
     running_server_with_local_stt,
@@ -151,11 +152,7 @@ def port_of(srv: RunningServer) -> int:
 
 async def test_a_mapped_call_speaks_into_its_room_presses_a_key_and_hears_the_reply_paced() -> None:
     async with OpenAIRealtimeServer(replies=["Hello Dana."], reply_audio_seconds=1.0) as model:
-        config = {
-            "stt": {"diarize": False},
-            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
-            "policy": {"answer_only": ["Dana"]},
-        }
+        config = answering(model.base_url, "Dana")
         async with audiosocket_server(**config) as srv:
             call_id = uuid.uuid4()
             # the room's admin maps the call before Asterisk dials in; a stream token cannot
@@ -210,11 +207,7 @@ async def test_a_caller_talking_over_a_reply_stops_it_and_is_heard() -> None:
     counted, and what the caller said over the reply reaches the STT (a phone leg is not
     silenced while a reply plays)."""
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
-        config = {
-            "stt": {"diarize": False},
-            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
-            "policy": {"answer_only": ["Dana"]},
-        }
+        config = answering(model.base_url, "Dana")
         async with audiosocket_server(**config) as srv:
             call_id = uuid.uuid4()
             await route(srv, call_id, {"room": "pbx", "participant": "dana-line", "name": "Dana"})

@@ -17,7 +17,7 @@ import pytest
 from realtime.testing.openai_server import OpenAIRealtimeServer
 from server.auth import issue_token
 from server.client import TwilioLeg
-from server.testing.harness import SECRET, eventually, running_server_with_local_stt
+from server.testing.harness import SECRET, answering, eventually, running_server_with_local_stt
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import MeetingWords
 
@@ -37,11 +37,7 @@ def phone_audio(start: float, end: float, silence: float = 0.0) -> bytes:
 
 async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> None:
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
-        config = {
-            "stt": {"diarize": False},
-            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
-            "policy": {"answer_only": ["Dana"]},
-        }
+        config = answering(model.base_url, "Dana")
         words = MeetingWords.from_meeting(MEETING)
         async with running_server_with_local_stt(config, words) as srv:
             token = issue_token(SECRET, ROOM)

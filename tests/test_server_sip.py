@@ -25,7 +25,13 @@ from realtime.testing.openai_server import OpenAIRealtimeServer
 from server.auth import issue_token
 from server.client import EventFeed
 from server.sip import DigestCheck
-from server.testing.harness import SECRET, RunningServer, eventually, running_server_with_local_stt
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    answering,
+    eventually,
+    running_server_with_local_stt,
+)
 from voice.audio import read_audio_16k, resample
 from voice.testing.deepgram_server import MeetingWords
 
@@ -206,11 +212,7 @@ async def test_a_wrong_password_is_refused_and_nothing_joins(tmp_path: Path) -> 
 
 async def test_a_reply_reaches_the_caller_as_audio(tmp_path: Path) -> None:
     async with OpenAIRealtimeServer(replies=["Hello Dana."], reply_audio_seconds=1.5) as model:
-        config = {
-            "stt": {"diarize": False},
-            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
-            "policy": {"answer_only": ["Dana Lee"]},
-        }
+        config = answering(model.base_url, "Dana Lee")
         async with sip_server(**config) as srv:
             feed = await EventFeed.open(srv.base, "standup", issue_token(SECRET, "standup"))
             wav = phone_wav(tmp_path / "d.wav", 0.6, 4.3, silence=5.0)
@@ -782,12 +784,7 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
     """A 6 s reply is playing; the caller talks: the rest of it is dropped, not sent, and what
     they said over it is heard."""
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
-        config = {
-            "sip": {"rtp_timeout_s": 60.0},
-            "stt": {"diarize": False},
-            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
-            "policy": {"answer_only": ["dana"]},
-        }
+        config = {"sip": {"rtp_timeout_s": 60.0}, **answering(model.base_url, "dana")}
         async with sip_server(**config) as srv:
             caller = RawCaller(sip_port(srv))
             try:

@@ -91,6 +91,17 @@ def local_deepgram_stt(url: str, **options: Any) -> dict[str, Any]:
     return {"provider": "deepgram", "deepgram_url": url, "deepgram_api_key": "test", **options}
 
 
+def answering(model_url: str, *names: str) -> dict[str, Any]:
+    """The config sections for a server whose realtime model (a local OpenAI-Realtime-protocol
+    server at `model_url`) answers the turns of `names` only, the STT labelling nobody (each
+    stream is one person)."""
+    return {
+        "stt": {"diarize": False},
+        "realtime": {"provider": "openai", "base_url": model_url, "api_key": "test"},
+        "policy": {"answer_only": list(names)},
+    }
+
+
 @contextlib.asynccontextmanager
 async def running_server(
     config: ServerConfig | dict[str, Any] | None = None,
