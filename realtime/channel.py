@@ -202,6 +202,16 @@ class RealtimeChannel(Channel):
                 log.exception("closing realtime session failed")
         self._rooms.clear()
 
+    async def interrupt(self, room_id: str) -> bool:
+        """Someone in the room talked over the reply playing to them (a phone caller's barge-in):
+        the room's response in flight, if any, is cancelled (`RealtimeSession.interrupt_response`),
+        so the model stops making audio nobody will hear; its reply is still posted, with what it
+        said by then and `response_status` `cancelled`. True when a response was in flight."""
+        state = self._rooms.get(room_id)
+        if state is None:
+            return False
+        return await state.session.interrupt_response()
+
     async def wait_idle(self, room_id: str, limit: float = 10.0) -> None:
         """Wait until every line was written and no response is in flight (tests, replays)."""
         await self._state(room_id).session.wait_idle(limit)

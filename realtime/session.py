@@ -431,6 +431,15 @@ class RealtimeSession(ABC):
         if self._in_flight:
             await self._enqueue(_Op("cancel", response_id=self._active_rid))
 
+    async def interrupt_response(self) -> bool:
+        """Someone talked over the reply: cancel the response in flight, if any (providers
+        without a cancel do nothing), keeping a response already held for later lines (unlike
+        `cancel_response`). True when one was in flight."""
+        if not self._in_flight:
+            return False
+        await self._enqueue(_Op("cancel", response_id=self._active_rid))
+        return True
+
     async def drain(self) -> None:
         """Wait until every operation enqueued so far was written."""
         await self._queue.join()

@@ -104,6 +104,8 @@ class ChorusServer:
         self.rooms = LiveRooms(config, self.metrics, pipeline, kit)
         self.metrics.delivery = self.rooms.kit.delivery_stats
         self.pipeline = pipeline
+        self._interrupts: set[asyncio.Task[None]] = set()
+        """Barge-ins being told to the room's model (`Pipeline.interrupt`)."""
         self.cpu = CpuMeter()
         """The process's CPU share (`server.load`), for the load figure."""
         self.metrics.stage_load = pipeline.stage_load
@@ -399,18 +401,23 @@ class ChorusServer:
         whose upgrade Twilio signed is not counted as waiting to authenticate."""
         self._check_capacity()
         framing = TwilioFraming()
-        framing.barge_in.on_barge_in = lambda: self._count_barge_in("twilio")
         with contextlib.nullcontext() if signed else self._unauthenticated(ws):
             opening = await self._twilio_opening(ws, framing)
         if opening is None:
             return
         grant = self._authorize(opening.token, opening.room, Grant.STREAM)
+        framing.barge_in.on_barge_in = lambda: self._barged_in("twilio", opening.room)
         declaration = framing.declare(opening)
         check_stream_participant(grant, declaration.participant)
         await run_stream(ws, self.rooms, opening.room, framing, declaration, self._drain)
 
-    def _count_barge_in(self, kind: str) -> None:
+    def _barged_in(self, kind: str, room: str) -> None:
+        """A phone caller talked over the reply playing to them (the leg already stopped it):
+        counted, and the room's model stops the response it is still making."""
         self.metrics.barge_ins_total[kind] += 1
+        task = asyncio.get_running_loop().create_task(self.pipeline.interrupt(room))
+        self._interrupts.add(task)
+        task.add_done_callback(self._interrupts.discard)
 
     async def _signed_twilio_leg(self, ws: Socket) -> None:
         await self._twilio_leg(ws, signed=True)
@@ -484,7 +491,6 @@ class ChorusServer:
         map or `[audiosocket] default_room`, then audio until a hangup."""
         self._check_capacity()
         framing = AudioSocketFraming()
-        framing.barge_in.on_barge_in = lambda: self._count_barge_in("audiosocket")
         with self._unauthenticated(ws):
             opening = await self._audiosocket_opening(ws, framing)
         if opening is None:
@@ -495,6 +501,7 @@ class ChorusServer:
                 CloseCode.TOKEN_WRONG_ROOM, "no room for this call's uuid", "unknown_call"
             )
         declaration = framing.declare(opening, call)
+        framing.barge_in.on_barge_in = lambda: self._barged_in("audiosocket", call.room)
         framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
         ws.push_back(opening.first_audio)
         ws.fill_pauses(framing.silence)  # Asterisk forwards no frames while a DTX caller is quiet
@@ -552,7 +559,7 @@ class ChorusServer:
         self._sockets.add(leg)
         self._stream_handlers.add(task)
         framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
-        leg.barge.on_barge_in = lambda: self._count_barge_in("sip")
+        leg.barge.on_barge_in = lambda: self._barged_in("sip", plan.room)
         try:
             await run_stream(
                 leg, self.rooms, plan.room, framing, framing.declare(plan), self._drain

@@ -123,6 +123,11 @@ class Pipeline(Protocol):
         """The diarization stage's load now (None: no stream can use a stage)."""
         ...
 
+    async def interrupt(self, room_id: str) -> None:
+        """A caller in the room talked over the reply playing to them (barge-in): the room's
+        model stops the response it is making, if any."""
+        ...
+
     async def clip_voiceprint(self, audio: Any) -> tuple[str, Any]:
         """(model id, unit voiceprint) of a 16 kHz clip on the model the stages' voices are
         printed with (the voice directory's enrollment); ValueError for a clip that cannot
@@ -374,6 +379,16 @@ class VoicePipeline:
             await callback(status)
         except Exception:
             log.exception("stream %s: its status callback failed", session_id)
+
+    async def interrupt(self, room_id: str) -> None:
+        if self.realtime is None:
+            return
+        try:
+            if await self.realtime.interrupt(room_id):
+                log.info("room %s: a caller talked over the reply: its response cancelled",
+                         room_id)  # fmt: skip
+        except Exception:  # the session's own failures are its to handle; this is a courtesy
+            log.exception("room %s: could not cancel the response talked over", room_id)
 
     def stage_load(self) -> StageLoad | None:
         if not self.diarizes_with_stage:

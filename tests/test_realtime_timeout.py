@@ -138,6 +138,33 @@ async def test_R4_request_held_behind_hung_response_goes_out_after_the_cancel() 
         await kit.close()
 
 
+async def test_R4_an_interrupt_cancels_the_response_in_flight_and_keeps_the_held_request() -> None:
+    """`RealtimeChannel.interrupt` (a phone caller talked over the reply): the response in
+    flight is cancelled on the wire; a request held behind it still goes out after the cancel
+    (unlike `cancel_response`); with nothing in flight it sends nothing."""
+    async with OpenAIRealtimeServer() as server:
+        server.hang_responses(1)
+        kit, voice, rt = await open_room(openai_channel(server, None))
+        assert await rt.interrupt("r1") is False  # nothing in flight: nothing to cancel
+        await voice.say("r1", "Speaker A", "Chorus, first question?")
+        await server.wait_for(lambda s: len(s.hung) == 1)
+        await voice.say("r1", "Speaker A", "Chorus, second question?")  # held: one in flight
+        assert await rt.interrupt("r1") is True
+        await rt.wait_idle("r1")
+        assert server.cancelled == server.hung
+        assert types_sent(server) == [
+            "session.update",
+            "conversation.item.create",
+            "response.create",
+            "conversation.item.create",
+            "response.cancel",
+            "response.create",
+        ]
+        assert error_codes(server) == []
+        assert await replies(kit) == ["Reply 1"]
+        await kit.close()
+
+
 async def test_R4_late_done_of_cancelled_response_does_not_free_the_newer_one(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

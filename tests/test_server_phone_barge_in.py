@@ -3,7 +3,8 @@
 The reply comes from the local OpenAI-Realtime-protocol server (6 s of audio), the words from
 the local Deepgram-protocol server, the leg is the server's own Twilio client. What is checked
 is what a phone bridge owes its caller: the reply still playing is cleared (`clear`, Twilio's
-message for dropping what it has buffered), and what the caller said over it reaches the STT
+message for dropping what it has buffered), the model stops the response it is still making
+(`response.cancel`), and what the caller said over it reaches the STT
 (a phone leg is not silenced while a reply plays: `StreamDeclaration.echo_gate`). The SIP leg's
 barge-in is `tests/test_server_sip.py`."""
 
@@ -36,7 +37,8 @@ def phone_audio(start: float, end: float, silence: float = 0.0) -> bytes:
 
 
 async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> None:
-    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0,
+                                    audio_pace=1.0) as model:  # fmt: skip
         config = answering(model.base_url, "Dana")
         words = MeetingWords.from_meeting(MEETING)
         async with running_server_with_local_stt(config, words) as srv:
@@ -57,6 +59,8 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 await dana.send_mulaw(phone_audio(2.0, 3.5))
                 await eventually(lambda: len(events("clear")) == 1, BOUND_S, "a clear")
                 assert srv.server.metrics.barge_ins_total["twilio"] == 1
+                # the model was still making the reply: it is told to stop
+                await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
                 assert srv.stt_server is not None
 
                 def voiced_s() -> float:

@@ -125,6 +125,9 @@ class OpenAIRealtimeServer:
     - `api_key`: when set, a connection without `Authorization: Bearer <api_key>` is refused.
     - `cancel_done_delay`: seconds between a `response.cancel` and the cancelled response's
       `response.done` (the service answers at once; the response stops being active at once).
+    - `audio_pace`: 0 sends a response's audio at once; otherwise its 50 ms deltas come at
+      `audio_pace` times real time (1.0: as fast as it plays), as the service makes audio as it
+      goes, so the response is still active (and can be cancelled) while its audio plays.
     """
 
     def __init__(
@@ -137,9 +140,11 @@ class OpenAIRealtimeServer:
         item_events: tuple[str, ...] = ("added", "done"),
         api_key: str | None = None,
         cancel_done_delay: float = 0.0,
+        audio_pace: float = 0.0,
     ) -> None:
         self.replies = list(replies)
         self.cancel_done_delay = cancel_done_delay
+        self.audio_pace = audio_pace
         self._hang = 0
         self.hung: list[str] = []
         """Ids of the responses left hanging, in order."""
@@ -554,6 +559,8 @@ class OpenAIRealtimeServer:
             audio = _tone(self.reply_audio_seconds)
             chunk = OUTPUT_SAMPLE_RATE // 20 * 2  # 50 ms
             for start in range(0, len(audio), chunk):
+                if self.audio_pace and start:
+                    await asyncio.sleep(0.05 / self.audio_pace)
                 delta = base64.b64encode(audio[start : start + chunk]).decode()
                 await self._send(
                     ws, ResponseOutputAudioDelta(event_id=new_id("event"), delta=delta, **ids)
