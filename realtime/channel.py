@@ -60,6 +60,27 @@ one in memory; they are a record for tests, replays and the demo, not what the m
 session keeps that)."""
 
 
+TRUNCATE_MARGIN_MS = 100
+"""A reply heard to within this much of its end is taken as heard whole: the service refuses a
+truncate past the audio it holds for the item, which can be a little shorter than what was
+received (others measured a steady 85 ms)."""
+
+
+@dataclass
+class _Playing:
+    """The reply audio the room's sinks were handed most recently: what an interruption cuts."""
+
+    item_id: str
+    started: float
+    """Loop time it started playing: its first audio, or the end of the reply before it."""
+    seconds: float = 0.0
+    """Its audio handed out so far."""
+
+    def heard_ms(self, now: float) -> int:
+        """How much of it the room has heard by `now` (sinks play it at real time)."""
+        return int(1000 * min(self.seconds, max(0.0, now - self.started)))
+
+
 @dataclass
 class _RoomState:
     session: RealtimeSession
@@ -74,6 +95,8 @@ class _RoomState:
     sent_as: OrderedDict[str, tuple[int, str]] = field(default_factory=OrderedDict)
     """Event id → (its number among the transcript lines, the text it was sent as, without the
     note), for the latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
+    playing: _Playing | None = None
+    """The latest reply's audio, where the provider names its item (`interrupt` truncates it)."""
 
 
 CORRECTABLE_LINES = 256
@@ -205,12 +228,34 @@ class RealtimeChannel(Channel):
     async def interrupt(self, room_id: str) -> bool:
         """Someone in the room talked over the reply playing to them (a phone caller's barge-in):
         the room's response in flight, if any, is cancelled (`RealtimeSession.interrupt_response`),
-        so the model stops making audio nobody will hear; its reply is still posted, with what it
-        said by then and `response_status` `cancelled`. True when a response was in flight."""
+        so the model stops making audio nobody will hear (its reply is still posted, with what it
+        said by then and `response_status` `cancelled`); and the reply whose audio was playing is
+        cut in the model's context to what the room heard of it (`truncate_reply`: the time since
+        it started playing, at real time), so the model does not take the rest as said. True when
+        the model was told either."""
         state = self._rooms.get(room_id)
         if state is None:
             return False
-        return await state.session.interrupt_response()
+        cancelled = await state.session.interrupt_response()
+        playing, state.playing = state.playing, None
+        if playing is None:
+            return cancelled
+        heard = playing.heard_ms(asyncio.get_running_loop().time())
+        if heard <= 0 or heard >= int(playing.seconds * 1000) - TRUNCATE_MARGIN_MS:
+            return cancelled  # nothing heard yet (a truncate at 0 is refused), or all of it
+        await state.session.truncate_reply(playing.item_id, heard)
+        return True
+
+    def _playing(self, room_id: str, audio: ReplyAudio) -> None:
+        state = self._rooms.get(room_id)
+        if state is None or audio.item_id is None or not audio.sample_rate:
+            return
+        now = asyncio.get_running_loop().time()
+        playing = state.playing
+        if playing is None or playing.item_id != audio.item_id:
+            after = playing.started + playing.seconds if playing is not None else now
+            playing = state.playing = _Playing(audio.item_id, max(now, after))
+        playing.seconds += len(audio.pcm16) / 2 / audio.sample_rate
 
     async def wait_idle(self, room_id: str, limit: float = 10.0) -> None:
         """Wait until every line was written and no response is in flight (tests, replays)."""
@@ -340,6 +385,7 @@ class RealtimeChannel(Channel):
         if kit is None:
             return
         if isinstance(event, ReplyAudio):
+            self._playing(room_id, event)
             for channel in await kit.channels_in(room_id):
                 if channel is self or not isinstance(channel, AudioSink):
                     continue

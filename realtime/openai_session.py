@@ -75,7 +75,7 @@ class _ReplyAssembler:
                 pcm = base64.b64decode(event.delta, validate=True)
             except ValueError:
                 return [SessionError("bad_audio", "reply audio delta is not base64")]
-            return [ReplyAudio(event.response_id, pcm, wire.OUTPUT_SAMPLE_RATE)]
+            return [ReplyAudio(event.response_id, pcm, wire.OUTPUT_SAMPLE_RATE, event.item_id)]
         if isinstance(
             event, wire.ResponseOutputAudioTranscriptDelta | wire.ResponseOutputTextDelta
         ):
@@ -205,6 +205,9 @@ class OpenAIRealtimeSession(RealtimeSession):
             await self._send(wire.ResponseCancel(response_id=response_id))
         else:
             await self._send(wire.ResponseCancel())
+
+    async def _send_truncate(self, item_id: str, audio_end_ms: int) -> None:
+        await self._send(wire.ConversationItemTruncate(item_id=item_id, audio_end_ms=audio_end_ms))
 
     async def _receive(self) -> AsyncIterator[SessionEvent]:
         conn = self._conn

@@ -4,9 +4,9 @@ Why this module exists: the client session (`realtime.openai_session`) and the l
 (`realtime.testing.openai_server`) both speak through these models, so a test server cannot drift
 from the client. Names and fields follow the `openai` package's own GA types
 (`openai.types.realtime`: `session.update`, `conversation.item.create`,
-`input_audio_buffer.append/commit/clear`, `response.create/cancel`; server events
-`session.created/updated`, `conversation.item.added/done` (and the older
-`conversation.item.created`), `input_audio_buffer.committed`, `response.created`,
+`input_audio_buffer.append/commit/clear`, `response.create/cancel`, `conversation.item.truncate`;
+server events `session.created/updated`, `conversation.item.added/done` (and the older
+`conversation.item.created`), `conversation.item.truncated`, `input_audio_buffer.committed`, `response.created`,
 `response.output_audio.delta`, `response.output_audio_transcript.delta/done`,
 `response.output_text.delta/done`, `response.done`, `error`). Each event is a pydantic model with
 a `Literal` `type`, gathered in discriminated unions; fields we do not use are kept (`extra="allow"`)
@@ -177,6 +177,17 @@ class ResponseCancel(_Wire):
     event_id: str | None = None
 
 
+class ConversationItemTruncate(_Wire):
+    """Cut an assistant item's audio at `audio_end_ms` (what the listener heard); the service
+    drops the transcript past it too, so the context holds only what was heard."""
+
+    type: Literal["conversation.item.truncate"] = "conversation.item.truncate"
+    item_id: str
+    content_index: int = 0
+    audio_end_ms: int = Field(ge=0)
+    event_id: str | None = None
+
+
 ClientEvent = Annotated[
     SessionUpdate
     | ConversationItemCreate
@@ -184,7 +195,8 @@ ClientEvent = Annotated[
     | InputAudioBufferCommit
     | InputAudioBufferClear
     | ResponseCreate
-    | ResponseCancel,
+    | ResponseCancel
+    | ConversationItemTruncate,
     Field(discriminator="type"),
 ]
 CLIENT_EVENT_TYPES = frozenset(
@@ -196,6 +208,7 @@ CLIENT_EVENT_TYPES = frozenset(
         "input_audio_buffer.clear",
         "response.create",
         "response.cancel",
+        "conversation.item.truncate",
     }
 )
 
@@ -369,6 +382,14 @@ class ResponseOutputTextDone(_ResponsePartEvent):
     text: str
 
 
+class ConversationItemTruncated(_Wire):
+    type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
+    event_id: str
+    item_id: str
+    content_index: int = 0
+    audio_end_ms: int
+
+
 class ErrorEvent(_Wire):
     type: Literal["error"] = "error"
     event_id: str
@@ -381,6 +402,7 @@ ServerEvent = Annotated[
     | ConversationItemAdded
     | ConversationItemDone
     | ConversationItemCreated
+    | ConversationItemTruncated
     | InputAudioBufferCommitted
     | InputAudioBufferCleared
     | ResponseCreated
@@ -401,6 +423,7 @@ SERVER_EVENT_TYPES = frozenset(
         "conversation.item.added",
         "conversation.item.done",
         "conversation.item.created",
+        "conversation.item.truncated",
         "input_audio_buffer.committed",
         "input_audio_buffer.cleared",
         "response.created",

@@ -140,6 +140,9 @@ class ReplyAudio:
     response_id: str
     pcm16: bytes
     sample_rate: int
+    item_id: str | None = None
+    """The provider's id of the conversation item the audio belongs to, where it has one (OpenAI:
+    what `truncate_reply` names)."""
 
 
 @dataclass(frozen=True)
@@ -222,11 +225,13 @@ def without_payloads(event: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class _Op:
-    kind: Literal["item", "audio_turn", "response", "cancel", "abandon", "reconnect"]
+    kind: Literal["item", "audio_turn", "response", "cancel", "abandon", "reconnect", "truncate"]
     item: ContextItem | None = None
     audio: bytes = b""
     send_item: bool = True
     response_id: str | None = None
+    item_id: str = ""
+    audio_end_ms: int = 0
     done: asyncio.Future[None] | None = None
 
 
@@ -335,6 +340,11 @@ class RealtimeSession(ABC):
         nothing)."""
         return None
 
+    async def _send_truncate(self, item_id: str, audio_end_ms: int) -> None:
+        """Cut a reply item's audio at `audio_end_ms` in the provider's context (providers
+        without it do nothing)."""
+        return None
+
     async def _abandon_response(self, response_id: str | None) -> None:
         """Stop a response that timed out. Default: `_send_cancel`. A protocol without a cancel
         can call `self._reopen()`: a fresh connection (history replayed, R6) cannot answer late."""
@@ -439,6 +449,12 @@ class RealtimeSession(ABC):
             return False
         await self._enqueue(_Op("cancel", response_id=self._active_rid))
         return True
+
+    async def truncate_reply(self, item_id: str, audio_end_ms: int) -> None:
+        """The listener heard only the first `audio_end_ms` of the reply item `item_id` (they
+        talked over it): the provider's context keeps only that much of it (OpenAI
+        `conversation.item.truncate`; providers without it do nothing)."""
+        await self._enqueue(_Op("truncate", item_id=item_id, audio_end_ms=max(0, audio_end_ms)))
 
     async def drain(self) -> None:
         """Wait until every operation enqueued so far was written."""
@@ -558,6 +574,8 @@ class RealtimeSession(ABC):
                 self._arm()
         elif op.kind == "cancel":
             await self._send_cancel(op.response_id)
+        elif op.kind == "truncate":
+            await self._send_truncate(op.item_id, op.audio_end_ms)
         elif op.kind == "abandon":
             await self._abandon_response(op.response_id)
         # "reconnect": _ensure_connected already did the work

@@ -28,7 +28,7 @@ from realtime.session import RealtimeSession, ReplyDone, SessionEvent
 from realtime.testing import OpenAIRealtimeServer, events_sent, types_sent
 from realtime.testing.gemini_server import GeminiLiveServer
 from rooms import RoomKit
-from tests.realtime_rooms import VoiceLikeChannel, expected_lines
+from tests.realtime_rooms import RecordingAudioSink, VoiceLikeChannel, expected_lines
 
 
 async def open_room(
@@ -162,6 +162,49 @@ async def test_R4_an_interrupt_cancels_the_response_in_flight_and_keeps_the_held
         ]
         assert error_codes(server) == []
         assert await replies(kit) == ["Reply 1"]
+        await kit.close()
+
+
+async def test_R4_an_interrupt_cuts_the_reply_playing_to_what_was_heard() -> None:
+    """A reply whose audio is all made but still playing (30 s handed to the room's loudspeaker
+    just now) is talked over: nothing is in flight to cancel, so the model is told to cut that
+    reply's item at what the room heard of it (`conversation.item.truncate`, under 30 s, the
+    service answering `conversation.item.truncated`); a second interrupt has nothing to cut."""
+    async with OpenAIRealtimeServer(reply_audio_seconds=30.0) as server:
+        kit, voice, rt = await open_room(openai_channel(server, None))
+        speaker = RecordingAudioSink("speaker")
+        kit.register_channel(speaker)
+        await kit.attach_channel("r1", "speaker")
+        await voice.say("r1", "Speaker A", "Chorus, a long story please?")
+        await rt.wait_idle("r1")  # the reply is made, and posted
+        assert sum(len(pcm) for _, pcm, _ in speaker.played) == 30 * 24000 * 2
+        assert await rt.interrupt("r1") is True
+        assert await rt.interrupt("r1") is False
+        await rt.wait_idle("r1")
+        await server.wait_for(lambda s: len(s.truncated) == 1)
+        ((item_id, heard_ms),) = server.truncated
+        assert item_id.startswith("item") and 0 <= heard_ms < 30_000
+        assert server.cancelled == [] and error_codes(server) == []
+        (truncate,) = [e for e in events_sent(server) if e["type"] == "conversation.item.truncate"]
+        assert truncate["audio_end_ms"] == heard_ms and truncate["item_id"] == item_id
+        await kit.close()
+
+
+async def test_R4_an_interrupt_after_the_reply_has_played_cuts_nothing() -> None:
+    """A 0.2 s reply that has had time to play whole is not cut: an interrupt then sends
+    nothing (a truncate at or past its end would be refused by the service)."""
+    async with OpenAIRealtimeServer(reply_audio_seconds=0.2) as server:
+        kit, voice, rt = await open_room(openai_channel(server, None))
+        speaker = RecordingAudioSink("speaker")
+        kit.register_channel(speaker)
+        await kit.attach_channel("r1", "speaker")
+        await voice.say("r1", "Speaker A", "Chorus, briefly?")
+        await rt.wait_idle("r1")
+        assert speaker.played
+        await asyncio.sleep(0.3)  # time only makes "played whole" truer: not a race
+        assert await rt.interrupt("r1") is False
+        await rt.wait_idle("r1")
+        assert server.truncated == [] and server.cancelled == []
         await kit.close()
 
 

@@ -28,6 +28,7 @@ SDK_SERVER_TYPES: dict[str, Any] = {
     "response.output_audio.done": sdk.ResponseAudioDoneEvent,
     "response.output_audio_transcript.delta": sdk.ResponseAudioTranscriptDeltaEvent,
     "response.output_audio_transcript.done": sdk.ResponseAudioTranscriptDoneEvent,
+    "conversation.item.truncated": sdk.ConversationItemTruncatedEvent,
     "error": sdk.RealtimeErrorEvent,
 }
 SDK_CLIENT_TYPES: dict[str, Any] = {
@@ -37,6 +38,7 @@ SDK_CLIENT_TYPES: dict[str, Any] = {
     "input_audio_buffer.commit": sdk.InputAudioBufferCommitEvent,
     "response.create": sdk.ResponseCreateEvent,
     "response.cancel": sdk.ResponseCancelEvent,
+    "conversation.item.truncate": sdk.ConversationItemTruncateEvent,
 }
 
 
@@ -51,6 +53,7 @@ def test_R1_client_events_validate_as_the_sdk_types() -> None:
         wire.InputAudioBufferCommit(),
         wire.ResponseCreate(),
         wire.ResponseCancel(),
+        wire.ConversationItemTruncate(item_id="item_1", audio_end_ms=1500),
     ]
     for event in events:
         data = wire.client_event_wire(event)
@@ -77,6 +80,10 @@ async def test_R1_local_server_events_validate_as_the_sdk_types() -> None:
                 await ws.send(json.dumps(wire.client_event_wire(event)))
             while not seen or seen[-1]["type"] != "response.done":
                 seen.append(json.loads(await ws.recv()))
+            item = next(d["item_id"] for d in seen if d["type"] == "response.output_audio.delta")
+            truncate = wire.ConversationItemTruncate(item_id=item, audio_end_ms=50)
+            await ws.send(json.dumps(wire.client_event_wire(truncate)))
+            seen.append(json.loads(await ws.recv()))
         for data in seen:
             SDK_SERVER_TYPES[data["type"]].model_validate(data)
             assert wire.parse_server_event(json.dumps(data)) is not None
@@ -91,6 +98,7 @@ async def test_R1_local_server_events_validate_as_the_sdk_types() -> None:
             "response.output_audio_transcript.delta",
             "response.output_audio_transcript.done",
             "response.done",
+            "conversation.item.truncated",
             "error",
         }
 

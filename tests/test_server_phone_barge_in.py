@@ -4,7 +4,8 @@ The reply comes from the local OpenAI-Realtime-protocol server (6 s of audio), t
 the local Deepgram-protocol server, the leg is the server's own Twilio client. What is checked
 is what a phone bridge owes its caller: the reply still playing is cleared (`clear`, Twilio's
 message for dropping what it has buffered), the model stops the response it is still making
-(`response.cancel`), and what the caller said over it reaches the STT
+(`response.cancel`) and keeps only what was heard of it (`conversation.item.truncate`), and
+what the caller said over it reaches the STT
 (a phone leg is not silenced while a reply plays: `StreamDeclaration.echo_gate`). The SIP leg's
 barge-in is `tests/test_server_sip.py`."""
 
@@ -37,8 +38,10 @@ def phone_audio(start: float, end: float, silence: float = 0.0) -> bytes:
 
 
 async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> None:
-    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0,
-                                    audio_pace=1.0) as model:  # fmt: skip
+    # a 20 s reply made at twice real time: still being made when Dana talks, and ahead of
+    # what has played, so the model is told both to stop and to keep only what was heard
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
+                                    audio_pace=2.0) as model:  # fmt: skip
         config = answering(model.base_url, "Dana")
         words = MeetingWords.from_meeting(MEETING)
         async with running_server_with_local_stt(config, words) as srv:
@@ -61,6 +64,9 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 assert srv.server.metrics.barge_ins_total["twilio"] == 1
                 # the model was still making the reply: it is told to stop
                 await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
+                # and its context keeps only what the room heard of the reply
+                await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
+                assert 0 < model.truncated[0][1] < 20_000
                 assert srv.stt_server is not None
 
                 def voiced_s() -> float:

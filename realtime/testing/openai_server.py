@@ -45,6 +45,8 @@ from realtime.openai_wire import (
     ConversationItemCreate,
     ConversationItemCreated,
     ConversationItemDone,
+    ConversationItemTruncate,
+    ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
     InputAudioBufferAppend,
@@ -125,6 +127,10 @@ class OpenAIRealtimeServer:
     - `api_key`: when set, a connection without `Authorization: Bearer <api_key>` is refused.
     - `cancel_done_delay`: seconds between a `response.cancel` and the cancelled response's
       `response.done` (the service answers at once; the response stops being active at once).
+    - `conversation.item.truncate` of an assistant item is taken up to the audio sent for it
+      (`truncated` lists them) and answered `conversation.item.truncated`; past it, or for an
+      item it does not know, an `invalid_request_error` ("Audio content of … is already shorter
+      than …", as the service words it).
     - `audio_pace`: 0 sends a response's audio at once; otherwise its 50 ms deltas come at
       `audio_pace` times real time (1.0: as fast as it plays), as the service makes audio as it
       goes, so the response is still active (and can be cancelled) while its audio plays.
@@ -150,6 +156,8 @@ class OpenAIRealtimeServer:
         """Ids of the responses left hanging, in order."""
         self.cancelled: list[str] = []
         """Ids of the responses ended by `response.cancel`, in order."""
+        self.truncated: list[tuple[str, int]] = []
+        """(item id, `audio_end_ms`) of each `conversation.item.truncate` taken, in order."""
         self.reply_script = reply_script
         self.response_delay = response_delay
         self.reply_audio_seconds = reply_audio_seconds
@@ -470,6 +478,21 @@ class OpenAIRealtimeServer:
                 self.hung.append(response_id)
                 return  # active until cancelled: never a response.done
             state.response_task = asyncio.create_task(self._respond(ws, log, state, response_id))
+        elif isinstance(event, ConversationItemTruncate):
+            heard = state.item_audio_ms.get(event.item_id)
+            if heard is None:
+                await self._error(ws, log, f"Item with item_id not found: {event.item_id}",
+                                  client_event_id=event.event_id)  # fmt: skip
+                return
+            if event.audio_end_ms > heard:  # the service's words for it
+                await self._error(ws, log, f"Audio content of {heard:.0f}ms is already shorter "
+                                  f"than {event.audio_end_ms}ms", client_event_id=event.event_id)  # fmt: skip
+                return
+            self.truncated.append((event.item_id, event.audio_end_ms))
+            state.item_audio_ms[event.item_id] = float(event.audio_end_ms)
+            await self._send(ws, ConversationItemTruncated(
+                event_id=new_id("event"), item_id=event.item_id,
+                content_index=event.content_index, audio_end_ms=event.audio_end_ms))  # fmt: skip
         elif isinstance(event, ResponseCancel):
             active = state.active_response
             if active is None or event.response_id not in (None, active):
@@ -561,9 +584,13 @@ class OpenAIRealtimeServer:
             for start in range(0, len(audio), chunk):
                 if self.audio_pace and start:
                     await asyncio.sleep(0.05 / self.audio_pace)
-                delta = base64.b64encode(audio[start : start + chunk]).decode()
+                pcm = audio[start : start + chunk]
+                delta = base64.b64encode(pcm).decode()
                 await self._send(
                     ws, ResponseOutputAudioDelta(event_id=new_id("event"), delta=delta, **ids)
+                )
+                state.item_audio_ms[item_id] = (
+                    state.item_audio_ms.get(item_id, 0.0) + len(pcm) / 2 / OUTPUT_SAMPLE_RATE * 1000
                 )
             words = text.split(" ")
             for i, word in enumerate(words):
@@ -609,6 +636,8 @@ class _ConnectionState:
     active_response: str | None = None
     response_task: asyncio.Task[None] | None = None
     last_item: str | None = None
+    item_audio_ms: dict[str, float] = field(default_factory=dict)
+    """Each assistant item's audio sent so far, in ms (what a truncate may cut)."""
     dropped: bool = False
     late: list[asyncio.Task[None]] = field(default_factory=list)
 
