@@ -115,6 +115,16 @@ async def test_R4_hung_response_times_out_is_cancelled_and_next_turn_answered(
         await kit.close()
 
 
+HELD_BEHIND_A_CANCEL = [
+    "session.update",
+    "conversation.item.create",
+    "response.create",
+    "conversation.item.create",  # the second question, its response held
+    "response.cancel",
+    "response.create",  # the held one, once the cancelled response is done
+]
+
+
 async def test_R4_request_held_behind_hung_response_goes_out_after_the_cancel() -> None:
     async with OpenAIRealtimeServer() as server:
         server.hang_responses(1)
@@ -124,14 +134,7 @@ async def test_R4_request_held_behind_hung_response_goes_out_after_the_cancel() 
         lift_timeout(rt.session_for("r1"))  # for the held request, once it goes out
         await voice.say("r1", "Speaker A", "Chorus, second question?")  # held: one in flight
         await rt.wait_idle("r1")
-        assert types_sent(server) == [
-            "session.update",
-            "conversation.item.create",
-            "response.create",
-            "conversation.item.create",
-            "response.cancel",
-            "response.create",
-        ]
+        assert types_sent(server) == HELD_BEHIND_A_CANCEL
         assert error_codes(server) == []
         assert ACTIVE_RESPONSE_CODE not in error_codes(server)
         assert await replies(kit) == ["Reply 1"]
@@ -152,17 +155,21 @@ async def test_R4_an_interrupt_cancels_the_response_in_flight_and_keeps_the_held
         assert await rt.interrupt("r1") is True
         await rt.wait_idle("r1")
         assert server.cancelled == server.hung
-        assert types_sent(server) == [
-            "session.update",
-            "conversation.item.create",
-            "response.create",
-            "conversation.item.create",
-            "response.cancel",
-            "response.create",
-        ]
+        assert types_sent(server) == HELD_BEHIND_A_CANCEL
         assert error_codes(server) == []
         assert await replies(kit) == ["Reply 1"]
         await kit.close()
+
+
+async def open_room_with_speaker(
+    server: OpenAIRealtimeServer,
+) -> tuple[RoomKit, VoiceLikeChannel, RealtimeChannel, RecordingAudioSink]:
+    """`open_room` on the server, with a loudspeaker (an `AudioSink`) in the room."""
+    kit, voice, rt = await open_room(openai_channel(server, None))
+    speaker = RecordingAudioSink("speaker")
+    kit.register_channel(speaker)
+    await kit.attach_channel("r1", "speaker")
+    return kit, voice, rt, speaker
 
 
 async def test_R4_an_interrupt_cuts_the_reply_playing_to_what_was_heard() -> None:
@@ -171,10 +178,7 @@ async def test_R4_an_interrupt_cuts_the_reply_playing_to_what_was_heard() -> Non
     reply's item at what the room heard of it (`conversation.item.truncate`, under 30 s, the
     service answering `conversation.item.truncated`); a second interrupt has nothing to cut."""
     async with OpenAIRealtimeServer(reply_audio_seconds=30.0) as server:
-        kit, voice, rt = await open_room(openai_channel(server, None))
-        speaker = RecordingAudioSink("speaker")
-        kit.register_channel(speaker)
-        await kit.attach_channel("r1", "speaker")
+        kit, voice, rt, speaker = await open_room_with_speaker(server)
         await voice.say("r1", "Speaker A", "Chorus, a long story please?")
         await rt.wait_idle("r1")  # the reply is made, and posted
         assert sum(len(pcm) for _, pcm, _ in speaker.played) == 30 * 24000 * 2
@@ -194,10 +198,7 @@ async def test_R4_an_interrupt_after_the_reply_has_played_cuts_nothing() -> None
     """A 0.2 s reply that has had time to play whole is not cut: an interrupt then sends
     nothing (a truncate at or past its end would be refused by the service)."""
     async with OpenAIRealtimeServer(reply_audio_seconds=0.2) as server:
-        kit, voice, rt = await open_room(openai_channel(server, None))
-        speaker = RecordingAudioSink("speaker")
-        kit.register_channel(speaker)
-        await kit.attach_channel("r1", "speaker")
+        kit, voice, rt, speaker = await open_room_with_speaker(server)
         await voice.say("r1", "Speaker A", "Chorus, briefly?")
         await rt.wait_idle("r1")
         assert speaker.played
