@@ -528,6 +528,7 @@ class ChorusRoomAgent:
                 session = await channel.start_session(
                     self.room_name, speaker.identity, sample_rate=STT_SAMPLE_RATE,
                     encoding="pcm16", channels=1, session_id=session_id, stage=stage,
+                    echo_gate=not speaker.sip,  # a phone caller may talk over a reply (V9)
                 )
             except BaseException:
                 if stage is not None:

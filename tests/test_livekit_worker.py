@@ -273,13 +273,17 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
 ) -> None:
     """The realtime channel hands reply audio to every `AudioSink` in the room (R5); the voice
     channel is the sink: its playback window gates the room's sessions (V9), and the audio comes
-    out of the agent's published track, read back through a real `rtc.AudioStream`."""
+    out of the agent's published track, read back through a real `rtc.AudioStream`. A SIP
+    participant (a phone caller) is not gated: the phone cancels its own echo, and what the
+    caller says over the reply is heard."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
         agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
     player = TrackPlayer("alice")
     alice = remote_participant("alice-1", "Alice")
+    phone = TrackPlayer("phone")
+    caller = remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
     reader = rtc.AudioStream.from_track(track=agent.reply_track, sample_rate=24000,
                                         num_channels=1)
     t = np.arange(12000) / 24000
@@ -287,8 +291,11 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
     try:
         room.join(alice)
         room.subscribe(alice, player.track, "TR_1")
+        room.join(caller)
+        room.subscribe(caller, phone.track, "TR_2")
         await agent.wait_idle()
-        [session] = agent.sessions
+        [session] = [s for s in agent.sessions if s.participant_id == "alice-1"]
+        [phone_session] = [s for s in agent.sessions if s.participant_id != "alice-1"]
         await agent.voice.play("standup", tone.tobytes(), 24000)
         assert agent.voice.is_playing("standup")
         out: list[np.ndarray] = []
@@ -302,10 +309,12 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         start = int(np.flatnonzero(got)[0])
         assert np.array_equal(got[start : start + len(tone)], tone)
         await until(lambda: session.gated_seconds > 0)  # what the room heard meanwhile: silenced
+        assert not phone_session.echo_gate and phone_session.gated_seconds == 0
     finally:
         await reader.aclose()
         await agent.aclose()
         await player.aclose()
+        await phone.aclose()
 
 
 async def test_a_shared_mic_is_split_by_the_diarization_stage_when_the_stt_does_not_label(
