@@ -86,6 +86,7 @@ from server.overload import (
 )
 from server.pipeline import VoiceStreamAudio
 from server.protocol import SpeakerSuggestionMessage, dump
+from server.reply_audio import BargeIn
 from server.stage_guard import StageGuard, status_message
 from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
@@ -169,6 +170,8 @@ class _Feed:
     """A shared mic that opened without a stage while the policy did not admit: it moves onto
     one once the policy admits again (`ChorusRoomAgent._move_to_stage`)."""
     moving: bool = False
+    barge: BargeIn | None = None
+    """A SIP participant's: talking over the agent's reply stops it (`ChorusRoomAgent._barge_in`)."""
 
 
 class _TranscriptionOut(Channel):
@@ -313,6 +316,10 @@ class ChorusRoomAgent:
         self._pump: asyncio.Task[None] | None = None
         self._reply_pump: asyncio.Task[None] | None = None
         self._reply_queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._reply_cut = 0
+        """Barge-ins so far: the reply loop stops the reply it is queueing when this moves."""
+        self.barge_ins = 0
+        """A SIP participant talked over the agent's reply, which was stopped."""
         self.reply_source = rtc.AudioSource(self.config.reply_sample_rate, 1, queue_size_ms=1000)
         self.reply_track = rtc.LocalAudioTrack.create_audio_track(
             self.config.reply_track_name, self.reply_source
@@ -553,7 +560,8 @@ class ChorusRoomAgent:
                 named = self._directory_streams[session.id] = _TrackStream(session, self.room_name)
                 named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
             feed = _Feed(track_sid, speaker, session, stream, release, participant=participant,
-                         unstaged=wants_stage and not admitted)
+                         unstaged=wants_stage and not admitted,
+                         barge=BargeIn() if speaker.sip else None)
             if stage is not None:
                 self.stage_guard.join(session)  # `release` leaves
             feed.task = asyncio.create_task(self._read(feed))
@@ -570,6 +578,9 @@ class ChorusRoomAgent:
                 continue
             with contextlib.suppress(Exception):  # logged by the session (V10); the stream goes on
                 feed.session.push(pcm)
+            if feed.barge is not None and feed.barge.heard(pcm, STT_SAMPLE_RATE,
+                                                           playing=self.reply_playing):
+                self._barge_in()
             if feed.session.stage is not None:
                 self.stage_guard.check()  # overload: at most every `overload_check_s`
             elif feed.unstaged and not feed.moving and self._may_stage_another():
@@ -776,6 +787,28 @@ class ChorusRoomAgent:
             pcm16 = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
         self._reply_queue.put_nowait(pcm16)
 
+    @property
+    def reply_playing(self) -> bool:
+        """Whether reply audio is queued for the agent's track or playing on it."""
+        return self.reply_source.queued_duration > 0 or not self._reply_queue.empty()
+
+    def _barge_in(self) -> None:
+        """A phone caller talked over the reply (`server.reply_audio.BargeIn`): what is queued
+        for the reply track is dropped, the track's own buffer cleared, and the room's model
+        told (`RealtimeChannel.interrupt`: its response stopped, the reply cut to what was
+        heard)."""
+        self.barge_ins += 1
+        self._reply_cut += 1
+        ended = False
+        while not self._reply_queue.empty():
+            ended = ended or self._reply_queue.get_nowait() is None
+        if ended:
+            self._reply_queue.put_nowait(None)
+        self.reply_source.clear_queue()
+        log.info("room %s: a caller talked over the reply: stopped", self.room_name)
+        if self.realtime is not None:
+            self._spawn(self.realtime.interrupt(self.room_name))
+
     async def _reply_loop(self) -> None:
         rate = self.config.reply_sample_rate
         step = rate // 50  # 20 ms frames
@@ -783,8 +816,11 @@ class ChorusRoomAgent:
             pcm = await self._reply_queue.get()
             if pcm is None:
                 return
+            cut = self._reply_cut
             samples = np.frombuffer(pcm, dtype="<i2")
             for start in range(0, len(samples), step):
+                if self._reply_cut != cut:  # a barge-in: the rest of this piece is dropped
+                    break
                 chunk = samples[start : start + step]
                 frame = rtc.AudioFrame(chunk.tobytes(), rate, 1, len(chunk))
                 try:

@@ -299,7 +299,7 @@ class AudioSocketFraming:
         data = self._carry + frame.payload
         cut = len(data) - len(data) % 2
         self._carry = data[cut:]
-        if self.barge_in.heard(data[:cut], playing=self._queued > self._drop):
+        if self.barge_in.heard(data[:cut], AUDIO_RATES[frame.kind], playing=self._queued > self._drop):
             self._drop = self._queued  # every reply message not sent yet
         return data[:cut]
 

@@ -21,37 +21,38 @@ PHONE_RATE = 8000
 
 BARGE_IN_DBFS = -35.0
 """A caller's 20 ms frame at least this loud (RMS) is speech for barge-in."""
-BARGE_IN_FRAMES = 3
-"""Consecutive loud frames (60 ms) that make a barge-in."""
+BARGE_IN_S = 0.06
+"""Consecutive loud audio (three 20 ms frames, six 10 ms ones) that makes a barge-in."""
 
 
 class BargeIn:
-    """A phone's caller talking over the reply playing to them: `BARGE_IN_FRAMES` consecutive
-    frames of theirs at `BARGE_IN_DBFS` or louder while it plays. The one home of the rule for
-    every phone leg (SIP drops the reply audio it still holds; Twilio is sent `clear`).
+    """A phone's caller talking over the reply playing to them: `BARGE_IN_S` of consecutive
+    frames of theirs, each at `BARGE_IN_DBFS` or louder, while it plays. The one home of the rule
+    for every phone leg (SIP and AudioSocket drop the reply audio they still hold, Twilio is sent
+    `clear`, the LiveKit worker clears its reply track).
 
     An energy gate on the caller's decoded audio, not a VAD: a phone that echoed the reply back
     loudly would cut it off. Phones cancel their own echo, which is why a phone leg is not
     silenced while a reply plays (`StreamDeclaration.echo_gate`)."""
 
     def __init__(self) -> None:
-        self._loud = 0
+        self._loud = 0.0
         self.count = 0
         """Barge-ins so far."""
         self.on_barge_in: Callable[[], None] | None = None
         """Told of each barge-in (the server counts them: `chorus_barge_ins_total{kind}`)."""
 
-    def heard(self, pcm16: bytes, playing: bool) -> bool:
-        """One frame of the caller's audio (pcm16); True when it completes a barge-in."""
+    def heard(self, pcm16: bytes, rate: int, playing: bool) -> bool:
+        """One frame of the caller's audio (pcm16 at `rate`); True when it completes a barge-in."""
         if not playing:
-            self._loud = 0
+            self._loud = 0.0
             return False
         usable = len(pcm16) - len(pcm16) % 2
         loud = usable > 0 and level_dbfs(pcm16_to_float(pcm16[:usable])) >= BARGE_IN_DBFS
-        self._loud = self._loud + 1 if loud else 0
-        if self._loud < BARGE_IN_FRAMES:
+        self._loud = self._loud + usable / 2 / rate if loud else 0.0
+        if self._loud < BARGE_IN_S - 1e-9:
             return False
-        self._loud = 0
+        self._loud = 0.0
         self.count += 1
         if self.on_barge_in is not None:
             self.on_barge_in()

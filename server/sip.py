@@ -383,7 +383,7 @@ class SipLeg:
         owed = self._pauses.owed(skipped) if skipped and not self.held else 0.0
         if owed:  # the rest of a pause shorter than SILENCE_FILL_S, or its part after the last fill
             self._put(self._silence(owed))
-        if self.barge.heard(pcm, playing=self._queued_chunks > self._drop_chunks):
+        if self.barge.heard(pcm, rate, playing=self._queued_chunks > self._drop_chunks):
             self.barge_in()
         self._put(pcm)
 

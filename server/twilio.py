@@ -270,7 +270,8 @@ class TwilioFraming:
                 raise Refusal(
                     CloseCode.BAD_MESSAGE, "media payload is not base64", "bad_message"
                 ) from exc
-            if self.barge_in.heard(mulaw_decode(mulaw).tobytes(), playing=bool(self._playing)):
+            pcm = mulaw_decode(mulaw).tobytes()
+            if self.barge_in.heard(pcm, PHONE_RATE, playing=bool(self._playing)):
                 self._playing.clear()  # what Twilio holds is dropped; its marks come back
                 self._owed.append(dump(TwilioClear(streamSid=self.stream_sid)))
             return mulaw

@@ -317,6 +317,51 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         await phone.aclose()
 
 
+async def test_a_sip_caller_talking_over_the_reply_stops_it(deepgram: DeepgramTestServer) -> None:
+    """A SIP participant talks over a 6 s reply (`server.reply_audio.BargeIn`, as on `chorus
+    serve`'s phone legs): the reply queued for the agent's track is dropped and the track's own
+    buffer cleared, so the track falls silent well before the reply's end; counted once."""
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    phone = TrackPlayer("phone")
+    caller = remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
+    reply = (np.sin(2 * np.pi * 440 * np.arange(6 * 24000) / 24000) * 8000).astype(np.int16)
+    reader = rtc.AudioStream.from_track(track=agent.reply_track, sample_rate=24000,
+                                        num_channels=1)
+    heard: list[np.ndarray] = []
+
+    async def listen() -> None:  # the agent's track, until 0.5 s of silence after the reply
+        async for event in reader:
+            heard.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
+            got = np.concatenate(heard)
+            voiced = np.flatnonzero(got)
+            if len(voiced) and len(got) - voiced[-1] > 12000:
+                return
+
+    listening = asyncio.create_task(listen())
+    try:
+        room.join(caller)
+        room.subscribe(caller, phone.track, "TR_1")
+        await agent.wait_idle()
+        await agent.voice.play("standup", reply.tobytes(), 24000)
+        await until(lambda: agent.reply_playing)
+        await phone.play(clip(meeting_pcm(), *ALICE))  # the caller talks over it
+        await until(lambda: agent.barge_ins == 1)
+        await asyncio.wait_for(listening, 60)
+        played = np.concatenate(heard)
+        voiced = np.flatnonzero(played)
+        assert (voiced[-1] - voiced[0]) / 24000 < 5.0  # of 6 s
+        await agent.wait_idle()
+        assert agent.barge_ins == 1 and not agent.reply_playing
+    finally:
+        listening.cancel()
+        await reader.aclose()
+        await agent.aclose()
+        await phone.aclose()
+
+
 async def test_a_shared_mic_is_split_by_the_diarization_stage_when_the_stt_does_not_label(
 ) -> None:
     """`stt.diarize = false`: the STT hears one voice, so the shared mic's track gets a voice
