@@ -392,7 +392,14 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return
         check_stream_participant(grant, declaration.participant)
+        framing.on_barge_in = lambda: self._device_barged_in(room, framing.stream_id)
         await run_stream(ws, self.rooms, room, framing, declaration, self._drain)
+
+    def _device_barged_in(self, room: str, stream_id: str) -> None:
+        """The device stopped the reply because someone talked over it: its stream is heard
+        again at once, and the room's model is told, as for a phone caller's barge-in."""
+        self.rooms.reply_stopped(stream_id)
+        self._barged_in("device", room)
 
     # ------------------------------------------------------------------ Twilio leg
 

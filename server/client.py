@@ -22,6 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from server.protocol import (
+    BargeInMessage,
     FeedMessage,
     MessageRequest,
     RenameRequest,
@@ -144,6 +145,10 @@ class DeviceStream:
             chunk_s=chunk_s,
             realtime=realtime,
         )
+
+    async def barge_in(self) -> None:
+        """Say the device stopped the reply it was playing because someone talked over it."""
+        await self.ws.send(dump(BargeInMessage()))
 
     async def stop(self) -> None:
         """Send `stop` and wait until the server has flushed the last turns and closed

@@ -11,6 +11,7 @@ token before the first message is read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from pydantic import ValidationError
@@ -26,6 +27,7 @@ from server.framing import (
     schema_names,
 )
 from server.protocol import (
+    BargeInMessage,
     CloseCode,
     StartedMessage,
     StartMessage,
@@ -36,10 +38,10 @@ from server.protocol import (
 )
 from server.reply_audio import device_reply_frames
 
-_NAMES = schema_names(StartMessage, StopMessage)
+_NAMES = schema_names(StartMessage, StopMessage, BargeInMessage)
 
 
-def parse(text: str) -> StartMessage | StopMessage:
+def parse(text: str) -> StartMessage | StopMessage | BargeInMessage:
     """A device's JSON message, or the refusal for it (an unknown encoding is told apart)."""
     try:
         return parse_device_message(text)
@@ -70,6 +72,9 @@ class DeviceFraming:
     def __init__(self) -> None:
         self.declaration: StreamDeclaration | None = None
         self._carry = b""
+        self.stream_id = ""
+        self.on_barge_in: Callable[[], None] | None = None
+        """Told when the device says it stopped the reply because someone talked over it."""
 
     def start(self, message: str | bytes) -> StreamDeclaration:
         """The first message: a `start` declares the stream. Audio first is refused; a `stop`
@@ -79,26 +84,34 @@ class DeviceFraming:
         parsed = parse(message)
         if isinstance(parsed, StopMessage):
             raise StoppedBeforeStart
+        if isinstance(parsed, BargeInMessage):
+            raise Refusal(CloseCode.BAD_MESSAGE, "barge_in before start", "bad_message")
         self.declaration = declaration_of(parsed)
         return self.declaration
 
     def audio(self, message: str | bytes) -> bytes | None:
         """Whole sample frames of a binary message (a split sample waits for the next); None
-        at `stop`; a second `start` is refused."""
+        at `stop`; `barge_in` is told to `on_barge_in`; a second `start` is refused."""
         if isinstance(message, bytes):
             width = self._declared().format.bytes_per_frame
             data = self._carry + message
             cut = len(data) - len(data) % width
             self._carry = data[cut:]
             return data[:cut]
-        if isinstance(parse(message), StopMessage):
+        parsed = parse(message)
+        if isinstance(parsed, StopMessage):
             return None
+        if isinstance(parsed, BargeInMessage):
+            if self.on_barge_in is not None:
+                self.on_barge_in()
+            return b""
         raise Refusal(CloseCode.BAD_MESSAGE, "stream already started", "bad_message")
 
     def answers(self) -> list[Outgoing]:
         return []
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
+        self.stream_id = stream_id
         participant = self._declared().participant
         return [dump(StartedMessage(room=room, stream=stream_id, participant=participant))]
 

@@ -368,14 +368,24 @@ class LiveRooms:
                 self.metrics.streams_active[stream.kind] -= 1
                 live.feed.publish(stream.event_message("stream_stopped"))
 
+    def reply_stopped(self, stream_id: str) -> None:
+        """A device stopped the reply it was playing (someone talked over it): its stream is
+        heard again at once (`StreamAudio.reply_stopped`)."""
+        stream = self._stream(stream_id)
+        if stream is not None and stream.audio is not None:
+            stream.audio.reply_stopped()
+
+    def _stream(self, stream_id: str) -> LiveStream | None:
+        return next(
+            (s for live in self.rooms.values() for s in live.streams.values() if s.id == stream_id),
+            None,
+        )
+
     def publish_dtmf(self, stream: LiveStream | str, digit: str) -> None:
         """A caller's DTMF digit on a phone leg, to its room's feed (`dtmf`) and its hooks
         (`HookTrigger.ON_DTMF` observers, the `DtmfMessage` as value)."""
         if isinstance(stream, str):
-            found = next(
-                (s for live in self.rooms.values() for s in live.streams.values() if s.id == stream),
-                None,
-            )
+            found = self._stream(stream)
             if found is None:
                 return
             stream = found

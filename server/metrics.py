@@ -66,7 +66,7 @@ class ServerMetrics(Collector):
         self.speaker_changes_total = 0
         self.dtmf_total = 0
         self.barge_ins_total: dict[str, int] = defaultdict(int)
-        """Phone callers talking over a reply (which was stopped), by stream kind."""
+        """Someone talking over a reply (which was stopped), by stream kind."""
         self.audio_seconds_total = 0.0
         self.feed_consumers = 0
         self.rooms_evicted_total = 0
@@ -137,10 +137,11 @@ class ServerMetrics(Collector):
         yield _counter("chorus_dtmf", "DTMF digits pressed on phone legs.", self.dtmf_total)
         barge_ins = CounterMetricFamily(
             "chorus_barge_ins",
-            "Phone callers talking over a reply, which was stopped, by kind (twilio, audiosocket, sip).",
+            "Someone talking over a reply, which was stopped, by the stream's kind (a device says "
+            "so; a phone leg's barge-in is heard by the server).",
             labels=["kind"],
         )
-        for kind in ("twilio", "audiosocket", "sip"):
+        for kind in STREAM_KINDS:
             barge_ins.add_metric([kind], self.barge_ins_total[kind])
         yield barge_ins
         yield _counter("chorus_replies", "Assistant replies committed.", self.replies_total)

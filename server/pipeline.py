@@ -82,6 +82,10 @@ class StreamAudio(Protocol):
         """End of stream: flush the last turns and close the session."""
         ...
 
+    def reply_stopped(self) -> None:
+        """The device stopped the reply playing into its microphone: heard again at once."""
+        ...
+
     def speaker_prints(self) -> StagePrints | None:
         """The stream's stage's anonymous voices now (issue 27); None without a stage that
         shows them, or while the stream is off its stage."""
@@ -472,6 +476,9 @@ class VoiceStreamAudio:
     def speaker_prints(self) -> StagePrints | None:
         stage = self._printing_stage()
         return stage.speaker_prints() if isinstance(stage, SpeakerPrints) else None
+
+    def reply_stopped(self) -> None:
+        self.session.reply_stopped()
 
     async def finish(self) -> None:
         try:

@@ -86,11 +86,20 @@ class StopMessage(_Wire):
     type: Literal["stop"] = "stop"
 
 
-DeviceMessage = Annotated[StartMessage | StopMessage, Field(discriminator="type")]
-_device_adapter: TypeAdapter[StartMessage | StopMessage] = TypeAdapter(DeviceMessage)
+class BargeInMessage(_Wire):
+    """The device stopped the reply it was playing because someone in the room talked over it:
+    the server stops the model's response and hears this stream again at once."""
+
+    type: Literal["barge_in"] = "barge_in"
 
 
-def parse_device_message(text: str | bytes) -> StartMessage | StopMessage:
+DeviceMessage = Annotated[StartMessage | StopMessage | BargeInMessage, Field(discriminator="type")]
+_device_adapter: TypeAdapter[StartMessage | StopMessage | BargeInMessage] = TypeAdapter(
+    DeviceMessage
+)
+
+
+def parse_device_message(text: str | bytes) -> StartMessage | StopMessage | BargeInMessage:
     """Raises `pydantic.ValidationError` for bad JSON, an unknown type or a bad field."""
     return _device_adapter.validate_json(text)
 

@@ -293,12 +293,15 @@ async def test_speech_over_the_assistant_drops_what_the_page_buffered(
     server: RunningServer,
 ) -> None:
     """Barge-in on the page: the level rising over the threshold while a reply plays, for the
-    hold time, stops the scheduled audio; a level already high when the reply began does not."""
+    hold time, stops the scheduled audio and tells the server (`barge_in`, once); a level
+    already high when the reply began does not."""
     async with chromium() as browser:
         page = await browser.new_page()
         await page.goto(f"{server.http_base}/")
         result = await page.evaluate("""() => {
-          const {player, bargeIn} = chorus;
+          const {player, bargeIn, mic} = chorus;
+          const sent = [];
+          mic.socket = {readyState: WebSocket.OPEN, send: (m) => sent.push(JSON.parse(m))};
           player.context = new AudioContext({sampleRate: 16000});
           const second = new ArrayBuffer(32000);
           for (let i = 0; i < 5; i++) player.take(second.slice(0));
@@ -307,8 +310,9 @@ async def test_speech_over_the_assistant_drops_what_the_page_buffered(
           const kept = player.sources.length;
           bargeIn.hear(0.001);                                   // quiet, then someone talks
           for (let i = 0; i < bargeIn.holdFrames; i++) bargeIn.hear(0.3);
+          mic.socket = null;
           return {scheduled, playing, kept, left: player.sources.length, drops: player.drops,
-                  why: player.lastDrop, seconds: player.secondsScheduled};
+                  why: player.lastDrop, seconds: player.secondsScheduled, sent};
         }""")
     assert result == {"scheduled": 5, "playing": True, "kept": 5, "left": 0, "drops": 1,
-                      "why": "barge-in", "seconds": 5}
+                      "why": "barge-in", "seconds": 5, "sent": [{"type": "barge_in"}]}

@@ -1,4 +1,5 @@
-"""A Twilio caller talking over the assistant's reply (barge-in), through the running server.
+"""Someone talking over the assistant's reply (barge-in), through the running server: a Twilio
+caller, and a room's device (the page) that stopped the reply itself and says so.
 
 The reply comes from the local OpenAI-Realtime-protocol server (6 s of audio), the words from
 the local Deepgram-protocol server, the leg is the server's own Twilio client. What is checked
@@ -18,7 +19,8 @@ import pytest
 
 from realtime.testing.openai_server import OpenAIRealtimeServer
 from server.auth import issue_token
-from server.client import TwilioLeg
+from server.client import DeviceStream, TwilioLeg
+from server.protocol import StartMessage
 from server.testing.harness import SECRET, answering, eventually, running_server_with_local_stt
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.testing.deepgram_server import MeetingWords
@@ -30,18 +32,23 @@ ROOM = "standup"
 BOUND_S = 120.0
 
 
+def excerpt(start: float, end: float, silence: float = 0.0) -> np.ndarray:
+    """An excerpt of the meeting (16 kHz), then `silence`."""
+    audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
+    return np.concatenate([audio, np.zeros(int(silence * 16000), np.float32)])
+
+
 def phone_audio(start: float, end: float, silence: float = 0.0) -> bytes:
     """An excerpt of the meeting as a phone line carries it (8 kHz µ-law), then `silence`."""
-    audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
-    narrow = np.concatenate([resample(audio, 16000, 8000), np.zeros(int(silence * 8000), np.float32)])
+    narrow = resample(excerpt(start, end, silence), 16000, 8000)
     return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
 
 
 async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> None:
-    # a 20 s reply made at twice real time: still being made when Dana talks, and ahead of
+    # a 20 s reply made at four times real time: still being made when Dana talks, and ahead of
     # what has played, so the model is told both to stop and to keep only what was heard
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
-                                    audio_pace=2.0) as model:  # fmt: skip
+                                    audio_pace=4.0) as model:  # fmt: skip
         config = answering(model.base_url, "Dana")
         words = MeetingWords.from_meeting(MEETING)
         async with running_server_with_local_stt(config, words) as srv:
@@ -77,3 +84,35 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 await eventually(lambda: voiced_s() >= 1.4 + 1.5 - 0.2, BOUND_S, "the words over it")
             finally:
                 await dana.stop()
+
+
+async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is_told() -> None:
+    """The page stops the reply it plays when someone talks over it and sends `barge_in`: the
+    device's microphone, silenced while the reply plays (V9), is heard again at once; the
+    model stops its response and keeps only what was heard; counted as a device barge-in."""
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
+                                    audio_pace=4.0) as model:  # fmt: skip
+        words = MeetingWords.from_meeting(MEETING)
+        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
+            token = issue_token(SECRET, ROOM)
+            desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
+                participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
+            try:
+                await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
+                await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
+                assert srv.stt_server is not None
+
+                def voiced_s() -> float:
+                    pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
+                    return int(np.count_nonzero(pcm)) / 16000
+
+                before = voiced_s()
+                await desk.barge_in()
+                await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
+                await desk.send_audio(float_to_pcm16(excerpt(2.0, 3.5)), realtime=False)
+                # heard, though the 20 s reply's playback window is still open
+                await eventually(lambda: voiced_s() >= before + 1.5 - 0.2, BOUND_S, "the words")
+                await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
+                await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
+            finally:
+                await desk.stop()

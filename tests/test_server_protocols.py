@@ -93,6 +93,18 @@ def test_a_second_device_start_is_refused() -> None:
     )
 
 
+def test_a_device_barge_in_is_told_and_carries_no_audio_and_not_before_start() -> None:
+    assert _refused(DeviceFraming().start, '{"type": "barge_in"}') == (
+        CloseCode.BAD_MESSAGE, "bad_message", "barge_in before start"
+    )
+    device = DeviceFraming()
+    told: list[str] = []
+    device.on_barge_in = lambda: told.append(device.stream_id)
+    device.start(dump(StartMessage(participant="desk")))
+    device.greeting("r1", "device-1")
+    assert device.audio('{"type": "barge_in"}') == b"" and told == ["device-1"]
+
+
 def test_the_device_hears_started_and_replies_in_its_own_format() -> None:
     device = DeviceFraming()
     device.start(dump(StartMessage(participant="ann", sample_rate=8000, encoding="mulaw")))

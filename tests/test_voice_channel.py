@@ -382,6 +382,31 @@ async def test_V9_a_phone_stream_is_heard_while_the_agent_speaks() -> None:
     del kit
 
 
+async def test_V9_a_device_that_stopped_the_reply_is_heard_until_another_plays() -> None:
+    """`reply_stopped()` (the device stopped the reply: someone talked over it): the stream is
+    heard at once for the rest of the room's playback window; a reply played after it gates the
+    stream again, and other streams stay gated throughout."""
+    async with DeepgramTestServer(ScriptedWords([])) as server:
+        channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), echo_tail=0.0)
+        kit = await voice_room(channel)
+        desk = await channel.start_session("room", "desk")
+        other = await channel.start_session("room", "mic-2")
+        loud = (0.2 * np.sin(np.arange(4000) / 5)).astype(np.float32)
+        reply = float_to_pcm16(np.zeros(320000, np.float32))  # 20 s
+        await channel.play("room", reply, 16000)
+        await stream(desk, loud, 16000)  # gated
+        desk.reply_stopped()
+        await stream(desk, loud, 16000)  # heard, the window still open
+        await stream(other, loud, 16000)  # gated: it did not stop anything
+        await channel.play("room", reply, 16000)  # another reply: the window grows
+        await stream(desk, loud, 16000)  # gated again
+        assert channel.is_playing("room")
+        assert desk.gated_seconds == pytest.approx(0.5) and other.gated_seconds == pytest.approx(0.25)
+        await desk.finish()
+        await other.finish()
+    del kit
+
+
 async def test_V10_bad_live_frames_are_refused_and_other_streams_lose_nothing() -> None:
     async with DeepgramTestServer(script()) as server:
         channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url))

@@ -262,6 +262,10 @@ class VoiceChannel(Channel):
         until = self._playing_until.get(room_id)
         return until is not None and asyncio.get_running_loop().time() < until
 
+    def playing_until(self, room_id: str) -> float:
+        """Loop time the room's playback window ends (its echo tail included); 0 for none."""
+        return self._playing_until.get(room_id, 0.0)
+
     # -- TurnAudioSource (R3) ----------------------------------------------------------------
 
     def turn_audio(self, turn: VoiceTurn, sample_rate: int) -> bytes | None:

@@ -78,6 +78,8 @@ class VoiceSession:
         self.echo_gate = echo_gate
         """Silence this stream's audio while the room's agent plays a reply (V9): see
         `VoiceChannel.start_session`."""
+        self._heard_until = 0.0
+        """The playback window this stream is heard through (`reply_stopped`)."""
         self.room_id = room_id
         self.participant_id = participant_id
         self.format = fmt
@@ -165,13 +167,21 @@ class VoiceSession:
         return self._accept(samples) if not self.paused else 0
 
     def _accept(self, samples: FloatAudio) -> int:
-        if self.echo_gate and self.channel.is_playing(self.room_id):
+        if (self.echo_gate and self.channel.is_playing(self.room_id)
+                and self.channel.playing_until(self.room_id) > self._heard_until):
             self.gated_seconds += len(samples) / STT_SAMPLE_RATE
             samples = np.zeros_like(samples)  # V9: the agent's own voice is not a participant
         self.stt.push(samples)  # also appends to self.audio
         if self.stage is not None:
             self.stage.wake()
         return len(samples)
+
+    def reply_stopped(self) -> None:
+        """The device stopped the reply it was playing into this stream's microphone (someone
+        talked over it): the stream is heard again at once, for the rest of the room's current
+        playback window (V9 silences it for a reply it plays, not for one it has stopped). A
+        reply played later (the window growing past it) is gated again."""
+        self._heard_until = self.channel.playing_until(self.room_id)
 
     def pause(self) -> None:
         """Stop accepting audio (frames pushed while paused are dropped); pending speech is
