@@ -36,7 +36,7 @@ from server.framing import (
     declared_format,
 )
 from server.protocol import ROOM_ID, CloseCode
-from server.reply_audio import BargeIn, convert_reply
+from server.reply_audio import BargeIn, PlayoutClock, convert_reply
 
 # --- frames, as Asterisk's res_audiosocket defines them ----------------------------------------
 
@@ -242,6 +242,7 @@ class AudioSocketFraming:
         """Seconds of reply audio dropped by barge-in."""
         self._queued = 0
         self._drop = 0
+        self._clock = PlayoutClock()
 
     def opening(self, message: str | bytes) -> AudioSocketOpening | None:
         """A frame before the call's first audio: None for the UUID and DTMF (read on), the
@@ -299,7 +300,8 @@ class AudioSocketFraming:
         data = self._carry + frame.payload
         cut = len(data) - len(data) % 2
         self._carry = data[cut:]
-        if self.barge_in.heard(data[:cut], AUDIO_RATES[frame.kind], playing=self._queued > self._drop):
+        playing = self._queued > self._drop and self._clock.playing()
+        if self.barge_in.heard(data[:cut], AUDIO_RATES[frame.kind], playing=playing):
             self._drop = self._queued  # every reply message not sent yet
         return data[:cut]
 
@@ -323,7 +325,10 @@ class AudioSocketFraming:
         if self.audio_kind is None:
             return []
         messages = reply_messages(pcm16, sample_rate, self.audio_kind)
+        if not self._clock.playing():  # what was queued before has long played (or was lost)
+            self._queued = self._drop = 0
         self._queued += len(messages)
+        self._clock.sent(len(pcm16) / 2 / sample_rate)
         return list(messages)
 
     def sending(self, message: bytes) -> bool:

@@ -8,6 +8,7 @@ Codecs and resampling come from `voice.audio`, the one place audio formats are c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -23,6 +24,26 @@ BARGE_IN_DBFS = -35.0
 """A caller's 20 ms frame at least this loud (RMS) is speech for barge-in."""
 BARGE_IN_S = 0.06
 """Consecutive loud audio (three 20 ms frames, six 10 ms ones) that makes a barge-in."""
+
+
+PLAYOUT_SLACK_S = 1.0
+"""How long past the time its audio would have played out a reply still counts as playing (the
+network and the peer's own buffer)."""
+
+
+class PlayoutClock:
+    """When the reply audio sent to a peer that plays it at real time will have played out,
+    reckoned from what was sent: a bound on "still playing" that holds where the peer never says
+    so (a Twilio mark that does not come back, a message dropped on the way)."""
+
+    def __init__(self) -> None:
+        self.until = 0.0
+
+    def sent(self, seconds: float) -> None:
+        self.until = max(self.until, time.monotonic()) + seconds
+
+    def playing(self) -> bool:
+        return time.monotonic() < self.until + PLAYOUT_SLACK_S
 
 
 class BargeIn:

@@ -33,7 +33,7 @@ from server.framing import (
     schema_names,
 )
 from server.protocol import ROOM_ID, CloseCode, dump
-from server.reply_audio import FRAME_SECONDS, PHONE_RATE, BargeIn, convert_reply
+from server.reply_audio import FRAME_SECONDS, PHONE_RATE, BargeIn, PlayoutClock, convert_reply
 from voice.audio import mulaw_decode
 
 # --- messages, as Twilio documents them -----------------------------------------------------
@@ -209,6 +209,7 @@ class TwilioFraming:
         self.barge_in = BargeIn()
         """The caller talking over a reply still playing: Twilio is sent `clear`."""
         self._replies = 0
+        self._clock = PlayoutClock()
         self._playing: set[str] = set()
         """The marks of the replies sent and not yet played (Twilio has not sent them back)."""
         self._owed: list[Outgoing] = []
@@ -271,6 +272,8 @@ class TwilioFraming:
                     CloseCode.BAD_MESSAGE, "media payload is not base64", "bad_message"
                 ) from exc
             pcm = mulaw_decode(mulaw).tobytes()
+            if self._playing and not self._clock.playing():
+                self._playing.clear()  # long played out: a mark that never came back
             if self.barge_in.heard(pcm, PHONE_RATE, playing=bool(self._playing)):
                 self._playing.clear()  # what Twilio holds is dropped; its marks come back
                 self._owed.append(dump(TwilioClear(streamSid=self.stream_sid)))
@@ -297,6 +300,7 @@ class TwilioFraming:
         )
         if messages:
             self._playing.add(mark)
+            self._clock.sent(len(pcm16) / 2 / sample_rate)
         return messages
 
     def answers(self) -> list[Outgoing]:

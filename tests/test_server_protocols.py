@@ -283,6 +283,24 @@ def test_a_twilio_caller_talking_over_a_reply_gets_it_cleared_once() -> None:
     assert leg.answers() == [] and leg.barge_in.count == 1
 
 
+def test_a_reply_whose_mark_never_comes_back_stops_counting_once_it_has_played_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A peer that never sends a reply's mark back (or loses it): once the reply has played out
+    (its duration, plus `PLAYOUT_SLACK_S`, after it was sent), the caller talking is no barge-in."""
+    import time
+
+    from server import reply_audio
+
+    monkeypatch.setattr(reply_audio, "PLAYOUT_SLACK_S", 0.01)
+    leg = _opened({"room": "r1"})
+    leg.reply_audio(b"\x10\x00" * 320, 16000)  # 20 ms
+    time.sleep(0.1)  # time only makes "played out" truer
+    for _ in range(5):
+        leg.audio(_mulaw_frame(0.3))
+    assert leg.answers() == [] and leg.barge_in.count == 0
+
+
 def test_the_caller_hears_nothing_on_start_and_replies_as_media_on_its_stream() -> None:
     leg = _opened({"room": "r1"})
     assert leg.greeting("r1", "twilio-1") == []
