@@ -313,7 +313,7 @@ async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str
     sent_wall: list[float] = []
     feed = await EventFeed.open(base, room, token, on_message=on_message)
     caller = SipCaller(sip_port, room)
-    try:
+    async with recorded(result, caller, feed):
         await caller.open()
         await caller.call()
         silence = b"\xff" * FRAME_BYTES
@@ -340,14 +340,7 @@ async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str
                 result.comfort_noise += 1
             sent_audio.append((n + 1) * FRAME_S)
             sent_wall.append(time.monotonic())
-        await caller.hang_up()
-        async with asyncio.timeout(120):
-            await stopped.wait()  # the leg's last turns are flushed before stream_stopped
-    except Exception as exc:  # recorded, not raised: one failed call is a result
-        result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        caller.close()
-        await feed.close()
+        await hang_up_and_flush(caller, stopped)
     settled = settled_versions(versions)
     if settled and sent_wall:
         result.completion, result.latencies = turn_latencies(
@@ -362,6 +355,27 @@ async def one_call(base: str, sip_port: int, room: str, mulaw: bytes, token: str
     result.turns = len(settled)
     result.corrected = sum(1 for _, m in versions if m.corrected)
     return result
+
+
+@contextlib.asynccontextmanager
+async def recorded(result: Any, caller: SipCaller, feed: Any) -> AsyncIterator[None]:
+    """A call's body: a failure is recorded in `result.error`, not raised (one failed call is a
+    result); the caller and its room's feed are closed either way."""
+    try:
+        yield
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        caller.close()
+        await feed.close()
+
+
+async def hang_up_and_flush(caller: SipCaller, stopped: asyncio.Event) -> None:
+    """BYE, then wait until the leg's last turns are flushed (`stopped`: its room's feed heard
+    `stream_stopped`, which comes after them)."""
+    await caller.hang_up()
+    async with asyncio.timeout(120):
+        await stopped.wait()
 
 
 @dataclass

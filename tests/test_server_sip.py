@@ -1000,6 +1000,33 @@ async def test_the_sip_bench_caller_measures_its_turns() -> None:
     assert suppressed.comfort_noise >= 1 and suppressed.suppressed_s >= 0.7
 
 
+async def test_the_barge_in_bench_caller_interrupts_and_is_heard() -> None:
+    """`chorus bench barge_in`'s call against the endpoint: each time the caller talks over the
+    reply, it stops within the rule's time plus a few frames, and the words are heard."""
+    from bench.barge_in import barge_in_call, utterances
+    from bench.sip import PASSWORD, USER
+
+    async with OpenAIRealtimeServer(reply_audio_seconds=8.0, audio_pace=4.0) as model:
+        config = {"sip": {"users": {**USERS, USER: PASSWORD}}, **answering(model.base_url, "Bench")}
+        async with sip_server(**config) as srv:
+            audio = str(MEETING / "meeting.wav")
+            result = await barge_in_call(srv.base, sip_port(srv), "standup",
+                                         issue_token(SECRET, "standup"), audio,
+                                         utterances(audio, 3), after=0.5)  # fmt: skip
+    assert result.error is None, result
+    assert len(result.interruptions) == 2 and all(i.heard for i in result.interruptions)
+    assert all(0 <= s < 1.0 for s in result.stop_times()) and len(result.stop_times()) == 2
+    assert len(model.cancelled) >= 2 and len(model.truncated) >= 2
+
+
+def test_a_reply_stops_where_its_packets_stop_coming() -> None:
+    from bench.barge_in import stop_time
+
+    arrivals = [0.0, 0.02, 0.04, 0.06, 0.08, 0.10, 1.0, 1.02]  # a reply, a gap, the next one
+    assert stop_time(arrivals, 0.05) == pytest.approx(0.05)
+    assert stop_time(arrivals, 0.5) is None  # nothing was playing then
+
+
 async def test_floods_of_invites_and_rtp_are_answered_and_the_server_keeps_serving() -> None:
     async with sip_server(sip={"max_calls": 4}) as srv:
         port = sip_port(srv)

@@ -1,0 +1,272 @@
+"""Barge-in on a SIP call: how soon the reply stops when the caller talks over it, and whether
+what they said over it is heard.
+
+`chorus bench barge_in` starts `chorus serve` in its own process with `[sip]` on 127.0.0.1, the
+server's default STT (local Whisper tiny.en) and, for the replies, the OpenAI-Realtime-protocol
+stand-in (`realtime.testing.openai_server`, in this process) making `--reply-seconds` of audio
+per reply at four times real time, as a model makes audio faster than it plays. `[policy]
+answer_only` is the caller, so every turn of theirs is answered. One call (`bench.sip`'s user
+agent, RTP paced at real time) says the demo meeting's first turn, then, `--interruptions`
+times: waits until the reply has played for `--after` seconds, and says the meeting's next
+turn over it.
+
+Per interruption:
+- **stop**: from the caller's first frame at the barge-in level (`server.reply_audio`:
+  −35 dBFS) to the last reply RTP packet that reached the caller before the reply went quiet
+  (a gap of 0.2 s); the rule itself needs 60 ms of such audio;
+- **heard**: whether a committed turn of the call overlaps the interruption's audio (the V9
+  gate does not silence a phone leg);
+- what the model was told: the stand-in's `response.cancel`s and `conversation.item.truncate`s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.load import DEFAULT_AUDIO, SECRET, _free_port, _process, _wait_port
+from bench.sip import (
+    FRAME_BYTES,
+    FRAME_S,
+    PASSWORD,
+    USER,
+    SipCaller,
+    _free_udp_port,
+    hang_up_and_flush,
+    recorded,
+)
+from server.metrics import percentile
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET_GAP_S = 0.2
+"""A pause this long in the reply RTP the caller receives ends the reply that was playing."""
+PAUSE_S = 0.8
+"""Silence the caller sends after each thing they say (their turn closes)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--interruptions", type=int, default=8, help="times the caller barges in")
+    parser.add_argument("--reply-seconds", type=float, default=8.0, help="audio per reply")
+    parser.add_argument(
+        "--after", type=float, default=0.5, help="seconds of reply heard before each barge-in"
+    )
+    parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="the demo meeting (WAV + RTTM)")
+    parser.add_argument("--json", default=None, help="write the results here")
+
+
+class _Arrivals(asyncio.DatagramProtocol):
+    """The caller's RTP socket: when each packet of reply audio arrived."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.times.append(time.monotonic())
+
+
+@dataclass
+class Interruption:
+    start: float
+    """Where the interruption's audio begins in the call (seconds)."""
+    end: float
+    stop_s: float | None = None
+    """From the caller's first loud frame to the last reply packet before the reply went quiet
+    (None: no reply was playing)."""
+    heard: bool = False
+
+
+@dataclass
+class BargeInResult:
+    interruptions: list[Interruption] = field(default_factory=list)
+    cancelled: int = 0
+    truncated: int = 0
+    turns: int = 0
+    error: str | None = None
+
+    def stop_times(self) -> list[float]:
+        return [i.stop_s for i in self.interruptions if i.stop_s is not None]
+
+
+def utterances(audio: str, count: int) -> list[tuple[float, float]]:
+    """The recording's first `count` RTTM turns of 1.5 s or more, in order (start, end)."""
+    rttm = Path(audio).with_suffix(".rttm")
+    spans = []
+    for line in rttm.read_text().splitlines():
+        parts = line.split()
+        if parts and parts[0] == "SPEAKER" and float(parts[4]) >= 1.5:
+            spans.append((float(parts[3]), float(parts[3]) + float(parts[4])))
+    if len(spans) < count:
+        raise ValueError(f"{rttm} has {len(spans)} turns of 1.5 s or more, {count} needed")
+    return spans[:count]
+
+
+def stop_time(arrivals: list[float], loud_at: float) -> float | None:
+    """From `loud_at` to the last arrival before the first `QUIET_GAP_S` gap after it; None when
+    nothing was arriving (no reply playing at `loud_at`)."""
+    after = [t for t in arrivals if t >= loud_at - QUIET_GAP_S]
+    if not after or after[0] > loud_at + QUIET_GAP_S:
+        return None
+    last = after[0]
+    for t in after[1:]:
+        if t - last >= QUIET_GAP_S:
+            break
+        last = t
+    return max(0.0, last - loud_at)
+
+
+async def barge_in_call(
+    base: str, sip_port: int, room: str, token: str, audio: str, spans: list[tuple[float, float]],
+    after: float,
+) -> BargeInResult:
+    """One call: the first span said, then each next one said over the reply to the one before."""
+    import numpy as np
+
+    from server.client import EventFeed
+    from server.protocol import FeedMessage, TurnMessage
+    from server.reply_audio import BARGE_IN_DBFS
+    from voice.audio import (
+        float_to_pcm16,
+        level_dbfs,
+        mulaw_decode,
+        mulaw_encode,
+        pcm16_to_float,
+        read_audio_16k,
+        resample,
+    )
+
+    recording = resample(read_audio_16k(audio), 16000, 8000)
+    result = BargeInResult()
+    turns: list[TurnMessage] = []
+    stopped = asyncio.Event()
+
+    def on_message(message: FeedMessage) -> None:
+        if isinstance(message, TurnMessage):
+            turns.append(message)
+        elif getattr(message, "type", "") == "stream_stopped":
+            stopped.set()
+
+    feed = await EventFeed.open(base, room, token, on_message=on_message)
+    caller = SipCaller(sip_port, room)
+    arrivals = _Arrivals()
+    caller.rtp_in = arrivals  # type: ignore[assignment]
+    sent = 0
+    began = 0.0
+
+    async def say(start: float, end: float, pause: float) -> float | None:
+        """The span at real time, then `pause` of silence; the time its first loud frame went."""
+        nonlocal sent
+        narrow = recording[int(start * 8000) : int(end * 8000)]
+        narrow = np.concatenate([narrow, np.zeros(int(pause * 8000), np.float32)])
+        mulaw = mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
+        loud_at = None
+        for i in range(0, len(mulaw), FRAME_BYTES):
+            frame = mulaw[i : i + FRAME_BYTES].ljust(FRAME_BYTES, b"\xff")
+            delay = began + sent * FRAME_S - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            caller.rtp(sent, frame)
+            level = level_dbfs(pcm16_to_float(mulaw_decode(frame)))
+            if loud_at is None and level >= BARGE_IN_DBFS:
+                loud_at = time.monotonic()
+            sent += 1
+        return loud_at
+
+    async def silence_until(ready: Any, limit_s: float) -> None:
+        nonlocal sent
+        deadline = time.monotonic() + limit_s
+        while not ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError("no reply came")
+            delay = began + sent * FRAME_S - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            caller.rtp(sent, b"\xff" * FRAME_BYTES)
+            sent += 1
+
+    async with recorded(result, caller, feed):
+        await caller.open()
+        await caller.call()
+        began = time.monotonic()
+        first, *rest = spans
+        await say(*first, PAUSE_S)
+        for start, end in rest:
+            seen = len(arrivals.times)
+
+            def playing_a_while(seen: int = seen) -> bool:  # the reply began `after` ago
+                return len(arrivals.times) > seen and time.monotonic() - arrivals.times[seen] >= after
+
+            await silence_until(playing_a_while, 60.0)
+            at = sent * FRAME_S
+            loud_at = await say(start, end, PAUSE_S)
+            item = Interruption(round(at, 2), round(at + end - start, 2))
+            if loud_at is not None:
+                item.stop_s = stop_time(arrivals.times, loud_at)
+            result.interruptions.append(item)
+        await hang_up_and_flush(caller, stopped)
+    result.turns = len(turns)
+    for item in result.interruptions:
+        item.heard = any(t.start < item.end and t.end > item.start for t in turns)
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from realtime.testing.openai_server import OpenAIRealtimeServer
+    from server.auth import issue_token
+
+    spans = utterances(args.audio, args.interruptions + 1)
+    workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-barge-in-"))
+    env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET}
+    port, sip_port = _free_port(), _free_udp_port()
+    async with OpenAIRealtimeServer(reply_audio_seconds=args.reply_seconds,
+                                    audio_pace=4.0) as model:  # fmt: skip
+        config = workdir / "chorus.toml"
+        config.write_text(
+            '[stt]\nprovider = "whisper"\n[store]\nurl = "memory://"\n'
+            f'[realtime]\nprovider = "openai"\nbase_url = "{model.base_url}"\napi_key = "bench"\n'
+            '[policy]\nanswer_only = ["Bench"]\n'  # the caller's From display name
+            f'[sip]\nenabled = true\nlisten = "127.0.0.1:{sip_port}"\n'
+            f'users = {{ {USER} = "{PASSWORD}" }}\n'
+        )
+        serve = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--config",
+                 str(config), "--log-level", "WARNING"]  # fmt: skip
+        with _process(serve, env, workdir / "server.log") as srv:
+            await _wait_port(port, srv, "chorus serve")
+            print(f"server pid {srv.pid}; logs in {workdir}", file=sys.stderr)
+            result = await barge_in_call(
+                f"ws://127.0.0.1:{port}", sip_port, "bench-barge-in",
+                issue_token(SECRET, "bench-barge-in"), args.audio, spans, args.after,
+            )  # fmt: skip
+        result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
+    stops = result.stop_times()
+    print("| interruption | at (s) | stop (ms) | heard |")
+    print("|---:|---:|---:|---|")
+    for n, item in enumerate(result.interruptions, 1):
+        stop = "—" if item.stop_s is None else f"{item.stop_s * 1000:.0f}"
+        print(f"| {n} | {item.start:.1f} | {stop} | {'yes' if item.heard else 'no'} |")
+    if stops:
+        print(f"\nstop p50 {percentile(stops, 50) * 1000:.0f} ms, p95 "
+              f"{percentile(stops, 95) * 1000:.0f} ms, max {max(stops) * 1000:.0f} ms over "
+              f"{len(stops)}; heard {sum(i.heard for i in result.interruptions)} of "
+              f"{len(result.interruptions)}; the model was sent {result.cancelled} cancel(s) and "
+              f"{result.truncated} truncate(s)")  # fmt: skip
+    if result.error:
+        print(f"error: {result.error}", file=sys.stderr)
+    if args.json:
+        await asyncio.to_thread(Path(args.json).write_text, json.dumps(asdict(result), indent=2))
+    return 1 if result.error else 0
+
+
+__all__ = ["BargeInResult", "Interruption", "barge_in_call", "stop_time", "utterances"]
+
