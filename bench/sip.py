@@ -488,6 +488,7 @@ async def _serve_and_call(
     config = workdir / "chorus.toml"
     config.write_text(
         stt
+        + '[store]\nurl = "memory://"\n'  # each run's rooms its own (the default keeps them)
         + '[realtime]\nprovider = "recorder"\n'
         f"[limits]\nmax_streams = {most}\n"
         f'[sip]\nenabled = true\nlisten = "127.0.0.1:{sip_port}"\n'
