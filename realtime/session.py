@@ -437,9 +437,9 @@ class RealtimeSession(ABC):
         return sent
 
     async def cancel_response(self) -> None:
+        """Cancel the response in flight, and a response held for later lines."""
         self._pending_response = False
-        if self._in_flight:
-            await self._enqueue(_Op("cancel", response_id=self._active_rid))
+        await self.interrupt_response()
 
     async def interrupt_response(self) -> bool:
         """Someone talked over the reply: cancel the response in flight, if any (providers

@@ -36,7 +36,7 @@ from server.framing import (
     declared_format,
 )
 from server.protocol import ROOM_ID, CloseCode
-from server.reply_audio import BargeIn, PlayoutClock, convert_reply
+from server.reply_audio import BargeIn, PlayoutClock, ReplyBacklog, convert_reply
 
 # --- frames, as Asterisk's res_audiosocket defines them ----------------------------------------
 
@@ -240,8 +240,7 @@ class AudioSocketFraming:
         """The caller talking over reply audio still queued for them drops it (`sending`)."""
         self.cleared_s = 0.0
         """Seconds of reply audio dropped by barge-in."""
-        self._queued = 0
-        self._drop = 0
+        self._backlog = ReplyBacklog()
         self._clock = PlayoutClock()
 
     def opening(self, message: str | bytes) -> AudioSocketOpening | None:
@@ -300,9 +299,9 @@ class AudioSocketFraming:
         data = self._carry + frame.payload
         cut = len(data) - len(data) % 2
         self._carry = data[cut:]
-        playing = self._queued > self._drop and self._clock.playing()
+        playing = self._backlog.waiting and self._clock.playing()
         if self.barge_in.heard(data[:cut], AUDIO_RATES[frame.kind], playing=playing):
-            self._drop = self._queued  # every reply message not sent yet
+            self._backlog.cut()  # every reply message not sent yet
         return data[:cut]
 
     def silence(self, seconds: float) -> list[bytes]:
@@ -326,8 +325,8 @@ class AudioSocketFraming:
             return []
         messages = reply_messages(pcm16, sample_rate, self.audio_kind)
         if not self._clock.playing():  # what was queued before has long played (or was lost)
-            self._queued = self._drop = 0
-        self._queued += len(messages)
+            self._backlog.clear()
+        self._backlog.queued(len(messages))
         self._clock.sent(len(pcm16) / 2 / sample_rate)
         return list(messages)
 
@@ -335,9 +334,7 @@ class AudioSocketFraming:
         """Whether a reply message the socket is about to send goes out (the socket paces them
         at real time, so what is not sent yet has not played): not when the caller barged in
         after it was queued."""
-        self._queued = max(0, self._queued - 1)
-        if self._drop == 0:
+        if self._backlog.sending():
             return True
-        self._drop -= 1
         self.cleared_s += audio_seconds(message)
         return False

@@ -46,6 +46,41 @@ class PlayoutClock:
         return time.monotonic() < self.until + PLAYOUT_SLACK_S
 
 
+class ReplyBacklog:
+    """The reply pieces a phone leg has queued for its caller and not sent yet: the leg paces
+    them at real time, so a piece not sent has not played, and a barge-in (`cut`) drops every
+    piece queued by then. The one count for the SIP leg and the AudioSocket call."""
+
+    def __init__(self) -> None:
+        self._queued = 0
+        self._drop = 0
+
+    def queued(self, pieces: int) -> None:
+        self._queued += pieces
+
+    @property
+    def waiting(self) -> bool:
+        """Whether reply pieces are queued that no barge-in dropped (the reply is playing)."""
+        return self._queued > self._drop
+
+    def cut(self) -> int:
+        """Drop every piece queued so far (the caller barged in); how many that is."""
+        self._drop = self._queued
+        return self._drop
+
+    def sending(self) -> bool:
+        """One queued piece is about to go out: False when a barge-in dropped it."""
+        self._queued = max(0, self._queued - 1)
+        if self._drop == 0:
+            return True
+        self._drop -= 1
+        return False
+
+    def clear(self) -> None:
+        """Forget the counts (what was queued has long played, or never went out)."""
+        self._queued = self._drop = 0
+
+
 class BargeIn:
     """A phone's caller talking over the reply playing to them: `BARGE_IN_S` of consecutive
     frames of theirs, each at `BARGE_IN_DBFS` or louder, while it plays. The one home of the rule

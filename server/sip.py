@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from server.framing import Outgoing, StreamDeclaration, StreamKind, declared_format
 from server.protocol import ROOM_ID
-from server.reply_audio import FRAME_SECONDS, BargeIn, convert_reply
+from server.reply_audio import FRAME_SECONDS, BargeIn, ReplyBacklog, convert_reply
 from server.sockets import (
     REFUSAL_WAIT_S,
     PauseFill,
@@ -329,17 +329,15 @@ class SipLeg:
         self.ignored_while_held_s = 0.0
         """Seconds of the caller's RTP audio not handed on because the leg was on hold (a phone
         holding with `a=sendonly` may send music on hold)."""
-        self.barge_ins = 0
         self.cleared_s = 0.0
         """Seconds of reply audio dropped by barge-in."""
-        self._queued_chunks = 0
-        self._drop_chunks = 0
+        self._backlog = ReplyBacklog()
         self.heard_s = 0.0
         """Seconds of the caller's audio handed on by the jitter buffer (lost packets concealed)."""
         self.comfort_noise = 0
         """RFC 3389 comfort-noise packets received (they keep the leg from `rtp_timeout_s`)."""
         self.barge = BargeIn()
-        """The caller talking over the reply queued for them (`barge_in` drops it)."""
+        """The caller talking over the reply queued for them (`_barge_in` drops it)."""
         self._quiet_from = time.monotonic()
         """Since when no RTP has come (or the last resume, or the last timeout counted on hold)."""
         self._held_at = 0.0
@@ -373,18 +371,19 @@ class SipLeg:
         now = time.monotonic()
         self._quiet_from = now
         rate = self.session.codec_sample_rate
+        seconds = len(pcm) / 2 / rate
         if self.held:  # music on hold, or the caller's hold announcement: not the caller talking
-            self.ignored_while_held_s += len(pcm) / 2 / rate
+            self.ignored_while_held_s += seconds
             return
         if not self._draining:  # drained frames are audio from before the pause, not heard now
             self._pauses.heard(now)
-        self.heard_s += len(pcm) / 2 / rate
-        skipped = self._skips.skipped(timestamp, len(pcm) / 2 / rate, now)
-        owed = self._pauses.owed(skipped) if skipped and not self.held else 0.0
+        self.heard_s += seconds
+        skipped = self._skips.skipped(timestamp, seconds, now)
+        owed = self._pauses.owed(skipped) if skipped else 0.0
         if owed:  # the rest of a pause shorter than SILENCE_FILL_S, or its part after the last fill
             self._put(self._silence(owed))
-        if self.barge.heard(pcm, rate, playing=self._queued_chunks > self._drop_chunks):
-            self.barge_in()
+        if self.barge.heard(pcm, rate, playing=self._backlog.waiting):
+            self._barge_in()
         self._put(pcm)
 
     def _put(self, pcm: bytes) -> None:
@@ -394,14 +393,18 @@ class SipLeg:
             self.dropped_frames += 1
 
     def reply_queued(self, chunks: int) -> None:
-        self._queued_chunks += chunks
+        self._backlog.queued(chunks)
 
-    def barge_in(self) -> None:
+    @property
+    def barge_ins(self) -> int:
+        """Times the caller talked over the reply queued for them."""
+        return self.barge.count
+
+    def _barge_in(self) -> None:
         """The caller speaks over the reply: every reply chunk queued so far is dropped."""
-        self.barge_ins += 1
-        self._drop_chunks = self._queued_chunks
+        dropped = self._backlog.cut()
         log.info("sip leg %s: barge-in, %d reply chunks dropped", self.call.call_id,
-                 self._drop_chunks)  # fmt: skip
+                 dropped)  # fmt: skip
 
     def hold(self, held: bool) -> None:
         """On hold or resumed; a re-INVITE that leaves it as it was (a session refresh, a media
@@ -497,10 +500,8 @@ class SipLeg:
             return
         if self._closed:
             raise SocketClosed("closed")
-        self._queued_chunks = max(0, self._queued_chunks - 1)
         rate = self.session.codec_sample_rate
-        if self._drop_chunks > 0:
-            self._drop_chunks -= 1
+        if not self._backlog.sending():
             self.cleared_s += len(message) / 2 / rate
             return
         barges = self.barge_ins

@@ -271,10 +271,11 @@ class TwilioFraming:
                 raise Refusal(
                     CloseCode.BAD_MESSAGE, "media payload is not base64", "bad_message"
                 ) from exc
-            pcm = mulaw_decode(mulaw).tobytes()
             if self._playing and not self._clock.playing():
                 self._playing.clear()  # long played out: a mark that never came back
-            if self.barge_in.heard(pcm, PHONE_RATE, playing=bool(self._playing)):
+            playing = bool(self._playing)
+            pcm = mulaw_decode(mulaw).tobytes() if playing else b""  # its level: only then
+            if self.barge_in.heard(pcm, PHONE_RATE, playing=playing):
                 self._playing.clear()  # what Twilio holds is dropped; its marks come back
                 self._owed.append(dump(TwilioClear(streamSid=self.stream_sid)))
             return mulaw

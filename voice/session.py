@@ -167,8 +167,9 @@ class VoiceSession:
         return self._accept(samples) if not self.paused else 0
 
     def _accept(self, samples: FloatAudio) -> int:
-        if (self.echo_gate and self.channel.is_playing(self.room_id)
-                and self.channel.playing_until(self.room_id) > self._heard_until):
+        until = self.channel.playing_until(self.room_id)
+        if (self.echo_gate and until > self._heard_until
+                and asyncio.get_running_loop().time() < until):
             self.gated_seconds += len(samples) / STT_SAMPLE_RATE
             samples = np.zeros_like(samples)  # V9: the agent's own voice is not a participant
         self.stt.push(samples)  # also appends to self.audio
