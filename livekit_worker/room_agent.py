@@ -279,9 +279,11 @@ class ChorusRoomAgent:
                                   on_play=self._play, second_pass=second_pass)
         self.diarized = VoiceChannel("voice-diarized", stt=stt, pipeline_speakers=True,
                                      stage_per_session=True, catch_up=True, policy=policy,
-                                     on_play=self._play, second_pass=second_pass)
+                                     second_pass=second_pass)
         """Shared-mic tracks, each session with a diarization stage of its own (pooled); a
-        track whose stage fell behind skips its backlog's windows (`catch_up`)."""
+        track whose stage fell behind skips its backlog's windows (`catch_up`). It gates its
+        sessions while a reply plays; the reply reaches the track through `voice` alone (both
+        are the room's audio sinks, and the room has one reply track)."""
         self.realtime = realtime
         self.assistants = list(assistants)
         self.assistant_ids = frozenset(c.channel_id for c in self.assistants)
@@ -318,6 +320,8 @@ class ChorusRoomAgent:
         self._reply_queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._reply_cut = 0
         """Barge-ins so far: the reply loop stops the reply it is queueing when this moves."""
+        self.reply_queued_s = 0.0
+        """Seconds of reply audio queued for the reply track (a barge-in may drop some)."""
         self.barge_ins = 0
         """A SIP participant talked over the agent's reply, which was stopped."""
         self.reply_source = rtc.AudioSource(self.config.reply_sample_rate, 1, queue_size_ms=1000)
@@ -785,6 +789,7 @@ class ChorusRoomAgent:
             samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
             samples = resample(samples, sample_rate, self.config.reply_sample_rate)
             pcm16 = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        self.reply_queued_s += len(pcm16) / 2 / self.config.reply_sample_rate
         self._reply_queue.put_nowait(pcm16)
 
     @property
@@ -806,7 +811,10 @@ class ChorusRoomAgent:
             self._reply_queue.put_nowait(None)
         self.reply_source.clear_queue()
         log.info("room %s: a caller talked over the reply: stopped", self.room_name)
+        self.voice.stop_playing(self.room_name)  # the microphones are not silenced for it (V9)
+        self.diarized.stop_playing(self.room_name)
         if self.realtime is not None:
+            self.realtime.stop_reply(self.room_name)  # now: no piece of it arriving later plays
             self._spawn(self.realtime.interrupt(self.room_name))
 
     async def _reply_loop(self) -> None:

@@ -97,6 +97,17 @@ class _RoomState:
     note), for the latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
     playing: _Playing | None = None
     """The latest reply's audio, where the provider names its item (`interrupt` truncates it)."""
+    audio_of: str | None = None
+    """The response whose audio the room's sinks were handed last, until it is done."""
+    stopped: deque[str] = field(default_factory=lambda: deque(maxlen=KEPT_STOPPED))
+    """Responses the room talked over (`stop_reply`): the rest of their audio is dropped."""
+    stopped_audio_s: float = 0.0
+    """Seconds of reply audio dropped because the room had talked over its response."""
+
+
+KEPT_STOPPED = 8
+"""How many stopped responses a room remembers (each is forgotten at its `ReplyDone`; this bounds
+the ones whose end never came, a session that dropped)."""
 
 
 CORRECTABLE_LINES = 256
@@ -225,17 +236,33 @@ class RealtimeChannel(Channel):
                 log.exception("closing realtime session failed")
         self._rooms.clear()
 
+    def stop_reply(self, room_id: str) -> bool:
+        """Someone in the room talked over the reply (barge-in): the rest of the response whose
+        audio is still arriving is dropped here, never handed to the room's sinks, so no piece of
+        it that the provider sent before it heard `interrupt` plays after the room stopped it.
+        With a provider that cannot be told to stop (Gemini) this is what stops the reply.
+        Synchronous, so nothing arriving meanwhile slips through; `interrupt` does it too. True
+        when a response was still sending audio."""
+        state = self._rooms.get(room_id)
+        if state is None or state.audio_of is None:
+            return False
+        if state.audio_of not in state.stopped:
+            state.stopped.append(state.audio_of)
+        return True
+
     async def interrupt(self, room_id: str) -> bool:
         """Someone in the room talked over the reply playing to them (a phone caller's barge-in):
-        the room's response in flight, if any, is cancelled (`RealtimeSession.interrupt_response`),
-        so the model stops making audio nobody will hear (its reply is still posted, with what it
-        said by then and `response_status` `cancelled`); and the reply whose audio was playing is
-        cut in the model's context to what the room heard of it (`truncate_reply`: the time since
-        it started playing, at real time), so the model does not take the rest as said. True when
-        the model was told either."""
+        the rest of its audio is dropped (`stop_reply`); the room's response in flight, if any, is
+        cancelled (`RealtimeSession.interrupt_response`), so the model stops making audio nobody
+        will hear (its reply is still posted, with what it said by then, `response_status`
+        `cancelled` and `interrupted`); and the reply whose audio was playing is cut in the
+        model's context to what the room heard of it (`truncate_reply`: the time since it started
+        playing, at real time), so the model does not take the rest as said. True when the model
+        was told either."""
         state = self._rooms.get(room_id)
         if state is None:
             return False
+        self.stop_reply(room_id)
         cancelled = await state.session.interrupt_response()
         playing, state.playing = state.playing, None
         if playing is None:
@@ -385,16 +412,32 @@ class RealtimeChannel(Channel):
         if kit is None:
             return
         if isinstance(event, ReplyAudio):
+            sinks = await kit.channels_in(room_id)
+            state = self._rooms.get(room_id)
+            if state is not None:  # (looked at after the await: a `stop_reply` meanwhile counts)
+                if event.response_id in state.stopped:
+                    state.stopped_audio_s += len(event.pcm16) / 2 / max(1, event.sample_rate)
+                    return
+                state.audio_of = event.response_id
             self._playing(room_id, event)
-            for channel in await kit.channels_in(room_id):
+            for channel in sinks:
                 if channel is self or not isinstance(channel, AudioSink):
                     continue
                 try:
                     await channel.play(room_id, event.pcm16, event.sample_rate)
                 except Exception:
                     log.exception("audio sink %s failed", channel.channel_id)
-        elif isinstance(event, ReplyDone) and event.transcript.strip():
+        elif isinstance(event, ReplyDone):
             state = self._rooms.get(room_id)
+            interrupted = False
+            if state is not None:
+                if state.audio_of == event.response_id:
+                    state.audio_of = None
+                if event.response_id in state.stopped:
+                    state.stopped.remove(event.response_id)
+                    interrupted = True
+            if not event.transcript.strip():
+                return
             posted = await kit.post_event(
                 room_id,
                 self.channel_id,
@@ -404,6 +447,7 @@ class RealtimeChannel(Channel):
                     "realtime_provider": state.session.provider if state else None,
                     "response_id": event.response_id,
                     "response_status": event.status,
+                    "interrupted": interrupted,
                 },
             )
             if posted is not None and state is not None:

@@ -392,14 +392,8 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return
         check_stream_participant(grant, declaration.participant)
-        framing.on_barge_in = lambda: self._device_barged_in(room, framing.stream_id)
+        framing.on_barge_in = lambda: self._barged_in("device", room, framing.stream_id)
         await run_stream(ws, self.rooms, room, framing, declaration, self._drain)
-
-    def _device_barged_in(self, room: str, stream_id: str) -> None:
-        """The device stopped the reply because someone talked over it: its stream is heard
-        again at once, and the room's model is told, as for a phone caller's barge-in."""
-        self.rooms.reply_stopped(stream_id)
-        self._barged_in("device", room)
 
     # ------------------------------------------------------------------ Twilio leg
 
@@ -413,15 +407,20 @@ class ChorusServer:
         if opening is None:
             return
         grant = self._authorize(opening.token, opening.room, Grant.STREAM)
-        framing.barge_in.on_barge_in = lambda: self._barged_in("twilio", opening.room)
+        framing.barge_in.on_barge_in = lambda: self._barged_in(
+            "twilio", opening.room, framing.stream_id
+        )
         declaration = framing.declare(opening)
         check_stream_participant(grant, declaration.participant)
         await run_stream(ws, self.rooms, opening.room, framing, declaration, self._drain)
 
-    def _barged_in(self, kind: str, room: str) -> None:
-        """A phone caller talked over the reply playing to them (the leg already stopped it):
-        counted, and the room's model stops the response it is still making."""
+    def _barged_in(self, kind: str, room: str, stream_id: str | None) -> None:
+        """Someone talked over the reply playing to them: a phone caller (the leg already
+        stopped it) or a device that stopped it and says so. Counted; the reply stops for the
+        whole room at once (`LiveRooms.stop_reply`: every stream, the rest of the response, the
+        microphones' V9 silence), and the room's model stops the response it is still making."""
         self.metrics.barge_ins_total[kind] += 1
+        self.rooms.stop_reply(room, stream_id)
         task = asyncio.get_running_loop().create_task(self.pipeline.interrupt(room))
         self._interrupts.add(task)
         task.add_done_callback(self._interrupts.discard)
@@ -508,7 +507,9 @@ class ChorusServer:
                 CloseCode.TOKEN_WRONG_ROOM, "no room for this call's uuid", "unknown_call"
             )
         declaration = framing.declare(opening, call)
-        framing.barge_in.on_barge_in = lambda: self._barged_in("audiosocket", call.room)
+        framing.barge_in.on_barge_in = lambda: self._barged_in(
+            "audiosocket", call.room, framing.stream_id
+        )
         framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
         ws.push_back(opening.first_audio)
         ws.fill_pauses(framing.silence)  # Asterisk forwards no frames while a DTX caller is quiet
@@ -566,7 +567,7 @@ class ChorusServer:
         self._sockets.add(leg)
         self._stream_handlers.add(task)
         framing.on_dtmf = lambda digit: self.rooms.publish_dtmf(framing.stream_id or "", digit)
-        leg.barge.on_barge_in = lambda: self._barged_in("sip", plan.room)
+        leg.barge.on_barge_in = lambda: self._barged_in("sip", plan.room, framing.stream_id)
         try:
             await run_stream(
                 leg, self.rooms, plan.room, framing, framing.declare(plan), self._drain

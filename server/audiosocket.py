@@ -316,6 +316,10 @@ class AudioSocketFraming:
     def answers(self) -> list[Outgoing]:
         return []
 
+    def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
+        self._backlog.cut()  # every reply message not written yet (`sending`)
+        return []
+
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
         self.stream_id = stream_id
         return []  # AudioSocket has no message for it

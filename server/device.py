@@ -110,6 +110,9 @@ class DeviceFraming:
     def answers(self) -> list[Outgoing]:
         return []
 
+    def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
+        return [stopped]  # the device drops the reply audio it holds
+
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
         self.stream_id = stream_id
         participant = self._declared().participant

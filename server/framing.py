@@ -95,6 +95,14 @@ class StreamFraming(Protocol):
         the caller talks over a reply), once each; usually nothing."""
         ...
 
+    def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
+        """Someone in the room talked over the reply (barge-in, on this stream or another):
+        drop what of it this socket still holds and has not sent, and return what tells the
+        peer to drop what it has buffered (a device: `stopped`, the room's `reply_stopped`;
+        Twilio: `clear`, when a reply is still playing there; nothing for a leg whose
+        reply is paced out by the server)."""
+        ...
+
 
 def declared_format(sample_rate: int, encoding: Encoding, channels: int) -> StreamFormat:
     """The declared audio format, or the refusal naming why the voice channel cannot take it (V10)."""

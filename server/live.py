@@ -45,7 +45,7 @@ from server.metrics import ServerMetrics
 from server.output import ServerOutput
 from server.overload import DiarizationDegraded, DiarizationRecovered
 from server.pipeline import Pipeline, StreamInfo, StreamStatus
-from server.protocol import DtmfMessage, dump
+from server.protocol import DtmfMessage, ReplyStoppedMessage, dump
 from server.renames import RoomRenames
 from server.room_state import KeyLock, LiveRoom, LiveStream, StreamPacer, held
 from server.voices import Unnamed, VoiceDirectory
@@ -290,6 +290,7 @@ class LiveRooms:
         kind: StreamKind,
         declaration: StreamDeclaration,
         reply_audio: Callable[[bytes, int], list[Outgoing]],
+        stop_reply: Callable[[Outgoing], list[Outgoing]] = lambda stopped: [],
     ) -> LiveStream:
         """Open a declared stream in the room (created if need be), within the stream limits
         (`StreamLimitError`); its STT status reaches `server.output` through its own callback."""
@@ -311,6 +312,7 @@ class LiveRooms:
             info=info,
             kind=kind,
             reply_audio=reply_audio,
+            stop_reply=stop_reply,
             pacer=StreamPacer(
                 limits.max_stream_rate, limits.stream_burst_s, limits.max_throttled_s
             ),
@@ -368,12 +370,25 @@ class LiveRooms:
                 self.metrics.streams_active[stream.kind] -= 1
                 live.feed.publish(stream.event_message("stream_stopped"))
 
-    def reply_stopped(self, stream_id: str) -> None:
-        """A device stopped the reply it was playing (someone talked over it): its stream is
-        heard again at once (`StreamAudio.reply_stopped`)."""
-        stream = self._stream(stream_id)
-        if stream is not None and stream.audio is not None:
-            stream.audio.reply_stopped()
+    def stop_reply(self, room_id: str, by: str | None) -> None:
+        """Someone in the room talked over the assistant's reply (stream `by`: a phone
+        caller's barge-in, or a device that stopped it): the reply stops for the whole room,
+        not only for whoever talked. The rest of the response is not played and the room's
+        microphones are no longer silenced for it (`Pipeline.stop_reply`); every stream drops
+        what it holds of it and tells its peer to (`LiveStream.stop_reply`: a device and the
+        feed hear `reply_stopped`, another Twilio leg `clear`); a device that stopped it itself
+        is heard again at once (`StreamAudio.reply_stopped`)."""
+        self.pipeline.stop_reply(room_id)
+        live = self.rooms.get(room_id)
+        if live is None:
+            return
+        stopped = dump(ReplyStoppedMessage(room=room_id, stream=by))
+        live.feed.publish(stopped)
+        for stream in list(live.streams.values()):
+            for message in stream.stop_reply(stopped):
+                stream.send(message)
+            if stream.id == by and stream.kind == "device" and stream.audio is not None:
+                stream.audio.reply_stopped()
 
     def _stream(self, stream_id: str) -> LiveStream | None:
         return next(

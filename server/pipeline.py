@@ -127,6 +127,12 @@ class Pipeline(Protocol):
         """The diarization stage's load now (None: no stream can use a stage)."""
         ...
 
+    def stop_reply(self, room_id: str) -> None:
+        """Someone in the room talked over the reply (barge-in), and the room's streams drop
+        what they hold of it: the rest of the response is not played, and the room's
+        microphones are no longer silenced for it (V9). Synchronous: at the barge-in itself."""
+        ...
+
     async def interrupt(self, room_id: str) -> None:
         """A caller in the room talked over the reply playing to them (barge-in): the room's
         model stops the response it is making, if any."""
@@ -383,6 +389,12 @@ class VoicePipeline:
             await callback(status)
         except Exception:
             log.exception("stream %s: its status callback failed", session_id)
+
+    def stop_reply(self, room_id: str) -> None:
+        if self.realtime is not None:
+            self.realtime.stop_reply(room_id)
+        self.shared_voice.stop_playing(room_id)
+        self.diarized_voice.stop_playing(room_id)
 
     async def interrupt(self, room_id: str) -> None:
         if self.realtime is None:

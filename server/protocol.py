@@ -155,6 +155,17 @@ class ReplyMessage(_Wire):
     event_id: str | None = None
 
 
+class ReplyStoppedMessage(_Wire):
+    """Someone in the room talked over the assistant's reply (barge-in): the reply stops for
+    the whole room. A device drops the reply audio it still holds (the rest of the response is
+    never sent); the feed learns that the assistant was interrupted. `stream`: the stream whose
+    speaker talked over it."""
+
+    type: Literal["reply_stopped"] = "reply_stopped"
+    room: str
+    stream: str | None = None
+
+
 class RenamedMessage(_Wire):
     """A speaker label now reads as `name` for the rest of its session (feed only)."""
 
@@ -259,6 +270,7 @@ FeedMessage = (
     TurnMessage
     | SpeakerChangeMessage
     | ReplyMessage
+    | ReplyStoppedMessage
     | RenamedMessage
     | SpeakerSuggestionMessage
     | StreamEventMessage

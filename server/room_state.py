@@ -76,6 +76,9 @@ class LiveStream:
     kind: StreamKind
     reply_audio: Callable[[bytes, int], list[Outgoing]]
     """Turns reply audio (pcm16 at a rate) into what this socket sends (binary or Twilio media)."""
+    stop_reply: Callable[[Outgoing], list[Outgoing]] = lambda stopped: []
+    """The room's reply was talked over: drops what this socket holds of it, and returns what
+    tells its peer to (`StreamFraming.stop_reply`, given the room's `reply_stopped` message)."""
     outbox: asyncio.Queue[Outgoing] = field(default_factory=lambda: asyncio.Queue(OUTBOX_SIZE))
     audio: StreamAudio | None = None
     received_s: float = 0.0

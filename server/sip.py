@@ -189,6 +189,8 @@ class SipFraming:
         self.on_dtmf: Callable[[str], None] | None = None
         self.on_reply_queued: Callable[[int], None] | None = None
         """Told how many chunks each reply was cut into (the leg's barge-in drops them)."""
+        self.on_stop_reply: Callable[[], None] | None = None
+        """Told when the room's reply is stopped (`SipLeg.stop_reply` drops what it queued)."""
 
     def declare(self, plan: SipCallPlan) -> StreamDeclaration:
         return StreamDeclaration(
@@ -205,6 +207,11 @@ class SipFraming:
         return message[: len(message) - len(message) % 2]
 
     def answers(self) -> list[Outgoing]:
+        return []
+
+    def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
+        if self.on_stop_reply is not None:
+            self.on_stop_reply()
         return []
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
@@ -332,6 +339,8 @@ class SipLeg:
         self.cleared_s = 0.0
         """Seconds of reply audio dropped by barge-in."""
         self._backlog = ReplyBacklog()
+        self._cuts = 0
+        """Times the reply queued for the caller was dropped (their barge-in, or the room's)."""
         self.heard_s = 0.0
         """Seconds of the caller's audio handed on by the jitter buffer (lost packets concealed)."""
         self.comfort_noise = 0
@@ -402,9 +411,17 @@ class SipLeg:
 
     def _barge_in(self) -> None:
         """The caller speaks over the reply: every reply chunk queued so far is dropped."""
-        dropped = self._backlog.cut()
+        dropped = self._cut()
         log.info("sip leg %s: barge-in, %d reply chunks dropped", self.call.call_id,
                  dropped)  # fmt: skip
+
+    def stop_reply(self) -> None:
+        """Someone else in the room talked over the reply: what is queued of it is dropped."""
+        self._cut()
+
+    def _cut(self) -> int:
+        self._cuts += 1
+        return self._backlog.cut()
 
     def hold(self, held: bool) -> None:
         """On hold or resumed; a re-INVITE that leaves it as it was (a session refresh, a media
@@ -504,12 +521,12 @@ class SipLeg:
         if not self._backlog.sending():
             self.cleared_s += len(message) / 2 / rate
             return
-        barges = self.barge_ins
+        cuts = self._cuts
         clock = self.session.clock_rate
         step = int(rate * RTP_FRAME_S) * 2
         loop = asyncio.get_running_loop()
         for i in range(0, len(message), step):
-            if self.barge_ins != barges:  # barged in while this chunk was being sent
+            if self._cuts != cuts:  # dropped while this chunk was being sent
                 self.cleared_s += (len(message) - i) / 2 / rate
                 return
             if self.held:
@@ -785,6 +802,7 @@ class SipEndpoint:
         leg.room = plan.room
         framing = SipFraming(session.codec_sample_rate)
         framing.on_reply_queued = leg.reply_queued
+        framing.on_stop_reply = leg.stop_reply
         session.on_dtmf = lambda digit, duration: (
             framing.on_dtmf(digit) if framing.on_dtmf is not None else None
         )

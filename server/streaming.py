@@ -66,7 +66,11 @@ async def run_stream(
     out until the stream stops or the server drains; refusals are raised as `Refusal`."""
     try:
         stream = await rooms.open_stream(
-            room, kind=framing.kind, declaration=declaration, reply_audio=framing.reply_audio
+            room,
+            kind=framing.kind,
+            declaration=declaration,
+            reply_audio=framing.reply_audio,
+            stop_reply=framing.stop_reply,
         )
     except StreamLimitError as exc:
         raise Refusal(CloseCode.TOO_MANY_STREAMS, str(exc), "too_many_streams") from exc

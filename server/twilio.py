@@ -206,6 +206,7 @@ class TwilioFraming:
 
     def __init__(self) -> None:
         self.stream_sid = ""
+        self.stream_id: str | None = None
         self.barge_in = BargeIn()
         """The caller talking over a reply still playing: Twilio is sent `clear`."""
         self._replies = 0
@@ -276,8 +277,8 @@ class TwilioFraming:
             playing = bool(self._playing)
             pcm = mulaw_decode(mulaw).tobytes() if playing else b""  # its level: only then
             if self.barge_in.heard(pcm, PHONE_RATE, playing=playing):
-                self._playing.clear()  # what Twilio holds is dropped; its marks come back
-                self._owed.append(dump(TwilioClear(streamSid=self.stream_sid)))
+                # (the room's stop, told of the barge-in, may have sent the `clear` already)
+                self._owed.extend(self._clear())
             return mulaw
         if isinstance(parsed, TwilioMark):
             self._playing.discard(parsed.mark.name)
@@ -289,6 +290,7 @@ class TwilioFraming:
         return b""
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
+        self.stream_id = stream_id
         return []  # Twilio has no message for it
 
     def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
@@ -307,6 +309,20 @@ class TwilioFraming:
     def answers(self) -> list[Outgoing]:
         owed, self._owed = self._owed, []
         return owed
+
+    def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
+        """`clear` when a reply is still playing at Twilio (someone else in the room talked
+        over it; the leg's own barge-in has sent its `clear` already)."""
+        if not self._clock.playing():
+            self._playing.clear()  # long played out: a mark that never came back
+        return self._clear()
+
+    def _clear(self) -> list[Outgoing]:
+        """`clear` while a reply plays at Twilio (once: its marks are then forgotten)."""
+        if not self._playing:
+            return []
+        self._playing.clear()  # what Twilio holds is dropped; its marks come back
+        return [dump(TwilioClear(streamSid=self.stream_sid))]
 
 
 # --- the upgrade's signature ------------------------------------------------------------------

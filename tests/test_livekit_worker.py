@@ -27,6 +27,7 @@ from livekit_worker.config import LiveKitConfig
 from livekit_worker.room_agent import ChorusRoomAgent
 from livekit_worker.worker import run_job
 from models import RoomEvent, TextContent
+from rooms import AudioSink
 from server.config import ServerConfig
 from tests.livekit_helpers import (
     MEETING_DIR,
@@ -42,6 +43,7 @@ from tests.livekit_helpers import (
     rttm_words,
     until,
 )
+from tests.test_server_overload import GatedStage
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
 ALICE = (0.0, 4.45)  # the meeting's first turn (Alice)
@@ -275,12 +277,15 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
     channel is the sink: its playback window gates the room's sessions (V9), and the audio comes
     out of the agent's published track, read back through a real `rtc.AudioStream`. A SIP
     participant (a phone caller) is not gated: the phone cancels its own echo, and what the
-    caller says over the reply is heard."""
+    caller says over the reply is heard. With a shared mic in the room too (its session on
+    the diarized voice channel, a second sink), the reply is played once."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
-        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local,
+                              build_stage=GatedStage)
     player = TrackPlayer("alice")
+    table = TrackPlayer("table")
     alice = remote_participant("alice-1", "Alice")
     phone = TrackPlayer("phone")
     caller = remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
@@ -293,11 +298,20 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         room.subscribe(alice, player.track, "TR_1")
         room.join(caller)
         room.subscribe(caller, phone.track, "TR_2")
+        shared = remote_participant("table", "Table", attributes={"chorus.shared_mic": "true"})
+        room.join(shared)
+        room.subscribe(shared, table.track, "TR_3")
         await agent.wait_idle()
         [session] = [s for s in agent.sessions if s.participant_id == "alice-1"]
-        [phone_session] = [s for s in agent.sessions if s.participant_id != "alice-1"]
-        await agent.voice.play("standup", tone.tobytes(), 24000)
-        assert agent.voice.is_playing("standup")
+        [phone_session] = [s for s in agent.sessions if s.participant_id.startswith("sip")]
+        [table_session] = [s for s in agent.sessions if s.participant_id == "table"]
+        assert table_session.channel is agent.diarized
+        # as the realtime channel hands a reply to the room (R5): every audio sink in it
+        sinks = [c for c in await agent.kit.channels_in("standup") if isinstance(c, AudioSink)]
+        assert agent.voice in sinks and agent.diarized in sinks
+        for sink in sinks:
+            await sink.play("standup", tone.tobytes(), 24000)
+        assert agent.voice.is_playing("standup") and agent.diarized.is_playing("standup")
         out: list[np.ndarray] = []
         async for event in reader:
             out.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
@@ -309,12 +323,16 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         start = int(np.flatnonzero(got)[0])
         assert np.array_equal(got[start : start + len(tone)], tone)
         await until(lambda: session.gated_seconds > 0)  # what the room heard meanwhile: silenced
+        await until(lambda: table_session.gated_seconds > 0)
         assert not phone_session.echo_gate and phone_session.gated_seconds == 0
+        await until(lambda: not agent.reply_playing)
+        assert agent.reply_queued_s == pytest.approx(0.5)  # once, not once per sink
     finally:
         await reader.aclose()
         await agent.aclose()
         await player.aclose()
         await phone.aclose()
+        await table.aclose()
 
 
 async def test_a_sip_caller_talking_over_the_reply_stops_it(deepgram: DeepgramTestServer) -> None:

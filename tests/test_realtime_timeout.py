@@ -28,6 +28,7 @@ from realtime.session import RealtimeSession, ReplyDone, SessionEvent
 from realtime.testing import OpenAIRealtimeServer, events_sent, types_sent
 from realtime.testing.gemini_server import GeminiLiveServer
 from rooms import RoomKit
+from server.testing.harness import eventually
 from tests.realtime_rooms import RecordingAudioSink, VoiceLikeChannel, expected_lines
 
 
@@ -191,6 +192,35 @@ async def test_R4_an_interrupt_cuts_the_reply_playing_to_what_was_heard() -> Non
         assert server.cancelled == [] and error_codes(server) == []
         (truncate,) = [e for e in events_sent(server) if e["type"] == "conversation.item.truncate"]
         assert truncate["audio_end_ms"] == heard_ms and truncate["item_id"] == item_id
+        await kit.close()
+
+
+async def test_R4_the_rest_of_a_reply_talked_over_is_never_played() -> None:
+    """A 20 s reply still streaming (at four times real time) is talked over: from `stop_reply`
+    on, none of its audio reaches the room's loudspeaker, though the service sends more (here
+    a quarter second of it, as a provider does before it hears the cancel, or one that cannot
+    be told to stop); the reply is posted as interrupted; the next reply plays."""
+    async with OpenAIRealtimeServer(replies=["A long story.", "Briefly."],
+                                    reply_audio_seconds=20.0, audio_pace=4.0) as server:  # fmt: skip
+        kit, voice, rt, speaker = await open_room_with_speaker(server)
+        await voice.say("r1", "Speaker A", "Chorus, a long story please?")
+        await eventually(lambda: len(speaker.played) >= 2, 60, "some of the reply")
+        assert rt.stop_reply("r1") is True
+        played = len(speaker.played)
+        log = server.connections[-1]
+        more = log.reply_audio_bytes + 5 * 2400  # five more 50 ms pieces sent
+        await eventually(lambda: log.reply_audio_bytes >= more, 60, "more of the reply")
+        assert await rt.interrupt("r1") is True
+        await rt.wait_idle("r1")
+        assert len(speaker.played) == played
+        [(_, reply)] = [(e.text, e.metadata) for e in await kit.list_events("r1")
+                        if e.source.channel_id == "rt"]  # fmt: skip
+        assert reply["interrupted"] is True and reply["response_status"] == "cancelled"
+        assert rt.stop_reply("r1") is False  # nothing is still coming
+        await voice.say("r1", "Speaker A", "Chorus, briefly?")
+        await rt.wait_idle("r1")
+        assert len(speaker.played) > played
+        assert (await kit.list_events("r1"))[-1].metadata["interrupted"] is False
         await kit.close()
 
 

@@ -5,10 +5,17 @@ of consecutive loud audio while a reply plays, whatever the frame size. Through 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from server.audiosocket import AudioSocketFraming, Kind
+from server.device import DeviceFraming
+from server.protocol import ReplyStoppedMessage, dump
 from server.reply_audio import BARGE_IN_DBFS, BARGE_IN_S, BargeIn
+from server.sip import SipFraming
+from server.twilio import TwilioFraming
 
 
 def frame(ms: int, dbfs: float, rate: int = 8000) -> bytes:
@@ -42,3 +49,32 @@ def test_quiet_audio_or_no_reply_playing_breaks_the_run() -> None:
         assert not barge.heard(loud, 8000, playing=True)
         assert barge.heard(loud, 8000, playing=True)
     assert not BargeIn().heard(b"", 8000, playing=True)
+
+
+def test_each_framing_stops_the_room_s_reply_it_holds() -> None:
+    """`StreamFraming.stop_reply` (someone else in the room talked over the reply): a device is
+    told (the room's `reply_stopped`), a Twilio leg playing a reply is sent `clear` once, an
+    AudioSocket call sends none of what it queued, a SIP leg is told to drop its queue."""
+    stopped = dump(ReplyStoppedMessage(room="r", stream="other"))
+    assert DeviceFraming().stop_reply(stopped) == [stopped]
+
+    twilio = TwilioFraming()
+    twilio.stream_sid = "MZ1"
+    assert twilio.stop_reply(stopped) == []  # nothing playing
+    assert twilio.reply_audio(frame(200, -20, 16000), 16000)
+    [clear] = twilio.stop_reply(stopped)
+    assert json.loads(clear) == {"event": "clear", "streamSid": "MZ1"}
+    assert twilio.stop_reply(stopped) == []  # once
+
+    call = AudioSocketFraming()
+    call.audio_kind = Kind.AUDIO  # 8 kHz signed linear
+    queued = call.reply_audio(frame(200, -20, 16000), 16000)
+    assert queued and call.stop_reply(stopped) == []
+    assert [call.sending(m) for m in queued] == [False] * len(queued)
+    after = call.reply_audio(frame(200, -20, 16000), 16000)  # the next reply goes out
+    assert after and [call.sending(m) for m in after] == [True] * len(after)
+
+    sip = SipFraming(8000)
+    told: list[str] = []
+    sip.on_stop_reply = lambda: told.append("stop")
+    assert sip.stop_reply(stopped) == [] and told == ["stop"]

@@ -294,7 +294,8 @@ async def test_speech_over_the_assistant_drops_what_the_page_buffered(
 ) -> None:
     """Barge-in on the page: the level rising over the threshold while a reply plays, for the
     hold time, stops the scheduled audio and tells the server (`barge_in`, once); a level
-    already high when the reply began does not."""
+    already high when the reply began does not. Reply audio still arriving is not played until
+    the server answers `reply_stopped`; the next reply is."""
     async with chromium() as browser:
         page = await browser.new_page()
         await page.goto(f"{server.http_base}/")
@@ -310,9 +311,16 @@ async def test_speech_over_the_assistant_drops_what_the_page_buffered(
           const kept = player.sources.length;
           bargeIn.hear(0.001);                                   // quiet, then someone talks
           for (let i = 0; i < bargeIn.holdFrames; i++) bargeIn.hear(0.3);
+          const left = player.sources.length, why = player.lastDrop;
+          player.take(second.slice(0));  // the rest of that reply, already on its way
+          const late = player.sources.length;
+          player.stopped();              // the server's reply_stopped
+          player.take(second.slice(0));  // the next reply
           mic.socket = null;
-          return {scheduled, playing, kept, left: player.sources.length, drops: player.drops,
-                  why: player.lastDrop, seconds: player.secondsScheduled, sent};
+          return {scheduled, playing, kept, left, drops: player.drops, why, late,
+                  refused: player.refused, next: player.sources.length,
+                  seconds: player.secondsScheduled, sent};
         }""")
     assert result == {"scheduled": 5, "playing": True, "kept": 5, "left": 0, "drops": 1,
-                      "why": "barge-in", "seconds": 5, "sent": [{"type": "barge_in"}]}
+                      "why": "barge-in", "late": 0, "refused": 32000, "next": 1, "seconds": 6,
+                      "sent": [{"type": "barge_in"}]}

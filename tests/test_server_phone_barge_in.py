@@ -12,6 +12,7 @@ barge-in is `tests/test_server_sip.py`."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,11 @@ import pytest
 from realtime.testing.openai_server import OpenAIRealtimeServer
 from server.auth import issue_token
 from server.client import DeviceStream, TwilioLeg
-from server.protocol import StartMessage
+from server.pipeline import VoicePipeline
+from server.protocol import FeedMessage, ReplyStoppedMessage, StartedMessage, StartMessage
 from server.testing.harness import SECRET, answering, eventually, running_server_with_local_stt
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
+from voice.channel import VoiceChannel
 from voice.testing.deepgram_server import MeetingWords
 
 pytestmark = pytest.mark.asyncio
@@ -44,7 +47,35 @@ def phone_audio(start: float, end: float, silence: float = 0.0) -> bytes:
     return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
 
 
+class Desk:
+    """A device in the room that plays the reply: what it received before the room's
+    `reply_stopped`, and the audio that came after it (none should)."""
+
+    def __init__(self, voice: VoiceChannel) -> None:
+        self.voice = voice
+        """The server's voice channel (in this process): its playback window silences the desk."""
+        self.stream: DeviceStream | None = None
+        self.stopped: list[ReplyStoppedMessage] = []
+        self.audio_at_stop = 0
+        self.silenced_after_stop_s: float | None = None
+
+    def on_message(self, message: FeedMessage) -> None:
+        if isinstance(message, ReplyStoppedMessage) and self.stream is not None:
+            self.stopped.append(message)
+            self.audio_at_stop = len(self.stream.audio_received)
+            now = asyncio.get_running_loop().time()
+            self.silenced_after_stop_s = self.voice.playing_until(ROOM) - now
+
+    @property
+    def audio_after_stop(self) -> int:
+        assert self.stream is not None
+        return len(self.stream.audio_received) - self.audio_at_stop
+
+
 async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> None:
+    """...and the reply stops for the whole room: another caller's Twilio is sent `clear`, a
+    device in the room hears `reply_stopped` (naming Dana's stream) and none of the reply
+    after it."""
     # a 20 s reply made at four times real time: still being made when Dana talks, and ahead of
     # what has played, so the model is told both to stop and to keep only what was heard
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
@@ -54,6 +85,12 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
         async with running_server_with_local_stt(config, words) as srv:
             token = issue_token(SECRET, ROOM)
             dana = await TwilioLeg.open(srv.base, {"room": ROOM, "token": token, "name": "Dana"})
+            erin = await TwilioLeg.open(srv.base, {"room": ROOM, "token": token, "name": "Erin"})
+            assert isinstance(srv.server.pipeline, VoicePipeline)
+            desk = Desk(srv.server.pipeline.shared_voice)
+            desk.stream = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
+                participant="desk", name="Desk", sample_rate=16000, shared_mic=False),
+                on_message=desk.on_message)  # fmt: skip
             try:
                 # "Good morning everyone." and 3 s of quiet: the stand-in's words run on by
                 # time, so its final needs the quiet past the script's next words to close the
@@ -69,6 +106,17 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 await dana.send_mulaw(phone_audio(2.0, 3.5))
                 await eventually(lambda: len(events("clear")) == 1, BOUND_S, "a clear")
                 assert srv.server.metrics.barge_ins_total["twilio"] == 1
+                # Erin, on another phone in the room, was hearing it too: cleared as well
+                await eventually(lambda: any(m.get("event") == "clear" for m in erin.received),
+                                 BOUND_S, "Erin's clear")  # fmt: skip
+                await eventually(lambda: len(desk.stopped) == 1, BOUND_S, "reply_stopped")
+                dana_stream = srv.server.rooms.rooms[ROOM].streams
+                assert desk.stopped[0].stream in dana_stream
+                assert dana_stream[desk.stopped[0].stream].declaration.name == "Dana"
+                # from then on the desk's microphone is silenced only for the echo of what was
+                # in the air, not for the rest of the reply made so far (V9)
+                assert desk.silenced_after_stop_s is not None
+                assert desk.silenced_after_stop_s <= desk.voice.echo_tail
                 # the model was still making the reply: it is told to stop
                 await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
                 # and its context keeps only what the room heard of the reply
@@ -76,14 +124,18 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 assert 0 < model.truncated[0][1] < 20_000
                 assert srv.stt_server is not None
 
-                def voiced_s() -> float:
-                    pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
-                    return int(np.count_nonzero(pcm)) / 16000
+                def voiced_s() -> float:  # Dana's: the only stream that sends audio
+                    return max(int(np.count_nonzero(np.frombuffer(bytes(c.audio), "<i2"))) / 16000
+                               for c in srv.stt_server.connections)  # fmt: skip
 
                 # the 1.4 s before the reply and the 1.5 s over it, none of it silenced
                 await eventually(lambda: voiced_s() >= 1.4 + 1.5 - 0.2, BOUND_S, "the words over it")
+                # none of the rest of the reply reached the room after it was stopped
+                assert desk.audio_after_stop == 0
             finally:
                 await dana.stop()
+                await erin.stop()
+                await desk.stream.stop()
 
 
 async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is_told() -> None:
@@ -109,10 +161,18 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
                 before = voiced_s()
                 await desk.barge_in()
                 await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
+                # the room's reply_stopped comes back, naming this stream; no reply audio after it
+                await eventually(lambda: any(isinstance(m, ReplyStoppedMessage)
+                                             for m in desk.received), BOUND_S)  # fmt: skip
+                [stopped] = [m for m in desk.received if isinstance(m, ReplyStoppedMessage)]
+                [started] = [m for m in desk.received if isinstance(m, StartedMessage)]
+                assert stopped.stream == started.stream
+                audio_at_stop = len(desk.audio_received)
                 await desk.send_audio(float_to_pcm16(excerpt(2.0, 3.5)), realtime=False)
                 # heard, though the 20 s reply's playback window is still open
                 await eventually(lambda: voiced_s() >= before + 1.5 - 0.2, BOUND_S, "the words")
                 await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
                 await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
+                assert len(desk.audio_received) == audio_at_stop
             finally:
                 await desk.stop()

@@ -254,6 +254,15 @@ class VoiceChannel(Channel):
         if self.on_play is not None:
             await self.on_play(room_id, pcm16, sample_rate)
 
+    def stop_playing(self, room_id: str) -> None:
+        """The room's reply was stopped (someone talked over it, and every device and phone leg
+        dropped what it held of it): its playback window ends once the echo of what was in the
+        air has died away (`echo_tail`), not when the reply would have ended (V9)."""
+        until = self._playing_until.get(room_id)
+        if until is not None:
+            now = asyncio.get_running_loop().time()
+            self._playing_until[room_id] = min(until, now + self.echo_tail)
+
     async def on_detach(self, room_id: str) -> None:
         """The room is gone: forget its playback window (V9)."""
         self._playing_until.pop(room_id, None)

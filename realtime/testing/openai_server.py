@@ -89,6 +89,8 @@ class RealtimeConnectionLog:
     errors: list[dict[str, Any]] = field(default_factory=list)
     session: dict[str, Any] = field(default_factory=dict)
     audio_bytes_committed: list[int] = field(default_factory=list)
+    reply_audio_bytes: int = 0
+    """Reply audio (pcm16) sent to the client in `response.output_audio.delta` events."""
 
     @property
     def types(self) -> list[str]:
@@ -553,6 +555,14 @@ class OpenAIRealtimeServer:
             return self.reply_script(log)
         return f"Reply {self._responses}"
 
+    async def _transcript_delta(
+        self, ws: ServerConnection, words: list[str], i: int, ids: dict[str, Any]
+    ) -> None:
+        piece = words[i] if i == 0 else " " + words[i]
+        await self._send(
+            ws, ResponseOutputAudioTranscriptDelta(event_id=new_id("event"), delta=piece, **ids)
+        )
+
     async def _respond(
         self,
         ws: ServerConnection,
@@ -581,26 +591,30 @@ class OpenAIRealtimeServer:
             await self._announce_item(ws, state, in_progress)
             audio = _tone(self.reply_audio_seconds)
             chunk = OUTPUT_SAMPLE_RATE // 20 * 2  # 50 ms
-            for start in range(0, len(audio), chunk):
+            starts = range(0, len(audio), chunk)
+            words = text.split(" ")
+            said = 0
+            for n, start in enumerate(starts):
                 if self.audio_pace and start:
                     await asyncio.sleep(0.05 / self.audio_pace)
+                # the transcript runs a little ahead of the audio, as the service's does: the
+                # words due by the end of this chunk go first (so a cancelled response has
+                # the transcript of what it said by then)
+                due = -(-len(words) * (n + 1) // len(starts))
+                for i in range(said, due):
+                    await self._transcript_delta(ws, words, i, ids)
+                said = max(said, due)
                 pcm = audio[start : start + chunk]
                 delta = base64.b64encode(pcm).decode()
                 await self._send(
                     ws, ResponseOutputAudioDelta(event_id=new_id("event"), delta=delta, **ids)
                 )
+                log.reply_audio_bytes += len(pcm)
                 state.item_audio_ms[item_id] = (
                     state.item_audio_ms.get(item_id, 0.0) + len(pcm) / 2 / OUTPUT_SAMPLE_RATE * 1000
                 )
-            words = text.split(" ")
-            for i, word in enumerate(words):
-                piece = word if i == 0 else " " + word
-                await self._send(
-                    ws,
-                    ResponseOutputAudioTranscriptDelta(
-                        event_id=new_id("event"), delta=piece, **ids
-                    ),
-                )
+            for i in range(said, len(words)):
+                await self._transcript_delta(ws, words, i, ids)
             await self._send(ws, ResponseOutputAudioDone(event_id=new_id("event"), **ids))
             await self._send(
                 ws,
