@@ -140,8 +140,9 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
 
 async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is_told() -> None:
     """The page stops the reply it plays when someone talks over it and sends `barge_in`: the
-    device's microphone, silenced while the reply plays (V9), is heard again at once; the
-    model stops its response and keeps only what was heard; counted as a device barge-in."""
+    device's microphone, silenced while the reply plays (V9), is heard again at once, the
+    speech that made the page stop it (its first 0.3 s, sent while the reply played) included;
+    the model stops its response and keeps only what was heard; counted as a device barge-in."""
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
                                     audio_pace=4.0) as model:  # fmt: skip
         words = MeetingWords.from_meeting(MEETING)
@@ -159,6 +160,8 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
                     return int(np.count_nonzero(pcm)) / 16000
 
                 before = voiced_s()
+                # the page hears someone for its hold time while the reply plays, then says so
+                await desk.send_audio(float_to_pcm16(excerpt(2.0, 2.3)), realtime=False)
                 await desk.barge_in()
                 await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
                 # the room's reply_stopped comes back, naming this stream; no reply audio after it
@@ -168,9 +171,9 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
                 [started] = [m for m in desk.received if isinstance(m, StartedMessage)]
                 assert stopped.stream == started.stream
                 audio_at_stop = len(desk.audio_received)
-                await desk.send_audio(float_to_pcm16(excerpt(2.0, 3.5)), realtime=False)
-                # heard, though the 20 s reply's playback window is still open
-                await eventually(lambda: voiced_s() >= before + 1.5 - 0.2, BOUND_S, "the words")
+                await desk.send_audio(float_to_pcm16(excerpt(2.3, 3.5)), realtime=False)
+                # all 1.5 s heard, though the 20 s reply's playback window is still open
+                await eventually(lambda: voiced_s() >= before + 1.5 - 0.05, BOUND_S, "the words")
                 await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
                 await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
                 assert len(desk.audio_received) == audio_at_stop

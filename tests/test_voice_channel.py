@@ -25,6 +25,7 @@ from tests.voice_helpers import (
 from voice.audio import FrameSizeError, UnsupportedEncodingError, float_to_pcm16
 from voice.channel import SpeakerChangeEvent, TranscriptionEvent, VoiceChannel
 from voice.diarization_stage import SpeakerSegment, SpeakerTimeline, StageAbilities
+from voice.session import GATE_LOOKBEHIND_S
 from voice.stt.deepgram import DeepgramSTT
 from voice.testing.deepgram_server import DeepgramTestServer, ScriptedWords, SpokenWord
 
@@ -384,26 +385,34 @@ async def test_V9_a_phone_stream_is_heard_while_the_agent_speaks() -> None:
 
 async def test_V9_a_device_that_stopped_the_reply_is_heard_until_another_plays() -> None:
     """`reply_stopped()` (the device stopped the reply: someone talked over it): the stream is
-    heard at once for the rest of the room's playback window; a reply played after it gates the
+    heard at once for the rest of the room's playback window, and the last `GATE_LOOKBEHIND_S`
+    of what it heard while gated (the speech that made the device stop the reply) reaches the
+    STT as it was; what came before that stays silenced. A reply played after it gates the
     stream again, and other streams stay gated throughout."""
     async with DeepgramTestServer(ScriptedWords([])) as server:
         channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), echo_tail=0.0)
         kit = await voice_room(channel)
         desk = await channel.start_session("room", "desk")
         other = await channel.start_session("room", "mic-2")
-        loud = (0.2 * np.sin(np.arange(4000) / 5)).astype(np.float32)
+        loud = (0.2 * np.sin(np.arange(16000) / 5)).astype(np.float32)
         reply = float_to_pcm16(np.zeros(320000, np.float32))  # 20 s
         await channel.play("room", reply, 16000)
-        await stream(desk, loud, 16000)  # gated
+        await stream(desk, loud, 16000)  # 1 s, gated
         desk.reply_stopped()
-        await stream(desk, loud, 16000)  # heard, the window still open
-        await stream(other, loud, 16000)  # gated: it did not stop anything
+        await stream(desk, loud[:4000], 16000)  # heard, the window still open
+        await stream(other, loud[:4000], 16000)  # gated: it did not stop anything
         await channel.play("room", reply, 16000)  # another reply: the window grows
-        await stream(desk, loud, 16000)  # gated again
+        await stream(desk, loud[:4000], 16000)  # gated again
         assert channel.is_playing("room")
-        assert desk.gated_seconds == pytest.approx(0.5) and other.gated_seconds == pytest.approx(0.25)
         await desk.finish()
         await other.finish()
+        heard = {c.index: np.frombuffer(bytes(c.audio), dtype="<i2") for c in server.connections}
+    cut = int((1.0 - GATE_LOOKBEHIND_S) * 16000)
+    assert not heard[0][:cut].any()
+    assert np.count_nonzero(heard[0][cut:20000]) >= 20000 - cut - 5  # (a few samples round to 0)
+    assert not heard[0][20000:24000].any() and not heard[1][:4000].any()
+    assert desk.gated_seconds == pytest.approx(1.0 - GATE_LOOKBEHIND_S + 0.25)
+    assert other.gated_seconds == pytest.approx(0.25)
     del kit
 
 

@@ -55,6 +55,13 @@ KEPT_TURNS = 1000
 """Committed turns a session keeps by default (`VoiceChannel(kept_turns=…)`; the room's store
 holds them all)."""
 
+GATE_LOOKBEHIND_S = 0.5
+"""How long a gated stream's audio is held back before silence takes its place (V9): a device
+that stops the reply because someone talks over it (the page's barge-in) has heard them for its
+hold time (240 ms) before it says so, and the message takes its way here; what it held of that
+time is handed on as it was heard (`VoiceSession.reply_stopped`), so the interrupter's first
+word reaches the STT. While a reply plays, the STT hears the stream this much later."""
+
 StatusCallback = Callable[["VoiceSession", SttStatus], Awaitable[None]]
 """Hears a session's stream status (`VoiceChannel(on_status=…)`)."""
 
@@ -92,6 +99,12 @@ class VoiceSession:
         """Why the latest bad frames were skipped (bounded: a client may send only bad frames)."""
         self.skipped_count = 0
         self.gated_seconds = 0.0
+        """Seconds of this stream's audio silenced while a reply played (V9)."""
+        self._held: deque[tuple[FloatAudio, bool]] = deque()
+        """Audio held back while gated, newest last, each piece with whether it was captured
+        inside the playback window: silenced once older than `GATE_LOOKBEHIND_S`, handed on as
+        heard if the device stops the reply first (`reply_stopped`)."""
+        self._held_s = 0.0
         self.interim: tuple[Word, ...] = ()
         self._lock = asyncio.Lock()
         self.speakers = SpeakerContinuity(embedder=channel.embedder_factory())
@@ -168,21 +181,51 @@ class VoiceSession:
 
     def _accept(self, samples: FloatAudio) -> int:
         until = self.channel.playing_until(self.room_id)
-        if (self.echo_gate and until > self._heard_until
-                and asyncio.get_running_loop().time() < until):
-            self.gated_seconds += len(samples) / STT_SAMPLE_RATE
-            samples = np.zeros_like(samples)  # V9: the agent's own voice is not a participant
-        self.stt.push(samples)  # also appends to self.audio
+        gated = (self.echo_gate and until > self._heard_until
+                 and asyncio.get_running_loop().time() < until)
+        if gated or self._held:
+            self._held.append((samples, gated))
+            self._held_s += len(samples) / STT_SAMPLE_RATE
+            if not gated:  # the window is over: what was held in it was the reply's echo
+                self._release_held(as_heard=False)
+            while self._held_s > GATE_LOOKBEHIND_S:
+                self._hand_on(*self._pop_held(), as_heard=False)
+        else:
+            self._hand_on(samples, False, as_heard=True)
         if self.stage is not None:
             self.stage.wake()
         return len(samples)
 
+    def _pop_held(self) -> tuple[FloatAudio, bool]:
+        samples, gated = self._held.popleft()
+        self._held_s -= len(samples) / STT_SAMPLE_RATE
+        return samples, gated
+
+    def _hand_on(self, samples: FloatAudio, gated: bool, *, as_heard: bool) -> None:
+        if gated and not as_heard:
+            self.gated_seconds += len(samples) / STT_SAMPLE_RATE
+            samples = np.zeros_like(samples)  # V9: the agent's own voice is not a participant
+        self.stt.push(samples)  # also appends to self.audio
+
+    def _release_held(self, *, as_heard: bool) -> None:
+        """Hand on everything held: as heard (the reply was stopped), or silenced where it
+        was captured inside the playback window."""
+        while self._held:
+            self._hand_on(*self._pop_held(), as_heard=as_heard)
+        self._held_s = 0.0
+
     def reply_stopped(self) -> None:
         """The device stopped the reply it was playing into this stream's microphone (someone
         talked over it): the stream is heard again at once, for the rest of the room's current
-        playback window (V9 silences it for a reply it plays, not for one it has stopped). A
-        reply played later (the window growing past it) is gated again."""
+        playback window (V9 silences it for a reply it plays, not for one it has stopped), and
+        the last `GATE_LOOKBEHIND_S` it held back is handed on as heard (the words that made
+        the device stop the reply). A reply played later (the window growing past it) is
+        gated again."""
         self._heard_until = self.channel.playing_until(self.room_id)
+        if self._held:
+            self._release_held(as_heard=True)
+            if self.stage is not None:
+                self.stage.wake()
 
     def pause(self) -> None:
         """Stop accepting audio (frames pushed while paused are dropped); pending speech is
@@ -204,6 +247,7 @@ class VoiceSession:
 
     async def flush(self) -> None:
         """Make everything heard so far final and commit its turns."""
+        self._release_held(as_heard=False)
         await self.stt.flush()
         async with self._lock:
             await self._advance(force=True)
