@@ -86,7 +86,7 @@ from server.overload import (
 )
 from server.pipeline import VoiceStreamAudio
 from server.protocol import SpeakerSuggestionMessage, dump
-from server.reply_audio import BargeIn
+from server.reply_audio import PERSONAL_MIC_BARGE_IN_S, BargeIn
 from server.stage_guard import StageGuard, status_message
 from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
@@ -171,7 +171,19 @@ class _Feed:
     one once the policy admits again (`ChorusRoomAgent._move_to_stage`)."""
     moving: bool = False
     barge: BargeIn | None = None
-    """A SIP participant's: talking over the agent's reply stops it (`ChorusRoomAgent._barge_in`)."""
+    """Talking over the agent's reply stops it (`ChorusRoomAgent._barge_in`): a SIP caller's
+    or a person's own microphone; None for a shared mic (gated while the reply plays, V9)."""
+
+
+def _barge_in_rule(speaker: Speaker) -> BargeIn | None:
+    """A phone's (`BARGE_IN_S`), a person's own microphone's (`PERSONAL_MIC_BARGE_IN_S`: a
+    browser's echo cancellation leaves more in it than a phone line), none for a shared mic:
+    its speaker plays the reply into it, so it is silenced while the reply plays instead."""
+    if speaker.sip:
+        return BargeIn()
+    if speaker.shared_mic:
+        return None
+    return BargeIn(PERSONAL_MIC_BARGE_IN_S)
 
 
 class _TranscriptionOut(Channel):
@@ -323,7 +335,8 @@ class ChorusRoomAgent:
         self.reply_queued_s = 0.0
         """Seconds of reply audio queued for the reply track (a barge-in may drop some)."""
         self.barge_ins = 0
-        """A SIP participant talked over the agent's reply, which was stopped."""
+        """Someone (a SIP caller, or a person on their own microphone) talked over the agent's
+        reply, which was stopped."""
         self.reply_source = rtc.AudioSource(self.config.reply_sample_rate, 1, queue_size_ms=1000)
         self.reply_track = rtc.LocalAudioTrack.create_audio_track(
             self.config.reply_track_name, self.reply_source
@@ -539,7 +552,9 @@ class ChorusRoomAgent:
                 session = await channel.start_session(
                     self.room_name, speaker.identity, sample_rate=STT_SAMPLE_RATE,
                     encoding="pcm16", channels=1, session_id=session_id, stage=stage,
-                    echo_gate=not speaker.sip,  # a phone caller may talk over a reply (V9)
+                    # V9 for a speakerphone only: a phone, and a person's own microphone (the
+                    # client's echo cancellation), may talk over a reply and be heard
+                    echo_gate=speaker.shared_mic and not speaker.sip,
                 )
             except BaseException:
                 if stage is not None:
@@ -565,7 +580,7 @@ class ChorusRoomAgent:
                 named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
             feed = _Feed(track_sid, speaker, session, stream, release, participant=participant,
                          unstaged=wants_stage and not admitted,
-                         barge=BargeIn() if speaker.sip else None)
+                         barge=_barge_in_rule(speaker))
             if stage is not None:
                 self.stage_guard.join(session)  # `release` leaves
             feed.task = asyncio.create_task(self._read(feed))
@@ -798,7 +813,8 @@ class ChorusRoomAgent:
         return self.reply_source.queued_duration > 0 or not self._reply_queue.empty()
 
     def _barge_in(self) -> None:
-        """A phone caller talked over the reply (`server.reply_audio.BargeIn`): what is queued
+        """Someone talked over the reply (`server.reply_audio.BargeIn`: a phone caller, or a
+        person on their own microphone): what is queued
         for the reply track is dropped, the track's own buffer cleared, and the room's model
         told (`RealtimeChannel.interrupt`: its response stopped, the reply cut to what was
         heard)."""

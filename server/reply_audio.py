@@ -24,6 +24,10 @@ BARGE_IN_DBFS = -35.0
 """A caller's 20 ms frame at least this loud (RMS) is speech for barge-in."""
 BARGE_IN_S = 0.06
 """Consecutive loud audio (three 20 ms frames, six 10 ms ones) that makes a barge-in."""
+PERSONAL_MIC_BARGE_IN_S = 0.24
+"""The same for a person's own microphone in a browser or app (a LiveKit participant): the
+page's hold time. Its echo cancellation leaves more of the reply and the room in it than a
+phone line carries, so it takes longer loud audio to count as talking over the reply."""
 
 
 PLAYOUT_SLACK_S = 1.0
@@ -91,7 +95,9 @@ class BargeIn:
     loudly would cut it off. Phones cancel their own echo, which is why a phone leg is not
     silenced while a reply plays (`StreamDeclaration.echo_gate`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_s: float = BARGE_IN_S) -> None:
+        self.hold_s = hold_s
+        """How long the caller's audio must stay loud (`BARGE_IN_S` for a phone)."""
         self._loud = 0.0
         self.count = 0
         """Barge-ins so far."""
@@ -106,7 +112,7 @@ class BargeIn:
         usable = len(pcm16) - len(pcm16) % 2
         loud = usable > 0 and level_dbfs(pcm16_to_float(pcm16[:usable])) >= BARGE_IN_DBFS
         self._loud = self._loud + usable / 2 / rate if loud else 0.0
-        if self._loud < BARGE_IN_S - 1e-9:
+        if self._loud < self.hold_s - 1e-9:
             return False
         self._loud = 0.0
         self.count += 1

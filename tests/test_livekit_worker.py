@@ -274,11 +274,12 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
     deepgram: DeepgramTestServer,
 ) -> None:
     """The realtime channel hands reply audio to every `AudioSink` in the room (R5); the voice
-    channel is the sink: its playback window gates the room's sessions (V9), and the audio comes
-    out of the agent's published track, read back through a real `rtc.AudioStream`. A SIP
-    participant (a phone caller) is not gated: the phone cancels its own echo, and what the
-    caller says over the reply is heard. With a shared mic in the room too (its session on
-    the diarized voice channel, a second sink), the reply is played once."""
+    channels are the sinks: their playback window gates a shared mic's session (V9: a
+    speakerphone plays the reply into its microphone), and the audio comes out of the agent's
+    published track, read back through a real `rtc.AudioStream`, once (the diarized channel of
+    the shared mic is a second sink). A SIP participant (a phone caller) and a person on their
+    own microphone are not gated: the phone, or the client's echo cancellation, keeps the reply
+    out, and what they say over the reply is heard."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
@@ -322,9 +323,10 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         got = np.concatenate(out)
         start = int(np.flatnonzero(got)[0])
         assert np.array_equal(got[start : start + len(tone)], tone)
-        await until(lambda: session.gated_seconds > 0)  # what the room heard meanwhile: silenced
+        # what the shared mic heard meanwhile: silenced (held back half a second first)
         await until(lambda: table_session.gated_seconds > 0)
         assert not phone_session.echo_gate and phone_session.gated_seconds == 0
+        assert not session.echo_gate and session.gated_seconds == 0
         await until(lambda: not agent.reply_playing)
         assert agent.reply_queued_s == pytest.approx(0.5)  # once, not once per sink
     finally:
@@ -335,16 +337,22 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         await table.aclose()
 
 
-async def test_a_sip_caller_talking_over_the_reply_stops_it(deepgram: DeepgramTestServer) -> None:
-    """A SIP participant talks over a 6 s reply (`server.reply_audio.BargeIn`, as on `chorus
-    serve`'s phone legs): the reply queued for the agent's track is dropped and the track's own
-    buffer cleared, so the track falls silent well before the reply's end; counted once."""
+@pytest.mark.parametrize("who", ["sip", "own microphone"])
+async def test_someone_talking_over_the_reply_stops_it(
+    deepgram: DeepgramTestServer, who: str
+) -> None:
+    """A SIP participant, or a person on their own microphone, talks over a 6 s reply
+    (`server.reply_audio.BargeIn`, as on `chorus serve`'s phone legs; 240 ms for a personal
+    microphone, as the page): the reply queued for the agent's track is dropped and the
+    track's own buffer cleared, so the track falls silent well before the reply's end; counted
+    once."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
         agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
     phone = TrackPlayer("phone")
-    caller = remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
+    caller = (remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
+              if who == "sip" else remote_participant("alice-1", "Alice"))  # fmt: skip
     reply = (np.sin(2 * np.pi * 440 * np.arange(6 * 24000) / 24000) * 8000).astype(np.int16)
     reader = rtc.AudioStream.from_track(track=agent.reply_track, sample_rate=24000,
                                         num_channels=1)
