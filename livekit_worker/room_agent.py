@@ -204,8 +204,11 @@ class _TranscriptionOut(Channel):
 
     async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
         """A corrected turn (an early turn the final result changed) is published again with
-        the same `lk.segment_id`: LiveKit's clients show a segment's latest text in its place."""
-        await self.deliver(event, ctx)
+        the same `lk.segment_id`: LiveKit's clients show a segment's latest text in its place.
+        An assistant's reply cut to what was heard (a barge-in) is not: `lk.chat` has no place
+        to put it but a second message."""
+        if event.metadata.get("source") == "voice":
+            await self.deliver(event, ctx)
 
 
 @dataclass

@@ -70,15 +70,40 @@ received (others measured a steady 85 ms)."""
 class _Playing:
     """The reply audio the room's sinks were handed most recently: what an interruption cuts."""
 
-    item_id: str
+    response_id: str
+    item_id: str | None
+    """The provider's item (OpenAI), which `truncate_reply` names; None where it has none."""
     started: float
     """Loop time it started playing: its first audio, or the end of the reply before it."""
     seconds: float = 0.0
     """Its audio handed out so far."""
+    made: float = 0.0
+    """Its audio received so far, handed out or dropped (`stop_reply`): what the provider
+    holds of it."""
+    posted: RoomEvent | None = None
+    """The room event it was posted as, once its `ReplyDone` came."""
+
+    def heard_share(self, heard_ms: int) -> float:
+        return heard_ms / 1000 / self.made if self.made else 1.0
 
     def heard_ms(self, now: float) -> int:
         """How much of it the room has heard by `now` (sinks play it at real time)."""
         return int(1000 * min(self.seconds, max(0.0, now - self.started)))
+
+
+def heard_text(text: str, share: float) -> str:
+    """What the room heard of a reply whose audio was cut after `share` of it: its words in
+    proportion to their characters (speech keeps a roughly steady rate of them), up to the end
+    of the word the cut falls in, and `…` where it was cut; the whole text when the cut falls in
+    its last word. An estimate, as a voice agent's transcript synchronisation is: the
+    provider's transcript carries no times."""
+    if share >= 1.0:
+        return text
+    cut = round(len(text) * max(0.0, share))
+    end = next((i for i in range(cut, len(text)) if text[i].isspace()), -1)
+    if end < 0:
+        return text
+    return text[:end].rstrip() + "…"
 
 
 @dataclass
@@ -103,6 +128,9 @@ class _RoomState:
     """Responses the room talked over (`stop_reply`): the rest of their audio is dropped."""
     stopped_audio_s: float = 0.0
     """Seconds of reply audio dropped because the room had talked over its response."""
+    heard: OrderedDict[str, tuple[int, float]] = field(default_factory=OrderedDict)
+    """Response id → (ms, share of its audio) the room heard, for a response interrupted before
+    its `ReplyDone` (its reply is posted as heard); forgotten at its `ReplyDone`."""
 
 
 KEPT_STOPPED = 8
@@ -263,15 +291,42 @@ class RealtimeChannel(Channel):
         if state is None:
             return False
         self.stop_reply(room_id)
-        cancelled = await state.session.interrupt_response()
         playing, state.playing = state.playing, None
+        heard = playing.heard_ms(asyncio.get_running_loop().time()) if playing else 0
+        cancelled = await state.session.interrupt_response()
         if playing is None:
             return cancelled
-        heard = playing.heard_ms(asyncio.get_running_loop().time())
-        if heard <= 0 or heard >= int(playing.seconds * 1000) - TRUNCATE_MARGIN_MS:
-            return cancelled  # nothing heard yet (a truncate at 0 is refused), or all of it
+        if heard >= int(playing.made * 1000) - TRUNCATE_MARGIN_MS:
+            return cancelled  # it was all heard
+        await self._posted_as_heard(room_id, state, playing, heard)
+        if heard <= 0 or playing.item_id is None:
+            return cancelled  # nothing heard yet (a truncate at 0 is refused), or no item
         await state.session.truncate_reply(playing.item_id, heard)
         return True
+
+    async def _posted_as_heard(
+        self, room_id: str, state: _RoomState, playing: _Playing, heard_ms: int
+    ) -> None:
+        """The room's record of a reply cut short says what the room heard of it
+        (`heard_text`), as the model's own context does after `truncate_reply`: a reply already
+        posted is corrected in place (`RoomKit.update_event`: every channel and the feed get
+        the correction); one not posted yet is posted so at its `ReplyDone`."""
+        share = playing.heard_share(heard_ms)
+        event = playing.posted
+        if event is None:
+            state.heard[playing.response_id] = (heard_ms, share)
+            while len(state.heard) > KEPT_STOPPED:
+                state.heard.popitem(last=False)
+            return
+        try:
+            updated = await self.require_kit().update_event(
+                room_id, event.id, content=TextContent(body=heard_text(event.text, share)),
+                metadata={**event.metadata, "interrupted": True, "heard_ms": heard_ms},
+            )
+        except KeyError:  # the room's events were deleted meanwhile
+            return
+        state.replies = deque((updated if r.id == updated.id else r for r in state.replies),
+                              maxlen=KEPT_LINES)  # fmt: skip
 
     def _playing(self, room_id: str, audio: ReplyAudio) -> None:
         state = self._rooms.get(room_id)
@@ -279,10 +334,13 @@ class RealtimeChannel(Channel):
             return
         now = asyncio.get_running_loop().time()
         playing = state.playing
-        if playing is None or playing.item_id != audio.item_id:
+        if playing is None or (playing.response_id, playing.item_id) != (
+            audio.response_id, audio.item_id
+        ):
             after = playing.started + playing.seconds if playing is not None else now
-            playing = state.playing = _Playing(audio.item_id, max(now, after))
+            playing = state.playing = _Playing(audio.response_id, audio.item_id, max(now, after))
         playing.seconds += len(audio.pcm16) / 2 / audio.sample_rate
+        playing.made += len(audio.pcm16) / 2 / audio.sample_rate
 
     async def wait_idle(self, room_id: str, limit: float = 10.0) -> None:
         """Wait until every line was written and no response is in flight (tests, replays)."""
@@ -416,7 +474,10 @@ class RealtimeChannel(Channel):
             state = self._rooms.get(room_id)
             if state is not None:  # (looked at after the await: a `stop_reply` meanwhile counts)
                 if event.response_id in state.stopped:
-                    state.stopped_audio_s += len(event.pcm16) / 2 / max(1, event.sample_rate)
+                    seconds = len(event.pcm16) / 2 / max(1, event.sample_rate)
+                    state.stopped_audio_s += seconds
+                    if state.playing is not None and state.playing.response_id == event.response_id:
+                        state.playing.made += seconds
                     return
                 state.audio_of = event.response_id
             self._playing(room_id, event)
@@ -430,25 +491,36 @@ class RealtimeChannel(Channel):
         elif isinstance(event, ReplyDone):
             state = self._rooms.get(room_id)
             interrupted = False
+            text = event.transcript
+            heard_ms: dict[str, int] = {}
             if state is not None:
                 if state.audio_of == event.response_id:
                     state.audio_of = None
                 if event.response_id in state.stopped:
                     state.stopped.remove(event.response_id)
                     interrupted = True
+                cut = state.heard.pop(event.response_id, None)
+                if cut is not None:  # talked over before it was done: posted as heard
+                    interrupted = True
+                    heard_ms = {"heard_ms": cut[0]}
+                    text = heard_text(text, cut[1])
             if not event.transcript.strip():
                 return
             posted = await kit.post_event(
                 room_id,
                 self.channel_id,
-                TextContent(body=event.transcript),
+                TextContent(body=text),
                 metadata={
                     "ai_response": True,
                     "realtime_provider": state.session.provider if state else None,
                     "response_id": event.response_id,
                     "response_status": event.status,
                     "interrupted": interrupted,
+                    **heard_ms,
                 },
             )
             if posted is not None and state is not None:
                 state.replies.append(posted)
+                playing = state.playing
+                if playing is not None and playing.response_id == event.response_id:
+                    playing.posted = posted

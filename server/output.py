@@ -87,8 +87,9 @@ class ServerOutput(Channel):
             return
         meta = event.metadata
         voice = meta.get("source") == "voice" or event.source.channel_type == "voice"
-        if corrected and not voice:
-            return  # only voice turns are corrected in place; nothing else is re-sent
+        reply = event.source.channel_type in ("realtime", "ai")
+        if corrected and not (voice or reply):
+            return  # voice turns and replies are corrected in place; nothing else is re-sent
         if voice:
             await self._turn(live, event, corrected)
         elif event.source.channel_type == "chat":
@@ -105,9 +106,12 @@ class ServerOutput(Channel):
                     )
                 )
             )
-        elif event.source.channel_type in ("realtime", "ai"):
-            self.metrics.replies_total += 1
-            text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id))
+        elif reply:
+            if not corrected:
+                self.metrics.replies_total += 1
+            text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id,
+                                     corrected=corrected,
+                                     interrupted=bool(meta.get("interrupted"))))  # fmt: skip
             live.feed.publish(text)
             for stream in list(live.streams.values()):
                 self._send(stream, text)

@@ -147,12 +147,16 @@ class SpeakerChangeMessage(_Wire):
 
 
 class ReplyMessage(_Wire):
-    """What the room's assistant said (R5); its audio follows as binary frames on device streams."""
+    """What the room's assistant said (R5); its audio follows as binary frames on device streams.
+    `corrected`: it replaces the reply with the same `event_id` sent before, `interrupted`:
+    someone talked over it and `text` is what the room heard of it (an estimate)."""
 
     type: Literal["reply"] = "reply"
     room: str
     text: str
     event_id: str | None = None
+    corrected: bool = False
+    interrupted: bool = False
 
 
 class ReplyStoppedMessage(_Wire):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from attribution import NOTE_MARK
 from realtime import AnswerOnly, RealtimeChannel
+from realtime.channel import heard_text
 from rooms import RoomKit
 from tests.realtime_rooms import VoiceLikeChannel, expected_lines
 
@@ -77,3 +78,20 @@ def test_G1_G3_G6_R4_random_rooms(turns: list[tuple[str, str]]) -> None:
             assert owed
             owed = False
     assert not owed
+
+
+@given(st.text(max_size=80), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_R4_what_was_heard_of_a_reply_cut_short(text: str, a: float, b: float) -> None:
+    """`heard_text`: a prefix of the reply ending at a word's end (and `…` where it was cut),
+    never shorter when more of it was heard; all of it once all of it was heard."""
+    low, high = sorted((a, b))
+    heard = heard_text(text, low)
+    kept = heard.removesuffix("…")
+    assert text.startswith(kept)
+    if heard != text:
+        assert heard.endswith("…")
+        assert kept == "" or (not kept[-1].isspace() and text[len(kept)].isspace())  # a word's end
+        assert len(text[: round(len(text) * low)].rstrip()) <= len(kept)  # all it heard
+    assert len(heard_text(text, high).removesuffix("…")) >= len(kept)
+    assert heard_text(text, 1.0) == text
+    assert heard_text("Sure, the release is on Friday.", 0.5) == "Sure, the release…"

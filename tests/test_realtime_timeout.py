@@ -23,6 +23,7 @@ from realtime import (
     RealtimeChannel,
     SessionOptions,
 )
+from realtime.channel import heard_text
 from realtime.openai_wire import ACTIVE_RESPONSE_CODE
 from realtime.session import RealtimeSession, ReplyDone, SessionEvent
 from realtime.testing import OpenAIRealtimeServer, events_sent, types_sent
@@ -192,6 +193,11 @@ async def test_R4_an_interrupt_cuts_the_reply_playing_to_what_was_heard() -> Non
         assert server.cancelled == [] and error_codes(server) == []
         (truncate,) = [e for e in events_sent(server) if e["type"] == "conversation.item.truncate"]
         assert truncate["audio_end_ms"] == heard_ms and truncate["item_id"] == item_id
+        # the room's record of it, posted whole, now says what the room heard of it
+        [reply] = [e for e in await kit.list_events("r1") if e.source.channel_id == "rt"]
+        assert reply.text == heard_text("Reply 1", heard_ms / 30_000) == "Reply…"
+        assert reply.metadata["interrupted"] is True and reply.metadata["heard_ms"] == heard_ms
+        assert [e.text for e in rt.replies_for("r1")] == ["Reply…"]
         await kit.close()
 
 
@@ -213,9 +219,11 @@ async def test_R4_the_rest_of_a_reply_talked_over_is_never_played() -> None:
         assert await rt.interrupt("r1") is True
         await rt.wait_idle("r1")
         assert len(speaker.played) == played
-        [(_, reply)] = [(e.text, e.metadata) for e in await kit.list_events("r1")
-                        if e.source.channel_id == "rt"]  # fmt: skip
+        [(said, reply)] = [(e.text, e.metadata) for e in await kit.list_events("r1")
+                           if e.source.channel_id == "rt"]  # fmt: skip
         assert reply["interrupted"] is True and reply["response_status"] == "cancelled"
+        assert said == "A" and 0 < reply["heard_ms"] < 20_000  # posted as the room heard it
+        assert len(server.truncated) == 1 and error_codes(server) == []
         assert rt.stop_reply("r1") is False  # nothing is still coming
         await voice.say("r1", "Speaker A", "Chorus, briefly?")
         await rt.wait_idle("r1")

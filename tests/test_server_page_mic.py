@@ -321,6 +321,14 @@ async def test_speech_over_the_assistant_drops_what_the_page_buffered(
                   refused: player.refused, next: player.sources.length,
                   seconds: player.secondsScheduled, sent};
         }""")
+        # the reply comes again as what the room heard of it: shown in its place
+        shown = await page.evaluate("""() => {
+          showFeedMessage({type: "reply", room: "r", text: "A long answer.", event_id: "e1"});
+          showFeedMessage({type: "reply", room: "r", text: "A…", event_id: "e1",
+                           corrected: true, interrupted: true});
+          return [...document.querySelectorAll("#turns .reply .text")].map(t => t.textContent);
+        }""")
     assert result == {"scheduled": 5, "playing": True, "kept": 5, "left": 0, "drops": 1,
                       "why": "barge-in", "late": 0, "refused": 32000, "next": 1, "seconds": 6,
                       "sent": [{"type": "barge_in"}]}
+    assert shown == ["A…"]

@@ -22,7 +22,13 @@ from realtime.testing.openai_server import OpenAIRealtimeServer
 from server.auth import issue_token
 from server.client import DeviceStream, TwilioLeg
 from server.pipeline import VoicePipeline
-from server.protocol import FeedMessage, ReplyStoppedMessage, StartedMessage, StartMessage
+from server.protocol import (
+    FeedMessage,
+    ReplyMessage,
+    ReplyStoppedMessage,
+    StartedMessage,
+    StartMessage,
+)
 from server.testing.harness import SECRET, answering, eventually, running_server_with_local_stt
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.channel import VoiceChannel
@@ -177,5 +183,36 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
                 await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
                 await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
                 assert len(desk.audio_received) == audio_at_stop
+            finally:
+                await desk.stop()
+
+
+async def test_a_reply_talked_over_after_it_was_posted_comes_again_as_heard() -> None:
+    """A 20 s reply the model made at once (posted, then still playing) is talked over: the
+    room's record of it is cut to what was heard, and devices and the feed get it again as a
+    `reply` with the same `event_id`, `corrected` and `interrupted`."""
+    async with OpenAIRealtimeServer(replies=["A long answer."],
+                                    reply_audio_seconds=20.0) as model:  # fmt: skip
+        words = MeetingWords.from_meeting(MEETING)
+        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
+            token = issue_token(SECRET, ROOM)
+            desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
+                participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
+            try:
+                await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
+
+                def replies() -> list[ReplyMessage]:
+                    return [m for m in desk.received if isinstance(m, ReplyMessage)]
+
+                await eventually(lambda: len(replies()) == 1, BOUND_S, "the reply")
+                [first] = replies()
+                assert first.text == "A long answer." and not first.corrected
+                await desk.barge_in()
+                await eventually(lambda: len(replies()) == 2, BOUND_S, "the reply as heard")
+                heard = replies()[1]
+                assert heard.event_id == first.event_id and heard.corrected and heard.interrupted
+                assert heard.text == "A…"
+                await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
+                assert srv.server.metrics.replies_total == 1  # the same reply, not a new one
             finally:
                 await desk.stop()
