@@ -10,10 +10,15 @@ agent, RTP paced at real time) says the demo meeting's first turn, then, `--inte
 times: waits until the reply has played for `--after` seconds, and says the meeting's next
 turn over it.
 
+`--listeners N` puts N more callers in the same room first (a phone bridge): they only listen
+(their phones send silence), hear every reply too, and never talk over it.
+
 Per interruption:
 - **stop**: from the caller's first frame at the barge-in level (`server.reply_audio`:
   −35 dBFS) to the last reply RTP packet that reached the caller before the reply went quiet
   (a gap of 0.2 s); the rule itself needs 60 ms of such audio;
+- **others' stop**: the same, from the same frame, for each listener (the reply stops for the
+  whole room, or only for whoever talked);
 - **heard**: whether a committed turn of the call overlaps the interruption's audio (the V9
   gate does not silence a phone leg);
 - what the model was told: the stand-in's `response.cancel`s and `conversation.item.truncate`s.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -58,7 +64,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--after", type=float, default=0.5, help="seconds of reply heard before each barge-in"
     )
+    parser.add_argument(
+        "--listeners", type=int, default=0,
+        help="more callers in the room, who only listen (a bridge)",
+    )  # fmt: skip
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="the demo meeting (WAV + RTTM)")
+    parser.add_argument(
+        "--server-repo", default=str(REPO),
+        help="run the `chorus serve` of this checkout (an older one, side by side)",
+    )  # fmt: skip
     parser.add_argument("--json", default=None, help="write the results here")
 
 
@@ -81,6 +95,8 @@ class Interruption:
     """From the caller's first loud frame to the last reply packet before the reply went quiet
     (None: no reply was playing)."""
     heard: bool = False
+    others_stop_s: list[float | None] = field(default_factory=list)
+    """The same for each listener, from the same frame."""
 
 
 @dataclass
@@ -93,6 +109,9 @@ class BargeInResult:
 
     def stop_times(self) -> list[float]:
         return [i.stop_s for i in self.interruptions if i.stop_s is not None]
+
+    def others_stop_times(self) -> list[float]:
+        return [s for i in self.interruptions for s in i.others_stop_s if s is not None]
 
 
 def utterances(audio: str, count: int) -> list[tuple[float, float]]:
@@ -122,11 +141,43 @@ def stop_time(arrivals: list[float], loud_at: float) -> float | None:
     return max(0.0, last - loud_at)
 
 
+class _Listener:
+    """A caller in the room who only listens: their phone sends silence at real time."""
+
+    def __init__(self, sip_port: int, room: str, n: int) -> None:
+        self.caller = SipCaller(sip_port, room, name=f"Listener {n}")
+        self.arrivals = _Arrivals()
+        self.caller.rtp_in = self.arrivals  # type: ignore[assignment]
+        self._task: asyncio.Task[None] | None = None
+
+    async def join(self) -> None:
+        await self.caller.open()
+        await self.caller.call()
+        self._task = asyncio.create_task(self._silence())
+
+    async def _silence(self) -> None:
+        began, sent = time.monotonic(), 0
+        while True:
+            delay = began + sent * FRAME_S - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.caller.rtp(sent, b"\xff" * FRAME_BYTES)
+            sent += 1
+
+    async def leave(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        with contextlib.suppress(Exception):
+            await self.caller.hang_up()
+        self.caller.close()
+
+
 async def barge_in_call(
     base: str, sip_port: int, room: str, token: str, audio: str, spans: list[tuple[float, float]],
-    after: float,
+    after: float, listeners: int = 0,
 ) -> BargeInResult:
-    """One call: the first span said, then each next one said over the reply to the one before."""
+    """One call: the first span said, then each next one said over the reply to the one before;
+    `listeners` more callers in the room first, listening."""
     import numpy as np
 
     from server.client import EventFeed
@@ -191,7 +242,10 @@ async def barge_in_call(
             caller.rtp(sent, b"\xff" * FRAME_BYTES)
             sent += 1
 
+    others = [_Listener(sip_port, room, n) for n in range(1, listeners + 1)]
     async with recorded(result, caller, feed):
+        for other in others:
+            await other.join()
         await caller.open()
         await caller.call()
         began = time.monotonic()
@@ -209,8 +263,11 @@ async def barge_in_call(
             item = Interruption(round(at, 2), round(at + end - start, 2))
             if loud_at is not None:
                 item.stop_s = stop_time(arrivals.times, loud_at)
+                item.others_stop_s = [stop_time(o.arrivals.times, loud_at) for o in others]
             result.interruptions.append(item)
         await hang_up_and_flush(caller, stopped)
+    for other in others:
+        await other.leave()
     result.turns = len(turns)
     for item in result.interruptions:
         item.heard = any(t.start < item.end and t.end > item.start for t in turns)
@@ -241,26 +298,33 @@ async def _run(args: argparse.Namespace) -> int:
         )
         serve = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--config",
                  str(config), "--log-level", "WARNING"]  # fmt: skip
-        with _process(serve, env, workdir / "server.log") as srv:
+        with _process(serve, env, workdir / "server.log", cwd=Path(args.server_repo)) as srv:
             await _wait_port(port, srv, "chorus serve")
             print(f"server pid {srv.pid}; logs in {workdir}", file=sys.stderr)
             result = await barge_in_call(
                 f"ws://127.0.0.1:{port}", sip_port, "bench-barge-in",
                 issue_token(SECRET, "bench-barge-in"), args.audio, spans, args.after,
+                args.listeners,
             )  # fmt: skip
         result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
     stops = result.stop_times()
-    print("| interruption | at (s) | stop (ms) | heard |")
-    print("|---:|---:|---:|---|")
+    print("| interruption | at (s) | stop (ms) | heard | the listeners' stop (ms) |")
+    print("|---:|---:|---:|---|---|")
     for n, item in enumerate(result.interruptions, 1):
         stop = "—" if item.stop_s is None else f"{item.stop_s * 1000:.0f}"
-        print(f"| {n} | {item.start:.1f} | {stop} | {'yes' if item.heard else 'no'} |")
+        others = ", ".join("—" if s is None else f"{s * 1000:.0f}" for s in item.others_stop_s)
+        print(f"| {n} | {item.start:.1f} | {stop} | {'yes' if item.heard else 'no'} | {others} |")
     if stops:
         print(f"\nstop p50 {percentile(stops, 50) * 1000:.0f} ms, p95 "
               f"{percentile(stops, 95) * 1000:.0f} ms, max {max(stops) * 1000:.0f} ms over "
               f"{len(stops)}; heard {sum(i.heard for i in result.interruptions)} of "
               f"{len(result.interruptions)}; the model was sent {result.cancelled} cancel(s) and "
               f"{result.truncated} truncate(s)")  # fmt: skip
+    others = result.others_stop_times()
+    if others:
+        print(f"the listeners' stop p50 {percentile(others, 50) * 1000:.0f} ms, p95 "
+              f"{percentile(others, 95) * 1000:.0f} ms, max {max(others) * 1000:.0f} ms over "
+              f"{len(others)}")  # fmt: skip
     if result.error:
         print(f"error: {result.error}", file=sys.stderr)
     if args.json:

@@ -120,9 +120,11 @@ class SipCaller:
     """Just enough of a SIP UA over UDP for one call: INVITE (answering a digest challenge),
     ACK, RTP out of its own port, BYE; a BYE from the server is answered 200."""
 
-    def __init__(self, server_port: int, room: str) -> None:
+    def __init__(self, server_port: int, room: str, name: str = "Bench") -> None:
         self.server = ("127.0.0.1", server_port)
         self.room = room
+        self.name = name
+        """The From header's display name: the caller's name in the room."""
         self.call_id = uuid.uuid4().hex
         self.cseq = 0
         self.to_tag = ""
@@ -160,7 +162,7 @@ class SipCaller:
         lines = [
             f"{method} {self._uri()} SIP/2.0",
             f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch=z9hG4bK{uuid.uuid4().hex[:16]}",
-            f'From: "Bench" <sip:{USER}@127.0.0.1:{self.port}>;tag=b{self.call_id[:8]}',
+            f'From: "{self.name}" <sip:{USER}@127.0.0.1:{self.port}>;tag=b{self.call_id[:8]}',
             f"To: <{self._uri()}>{self.to_tag}",
             f"Call-ID: {self.call_id}",
             f"CSeq: {self.cseq} {method}",

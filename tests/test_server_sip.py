@@ -1002,7 +1002,8 @@ async def test_the_sip_bench_caller_measures_its_turns() -> None:
 
 async def test_the_barge_in_bench_caller_interrupts_and_is_heard() -> None:
     """`chorus bench barge_in`'s call against the endpoint: each time the caller talks over the
-    reply, it stops within the rule's time plus a few frames, and the words are heard."""
+    reply, it stops within the rule's time plus a few frames, and the words are heard; another
+    caller in the room, listening, stops hearing it as soon (the reply stops for the room)."""
     from bench.barge_in import barge_in_call, utterances
     from bench.sip import PASSWORD, USER
 
@@ -1012,8 +1013,11 @@ async def test_the_barge_in_bench_caller_interrupts_and_is_heard() -> None:
             audio = str(MEETING / "meeting.wav")
             result = await barge_in_call(srv.base, sip_port(srv), "standup",
                                          issue_token(SECRET, "standup"), audio,
-                                         utterances(audio, 3), after=0.5)  # fmt: skip
+                                         utterances(audio, 3), after=0.5,
+                                         listeners=1)  # fmt: skip
     assert result.error is None, result
+    others = result.others_stop_times()
+    assert len(others) == 2 and all(0 <= s < 1.0 for s in others), result
     assert len(result.interruptions) == 2 and all(i.heard for i in result.interruptions)
     assert all(0 <= s < 1.0 for s in result.stop_times()) and len(result.stop_times()) == 2
     assert len(model.cancelled) >= 2 and len(model.truncated) >= 2
