@@ -312,8 +312,8 @@ async def _run(args: argparse.Namespace) -> int:
     print("|---:|---:|---:|---|---|")
     for n, item in enumerate(result.interruptions, 1):
         stop = "—" if item.stop_s is None else f"{item.stop_s * 1000:.0f}"
-        others = ", ".join("—" if s is None else f"{s * 1000:.0f}" for s in item.others_stop_s)
-        print(f"| {n} | {item.start:.1f} | {stop} | {'yes' if item.heard else 'no'} | {others} |")
+        theirs = ", ".join("—" if s is None else f"{s * 1000:.0f}" for s in item.others_stop_s)
+        print(f"| {n} | {item.start:.1f} | {stop} | {'yes' if item.heard else 'no'} | {theirs} |")
     if stops:
         print(f"\nstop p50 {percentile(stops, 50) * 1000:.0f} ms, p95 "
               f"{percentile(stops, 95) * 1000:.0f} ms, max {max(stops) * 1000:.0f} ms over "
