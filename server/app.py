@@ -392,8 +392,15 @@ class ChorusServer:
             await ws.close(CloseCode.NORMAL, "stopped before start")
             return
         check_stream_participant(grant, declaration.participant)
-        framing.on_barge_in = lambda: self._barged_in("device", room, framing.stream_id)
+        framing.on_barge_in = lambda: self._device_barged_in(room, framing.stream_id)
         await run_stream(ws, self.rooms, room, framing, declaration, self._drain)
+
+    def _device_barged_in(self, room: str, stream_id: str) -> None:
+        """A device says it stopped the reply: taken only while a reply plays in the room (a
+        device's word alone cannot stop the room's replies or cancel its model's responses at
+        will, nor flood the room with `reply_stopped`); otherwise nothing (not counted)."""
+        if self.pipeline.reply_playing(room):
+            self._barged_in("device", room, stream_id)
 
     # ------------------------------------------------------------------ Twilio leg
 

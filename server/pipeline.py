@@ -127,6 +127,10 @@ class Pipeline(Protocol):
         """The diarization stage's load now (None: no stream can use a stage)."""
         ...
 
+    def reply_playing(self, room_id: str) -> bool:
+        """Whether a reply is playing in the room now (its playback window, V9, is open)."""
+        ...
+
     def stop_reply(self, room_id: str) -> None:
         """Someone in the room talked over the reply (barge-in), and the room's streams drop
         what they hold of it: the rest of the response is not played, and the room's
@@ -389,6 +393,9 @@ class VoicePipeline:
             await callback(status)
         except Exception:
             log.exception("stream %s: its status callback failed", session_id)
+
+    def reply_playing(self, room_id: str) -> bool:
+        return self.shared_voice.is_playing(room_id) or self.diarized_voice.is_playing(room_id)
 
     def stop_reply(self, room_id: str) -> None:
         if self.realtime is not None:

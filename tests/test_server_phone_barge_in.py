@@ -148,7 +148,8 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
     """The page stops the reply it plays when someone talks over it and sends `barge_in`: the
     device's microphone, silenced while the reply plays (V9), is heard again at once, the
     speech that made the page stop it (its first 0.3 s, sent while the reply played) included;
-    the model stops its response and keeps only what was heard; counted as a device barge-in."""
+    the model stops its response and keeps only what was heard; counted as a device barge-in.
+    A `barge_in` while nothing plays is not taken."""
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
                                     audio_pace=4.0) as model:  # fmt: skip
         words = MeetingWords.from_meeting(MEETING)
@@ -157,8 +158,10 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
             desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
                 participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
             try:
+                await desk.barge_in()  # nothing is playing: not taken (not counted, nothing stops)
                 await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
                 await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
+                assert srv.server.metrics.barge_ins_total["device"] == 0
                 assert srv.stt_server is not None
 
                 def voiced_s() -> float:
