@@ -398,9 +398,12 @@ class ChorusServer:
     def _device_barged_in(self, room: str, stream_id: str) -> None:
         """A device says it stopped the reply: taken only while a reply plays in the room (a
         device's word alone cannot stop the room's replies or cancel its model's responses at
-        will, nor flood the room with `reply_stopped`); otherwise nothing (not counted)."""
+        will, nor flood the room with `reply_stopped`); otherwise only that device is answered
+        `reply_stopped` (it waits for the answer before it plays reply audio again)."""
         if self.pipeline.reply_playing(room):
             self._barged_in("device", room, stream_id)
+        else:
+            self.rooms.answer_barge_in(room, stream_id)
 
     # ------------------------------------------------------------------ Twilio leg
 

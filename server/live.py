@@ -390,6 +390,13 @@ class LiveRooms:
             if stream.id == by and stream.kind == "device" and stream.audio is not None:
                 stream.audio.reply_stopped()
 
+    def answer_barge_in(self, room_id: str, stream_id: str) -> None:
+        """A device's `barge_in` that stopped nothing (no reply was playing any more) is
+        answered `reply_stopped` all the same, on that stream only."""
+        stream = self._stream(stream_id)
+        if stream is not None:
+            stream.send(dump(ReplyStoppedMessage(room=room_id, stream=stream_id)))
+
     def _stream(self, stream_id: str) -> LiveStream | None:
         return next(
             (s for live in self.rooms.values() for s in live.streams.values() if s.id == stream_id),

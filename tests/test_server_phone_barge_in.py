@@ -158,7 +158,11 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
             desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
                 participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
             try:
-                await desk.barge_in()  # nothing is playing: not taken (not counted, nothing stops)
+                await desk.barge_in()  # nothing plays: not taken (not counted, nothing stops) ...
+                def stops() -> list[ReplyStoppedMessage]:
+                    return [m for m in desk.received if isinstance(m, ReplyStoppedMessage)]
+
+                await eventually(lambda: len(stops()) == 1, BOUND_S)  # ... but answered
                 await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
                 await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
                 assert srv.server.metrics.barge_ins_total["device"] == 0
@@ -174,9 +178,8 @@ async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is
                 await desk.barge_in()
                 await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
                 # the room's reply_stopped comes back, naming this stream; no reply audio after it
-                await eventually(lambda: any(isinstance(m, ReplyStoppedMessage)
-                                             for m in desk.received), BOUND_S)  # fmt: skip
-                [stopped] = [m for m in desk.received if isinstance(m, ReplyStoppedMessage)]
+                await eventually(lambda: len(stops()) == 2, BOUND_S)
+                stopped = stops()[-1]
                 [started] = [m for m in desk.received if isinstance(m, StartedMessage)]
                 assert stopped.stream == started.stream
                 audio_at_stop = len(desk.audio_received)
