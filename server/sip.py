@@ -288,18 +288,22 @@ def held_frames(buffer: JitterBuffer) -> list[JitterFrame]:
     packets: list[RtpPacket] = []
     lost = 0
     previous = -1
+
+    def frame_of_packets() -> None:
+        nonlocal packets, lost
+        frames.append(JitterFrame(b"".join(p.payload for p in packets), packets[0].timestamp, lost))
+        packets, lost = [], 0
+
     for n, packet in ((n, p) for n, p in slots if p is not None):
         gap = n - previous - 1
         previous = n
         if packets and (gap or packet is _NON_MEDIA or packet.timestamp != packets[0].timestamp):
-            frames.append(JitterFrame(b"".join(p.payload for p in packets), packets[0].timestamp,
-                                      lost))  # fmt: skip
-            packets, lost = [], 0
+            frame_of_packets()
         lost += gap
         if packet is not _NON_MEDIA:
             packets.append(packet)
     if packets:
-        frames.append(JitterFrame(b"".join(p.payload for p in packets), packets[0].timestamp, lost))
+        frame_of_packets()
     return frames
 
 
