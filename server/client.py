@@ -33,6 +33,8 @@ from server.protocol import (
 )
 from server.twilio import (
     TwilioConnected,
+    TwilioMark,
+    TwilioMarkName,
     TwilioMedia,
     TwilioMediaPayload,
     TwilioStart,
@@ -166,14 +168,22 @@ class DeviceStream:
 
 @dataclass
 class TwilioLeg:
-    """One phone leg as Twilio's Media Streams sends it: `connected`, `start`, `media`…, `stop`."""
+    """One phone leg as Twilio's Media Streams sends it: `connected`, `start`, `media`…, `stop`.
+
+    It plays what it is sent as Twilio does: the outbound `media` at real time, one after the
+    other, and each `mark` goes back once the audio before it has played; a `clear` drops what
+    was not played and sends every pending mark back at once."""
 
     ws: ClientConnection
     stream_sid: str
     call_sid: str
     sequence: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
+    marks_sent: list[str] = field(default_factory=list)
+    """The names of the marks sent back, in order."""
     _reader: asyncio.Task[None] | None = None
+    _plays_until: float = 0.0
+    _pending: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     @classmethod
     async def open(
@@ -220,9 +230,43 @@ class TwilioLeg:
     async def _read(self) -> None:
         import json
 
+        try:
+            with contextlib.suppress(ConnectionClosed):
+                async for message in self.ws:
+                    parsed = json.loads(message)
+                    self.received.append(parsed)
+                    self._play(parsed)
+        finally:
+            for task in self._pending.values():
+                task.cancel()
+
+    def _play(self, message: dict[str, Any]) -> None:
+        """Twilio's playback of what the server sends: its clock, its marks, a `clear`."""
+        now = asyncio.get_running_loop().time()
+        event = message.get("event")
+        if event == "media":
+            payload = base64.b64decode(message.get("media", {}).get("payload", ""))
+            self._plays_until = max(self._plays_until, now) + len(payload) / 8000
+        elif event == "mark":
+            name = str(message.get("mark", {}).get("name", ""))
+            self._pending[name] = asyncio.create_task(
+                self._mark_back(name, max(0.0, self._plays_until - now))
+            )
+        elif event == "clear":
+            self._plays_until = now
+            for name, task in list(self._pending.items()):
+                task.cancel()
+                self._pending[name] = asyncio.create_task(self._mark_back(name, 0.0))
+
+    async def _mark_back(self, name: str, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        self._pending.pop(name, None)
+        self.marks_sent.append(name)
+        mark = TwilioMark(
+            sequenceNumber=self._next(), streamSid=self.stream_sid, mark=TwilioMarkName(name=name)
+        )
         with contextlib.suppress(ConnectionClosed):
-            async for message in self.ws:
-                self.received.append(json.loads(message))
+            await self.ws.send(dump(mark))
 
     async def send_mulaw(
         self, mulaw: bytes, *, chunk_s: float = 0.02, realtime: bool = True

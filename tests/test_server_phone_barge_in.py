@@ -115,6 +115,13 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 # Erin, on another phone in the room, was hearing it too: cleared as well
                 await eventually(lambda: any(m.get("event") == "clear" for m in erin.received),
                                  BOUND_S, "Erin's clear")  # fmt: skip
+                # her Twilio dropped what it had not played and sent every mark back at once
+
+                def marks_received() -> set[str]:
+                    return {m["mark"]["name"] for m in erin.received if m.get("event") == "mark"}
+
+                await eventually(lambda: set(erin.marks_sent) == marks_received(), BOUND_S,
+                                 "Erin's marks back")  # fmt: skip
                 await eventually(lambda: len(desk.stopped) == 1, BOUND_S, "reply_stopped")
                 dana_stream = srv.server.rooms.rooms[ROOM].streams
                 assert desk.stopped[0].stream in dana_stream
