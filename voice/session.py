@@ -259,6 +259,7 @@ class VoiceSession:
         tail = self.decoder.flush()  # the resampler's last samples (ends the decoder)
         if len(tail) and not self.paused:
             self._accept(tail)
+        self._release_held(as_heard=False)  # before the stage's flush reads the audio log
         try:
             if self.stage is not None:
                 # before the STT's flush force-assigns the last words: what the stage still
