@@ -13,6 +13,8 @@ barge-in is `tests/test_server_sip.py`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,13 @@ from server.protocol import (
     StartedMessage,
     StartMessage,
 )
-from server.testing.harness import SECRET, answering, eventually, running_server_with_local_stt
+from server.testing.harness import (
+    SECRET,
+    RunningServer,
+    answering,
+    eventually,
+    running_server_with_local_stt,
+)
 from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
 from voice.channel import VoiceChannel
 from voice.testing.deepgram_server import MeetingWords
@@ -151,81 +159,83 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 await desk.stream.stop()
 
 
+@contextlib.asynccontextmanager
+async def dana_at_her_desk(
+    audio_pace: float = 0.0,
+) -> AsyncIterator[tuple[OpenAIRealtimeServer, RunningServer, DeviceStream]]:
+    """A room whose model answers Dana with a 20 s reply ("A long answer.") made at `audio_pace`
+    times real time (0: at once), and Dana's own device in the room."""
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
+                                    audio_pace=audio_pace) as model:  # fmt: skip
+        words = MeetingWords.from_meeting(MEETING)
+        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
+            token = issue_token(SECRET, ROOM)
+            desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
+                participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
+            try:
+                yield model, srv, desk
+            finally:
+                await desk.stop()
+
+
 async def test_a_device_that_stopped_the_reply_is_heard_at_once_and_the_model_is_told() -> None:
     """The page stops the reply it plays when someone talks over it and sends `barge_in`: the
     device's microphone, silenced while the reply plays (V9), is heard again at once, the
     speech that made the page stop it (its first 0.3 s, sent while the reply played) included;
     the model stops its response and keeps only what was heard; counted as a device barge-in.
     A `barge_in` while nothing plays is not taken."""
-    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
-                                    audio_pace=4.0) as model:  # fmt: skip
-        words = MeetingWords.from_meeting(MEETING)
-        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
-            token = issue_token(SECRET, ROOM)
-            desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
-                participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
-            try:
-                await desk.barge_in()  # nothing plays: not taken (not counted, nothing stops) ...
-                def stops() -> list[ReplyStoppedMessage]:
-                    return [m for m in desk.received if isinstance(m, ReplyStoppedMessage)]
+    async with dana_at_her_desk(audio_pace=4.0) as (model, srv, desk):
+        await desk.barge_in()  # nothing plays: not taken (not counted, nothing stops) ...
 
-                await eventually(lambda: len(stops()) == 1, BOUND_S)  # ... but answered
-                await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
-                await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
-                assert srv.server.metrics.barge_ins_total["device"] == 0
-                assert srv.stt_server is not None
+        def stops() -> list[ReplyStoppedMessage]:
+            return [m for m in desk.received if isinstance(m, ReplyStoppedMessage)]
 
-                def voiced_s() -> float:
-                    pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
-                    return int(np.count_nonzero(pcm)) / 16000
+        await eventually(lambda: len(stops()) == 1, BOUND_S)  # ... but answered
+        await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
+        await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
+        assert srv.server.metrics.barge_ins_total["device"] == 0
+        assert srv.stt_server is not None
 
-                before = voiced_s()
-                # the page hears someone for its hold time while the reply plays, then says so
-                await desk.send_audio(float_to_pcm16(excerpt(2.0, 2.3)), realtime=False)
-                await desk.barge_in()
-                await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
-                # the room's reply_stopped comes back, naming this stream; no reply audio after it
-                await eventually(lambda: len(stops()) == 2, BOUND_S)
-                stopped = stops()[-1]
-                [started] = [m for m in desk.received if isinstance(m, StartedMessage)]
-                assert stopped.stream == started.stream
-                audio_at_stop = len(desk.audio_received)
-                await desk.send_audio(float_to_pcm16(excerpt(2.3, 3.5)), realtime=False)
-                # all 1.5 s heard, though the 20 s reply's playback window is still open
-                await eventually(lambda: voiced_s() >= before + 1.5 - 0.05, BOUND_S, "the words")
-                await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
-                await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
-                assert len(desk.audio_received) == audio_at_stop
-            finally:
-                await desk.stop()
+        def voiced_s() -> float:
+            pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
+            return int(np.count_nonzero(pcm)) / 16000
+
+        before = voiced_s()
+        # the page hears someone for its hold time while the reply plays, then says so
+        await desk.send_audio(float_to_pcm16(excerpt(2.0, 2.3)), realtime=False)
+        await desk.barge_in()
+        await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
+        # the room's reply_stopped comes back, naming this stream; no reply audio after it
+        await eventually(lambda: len(stops()) == 2, BOUND_S)
+        stopped = stops()[-1]
+        [started] = [m for m in desk.received if isinstance(m, StartedMessage)]
+        assert stopped.stream == started.stream
+        audio_at_stop = len(desk.audio_received)
+        await desk.send_audio(float_to_pcm16(excerpt(2.3, 3.5)), realtime=False)
+        # all 1.5 s heard, though the 20 s reply's playback window is still open
+        await eventually(lambda: voiced_s() >= before + 1.5 - 0.05, BOUND_S, "the words")
+        await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
+        await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
+        assert len(desk.audio_received) == audio_at_stop
 
 
 async def test_a_reply_talked_over_after_it_was_posted_comes_again_as_heard() -> None:
     """A 20 s reply the model made at once (posted, then still playing) is talked over: the
     room's record of it is cut to what was heard, and devices and the feed get it again as a
     `reply` with the same `event_id`, `corrected` and `interrupted`."""
-    async with OpenAIRealtimeServer(replies=["A long answer."],
-                                    reply_audio_seconds=20.0) as model:  # fmt: skip
-        words = MeetingWords.from_meeting(MEETING)
-        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
-            token = issue_token(SECRET, ROOM)
-            desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
-                participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
-            try:
-                await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
+    async with dana_at_her_desk() as (model, srv, desk):
+        await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
 
-                def replies() -> list[ReplyMessage]:
-                    return [m for m in desk.received if isinstance(m, ReplyMessage)]
+        def replies() -> list[ReplyMessage]:
+            return [m for m in desk.received if isinstance(m, ReplyMessage)]
 
-                await eventually(lambda: len(replies()) == 1, BOUND_S, "the reply")
-                [first] = replies()
-                assert first.text == "A long answer." and not first.corrected
-                await desk.barge_in()
-                await eventually(lambda: len(replies()) == 2, BOUND_S, "the reply as heard")
-                heard = replies()[1]
-                assert heard.event_id == first.event_id and heard.corrected and heard.interrupted
-                assert heard.text == "A…"
-                await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
-                assert srv.server.metrics.replies_total == 1  # the same reply, not a new one
-            finally:
-                await desk.stop()
+        await eventually(lambda: len(replies()) == 1, BOUND_S, "the reply")
+        [first] = replies()
+        assert first.text == "A long answer." and not first.corrected
+        await desk.barge_in()
+        await eventually(lambda: len(replies()) == 2, BOUND_S, "the reply as heard")
+        heard = replies()[1]
+        assert heard.event_id == first.event_id and heard.corrected and heard.interrupted
+        assert heard.text == "A…"
+        await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
+        assert srv.server.metrics.replies_total == 1  # the same reply, not a new one
