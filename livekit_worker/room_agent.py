@@ -86,7 +86,7 @@ from server.overload import (
 )
 from server.pipeline import VoiceStreamAudio
 from server.protocol import SpeakerSuggestionMessage, dump
-from server.reply_audio import PERSONAL_MIC_BARGE_IN_S, BargeIn
+from server.reply_audio import ECHO_CANCELLED_BARGE_IN_S, BargeIn
 from server.stage_guard import StageGuard, status_message
 from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
@@ -176,14 +176,14 @@ class _Feed:
 
 
 def _barge_in_rule(speaker: Speaker) -> BargeIn | None:
-    """A phone's (`BARGE_IN_S`), a person's own microphone's (`PERSONAL_MIC_BARGE_IN_S`: a
+    """A phone's (`BARGE_IN_S`), a person's own microphone's (`ECHO_CANCELLED_BARGE_IN_S`: a
     browser's echo cancellation leaves more in it than a phone line), none for a shared mic:
     its speaker plays the reply into it, so it is silenced while the reply plays instead."""
     if speaker.sip:
         return BargeIn()
     if speaker.shared_mic:
         return None
-    return BargeIn(PERSONAL_MIC_BARGE_IN_S)
+    return BargeIn(ECHO_CANCELLED_BARGE_IN_S)
 
 
 class _TranscriptionOut(Channel):

@@ -36,7 +36,13 @@ from server.protocol import (
     error_location,
     parse_device_message,
 )
-from server.reply_audio import device_reply_frames
+from server.reply_audio import (
+    ECHO_CANCELLED_BARGE_IN_S,
+    BargeIn,
+    PlayoutClock,
+    device_reply_frames,
+)
+from voice.audio import StreamFormat, mulaw_decode
 
 _NAMES = schema_names(StartMessage, StopMessage, BargeInMessage)
 
@@ -61,6 +67,7 @@ def declaration_of(start: StartMessage) -> StreamDeclaration:
         name=start.name,
         shared_mic=start.shared_mic,
         format=declared_format(start.sample_rate, start.encoding, start.channels),
+        echo_gate=not start.echo_cancelled,  # a device that cancels echo may talk over a reply
     )
 
 
@@ -74,7 +81,13 @@ class DeviceFraming:
         self._carry = b""
         self.stream_id = ""
         self.on_barge_in: Callable[[], None] | None = None
-        """Told when the device says it stopped the reply because someone talked over it."""
+        """Told when the device says it stopped the reply because someone talked over it, or,
+        for a device that cancels echo itself (`echo_cancelled`), when the server hears someone
+        talk over the reply it is playing (`barge_in`)."""
+        self.barge_in: BargeIn | None = None
+        """The server's barge-in rule on an `echo_cancelled` device's audio."""
+        self._clock = PlayoutClock()
+        """When the reply audio sent to the device will have played (it plays at real time)."""
 
     def start(self, message: str | bytes) -> StreamDeclaration:
         """The first message: a `start` declares the stream. Audio first is refused; a `stop`
@@ -87,16 +100,21 @@ class DeviceFraming:
         if isinstance(parsed, BargeInMessage):
             raise Refusal(CloseCode.BAD_MESSAGE, "barge_in before start", "bad_message")
         self.declaration = declaration_of(parsed)
+        if parsed.echo_cancelled:
+            self.barge_in = BargeIn(ECHO_CANCELLED_BARGE_IN_S)
+            self.barge_in.on_barge_in = lambda: self.on_barge_in() if self.on_barge_in else None
         return self.declaration
 
     def audio(self, message: str | bytes) -> bytes | None:
         """Whole sample frames of a binary message (a split sample waits for the next); None
         at `stop`; `barge_in` is told to `on_barge_in`; a second `start` is refused."""
         if isinstance(message, bytes):
-            width = self._declared().format.bytes_per_frame
+            fmt = self._declared().format
             data = self._carry + message
-            cut = len(data) - len(data) % width
+            cut = len(data) - len(data) % fmt.bytes_per_frame
             self._carry = data[cut:]
+            if self.barge_in is not None and self._clock.playing():
+                self._hear(data[:cut], fmt)
             return data[:cut]
         parsed = parse(message)
         if isinstance(parsed, StopMessage):
@@ -120,7 +138,15 @@ class DeviceFraming:
 
     def reply_audio(self, pcm16: bytes, sample_rate: int) -> list[Outgoing]:
         fmt = self._declared().format
+        self._clock.sent(len(pcm16) / 2 / sample_rate)
         return list(device_reply_frames(pcm16, sample_rate, fmt.sample_rate, fmt.encoding))
+
+    def _hear(self, audio: bytes, fmt: StreamFormat) -> None:
+        """The barge-in rule on a piece of an `echo_cancelled` device's audio (a reply plays)."""
+        assert self.barge_in is not None
+        pcm = mulaw_decode(audio).tobytes() if fmt.encoding == "mulaw" else audio
+        if self.barge_in.heard(pcm, fmt.sample_rate * fmt.channels, playing=True):
+            self._clock.until = 0.0  # what it held is dropped (`reply_stopped`)
 
     def _declared(self) -> StreamDeclaration:
         if self.declaration is None:

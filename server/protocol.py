@@ -74,6 +74,11 @@ class StartMessage(_Wire):
     channels: int = Field(default=1, ge=1, le=8)
     shared_mic: bool = True
     """True: several people at one microphone (diarized). False: one person, turns carry `name`."""
+    echo_cancelled: bool = False
+    """True: the device cancels the reply's echo itself (a speakerphone with echo cancellation):
+    it is not silenced while a reply plays (V9), and someone talking over the reply stops it
+    (the server hears the barge-in). False: silenced while a reply plays; the device may say
+    it stopped the reply (`barge_in`)."""
 
     @model_validator(mode="after")
     def _phone_rate(self) -> StartMessage:

@@ -24,10 +24,12 @@ BARGE_IN_DBFS = -35.0
 """A caller's 20 ms frame at least this loud (RMS) is speech for barge-in."""
 BARGE_IN_S = 0.06
 """Consecutive loud audio (three 20 ms frames, six 10 ms ones) that makes a barge-in."""
-PERSONAL_MIC_BARGE_IN_S = 0.24
-"""The same for a person's own microphone in a browser or app (a LiveKit participant): the
-page's hold time. Its echo cancellation leaves more of the reply and the room in it than a
-phone line carries, so it takes longer loud audio to count as talking over the reply."""
+ECHO_CANCELLED_BARGE_IN_S = 0.24
+"""The same for a microphone whose own echo cancellation keeps the reply out (a person's
+microphone in a browser or app, a LiveKit participant; a device that declares
+`echo_cancelled`): the page's hold time. Echo cancellation leaves more of the reply and the
+room in it than a phone line carries, so it takes longer loud audio to count as talking over
+the reply."""
 
 
 PLAYOUT_SLACK_S = 1.0

@@ -161,17 +161,19 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
 
 @contextlib.asynccontextmanager
 async def dana_at_her_desk(
-    audio_pace: float = 0.0,
+    audio_pace: float = 0.0, echo_cancelled: bool = False
 ) -> AsyncIterator[tuple[OpenAIRealtimeServer, RunningServer, DeviceStream]]:
     """A room whose model answers Dana with a 20 s reply ("A long answer.") made at `audio_pace`
-    times real time (0: at once), and Dana's own device in the room."""
+    times real time (0: at once), and Dana's own device in the room (`echo_cancelled`: one
+    that cancels the reply's echo itself)."""
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
                                     audio_pace=audio_pace) as model:  # fmt: skip
         words = MeetingWords.from_meeting(MEETING)
         async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
             token = issue_token(SECRET, ROOM)
             desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
-                participant="desk", name="Dana", sample_rate=16000, shared_mic=False))  # fmt: skip
+                participant="desk", name="Dana", sample_rate=16000, shared_mic=False,
+                echo_cancelled=echo_cancelled))  # fmt: skip
             try:
                 yield model, srv, desk
             finally:
@@ -239,3 +241,27 @@ async def test_a_reply_talked_over_after_it_was_posted_comes_again_as_heard() ->
         assert heard.text == "A…"
         await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
         assert srv.server.metrics.replies_total == 1  # the same reply, not a new one
+
+
+async def test_a_device_that_cancels_echo_is_heard_over_the_reply_and_stops_it() -> None:
+    """A device that declares `echo_cancelled` (a speakerphone with echo cancellation) is not
+    silenced while the reply plays; Dana talking over it is a barge-in the server hears itself
+    (240 ms at -35 dBFS or louder): the reply stops (`reply_stopped`), the model is told, and
+    all she said is transcribed."""
+    async with dana_at_her_desk(audio_pace=4.0, echo_cancelled=True) as (model, srv, desk):
+        await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
+        await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
+        assert srv.stt_server is not None
+
+        def voiced_s() -> float:
+            pcm = np.frombuffer(bytes(srv.stt_server.connections[0].audio), "<i2")
+            return int(np.count_nonzero(pcm)) / 16000
+
+        before = voiced_s()
+        await desk.send_audio(float_to_pcm16(excerpt(2.0, 3.5)))  # over the reply, at real time
+        await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
+        await eventually(lambda: any(isinstance(m, ReplyStoppedMessage) for m in desk.received),
+                         BOUND_S, "reply_stopped")  # fmt: skip
+        await eventually(lambda: voiced_s() >= before + 1.5 - 0.05, BOUND_S, "the words")
+        await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
+        await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")

@@ -105,6 +105,37 @@ def test_a_device_barge_in_is_told_and_carries_no_audio_and_not_before_start() -
     assert device.audio('{"type": "barge_in"}') == b"" and told == ["device-1"]
 
 
+def test_a_device_that_cancels_echo_is_not_gated_and_the_server_hears_its_barge_in() -> None:
+    """`echo_cancelled`: not silenced while a reply plays (V9); 240 ms of loud audio while the
+    reply sent to it still plays is a barge-in (once per reply), as for a person's own
+    microphone; with no reply playing, or quiet audio, nothing."""
+    device = DeviceFraming()
+    told: list[str] = []
+    device.on_barge_in = lambda: told.append("barge-in")
+    declaration = device.start(dump(StartMessage(participant="desk", echo_cancelled=True)))
+    device.greeting("r1", "device-1")
+    assert declaration.echo_gate is False
+    t = np.arange(320) / 16000  # 20 ms at 16 kHz
+    loud = (np.sin(2 * np.pi * 440 * t) * 8000).astype("<i2").tobytes()
+    quiet = (np.sin(2 * np.pi * 440 * t) * 100).astype("<i2").tobytes()
+    for _ in range(20):
+        device.audio(loud)  # no reply playing
+    assert told == []
+    device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)  # 5 s of reply, playing now
+    for _ in range(20):
+        device.audio(quiet)
+    assert told == []
+    for _ in range(11):
+        device.audio(loud)
+    assert told == []
+    device.audio(loud)  # the twelfth 20 ms frame: 240 ms
+    assert told == ["barge-in"]
+    for _ in range(30):
+        device.audio(loud)  # still talking: the reply is already stopped
+    assert told == ["barge-in"]
+    assert DeviceFraming().start(dump(StartMessage(participant="desk"))).echo_gate is True
+
+
 def test_the_device_hears_started_and_replies_in_its_own_format() -> None:
     device = DeviceFraming()
     device.start(dump(StartMessage(participant="ann", sample_rate=8000, encoding="mulaw")))
