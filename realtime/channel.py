@@ -121,7 +121,8 @@ class _RoomState:
     """Event id → (its number among the transcript lines, the text it was sent as, without the
     note), for the latest `CORRECTABLE_LINES` events (a correction comes seconds after its turn)."""
     playing: _Playing | None = None
-    """The latest reply's audio, where the provider names its item (`interrupt` truncates it)."""
+    """The latest reply's audio: what `interrupt` cuts (in the model's context where the
+    provider names its item, and in the room's record)."""
     audio_of: str | None = None
     """The response whose audio the room's sinks were handed last, until it is done."""
     stopped: deque[str] = field(default_factory=lambda: deque(maxlen=KEPT_STOPPED))
@@ -330,7 +331,7 @@ class RealtimeChannel(Channel):
 
     def _playing(self, room_id: str, audio: ReplyAudio) -> None:
         state = self._rooms.get(room_id)
-        if state is None or audio.item_id is None or not audio.sample_rate:
+        if state is None or not audio.sample_rate:
             return
         now = asyncio.get_running_loop().time()
         playing = state.playing

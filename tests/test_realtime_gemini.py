@@ -123,3 +123,20 @@ async def test_R3_gemini_audio_mode_activity_markers_then_labelled_item(
     # each turn's audio was asked for at Gemini's own input rate: cut, never resampled
     assert [rate for _, rate in voice.asked] == [16_000, 16_000]
     await kit.close()
+
+
+async def test_R4_a_gemini_reply_talked_over_is_recorded_as_heard() -> None:
+    """Gemini has no cancel and no truncate: a reply whose audio (10 s, made at once) is still
+    playing when the room talks over it is cut in the room's record to what was heard, like an
+    OpenAI one."""
+    async with GeminiLiveServer(replies=["We meet on Thursday at ten."],
+                                reply_audio_seconds=10.0) as server:  # fmt: skip
+        kit, voice, realtime = await open_room(server)
+        await voice.say("r1", "Speaker A", "Chorus, when do we meet?")
+        await realtime.wait_idle("r1")
+        [reply] = [e for e in await kit.list_events("r1") if e.source.channel_id == "rt"]
+        assert reply.text == "We meet on Thursday at ten."
+        await realtime.interrupt("r1")
+        [reply] = [e for e in await kit.list_events("r1") if e.source.channel_id == "rt"]
+        assert reply.text == "We…" and reply.metadata["interrupted"] is True
+        await kit.close()
