@@ -13,6 +13,13 @@ turn over it.
 `--listeners N` puts N more callers in the same room first (a phone bridge): they only listen
 (their phones send silence), hear every reply too, and never talk over it.
 
+`--path device`: the caller is a room's device instead (the device protocol at real time, in
+20 ms frames, `shared_mic` false), which the server silences while a reply plays (V9), and which
+does what the page does: it plays the reply audio it is sent at real time, and 240 ms of its own
+audio at an RMS of 0.02 or more while that plays make it drop the reply and send `barge_in`.
+**Stop** is then from its first loud frame to the last reply audio the server sent it before the
+reply went quiet.
+
 Per interruption:
 - **stop**: from the caller's first frame at the barge-in level (`server.reply_audio`:
   −35 dBFS) to the last reply RTP packet that reached the caller before the reply went quiet
@@ -21,6 +28,9 @@ Per interruption:
   whole room, or only for whoever talked);
 - **heard**: whether a committed turn of the call overlaps the interruption's audio (the V9
   gate does not silence a phone leg);
+- **words**: the committed turns overlapping the interruption against what was said (the demo
+  meeting's `meeting.json`), WER after Whisper's English normaliser (`whisper_normalizer`), and
+  whether its first word was transcribed;
 - what the model was told: the stand-in's `response.cancel`s and `conversation.item.truncate`s.
 """
 
@@ -70,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="the demo meeting (WAV + RTTM)")
     parser.add_argument(
+        "--path", choices=("sip", "device"), default="sip",
+        help="the caller: a SIP call (default) or a room's device that stops the reply itself",
+    )  # fmt: skip
+    parser.add_argument(
         "--server-repo", default=str(REPO),
         help="run the `chorus serve` of this checkout (an older one, side by side)",
     )  # fmt: skip
@@ -97,6 +111,10 @@ class Interruption:
     heard: bool = False
     others_stop_s: list[float | None] = field(default_factory=list)
     """The same for each listener, from the same frame."""
+    said: str = ""
+    """What the caller said over the reply (the meeting's words)."""
+    transcribed: str = ""
+    """The committed turns that overlap it, in order."""
 
 
 @dataclass
@@ -113,6 +131,22 @@ class BargeInResult:
     def others_stop_times(self) -> list[float]:
         return [s for i in self.interruptions for s in i.others_stop_s if s is not None]
 
+    def words(self) -> dict[str, float]:
+        """WER of the interruptions' words (Whisper's English normaliser), and how many of them
+        had their first word transcribed."""
+        import jiwer
+        from whisper_normalizer.english import EnglishTextNormalizer
+
+        norm = EnglishTextNormalizer()
+        said = [norm(i.said) for i in self.interruptions]
+        got = [norm(i.transcribed) for i in self.interruptions]
+        out = jiwer.process_words(said, got)
+        first = sum(bool(s.split()) and g.split()[:1] == s.split()[:1]
+                    for s, g in zip(said, got, strict=True))  # fmt: skip
+        return {"wer": float(out.wer), "deletions": float(out.deletions),
+                "reference_words": float(sum(len(s.split()) for s in said)),
+                "first_word": float(first)}  # fmt: skip
+
 
 def utterances(audio: str, count: int) -> list[tuple[float, float]]:
     """The recording's first `count` RTTM turns of 1.5 s or more, in order (start, end)."""
@@ -125,6 +159,18 @@ def utterances(audio: str, count: int) -> list[tuple[float, float]]:
     if len(spans) < count:
         raise ValueError(f"{rttm} has {len(spans)} turns of 1.5 s or more, {count} needed")
     return spans[:count]
+
+
+def said_in(audio: str, spans: list[tuple[float, float]]) -> list[str]:
+    """The words of each span, from the recording's `.json` script (its turns by start)."""
+    script = json.loads(Path(audio).with_suffix(".json").read_text())
+    by_start = {round(float(t["start"]), 2): str(t["text"]) for t in script["turns"]}
+    return [by_start.get(round(start, 2), "") for start, _ in spans]
+
+
+def overlapping(turns: list[Any], start: float, end: float) -> str:
+    """The text of the committed turns (latest versions) that overlap `start`…`end`."""
+    return " ".join(t.text for t in turns if t.start < end and t.end > start)
 
 
 def stop_time(arrivals: list[float], loud_at: float) -> float | None:
@@ -269,8 +315,126 @@ async def barge_in_call(
     for other in others:
         await other.leave()
     result.turns = len(turns)
-    for item in result.interruptions:
-        item.heard = any(t.start < item.end and t.end > item.start for t in turns)
+    _score(result, turns, audio, spans)
+    return result
+
+
+def _score(
+    result: BargeInResult, turns: list[Any], audio: str, spans: list[tuple[float, float]]
+) -> None:
+    from server.client import latest_turns
+
+    final = latest_turns(turns)
+    for item, said in zip(result.interruptions, said_in(audio, spans[1:]), strict=True):
+        item.heard = any(t.start < item.end and t.end > item.start for t in final)
+        item.said = said
+        item.transcribed = overlapping(final, item.start, item.end)
+
+
+PAGE_LEVEL = 0.02
+"""The page's barge-in level (RMS of a frame, full scale 1)."""
+PAGE_HOLD_FRAMES = 12
+"""The page's barge-in hold: twelve 20 ms frames (240 ms)."""
+
+
+async def device_barge_in(
+    base: str, room: str, token: str, audio: str, spans: list[tuple[float, float]], after: float,
+) -> BargeInResult:
+    """As `barge_in_call`, from a room's device that does what the page does (see the module's
+    docstring)."""
+    import numpy as np
+
+    from server.client import DeviceStream
+    from server.protocol import FeedMessage, StartMessage, TurnMessage
+    from voice.audio import float_to_pcm16, read_audio_16k
+
+    recording = read_audio_16k(audio)
+    result = BargeInResult()
+    arrivals: list[float] = []  # when each piece of reply audio arrived
+    plays_until = 0.0
+    frame = 320  # 20 ms at 16 kHz
+    sent = 0
+    began = 0.0
+
+    class Desk(DeviceStream):
+        async def _read(self) -> None:  # the reply's audio as the page plays it
+            nonlocal plays_until
+            from websockets.exceptions import ConnectionClosed
+
+            from server.protocol import parse_server_message
+
+            with contextlib.suppress(ConnectionClosed):
+                async for message in self.ws:
+                    if isinstance(message, bytes):
+                        now = time.monotonic()
+                        arrivals.append(now)
+                        plays_until = max(plays_until, now) + len(message) / 2 / 16000
+                        continue
+                    self.received.append(parse_server_message(message))
+
+    def on_message(message: FeedMessage) -> None:
+        pass
+
+    desk = await Desk.open(base, room, token, StartMessage(
+        participant="bench-desk", name="Bench", sample_rate=16000, shared_mic=False),
+        on_message=on_message)  # fmt: skip
+
+    async def say(samples: Any) -> float | None:
+        """At real time in 20 ms frames, the page's barge-in rule on each; the time of the
+        first frame at its level while the reply played (None: none)."""
+        nonlocal sent, plays_until
+        loud_at, loud = None, 0
+        for i in range(0, len(samples), frame):
+            piece = samples[i : i + frame]
+            delay = began + sent * 0.02 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await desk.ws.send(float_to_pcm16(piece))
+            sent += 1
+            playing = time.monotonic() < plays_until
+            level = float(np.sqrt(np.mean(np.square(piece)))) if len(piece) else 0.0
+            if playing and level >= PAGE_LEVEL:
+                loud += 1
+                if loud_at is None:
+                    loud_at = time.monotonic()
+                if loud == PAGE_HOLD_FRAMES:
+                    plays_until = 0.0  # the page drops what it holds
+                    await desk.barge_in()
+            else:
+                loud = 0
+        return loud_at
+
+    def silence(seconds: float) -> Any:
+        return np.zeros(int(seconds * 16000), np.float32)
+
+    try:
+        began = time.monotonic()
+        first, *rest = spans
+        await say(np.concatenate([recording[int(first[0] * 16000) : int(first[1] * 16000)],
+                                  silence(PAUSE_S)]))  # fmt: skip
+        for start, end in rest:
+            seen = len(arrivals)
+            deadline = time.monotonic() + 60.0
+            while not (len(arrivals) > seen and time.monotonic() - arrivals[seen] >= after):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no reply came")
+                await say(silence(0.02))
+            at = sent * 0.02
+            loud_at = await say(np.concatenate([recording[int(start * 16000) : int(end * 16000)],
+                                                silence(PAUSE_S)]))  # fmt: skip
+            item = Interruption(round(at, 2), round(at + end - start, 2))
+            if loud_at is not None:
+                item.stop_s = stop_time(arrivals, loud_at)
+            result.interruptions.append(item)
+        await say(silence(2.0))
+        await asyncio.wait_for(desk.stop(), 120)
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):
+            await desk.ws.close()
+    turns = [m for m in desk.received if isinstance(m, TurnMessage)]
+    result.turns = len({t.event_id for t in turns})
+    _score(result, turns, audio, spans)
     return result
 
 
@@ -301,11 +465,13 @@ async def _run(args: argparse.Namespace) -> int:
         with _process(serve, env, workdir / "server.log", cwd=Path(args.server_repo)) as srv:
             await _wait_port(port, srv, "chorus serve")
             print(f"server pid {srv.pid}; logs in {workdir}", file=sys.stderr)
-            result = await barge_in_call(
-                f"ws://127.0.0.1:{port}", sip_port, "bench-barge-in",
-                issue_token(SECRET, "bench-barge-in"), args.audio, spans, args.after,
-                args.listeners,
-            )  # fmt: skip
+            base, token = f"ws://127.0.0.1:{port}", issue_token(SECRET, "bench-barge-in")
+            if args.path == "device":
+                result = await device_barge_in(base, "bench-barge-in", token, args.audio, spans,
+                                               args.after)  # fmt: skip
+            else:
+                result = await barge_in_call(base, sip_port, "bench-barge-in", token, args.audio,
+                                             spans, args.after, args.listeners)  # fmt: skip
         result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
     stops = result.stop_times()
     print("| interruption | at (s) | stop (ms) | heard | the listeners' stop (ms) |")
@@ -320,6 +486,10 @@ async def _run(args: argparse.Namespace) -> int:
               f"{len(stops)}; heard {sum(i.heard for i in result.interruptions)} of "
               f"{len(result.interruptions)}; the model was sent {result.cancelled} cancel(s) and "
               f"{result.truncated} truncate(s)")  # fmt: skip
+    words = result.words()
+    print(f"the interruptions' words: WER {words['wer']:.1%} (Whisper's English normaliser; "
+          f"{words['deletions']:.0f} of {words['reference_words']:.0f} words missing), the first "
+          f"word transcribed in {words['first_word']:.0f} of {len(result.interruptions)}")  # fmt: skip
     others = result.others_stop_times()
     if others:
         print(f"the listeners' stop p50 {percentile(others, 50) * 1000:.0f} ms, p95 "
@@ -332,5 +502,13 @@ async def _run(args: argparse.Namespace) -> int:
     return 1 if result.error else 0
 
 
-__all__ = ["BargeInResult", "Interruption", "barge_in_call", "stop_time", "utterances"]
+__all__ = [
+    "BargeInResult",
+    "Interruption",
+    "barge_in_call",
+    "device_barge_in",
+    "said_in",
+    "stop_time",
+    "utterances",
+]
 

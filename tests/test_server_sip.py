@@ -1031,6 +1031,28 @@ def test_a_reply_stops_where_its_packets_stop_coming() -> None:
     assert stop_time(arrivals, 0.5) is None  # nothing was playing then
 
 
+def test_the_barge_in_bench_scores_the_words_said_over_the_reply() -> None:
+    """`chorus bench barge_in`'s words: what each interruption said (the meeting's script), the
+    turns over it, WER after Whisper's normaliser, and whether the first word came through."""
+    from types import SimpleNamespace
+
+    from bench.barge_in import BargeInResult, Interruption, overlapping, said_in
+
+    audio = str(MEETING / "meeting.wav")
+    assert said_in(audio, [(4.698, 8.87)]) == [
+        "Morning. The build is green and the installer is ready for testing."
+    ]
+    turns = [SimpleNamespace(start=0.0, end=1.0, text="Before."),
+             SimpleNamespace(start=4.8, end=6.0, text="The build is green"),
+             SimpleNamespace(start=6.0, end=9.0, text="and the installer is ready for testing.")]  # fmt: skip
+    heard = overlapping(turns, 4.7, 8.9)
+    assert heard == "The build is green and the installer is ready for testing."
+    result = BargeInResult([Interruption(4.7, 8.9, said=said_in(audio, [(4.698, 8.87)])[0],
+                                         transcribed=heard)])  # fmt: skip
+    assert result.words() == {"wer": 1 / 12, "deletions": 1.0, "reference_words": 12.0,
+                              "first_word": 0.0}  # fmt: skip
+
+
 async def test_floods_of_invites_and_rtp_are_answered_and_the_server_keeps_serving() -> None:
     async with sip_server(sip={"max_calls": 4}) as srv:
         port = sip_port(srv)
