@@ -50,10 +50,7 @@ TEST_WORKERS ?= $(shell nproc)
 unit: install system-deps
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
-# The main suite and the pyannote stage's suite run side by side (each one's output whole, as it
-# ends): the main suite waits on real time for half its wall time, which the pyannote tests fill.
-test: lint
-	$(MAKE) -j2 --output-sync=target unit test-pyannote
+test: lint unit test-pyannote
 
 # --- The pyannote stage (rule P2) in its own environment: docs/pyannote.md -----------------------
 # pyannote.audio 4 needs torchaudio built for its exact torch: the pair that installs here is
