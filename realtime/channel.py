@@ -127,8 +127,6 @@ class _RoomState:
     """The response whose audio the room's sinks were handed last, until it is done."""
     stopped: deque[str] = field(default_factory=lambda: deque(maxlen=KEPT_STOPPED))
     """Responses the room talked over (`stop_reply`): the rest of their audio is dropped."""
-    stopped_audio_s: float = 0.0
-    """Seconds of reply audio dropped because the room had talked over its response."""
     heard: OrderedDict[str, tuple[int, float]] = field(default_factory=OrderedDict)
     """Response id → (ms, share of its audio) the room heard, for a response interrupted before
     its `ReplyDone` (its reply is posted as heard); forgotten at its `ReplyDone`."""
@@ -474,11 +472,9 @@ class RealtimeChannel(Channel):
             sinks = await kit.channels_in(room_id)
             state = self._rooms.get(room_id)
             if state is not None:  # (looked at after the await: a `stop_reply` meanwhile counts)
-                if event.response_id in state.stopped:
-                    seconds = len(event.pcm16) / 2 / max(1, event.sample_rate)
-                    state.stopped_audio_s += seconds
+                if event.response_id in state.stopped:  # dropped, but the provider made it
                     if state.playing is not None and state.playing.response_id == event.response_id:
-                        state.playing.made += seconds
+                        state.playing.made += len(event.pcm16) / 2 / max(1, event.sample_rate)
                     return
                 state.audio_of = event.response_id
             self._playing(room_id, event)

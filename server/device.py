@@ -146,7 +146,7 @@ class DeviceFraming:
         assert self.barge_in is not None
         pcm = mulaw_decode(audio).tobytes() if fmt.encoding == "mulaw" else audio
         if self.barge_in.heard(pcm, fmt.sample_rate * fmt.channels, playing=True):
-            self._clock.until = 0.0  # what it held is dropped (`reply_stopped`)
+            self._clock.stop()  # what it held is dropped (`reply_stopped`)
 
     def _declared(self) -> StreamDeclaration:
         if self.declaration is None:

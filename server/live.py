@@ -393,7 +393,8 @@ class LiveRooms:
     def answer_barge_in(self, room_id: str, stream_id: str) -> None:
         """A device's `barge_in` that stopped nothing (no reply was playing any more) is
         answered `reply_stopped` all the same, on that stream only."""
-        stream = self._stream(stream_id)
+        live = self.rooms.get(room_id)
+        stream = live.streams.get(stream_id) if live is not None else None
         if stream is not None:
             stream.send(dump(ReplyStoppedMessage(room=room_id, stream=stream_id)))
 

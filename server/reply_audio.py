@@ -51,6 +51,10 @@ class PlayoutClock:
     def playing(self) -> bool:
         return time.monotonic() < self.until + PLAYOUT_SLACK_S
 
+    def stop(self) -> None:
+        """The peer dropped what it held of the reply (a barge-in): nothing plays now."""
+        self.until = 0.0
+
 
 class ReplyBacklog:
     """The reply pieces a phone leg has queued for its caller and not sent yet: the leg paces

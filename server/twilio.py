@@ -272,9 +272,7 @@ class TwilioFraming:
                 raise Refusal(
                     CloseCode.BAD_MESSAGE, "media payload is not base64", "bad_message"
                 ) from exc
-            if self._playing and not self._clock.playing():
-                self._playing.clear()  # long played out: a mark that never came back
-            playing = bool(self._playing)
+            playing = self._reply_playing()
             pcm = mulaw_decode(mulaw).tobytes() if playing else b""  # its level: only then
             if self.barge_in.heard(pcm, PHONE_RATE, playing=playing):
                 # (the room's stop, told of the barge-in, may have sent the `clear` already)
@@ -313,9 +311,15 @@ class TwilioFraming:
     def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
         """`clear` when a reply is still playing at Twilio (someone else in the room talked
         over it; the leg's own barge-in has sent its `clear` already)."""
-        if not self._clock.playing():
-            self._playing.clear()  # long played out: a mark that never came back
+        self._reply_playing()  # (forgets a reply long played out)
         return self._clear()
+
+    def _reply_playing(self) -> bool:
+        """Whether a reply plays at Twilio: a mark of it not back yet, and at most until it
+        would have played out (`PlayoutClock`): a mark that never comes back is forgotten."""
+        if self._playing and not self._clock.playing():
+            self._playing.clear()
+        return bool(self._playing)
 
     def _clear(self) -> list[Outgoing]:
         """`clear` while a reply plays at Twilio (once: its marks are then forgotten)."""
