@@ -129,6 +129,7 @@ class DeviceFraming:
         return []
 
     def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
+        self._clock.stop()  # nothing plays there now: no barge-in over it (`echo_cancelled`)
         return [stopped]  # the device drops the reply audio it holds
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:

@@ -133,6 +133,11 @@ def test_a_device_that_cancels_echo_is_not_gated_and_the_server_hears_its_barge_
     for _ in range(30):
         device.audio(loud)  # still talking: the reply is already stopped
     assert told == ["barge-in"]
+    device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)  # the next reply...
+    assert device.stop_reply("stopped") == ["stopped"]  # ...stopped by someone else in the room
+    for _ in range(30):
+        device.audio(loud)  # nothing plays there any more: no barge-in over it
+    assert told == ["barge-in"]
     assert DeviceFraming().start(dump(StartMessage(participant="desk"))).echo_gate is True
 
 
