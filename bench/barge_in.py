@@ -345,7 +345,7 @@ async def device_barge_in(
     import numpy as np
 
     from server.client import DeviceStream
-    from server.protocol import FeedMessage, StartMessage, TurnMessage
+    from server.protocol import StartMessage, TurnMessage
     from voice.audio import float_to_pcm16, read_audio_16k
 
     recording = read_audio_16k(audio)
@@ -356,28 +356,15 @@ async def device_barge_in(
     sent = 0
     began = 0.0
 
-    class Desk(DeviceStream):
-        async def _read(self) -> None:  # the reply's audio as the page plays it
-            nonlocal plays_until
-            from websockets.exceptions import ConnectionClosed
+    def play(pcm16: bytes) -> None:  # the reply's audio as the page plays it
+        nonlocal plays_until
+        now = time.monotonic()
+        arrivals.append(now)
+        plays_until = max(plays_until, now) + len(pcm16) / 2 / 16000
 
-            from server.protocol import parse_server_message
-
-            with contextlib.suppress(ConnectionClosed):
-                async for message in self.ws:
-                    if isinstance(message, bytes):
-                        now = time.monotonic()
-                        arrivals.append(now)
-                        plays_until = max(plays_until, now) + len(message) / 2 / 16000
-                        continue
-                    self.received.append(parse_server_message(message))
-
-    def on_message(message: FeedMessage) -> None:
-        pass
-
-    desk = await Desk.open(base, room, token, StartMessage(
+    desk = await DeviceStream.open(base, room, token, StartMessage(
         participant="bench-desk", name="Bench", sample_rate=16000, shared_mic=False),
-        on_message=on_message)  # fmt: skip
+        on_audio=play)  # fmt: skip
 
     async def say(samples: Any) -> float | None:
         """At real time in 20 ms frames, the page's barge-in rule on each; the time of the

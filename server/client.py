@@ -102,6 +102,8 @@ class DeviceStream:
     received: list[FeedMessage] = field(default_factory=list)
     audio_received: bytearray = field(default_factory=bytearray)
     on_message: OnMessage | None = None
+    on_audio: Callable[[bytes], None] | None = None
+    """Told each binary message (reply audio) as it arrives."""
     _reader: asyncio.Task[None] | None = None
 
     @classmethod
@@ -112,10 +114,11 @@ class DeviceStream:
         token: str | None,
         start: StartMessage,
         on_message: OnMessage | None = None,
+        on_audio: Callable[[bytes], None] | None = None,
         **connect_options: Any,
     ) -> DeviceStream:
         ws = await connect(stream_url(base, room, token), **connect_options)
-        stream = cls(ws=ws, start=start, on_message=on_message)
+        stream = cls(ws=ws, start=start, on_message=on_message, on_audio=on_audio)
         # a server that refuses at once (a bad token) may close before `start` is written: its
         # `error` is still read, by the reader, from what arrived before the close
         with contextlib.suppress(ConnectionClosed):
@@ -128,6 +131,8 @@ class DeviceStream:
             async for message in self.ws:
                 if isinstance(message, bytes):
                     self.audio_received.extend(message)
+                    if self.on_audio is not None:
+                        self.on_audio(message)
                     continue
                 parsed = parse_server_message(message)
                 self.received.append(parsed)
