@@ -21,9 +21,9 @@ audio at an RMS of 0.02 or more while that plays make it drop the reply and send
 reply went quiet.
 
 Per interruption:
-- **stop**: from the caller's first frame at the barge-in level (`server.reply_audio`:
-  −35 dBFS) to the last reply RTP packet that reached the caller before the reply went quiet
-  (a gap of 0.2 s); the rule itself needs 60 ms of such audio;
+- **stop**: from the caller's first frame at −35 dBFS (`TALK_DBFS`) to the last reply RTP
+  packet that reached the caller before the reply went quiet (a gap of 0.2 s); the rule itself
+  (`server.reply_audio.BargeIn`) needs `BARGE_IN_S` of speech by Silero VAD;
 - **others' stop**: the same, from the same frame, for each listener (the reply stops for the
   whole room, or only for whoever talked);
 - **heard**: whether a committed turn of the call overlaps the interruption's audio (the V9
@@ -228,7 +228,6 @@ async def barge_in_call(
 
     from server.client import EventFeed
     from server.protocol import FeedMessage, TurnMessage
-    from server.reply_audio import BARGE_IN_DBFS
     from voice.audio import (
         float_to_pcm16,
         level_dbfs,
@@ -271,7 +270,7 @@ async def barge_in_call(
                 await asyncio.sleep(delay)
             caller.rtp(sent, frame)
             level = level_dbfs(pcm16_to_float(mulaw_decode(frame)))
-            if loud_at is None and level >= BARGE_IN_DBFS:
+            if loud_at is None and level >= TALK_DBFS:
                 loud_at = time.monotonic()
             sent += 1
         return loud_at
@@ -333,6 +332,11 @@ def _score(
 
 PAGE_LEVEL = 0.02
 """The page's barge-in level (RMS of a frame, full scale 1)."""
+TALK_DBFS = -35.0
+"""Where the bench's clock starts on a SIP call: the caller's first frame at this RMS level (the
+level gate the phone's barge-in rule was before it heard speech with a VAD; the same start for
+the rule before and after)."""
+
 PAGE_HOLD_FRAMES = 12
 """The page's barge-in hold: twelve 20 ms frames (240 ms)."""
 

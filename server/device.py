@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
+import numpy as np
 from pydantic import ValidationError
 
 from server.framing import (
@@ -145,8 +146,10 @@ class DeviceFraming:
     def _hear(self, audio: bytes, fmt: StreamFormat) -> None:
         """The barge-in rule on a piece of an `echo_cancelled` device's audio (a reply plays)."""
         assert self.barge_in is not None
-        pcm = mulaw_decode(audio).tobytes() if fmt.encoding == "mulaw" else audio
-        if self.barge_in.heard(pcm, fmt.sample_rate * fmt.channels, playing=True):
+        samples = mulaw_decode(audio) if fmt.encoding == "mulaw" else np.frombuffer(audio, "<i2")
+        if fmt.channels > 1:  # the rule hears one channel: the channels' mean
+            samples = samples.reshape(-1, fmt.channels).mean(axis=1).astype("<i2")
+        if self.barge_in.heard(samples.tobytes(), fmt.sample_rate, playing=True):
             self._clock.stop()  # what it held is dropped (`reply_stopped`)
 
     def _declared(self) -> StreamDeclaration:

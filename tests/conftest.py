@@ -37,6 +37,15 @@ os.environ.setdefault("CHORUS_STORE_URL", "memory://")
 pytest_plugins = ["tests.store_fixtures"]  # new_store / new_kit: every store the rooms tests run on
 
 
+def meeting_speech(start: float, end: float, rate: int = 16000) -> bytes:
+    """The demo meeting from `start` to `end` s, mono pcm16 at `rate`: real speech for the rules
+    that listen for it (its first 0.6 s are quiet, then Alice talks until 4.2 s)."""
+    from voice.audio import float_to_pcm16, read_audio_16k, resample
+
+    audio = read_audio_16k(MEETING / "meeting.wav")[int(start * 16000) : int(end * 16000)]
+    return float_to_pcm16(resample(audio, 16000, rate))
+
+
 @pytest.fixture(scope="session")
 def shared_fixtures() -> Path:
     if not SHARED_FIXTURES.is_dir():

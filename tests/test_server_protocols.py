@@ -13,8 +13,10 @@ import pytest
 from server.device import DeviceFraming
 from server.framing import Refusal, StoppedBeforeStart, StreamDeclaration, StreamFraming
 from server.protocol import CloseCode, StartMessage, dump, parse_server_message
+from server.reply_audio import BARGE_IN_S
 from server.sockets import close_reason
 from server.twilio import TwilioFraming, TwilioOpening
+from tests.conftest import meeting_speech
 from voice.audio import StreamFormat
 
 
@@ -106,39 +108,52 @@ def test_a_device_barge_in_is_told_and_carries_no_audio_and_not_before_start() -
 
 
 def test_a_device_that_cancels_echo_is_not_gated_and_the_server_hears_its_barge_in() -> None:
-    """`echo_cancelled`: not silenced while a reply plays (V9); 240 ms of loud audio while the
-    reply sent to it still plays is a barge-in (once per reply), as for a person's own
-    microphone; with no reply playing, or quiet audio, nothing."""
-    device = DeviceFraming()
-    told: list[str] = []
-    device.on_barge_in = lambda: told.append("barge-in")
-    declaration = device.start(dump(StartMessage(participant="desk", echo_cancelled=True)))
-    device.greeting("r1", "device-1")
-    assert declaration.echo_gate is False
-    t = np.arange(320) / 16000  # 20 ms at 16 kHz
-    loud = (np.sin(2 * np.pi * 440 * t) * 8000).astype("<i2").tobytes()
-    quiet = (np.sin(2 * np.pi * 440 * t) * 100).astype("<i2").tobytes()
-    for _ in range(20):
-        device.audio(loud)  # no reply playing
-    assert told == []
-    device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)  # 5 s of reply, playing now
-    for _ in range(20):
-        device.audio(quiet)
-    assert told == []
-    for _ in range(11):
-        device.audio(loud)
-    assert told == []
-    device.audio(loud)  # the twelfth 20 ms frame: 240 ms
-    assert told == ["barge-in"]
-    for _ in range(30):
-        device.audio(loud)  # still talking: the reply is already stopped
-    assert told == ["barge-in"]
-    device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)  # the next reply...
-    assert device.stop_reply("stopped") == ["stopped"]  # ...stopped by someone else in the room
-    for _ in range(30):
-        device.audio(loud)  # nothing plays there any more: no barge-in over it
-    assert told == ["barge-in"]
+    """`echo_cancelled`: not silenced while a reply plays (V9); 240 ms of speech while the reply
+    sent to it still plays is a barge-in (once per reply), as for a person's own microphone;
+    with no reply playing, or only the room's quiet, nothing. Stereo is heard as its mean."""
+    for channels in (1, 2):
+        device = DeviceFraming()
+        told: list[str] = []
+        device.on_barge_in = lambda told=told: told.append("barge-in")  # type: ignore[misc]
+        declaration = device.start(dump(StartMessage(participant="desk", echo_cancelled=True,
+                                                     channels=channels)))  # fmt: skip
+        device.greeting("r1", "device-1")
+        assert declaration.echo_gate is False
+        quiet = frames_of(meeting_speech(0.0, 0.6), channels)  # before Alice talks
+        speech = frames_of(meeting_speech(0.6, 4.0), channels)
+        for f in speech[:30]:
+            device.audio(f)  # no reply playing
+        assert told == []
+        device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)  # 5 s of reply, playing now
+        for f in quiet:
+            device.audio(f)
+        assert told == []
+        for f in speech[:12]:  # 240 ms: not yet (the VAD's eighth 32 ms frame is 256 ms)
+            device.audio(f)
+        assert told == []
+        fed = 12
+        for f in speech[12:40]:
+            device.audio(f)
+            fed += 1
+            if told:
+                break
+        assert told == ["barge-in"] and fed * 0.02 <= 0.6, fed
+        for f in speech[40:100]:
+            device.audio(f)  # still talking: the reply is already stopped
+        assert told == ["barge-in"]
+        device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)  # the next reply...
+        assert device.stop_reply("stopped") == ["stopped"]  # ...stopped by someone else
+        for f in speech[100:]:
+            device.audio(f)  # nothing plays there any more: no barge-in over it
+        assert told == ["barge-in"]
     assert DeviceFraming().start(dump(StartMessage(participant="desk"))).echo_gate is True
+
+
+def frames_of(pcm16: bytes, channels: int = 1) -> list[bytes]:
+    """20 ms binary frames of 16 kHz mono pcm16, each sample repeated on `channels` channels."""
+    samples = np.repeat(np.frombuffer(pcm16, "<i2"), channels)
+    step = 320 * channels
+    return [samples[i : i + step].tobytes() for i in range(0, len(samples) - step + 1, step)]
 
 
 def test_the_device_hears_started_and_replies_in_its_own_format() -> None:
@@ -280,42 +295,48 @@ def test_a_bad_twilio_media_message_is_refused(message: str | bytes, reason: str
     )
 
 
-def _mulaw_frame(level: float) -> str:
-    """A 20 ms `media` message of a 440 Hz tone at `level` (0: digital silence)."""
+def _mulaw_frames(pcm16: bytes) -> list[str]:
+    """20 ms `media` messages of 8 kHz pcm16."""
     from voice.audio import mulaw_encode
 
-    tone = (level * 32767 * np.sin(2 * np.pi * 440 * np.arange(160) / 8000)).astype(np.int16)
-    return _media(base64.b64encode(mulaw_encode(tone)).decode())
+    samples = np.frombuffer(pcm16, "<i2")
+    return [_media(base64.b64encode(mulaw_encode(samples[i : i + 160])).decode())
+            for i in range(0, len(samples) - 159, 160)]  # fmt: skip
 
 
 def test_a_twilio_caller_talking_over_a_reply_gets_it_cleared_once() -> None:
-    """While a reply's mark has not come back, the caller talking (`BargeIn`: 3 loud frames)
-    makes the leg owe Twilio one `clear`; quiet frames, or talking once every reply has played,
-    owe nothing. A mark of a cleared reply coming back changes nothing."""
+    """While a reply's mark has not come back, the caller talking (`BargeIn`: `BARGE_IN_S` of
+    speech) makes the leg owe Twilio one `clear`; the line's quiet, or talking once every reply
+    has played, owe nothing. A mark of a cleared reply coming back changes nothing."""
     leg = _opened({"room": "r1"})
-    loud, quiet = _mulaw_frame(0.3), _mulaw_frame(0.001)
-    for _ in range(5):  # no reply playing: talking is just talking
-        leg.audio(loud)
+    quiet = _mulaw_frames(meeting_speech(0.0, 0.6, 8000))  # before Alice talks
+    speech = _mulaw_frames(meeting_speech(0.6, 4.0, 8000))
+    for f in speech[:20]:  # no reply playing: talking is just talking
+        leg.audio(f)
     assert leg.answers() == []
     first = [json.loads(m) for m in leg.reply_audio(b"\x10\x00" * 16000, 16000)]
     assert first[-1]["mark"]["name"] == "reply-1"
-    for _ in range(10):
-        leg.audio(quiet)
-    leg.audio(loud)
-    leg.audio(loud)
+    for f in quiet:
+        leg.audio(f)
     assert leg.answers() == []
-    leg.audio(loud)  # the third loud frame in a row
+    fed = 0
+    for f in speech[:25]:
+        leg.audio(f)
+        fed += 1
+        if leg.barge_in.count:
+            break
+    assert BARGE_IN_S <= fed * 0.02 <= BARGE_IN_S + 0.3, fed  # four 32 ms VAD frames, its onset
     assert [json.loads(m) for m in leg.answers()] == [{"event": "clear", "streamSid": "MZ1"}]
     assert leg.answers() == []  # once
-    for _ in range(6):  # still talking: the reply is already cleared
-        leg.audio(loud)
+    for f in speech[25:60]:  # still talking: the reply is already cleared
+        leg.audio(f)
     assert leg.answers() == [] and leg.barge_in.count == 1
     leg.audio('{"event": "mark", "streamSid": "MZ1", "mark": {"name": "reply-1"}}')  # sent back
     second = [json.loads(m) for m in leg.reply_audio(b"\x10\x00" * 1600, 16000)]
     assert second[-1]["mark"]["name"] == "reply-2"
     leg.audio('{"event": "mark", "streamSid": "MZ1", "mark": {"name": "reply-2"}}')  # played
-    for _ in range(5):
-        leg.audio(loud)
+    for f in speech[60:100]:
+        leg.audio(f)
     assert leg.answers() == [] and leg.barge_in.count == 1
 
 
@@ -332,8 +353,8 @@ def test_a_reply_whose_mark_never_comes_back_stops_counting_once_it_has_played_o
     leg = _opened({"room": "r1"})
     leg.reply_audio(b"\x10\x00" * 320, 16000)  # 20 ms
     time.sleep(0.1)  # time only makes "played out" truer
-    for _ in range(5):
-        leg.audio(_mulaw_frame(0.3))
+    for f in _mulaw_frames(meeting_speech(0.6, 1.6, 8000)):  # a second of speech
+        leg.audio(f)
     assert leg.answers() == [] and leg.barge_in.count == 0
 
 
