@@ -126,8 +126,9 @@ class BargeIn:
     `echo_cancelled` devices only.
 
     The VAD runs only while a reply plays, on the event loop: one ONNX call per 32 ms of a
-    caller's speech, about 0.08 ms (0.3 % of a core per stream talking over a reply), on a model
-    of its own (`barge_in_vad`) that no other thread holds."""
+    caller's audio, about 0.08 ms (0.3 % of a core per leg a reply plays to), on a model
+    of its own (`barge_in_vad`) that no other thread holds, loaded at the first reply
+    a caller hears (about 30 ms, once per process)."""
 
     def __init__(self, hold_s: float = BARGE_IN_S) -> None:
         self.hold_s = hold_s
