@@ -27,7 +27,12 @@ The steps, in order (each bound is a `[diarizer]` key, `OverloadBounds`):
    shared-mic stream that would use the stage is refused (`admitting` is False; 4429).
 4. **Recover.** Once every stream still on the stage stayed under `recover_lag_s` for
    `recover_after_s`, and the fallback stream's own last stage call has returned, the stream
-   that fell back first returns to the stage (`recovered`), one per `recover_after_s`.
+   that fell back first returns to the stage (`recovered`), one per `recover_after_s`. A stream
+   waits `recover_after_s` in fallback before it may return, doubled each time it falls back
+   again sooner after returning than it had waited (a stage that keeps up only while the stream
+   is off it), up to `MAX_BACKOFF` times; a stream that stayed back as long as it had waited
+   starts again from `recover_after_s`. So a stream does not flap between the stage and the
+   STT's labels (and its device between `degraded` and `recovered`) every few seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+MAX_BACKOFF = 16
+"""The longest a stream waits in fallback before it may return: `recover_after_s` times this."""
 
 
 class StageOverloadedError(Exception):
@@ -129,6 +137,10 @@ class _Stream:
     fell_back_at: float = 0.0
     busy: bool = False
     """In fallback: its last stage call has not returned yet (the stage is still working)."""
+    returned_at: float | None = None
+    """When it last returned to the stage (None: never)."""
+    backoff: int = 1
+    """Its wait in fallback before it may return, in `recover_after_s` (doubles, see above)."""
 
 
 @dataclass
@@ -266,6 +278,10 @@ class OverloadPolicy:
         return out
 
     def _leave(self, name: str, state: _Stream, now: float, reason: str) -> FallBack:
+        if state.returned_at is not None:  # it was back: for less time than it had waited?
+            waited = state.backoff * self.bounds.recover_after_s
+            soon = now - state.returned_at < waited
+            state.backoff = min(MAX_BACKOFF, state.backoff * 2) if soon else 1
         state.mode = StreamMode.FALLBACK
         state.fell_back_at = now
         state.busy = True
@@ -288,14 +304,17 @@ class OverloadPolicy:
                          key=lambda item: item[1].fell_back_at)
         calm_since = self._stage_calm_since
         if (not waiting or calm_since is None or now - calm_since < b.recover_after_s
-                or now - self._last_return < b.recover_after_s
-                or now - waiting[0][1].fell_back_at < b.recover_after_s):
+                or now - self._last_return < b.recover_after_s):
             return []
-        name, state = waiting[0]
+        due = [(n, s) for n, s in waiting if now - s.fell_back_at >= s.backoff * b.recover_after_s]
+        if not due:
+            return []
+        name, state = due[0]
         state.mode = StreamMode.STRETCHED if state.can_stretch and b.stretch_factor > 1 \
             else StreamMode.STAGE
         state.lag = 0.0
         state.calm_since = now
+        state.returned_at = now
         self._last_return = now
         self.counts.recoveries += 1
         out: list[Action] = [Return(name)]
@@ -305,6 +324,7 @@ class OverloadPolicy:
 
 
 __all__ = [
+    "MAX_BACKOFF",
     "Action",
     "DiarizationDegraded",
     "DiarizationRecovered",

@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from server.auth import issue_token
 from server.client import DeviceStream
 from server.overload import (
+    MAX_BACKOFF,
     FallBack,
     OverloadBounds,
     OverloadPolicy,
@@ -133,6 +134,54 @@ def test_no_return_while_a_stream_on_the_stage_lags() -> None:
     assert p.observe(25.0, {"a": 0.1, "b": 0.0}) == []  # calm only since 25
     assert p.observe(35.0, {"a": 0.1, "b": 0.0}) == [Stretch("a", 1.0), Return("b"),
                                                       Stretch("b", 2.0)]
+
+
+def test_a_stream_that_falls_back_soon_after_returning_waits_twice_as_long_each_time() -> None:
+    """A stage that keeps up only while the stream is off it: each return that ends in a fallback
+    sooner than the stream had waited doubles its next wait (up to `MAX_BACKOFF` times
+    `recover_after_s`), so it does not flap every `recover_after_s`; a stream that stayed back as
+    long as it had waited starts again from `recover_after_s`."""
+    p = policy("a", can_stretch=False)
+    t = 0.0
+
+    def falls_back() -> None:
+        nonlocal t
+        t += 1.0
+        [action] = p.observe(t, {"a": 5.0})
+        assert isinstance(action, FallBack)
+
+    def returns_after(wait: float) -> None:
+        nonlocal t
+        fell = t
+        t = fell + wait - 0.5
+        assert p.observe(t, {"a": 0.0}) == []  # not yet
+        t = fell + wait
+        assert p.observe(t, {"a": 0.0}) == [Return("a")]
+
+    falls_back()
+    returns_after(10.0)  # recover_after_s
+    falls_back()  # 1 s after returning, sooner than the 10 s it waited
+    returns_after(20.0)
+    falls_back()
+    returns_after(40.0)
+    for wait in (80.0, 160.0, 160.0):  # up to MAX_BACKOFF times recover_after_s
+        falls_back()
+        returns_after(wait)
+    assert MAX_BACKOFF * BOUNDS.recover_after_s == 160.0
+    t += 160.0  # back as long as it had waited: the next fallback starts over
+    falls_back()
+    returns_after(10.0)
+    assert p.load().counts.recoveries == 7
+
+
+def test_a_stream_in_its_backoff_lets_another_that_fell_back_return_first() -> None:
+    p = policy("a", "b", can_stretch=False)
+    p.observe(1.0, {"a": 0.0, "b": 5.0})  # b falls back
+    assert p.observe(11.0, {"a": 0.0, "b": 0.0}) == [Return("b")]
+    p.observe(12.0, {"a": 0.0, "b": 5.0})  # and again, 1 s later: b waits 20 s now
+    p.observe(13.0, {"a": 5.0, "b": 0.0})  # a falls back too: it waits 10 s
+    assert p.observe(23.0, {"b": 0.0, "a": 0.0}) == [Return("a")]  # a first, b still waiting
+    assert p.mode("b") is StreamMode.FALLBACK
 
 
 def test_the_stage_load_says_how_far_behind_and_whether_it_admits() -> None:
