@@ -42,10 +42,11 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist; one per core by default): half of its
-# wall time is waiting on real-time audio, servers and browsers, so workers overlap it
-# (docs/benchmarks.md, "Tests under load"). TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= $(shell nproc)
+# The suite runs in TEST_WORKERS processes (pytest-xdist; two per core by default): half of its
+# wall time is waiting on real-time audio, servers and browsers, so workers overlap it, and one
+# per core left a core idle half the time (docs/benchmarks.md, "Tests under load").
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
 
 unit: install system-deps
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
