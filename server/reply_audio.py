@@ -27,8 +27,7 @@ from voice.audio import (
     resample,
 )
 from voice.vad import FRAME_SECONDS as VAD_FRAME_SECONDS
-from voice.vad import SAMPLE_RATE as VAD_RATE
-from voice.vad import SileroModel, SpeechDetector, VadStream
+from voice.vad import FrameVadStream, SileroFrameModel
 
 FRAME_SECONDS = 0.2
 """Reply audio is sent in 200 ms pieces: small enough to start playing at once."""
@@ -120,8 +119,8 @@ class BargeIn:
     In the fixture rooms' quiet (156 s between people's turns, `chorus bench barge_in_rule`) the
     level gate before (60 ms at −35 dBFS) went off 44 times on the phone band, 17 times a minute,
     each one a reply cut off by the room itself; this rule, cross-validated, once on the wide
-    band and never on the phone band, for about 0.2 s more before it hears a caller (p50 334 ms
-    against 151 ms from the reference onset, phone band). Still an audio rule: a phone that
+    band and never on the phone band, for about 0.1 s more before it hears a caller (p50 258 ms
+    against 151 ms from the reference onset, phone band, heard at its own 8 kHz). Still an audio rule: a phone that
     echoed the reply back loudly would cut it off, which is why it runs on phones and
     `echo_cancelled` devices only.
 
@@ -135,8 +134,8 @@ class BargeIn:
         """How long the caller's speech must last (`BARGE_IN_S` for a phone)."""
         self.hold_frames = max(1, math.ceil(hold_s / VAD_FRAME_SECONDS - 1e-9))
         """The same in 32 ms VAD frames."""
-        self._vad: VadStream | None = None
-        self._resampler = StreamResampler(VAD_RATE)
+        self._vad: FrameVadStream | None = None
+        self._resampler: StreamResampler | None = None
         self._run = 0
         self.count = 0
         """Barge-ins so far."""
@@ -148,15 +147,16 @@ class BargeIn:
         completes a barge-in."""
         if not playing:
             if self._vad is not None:  # the next reply starts from fresh: no state, no run
-                self._vad = None
-                self._resampler = StreamResampler(VAD_RATE)
+                self._vad = self._resampler = None
                 self._run = 0
             return False
         usable = len(pcm16) - len(pcm16) % 2
         if usable == 0:
             return False
-        if self._vad is None:
-            self._vad = VadStream(SpeechDetector(normalize=False, model=barge_in_vad()))
+        vad_rate = 8000 if rate <= 8000 else 16000  # a phone's band heard as it is, at 8 kHz
+        if self._vad is None or self._resampler is None or self._vad.rate != vad_rate:
+            self._vad = FrameVadStream(barge_in_vad(), vad_rate)
+            self._resampler = StreamResampler(vad_rate)
         audio = self._resampler.resample(pcm16_to_float(pcm16[:usable]), rate)
         fired = False
         for probability in self._vad.accept(audio):
@@ -172,18 +172,19 @@ class BargeIn:
         return True
 
 
-_BARGE_IN_VAD: SileroModel | None = None
+_BARGE_IN_VAD: SileroFrameModel | None = None
 _BARGE_IN_VAD_LOCK = threading.Lock()
 
 
-def barge_in_vad() -> SileroModel:
-    """The Silero model every `BargeIn` of this process shares: its own session, not the
-    diarization stage's (`voice.vad.default_model`), so a call on the event loop never waits
-    for a stage thread's long batch to release the model's lock."""
+def barge_in_vad() -> SileroFrameModel:
+    """The Silero model every `BargeIn` of this process shares: Silero's per-frame export (8 kHz
+    natively for a phone), a session of its own, not the diarization stage's
+    (`voice.vad.default_model`), so a call on the event loop never waits for a stage thread's
+    long batch to release a model's lock."""
     global _BARGE_IN_VAD
     with _BARGE_IN_VAD_LOCK:
         if _BARGE_IN_VAD is None:
-            _BARGE_IN_VAD = SileroModel()
+            _BARGE_IN_VAD = SileroFrameModel()
         return _BARGE_IN_VAD
 
 

@@ -9,7 +9,14 @@ import pytest
 import soundfile as sf
 
 from voice.diarization_stage import SpeakerTimeline
-from voice.vad import FRAME_SECONDS, SpeechDetector, VadStream, level_gain
+from voice.vad import (
+    FRAME_SECONDS,
+    FrameVadStream,
+    SileroFrameModel,
+    SpeechDetector,
+    VadStream,
+    level_gain,
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +78,30 @@ def test_bad_audio_is_refused(sample: np.ndarray) -> None:
         detector.probabilities(np.zeros((2, 100), np.float32))
     with pytest.raises(ValueError, match="empty"):
         detector.probabilities(np.zeros(0, np.float32))
+
+
+def test_P1_the_frame_model_equals_the_sequence_model_at_16k_and_hears_8k_natively(
+    sample: np.ndarray, shared_fixtures: Path
+) -> None:
+    """`FrameVadStream` (Silero's per-frame export, the barge-in rule's): at 16 kHz the same
+    probabilities as the sequence model, whatever the pieces fed; at 8 kHz (a phone's band, no
+    upsampling) speech where the reference has it and none in its quiet."""
+    from voice.audio import resample
+
+    model = SileroFrameModel()
+    audio = sample[:96000]
+    batch = SpeechDetector(normalize=False).probabilities(audio)
+    stream = FrameVadStream(model, 16000)
+    got = np.concatenate([stream.accept(audio[i : i + 333]) for i in range(0, len(audio), 333)])
+    np.testing.assert_allclose(got, batch[: len(got)], atol=1e-5)
+    assert len(got) == len(audio) // 512
+    narrow = resample(sample, 16000, 8000)
+    probs = FrameVadStream(model, 8000).accept(narrow)
+    assert len(probs) == len(narrow) // 256
+    reference = SpeakerTimeline.read_rttm(shared_fixtures / "pyannote-sample" / "sample.rttm")
+    speech = np.zeros(len(probs), bool)
+    for seg in reference:
+        speech[int(seg.start / FRAME_SECONDS) : int(seg.end / FRAME_SECONDS) + 1] = True
+    assert (probs[speech] >= 0.5).mean() > 0.7 and (probs[~speech] >= 0.5).mean() < 0.3
+    with pytest.raises(ValueError, match="8000 or 16000"):
+        FrameVadStream(model, 48000)

@@ -38,17 +38,15 @@ MAX_FRAMES_PER_CALL = 512
 FloatArray = npt.NDArray[np.float32]
 
 
-def default_model_path() -> Path:
+def default_model_path(name: str = "silero_vad_16k_sequence.onnx") -> Path:
+    """A model file the `silero-vad` package ships: the sequence model by default (16 kHz), or
+    `FRAME_MODEL` (one frame per call, 8 or 16 kHz)."""
     spec = importlib.util.find_spec("silero_vad")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("silero-vad is not installed (it ships the VAD weights)")
-    path = (
-        Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad_16k_sequence.onnx"
-    )
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / name
     if not path.is_file():
-        raise FileNotFoundError(
-            f"Silero sequence model not found at {path} (silero-vad >= 6.2 ships it)"
-        )
+        raise FileNotFoundError(f"Silero model not found at {path} (silero-vad >= 6.2 ships it)")
     return path
 
 
@@ -299,6 +297,71 @@ class VadStream:
             out.append(probs)
         self.frames_done += len(frames)
         return np.concatenate(out)
+
+
+FRAME_MODEL = "silero_vad.onnx"
+"""Silero's per-frame ONNX export: one 32 ms frame per call, at 8 or 16 kHz natively (its `sr`
+input). The sequence model above is 16 kHz only; a phone's 8 kHz audio upsampled to 16 kHz for
+it is heard about 80 ms later than by this model at 8 kHz (`chorus bench barge_in_rule`)."""
+
+
+class SileroFrameModel:
+    """`FRAME_MODEL` on one CPU thread. Thread-safe (one call at a time)."""
+
+    RATES = (8000, 16000)
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(path) if path is not None else default_model_path(FRAME_MODEL)
+        options = ort.SessionOptions()
+        options.inter_op_num_threads = 1
+        options.intra_op_num_threads = 1
+        options.log_severity_level = 3
+        options.enable_cpu_mem_arena = False
+        self.session = ort.InferenceSession(
+            str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._lock = threading.Lock()
+
+    def run(self, frame: FloatArray, state: FloatArray, rate: int) -> tuple[float, FloatArray]:
+        """One frame with its context before it, shaped (1, context + frame); the speech
+        probability and the new state."""
+        with self._lock:
+            out, new_state = self.session.run(
+                None, {"input": frame, "state": state, "sr": np.array(rate, np.int64)}
+            )
+        return float(np.asarray(out).reshape(-1)[0]), np.asarray(new_state, np.float32)
+
+
+class FrameVadStream:
+    """Streaming Silero at `rate` (8000 or 16000) through `SileroFrameModel`: feed samples at that
+    rate, get the probability of each completed 32 ms frame (256 samples at 8 kHz, 512 at
+    16 kHz). One ONNX call per frame: for a live rule that hears a stream as it comes (the
+    barge-in rule), not for a whole recording (`VadStream` batches)."""
+
+    def __init__(self, model: SileroFrameModel, rate: int) -> None:
+        if rate not in SileroFrameModel.RATES:
+            raise ValueError(f"Silero hears 8000 or 16000 Hz, not {rate}")
+        self.model = model
+        self.rate = rate
+        self.frame = 256 if rate == 8000 else 512
+        self._context_size = 32 if rate == 8000 else 64
+        self._state = np.zeros((2, 1, 128), np.float32)
+        self._context = np.zeros(self._context_size, np.float32)
+        self._pending = np.zeros(0, np.float32)
+
+    def accept(self, samples: FloatArray) -> FloatArray:
+        data = np.concatenate([self._pending, _checked(samples, allow_empty=True)])
+        n = len(data) // self.frame
+        self._pending = data[n * self.frame :].copy()
+        out = np.empty(n, np.float32)
+        for i in range(n):
+            frame = data[i * self.frame : (i + 1) * self.frame]
+            window = np.concatenate([self._context, frame])[None, :]
+            out[i], self._state = self.model.run(window, self._state, self.rate)
+            self._context = frame[-self._context_size :].copy()
+        return out
 
 
 def _checked(audio: Any, *, allow_empty: bool = False) -> FloatArray:
