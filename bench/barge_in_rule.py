@@ -1,7 +1,8 @@
 """The barge-in rule alone, on the fixture rooms: how soon it hears someone start talking, and
 whether the room's own sound (noise, reverberation, a far microphone's hiss) ever sets it off.
 
-`chorus bench barge_in_rule` runs `server.reply_audio.BargeIn` (Silero VAD, `--holds` of speech)
+`chorus bench barge_in_rule` runs `server.reply_audio.BargeIn` (Silero VAD, `--holds` of speech
+at or over `--floors`)
 and, beside it, the level gates it replaced (60 ms at −35 dBFS, the phones' rule before; 240 ms
 at an RMS of 0.02, the page's rule and the devices' before) on every recording of the fixture
 sets that has a reference (RTTM), as if a reply were playing all along, in 20 ms frames:
@@ -17,8 +18,11 @@ Two kinds of moment, both from the reference:
   before the next, each as a reply of its own; **fires**: barge-ins there, each one a reply cut
   off by the room itself.
 
-The hold is chosen leave-one-set-out (a set is a fixture folder): for each set, the shortest
-hold with no fire in the quiet of the other sets (both bands), scored on the set left out.
+The hold (`--holds`, at the server's floor) is chosen leave-one-set-out (a set is a fixture
+folder): for each set, the shortest hold with no fire in the quiet of the other sets (both
+bands), scored on the set left out. The level floor is not chosen here: it guards against what
+no fixture holds, a phone's residual echo of the reply (speech to a VAD, tens of dB under the
+reply), and the `--floors` rows (at the server's hold) measure what each floor costs in onsets.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ PHONE_LEVEL_HOLD = 3
 PAGE_LEVEL = 0.02
 PAGE_HOLD = 12
 DEFAULT_HOLDS = (0.064, 0.096, 0.128, 0.16, 0.256)
+DEFAULT_FLOORS = (-160.0, -60.0, -55.0, -50.0, -45.0, -40.0)
 BANDS = ("wide", "phone")
 
 
@@ -68,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--holds", type=float, nargs="+", default=list(DEFAULT_HOLDS),
         help="speech holds of the VAD rule to score, in seconds",
+    )  # fmt: skip
+    parser.add_argument(
+        "--floors", type=float, nargs="+", default=list(DEFAULT_FLOORS),
+        help="level floors of the VAD rule to score at the server's hold, in dBFS (the first, "
+        "far below any audio, stands for no floor)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures here")
 
@@ -110,11 +120,13 @@ Rule = Callable[[], Callable[[bytes, int], bool]]
 completes a barge-in."""
 
 
-def vad_rule(hold_s: float) -> Rule:
-    from server.reply_audio import BargeIn
+def vad_rule(hold_s: float, floor_dbfs: float | None = None) -> Rule:
+    from server.reply_audio import BARGE_IN_FLOOR_DBFS, BargeIn
+
+    floor = BARGE_IN_FLOOR_DBFS if floor_dbfs is None else floor_dbfs
 
     def fresh() -> Callable[[bytes, int], bool]:
-        barge = BargeIn(hold_s)
+        barge = BargeIn(hold_s, floor)
         return lambda pcm, rate: barge.heard(pcm, rate, playing=True)
 
     return fresh
@@ -140,7 +152,17 @@ def level_rule(threshold_dbfs: float, hold_frames: int) -> Rule:
     return fresh
 
 
-def rules(holds: Iterable[float]) -> dict[str, Rule]:
+def floor_name(floor_dbfs: float) -> str:
+    from server.reply_audio import BARGE_IN_S
+
+    return f"vad {round(BARGE_IN_S * 1000)} ms ≥ {floor_dbfs:g} dBFS".replace("-", "−")
+
+
+def rules(holds: Iterable[float], floors: Iterable[float] = ()) -> dict[str, Rule]:
+    """The level gates, the VAD rule at each hold (the server's floor), and the VAD rule at the
+    server's hold at each floor."""
+    from server.reply_audio import BARGE_IN_S
+
     out = {
         "level −35 dBFS 60 ms (phones before)": level_rule(PHONE_LEVEL_DBFS, PHONE_LEVEL_HOLD),
         "level 0.02 240 ms (the page; devices before)": level_rule(
@@ -148,6 +170,8 @@ def rules(holds: Iterable[float]) -> dict[str, Rule]:
     }  # fmt: skip
     for hold in holds:
         out[f"vad {round(hold * 1000)} ms"] = vad_rule(hold)
+    for floor in floors:
+        out[floor_name(floor)] = vad_rule(BARGE_IN_S, floor)
     return out
 
 
@@ -262,8 +286,9 @@ def run(args: argparse.Namespace) -> int:
         print("no recording with a reference to score", file=sys.stderr)
         return 2
     holds = sorted(args.holds)
-    table = rules(holds)
-    vad_names = [name for name in table if name.startswith("vad ")]
+    floors = sorted(args.floors)
+    table = rules(holds, floors)
+    hold_names = [f"vad {round(hold * 1000)} ms" for hold in holds]
     for rec in tqdm(recordings, desc="recordings", unit="file", file=sys.stderr):
         audio = read_audio_16k(rec.name)
         for band in BANDS:
@@ -275,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
     for rec in recordings:
         key = f"{rec.group}-{rec.render}" if rec.render else rec.group
         groups.setdefault(key, []).append(rec)
-    report: dict[str, Any] = {"holds": holds, "sets": {}, "cross_validation": []}
+    report: dict[str, Any] = {"holds": holds, "floors": floors, "sets": {}}
     print("\n| set | rule | band | onsets | delay p50 | delay p90 | missed | quiet (s) | fires "
           "| fires per min |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for key, members in [*sorted(groups.items()), ("all", recordings)]:
@@ -291,27 +316,31 @@ def run(args: argparse.Namespace) -> int:
     by_folder: dict[str, list[Recording]] = {}
     for rec in recordings:
         by_folder.setdefault(rec.group, []).append(rec)
-    print("\nLeave one set out (the hold chosen on the other sets' quiet, scored on the set):\n")
-    print("| set left out | rule chosen | band | onsets | delay p50 | delay p90 | missed | quiet (s) "
-          "| fires | fires per min |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    pooled = {band: Score() for band in BANDS}
-    for folder, members in sorted(by_folder.items()):
-        others = [r for r in recordings if r.group != folder]
-        chosen = choose_hold(others, vad_names) if others else vad_names[0]
+    choices: list[tuple[str, Callable[[list[Recording], list[str]], str], list[str]]] = [
+        ("hold", choose_hold, hold_names)]
+    for what, choose, names in choices:
+        print(f"\nLeave one set out (the {what} chosen on the other sets, scored on the set):\n")
+        print("| set left out | rule chosen | band | onsets | delay p50 | delay p90 | missed "
+              "| quiet (s) | fires | fires per min |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        pooled = {band: Score() for band in BANDS}
+        folds = report.setdefault("cross_validation", {}).setdefault(what, [])
+        for folder, members in sorted(by_folder.items()):
+            others = [r for r in recordings if r.group != folder]
+            chosen = choose(others, names) if others else names[0]
+            for band in BANDS:
+                total = Score()
+                for rec in members:
+                    total.add(rec.scores[band][chosen])
+                pooled[band].add(total)
+                row = total.row()
+                folds.append({"set": folder, "rule": chosen, "band": band, **row})
+                print(_line(folder, chosen, band, row))
         for band in BANDS:
-            total = Score()
-            for rec in members:
-                total.add(rec.scores[band][chosen])
-            pooled[band].add(total)
-            row = total.row()
-            report["cross_validation"].append({"set": folder, "hold": chosen, "band": band, **row})
-            print(_line(folder, chosen, band, row))
-    for band in BANDS:
-        row = pooled[band].row()
-        report.setdefault("cross_validated", {})[band] = row
-        print(_line("all (each set as left out)", "", band, row))
-    report["chosen_on_all"] = choose_hold(recordings, vad_names)
-    print(f"\nthe hold chosen on every set: {report['chosen_on_all']}")
+            row = pooled[band].row()
+            report.setdefault("cross_validated", {}).setdefault(what, {})[band] = row
+            print(_line("all (each set as left out)", "", band, row))
+        report.setdefault("chosen_on_all", {})[what] = choose(recordings, names)
+        print(f"\nthe {what} chosen on every set: {report['chosen_on_all'][what]}")
     if args.json:
         report["recordings"] = [
             {"name": r.name, "set": r.group, "render": r.render, "onsets": len(r.onsets),

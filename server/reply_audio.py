@@ -41,6 +41,14 @@ BARGE_IN_S = 0.128
 """Consecutive speech (four 32 ms VAD frames) that makes a barge-in on a phone: the shortest hold
 with no barge-in in the quiet of any fixture room (`chorus bench barge_in_rule`; chosen so on
 every set left out but AMI, docs/benchmarks.md)."""
+BARGE_IN_FLOOR_DBFS = -55.0
+"""A speech frame counts for barge-in only at this RMS level or louder. Silero hears speech down
+to about −65 dBFS, so without a floor a phone's residual echo of the reply (speech) could count as
+the caller talking; the level gate before ignored anything under −35 dBFS. Not chosen on the
+fixtures, which hold no echo: 3GPP asks a phone for at least 46 dB of echo loss (TS 26.132,
+8.7.1), so a reply at −20 dBFS RMS comes back from such a phone at −66 dBFS or under, and the
+floor leaves 11 dB for louder replies and weaker phones. What it costs on the fixture rooms (`chorus bench
+barge_in_rule --floors`): no onset on the wide band, 2 of 227 on the phone band."""
 ECHO_CANCELLED_BARGE_IN_S = 0.24
 """The same for a microphone whose own echo cancellation keeps the reply out (a person's
 microphone in a browser or app, a LiveKit participant; a device that declares
@@ -110,7 +118,8 @@ class ReplyBacklog:
 
 class BargeIn:
     """A caller talking over the reply playing to them: `hold_s` of consecutive speech, each
-    32 ms frame of their audio at `BARGE_IN_SPEECH` or more by Silero VAD, while it plays. The
+    32 ms frame of their audio at `BARGE_IN_SPEECH` or more by Silero VAD and at
+    `BARGE_IN_FLOOR_DBFS` or louder, while it plays. The
     one home of the rule for every leg that hears its own barge-ins (SIP and AudioSocket drop
     the reply audio they still hold, Twilio is sent `clear`, an `echo_cancelled` device is told
     `reply_stopped`, the LiveKit worker clears its reply track).
@@ -129,9 +138,11 @@ class BargeIn:
     of its own (`barge_in_vad`) that no other thread holds, loaded at the first reply
     a caller hears (about 30 ms, once per process)."""
 
-    def __init__(self, hold_s: float = BARGE_IN_S) -> None:
+    def __init__(self, hold_s: float = BARGE_IN_S, floor_dbfs: float = BARGE_IN_FLOOR_DBFS) -> None:
         self.hold_s = hold_s
         """How long the caller's speech must last (`BARGE_IN_S` for a phone)."""
+        self.floor_dbfs = floor_dbfs
+        """A speech frame under this level does not count (`BARGE_IN_FLOOR_DBFS`)."""
         self.hold_frames = max(1, math.ceil(hold_s / VAD_FRAME_SECONDS - 1e-9))
         """The same in 32 ms VAD frames."""
         self._vad: FrameVadStream | None = None
@@ -159,8 +170,9 @@ class BargeIn:
             self._resampler = StreamResampler(vad_rate)
         audio = self._resampler.resample(pcm16_to_float(pcm16[:usable]), rate)
         fired = False
-        for probability in self._vad.accept(audio):
-            self._run = self._run + 1 if probability >= BARGE_IN_SPEECH else 0
+        for probability, level in zip(*self._vad.accept_levels(audio), strict=True):
+            speech = probability >= BARGE_IN_SPEECH and level >= self.floor_dbfs
+            self._run = self._run + 1 if speech else 0
             if self._run >= self.hold_frames and not fired:
                 self._run = 0
                 fired = True

@@ -41,7 +41,8 @@ def test_the_bench_scores_a_far_room_where_the_level_gate_fires_in_the_quiet(
         name = f"lsconv_dev04_4spk_far{suffix}"
         (room / name).symlink_to(shared_fixtures / "librispeech-conversations" / name)
     out = tmp_path / "rule.json"
-    assert main(["bench", "barge_in_rule", str(room), "--holds", "0.128", "--json", str(out)]) == 0
+    assert main(["bench", "barge_in_rule", str(room), "--holds", "0.128", "--floors", "-160",
+                 "-50", "-20", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| far-room-far | vad 128 ms | phone |" in printed
     report = json.loads(out.read_text())
@@ -51,5 +52,8 @@ def test_the_bench_scores_a_far_room_where_the_level_gate_fires_in_the_quiet(
         vad = rows[band]["vad 128 ms"]
         assert vad["fires"] == 0 and vad["onsets"] >= 10 and vad["missed"] < 0.1
         assert vad["delay_p50_ms"] is not None and 128 <= vad["delay_p50_ms"] < 1000
-    [fold] = [f for f in report["cross_validation"] if f["band"] == "phone"]
-    assert fold["set"] == "far-room" and fold["hold"] == "vad 128 ms"
+    [fold] = [f for f in report["cross_validation"]["hold"] if f["band"] == "phone"]
+    assert fold["set"] == "far-room" and fold["rule"] == "vad 128 ms"
+    # what a floor costs: one over the talkers' level misses them
+    assert rows["phone"]["vad 128 ms ≥ −50 dBFS"]["missed"] < 0.1
+    assert rows["phone"]["vad 128 ms ≥ −20 dBFS"]["missed"] > 0.5

@@ -15,11 +15,16 @@ import pytest
 from server.audiosocket import AudioSocketFraming, Kind
 from server.device import DeviceFraming
 from server.protocol import ReplyStoppedMessage, dump
-from server.reply_audio import BARGE_IN_S, ECHO_CANCELLED_BARGE_IN_S, BargeIn
+from server.reply_audio import (
+    BARGE_IN_FLOOR_DBFS,
+    BARGE_IN_S,
+    ECHO_CANCELLED_BARGE_IN_S,
+    BargeIn,
+)
 from server.sip import SipFraming
 from server.twilio import TwilioFraming
 from tests.conftest import meeting_speech
-from voice.audio import float_to_pcm16, read_audio_16k, resample
+from voice.audio import float_to_pcm16, level_dbfs, pcm16_to_float, read_audio_16k, resample
 from voice.diarization_stage import SpeakerTimeline
 
 
@@ -140,3 +145,18 @@ def test_each_framing_stops_the_room_s_reply_it_holds() -> None:
     told: list[str] = []
     sip.on_stop_reply = lambda: told.append("stop")
     assert sip.stop_reply(stopped) == [] and told == ["stop"]
+
+
+def test_speech_under_the_floor_is_no_barge_in() -> None:
+    """A phone's residual echo of the reply is speech, tens of dB under the reply: Silero hears
+    speech that quiet, so a frame under `BARGE_IN_FLOOR_DBFS` does not count."""
+    speech = pcm16_to_float(meeting_speech(0.6, 4.0, 8000))
+    level = level_dbfs(speech)
+
+    def at(dbfs: float) -> list[bytes]:
+        scaled = (speech * 10 ** ((dbfs - level) / 20)).astype(np.float32)
+        return pieces(float_to_pcm16(scaled), 8000, 20)
+
+    assert fired_at(BargeIn(), at(BARGE_IN_FLOOR_DBFS - 12), 8000, 20) == []
+    assert fired_at(BargeIn(floor_dbfs=-160.0), at(BARGE_IN_FLOOR_DBFS - 12), 8000, 20)
+    assert fired_at(BargeIn(), at(BARGE_IN_FLOOR_DBFS + 12), 8000, 20)

@@ -352,6 +352,12 @@ class FrameVadStream:
         self._pending = np.zeros(0, np.float32)
 
     def accept(self, samples: FloatArray) -> FloatArray:
+        """Append samples; the probabilities of the frames they complete."""
+        return self.accept_levels(samples)[0]
+
+    def accept_levels(self, samples: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Append samples; the probabilities of the frames they complete, and each frame's RMS
+        level in dBFS."""
         data = np.concatenate([self._pending, _checked(samples, allow_empty=True)])
         n = len(data) // self.frame
         self._pending = data[n * self.frame :].copy()
@@ -361,7 +367,9 @@ class FrameVadStream:
             window = np.concatenate([self._context, frame])[None, :]
             out[i], self._state = self.model.run(window, self._state, self.rate)
             self._context = frame[-self._context_size :].copy()
-        return out
+        frames = data[: n * self.frame].reshape(n, self.frame).astype(np.float64)
+        levels = 20 * np.log10(np.maximum(np.sqrt(np.mean(frames**2, axis=1)), 1e-8))
+        return out, levels.astype(np.float32)
 
 
 def _checked(audio: Any, *, allow_empty: bool = False) -> FloatArray:
