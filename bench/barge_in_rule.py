@@ -321,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
     for what, choose, names in choices:
         print(f"\nLeave one set out (the {what} chosen on the other sets, scored on the set):\n")
         print("| set left out | rule chosen | band | onsets | delay p50 | delay p90 | missed "
-              "| quiet (s) | fires | fires per min |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+              "| quiet (s) | fires | fires per min |\n"
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         pooled = {band: Score() for band in BANDS}
         folds = report.setdefault("cross_validation", {}).setdefault(what, [])
         for folder, members in sorted(by_folder.items()):

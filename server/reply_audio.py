@@ -47,8 +47,8 @@ to about −65 dBFS, so without a floor a phone's residual echo of the reply (sp
 the caller talking; the level gate before ignored anything under −35 dBFS. Not chosen on the
 fixtures, which hold no echo: 3GPP asks a phone for at least 46 dB of echo loss (TS 26.132,
 8.7.1), so a reply at −20 dBFS RMS comes back from such a phone at −66 dBFS or under, and the
-floor leaves 11 dB for louder replies and weaker phones. What it costs on the fixture rooms (`chorus bench
-barge_in_rule --floors`): no onset on the wide band, 2 of 227 on the phone band."""
+floor leaves 11 dB for louder replies and weaker phones. What it costs on the fixture rooms
+(`chorus bench barge_in_rule --floors`): no onset on the wide band, 2 of 227 on the phone band."""
 ECHO_CANCELLED_BARGE_IN_S = 0.24
 """The same for a microphone whose own echo cancellation keeps the reply out (a person's
 microphone in a browser or app, a LiveKit participant; a device that declares
@@ -119,24 +119,24 @@ class ReplyBacklog:
 class BargeIn:
     """A caller talking over the reply playing to them: `hold_s` of consecutive speech, each
     32 ms frame of their audio at `BARGE_IN_SPEECH` or more by Silero VAD and at
-    `BARGE_IN_FLOOR_DBFS` or louder, while it plays. The
-    one home of the rule for every leg that hears its own barge-ins (SIP and AudioSocket drop
-    the reply audio they still hold, Twilio is sent `clear`, an `echo_cancelled` device is told
-    `reply_stopped`, the LiveKit worker clears its reply track).
+    `BARGE_IN_FLOOR_DBFS` or louder, while it plays. The one home of the rule for every leg that
+    hears its own barge-ins (SIP and AudioSocket drop the reply audio they still hold, Twilio is
+    sent `clear`, an `echo_cancelled` device is told `reply_stopped`, the LiveKit worker clears
+    its reply track). A phone's 8 kHz audio is heard at 8 kHz, anything wider at 16 kHz.
 
     A trained VAD, not a level gate: a phone or speakerphone in a room carries the room's noise.
     In the fixture rooms' quiet (156 s between people's turns, `chorus bench barge_in_rule`) the
     level gate before (60 ms at −35 dBFS) went off 44 times on the phone band, 17 times a minute,
-    each one a reply cut off by the room itself; this rule, cross-validated, once on the wide
-    band and never on the phone band, for about 0.1 s more before it hears a caller (p50 258 ms
-    against 151 ms from the reference onset, phone band, heard at its own 8 kHz). Still an audio rule: a phone that
+    each one a reply cut off by the room itself. This rule, cross-validated, went off once on the
+    wide band and never on the phone band, and hears a caller about 0.1 s later (p50 251 ms
+    against 151 ms from the reference onset, phone band). Still an audio rule: a phone that
     echoed the reply back loudly would cut it off, which is why it runs on phones and
     `echo_cancelled` devices only.
 
     The VAD runs only while a reply plays, on the event loop: one ONNX call per 32 ms of a
-    caller's audio, about 0.08 ms (0.3 % of a core per leg a reply plays to), on a model
-    of its own (`barge_in_vad`) that no other thread holds, loaded at the first reply
-    a caller hears (about 30 ms, once per process)."""
+    caller's audio, about 0.08 ms (0.3 % of a core per leg a reply plays to), on a model of its
+    own (`barge_in_vad`) that no other thread holds, loaded at the first reply a caller hears
+    (about 30 ms, once per process)."""
 
     def __init__(self, hold_s: float = BARGE_IN_S, floor_dbfs: float = BARGE_IN_FLOOR_DBFS) -> None:
         self.hold_s = hold_s
