@@ -180,7 +180,7 @@ def _barge_in_rule(speaker: Speaker) -> BargeIn | None:
     browser's echo cancellation leaves more in it than a phone line), none for a shared mic:
     its speaker plays the reply into it, so it is silenced while the reply plays instead."""
     if speaker.sip:
-        return BargeIn()
+        return BargeIn(narrowband=True)  # its track comes at 16 kHz, its line was a phone's
     if speaker.shared_mic:
         return None
     return BargeIn(ECHO_CANCELLED_BARGE_IN_S)

@@ -138,7 +138,12 @@ class BargeIn:
     own (`barge_in_vad`) that no other thread holds, loaded at the first reply a caller hears
     (about 30 ms, once per process)."""
 
-    def __init__(self, hold_s: float = BARGE_IN_S, floor_dbfs: float = BARGE_IN_FLOOR_DBFS) -> None:
+    def __init__(self, hold_s: float = BARGE_IN_S, floor_dbfs: float = BARGE_IN_FLOOR_DBFS,
+                 *, narrowband: bool = False) -> None:  # fmt: skip
+        self.narrowband = narrowband
+        """The caller is on a phone line, whatever rate their audio arrives at (a LiveKit SIP
+        participant's track, resampled to 16 kHz): heard at 8 kHz, where Silero hears a
+        phone's band about 80 ms sooner than upsampled (docs/benchmarks.md)."""
         self.hold_s = hold_s
         """How long the caller's speech must last (`BARGE_IN_S` for a phone)."""
         self.floor_dbfs = floor_dbfs
@@ -153,6 +158,11 @@ class BargeIn:
         self.on_barge_in: Callable[[], None] | None = None
         """Told of each barge-in (the server counts them: `chorus_barge_ins_total{kind}`)."""
 
+    @property
+    def vad_rate(self) -> int | None:
+        """The rate the VAD hears this caller at (8000 or 16000; None until a reply plays)."""
+        return None if self._vad is None else self._vad.rate
+
     def heard(self, pcm16: bytes, rate: int, playing: bool) -> bool:
         """One piece of the caller's mono audio (pcm16 at `rate`, any length); True when it
         completes a barge-in."""
@@ -164,7 +174,7 @@ class BargeIn:
         usable = len(pcm16) - len(pcm16) % 2
         if usable == 0:
             return False
-        vad_rate = 8000 if rate <= 8000 else 16000  # a phone's band heard as it is, at 8 kHz
+        vad_rate = 8000 if rate <= 8000 or self.narrowband else 16000  # a phone's band at 8 kHz
         if self._vad is None or self._resampler is None or self._vad.rate != vad_rate:
             self._vad = FrameVadStream(barge_in_vad(), vad_rate)
             self._resampler = StreamResampler(vad_rate)

@@ -160,3 +160,13 @@ def test_speech_under_the_floor_is_no_barge_in() -> None:
     assert fired_at(BargeIn(), at(BARGE_IN_FLOOR_DBFS - 12), 8000, 20) == []
     assert fired_at(BargeIn(floor_dbfs=-160.0), at(BARGE_IN_FLOOR_DBFS - 12), 8000, 20)
     assert fired_at(BargeIn(), at(BARGE_IN_FLOOR_DBFS + 12), 8000, 20)
+
+
+def test_a_phone_line_heard_at_a_higher_rate_is_heard_at_8_khz() -> None:
+    """A LiveKit SIP participant's track arrives at 16 kHz but carries a phone's band: the rule
+    hears it at 8 kHz (`narrowband`), as a phone leg's own audio."""
+    phone = float_to_pcm16(resample(pcm16_to_float(meeting_speech(0.0, 2.0, 8000)), 8000, 16000))
+    frames = pieces(phone, 16000, 20)
+    narrow, wide = BargeIn(narrowband=True), BargeIn()
+    assert fired_at(narrow, frames, 16000, 20) and fired_at(wide, frames, 16000, 20)
+    assert (narrow.vad_rate, wide.vad_rate) == (8000, 16000)
