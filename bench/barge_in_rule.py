@@ -1,11 +1,11 @@
 """The barge-in rule alone, on the fixture rooms: how soon it hears someone start talking, and
 whether the room's own sound (noise, reverberation, a far microphone's hiss) ever sets it off.
 
-`chorus bench barge_in_rule` runs `server.reply_audio.BargeIn` (Silero VAD, `--holds` of speech
-at or over `--floors`)
-and, beside it, the level gates it replaced (60 ms at −35 dBFS, the phones' rule before; 240 ms
-at an RMS of 0.02, the page's rule and the devices' before) on every recording of the fixture
-sets that has a reference (RTTM), as if a reply were playing all along, in 20 ms frames:
+`chorus bench barge_in_rule` runs `server.reply_audio.BargeIn` (Silero VAD: `--holds` of speech
+at the server's level floor, and the server's hold at each of `--floors`) and, beside it, the
+level gates it replaced (60 ms at −35 dBFS, the phones' rule before; 240 ms at an RMS of 0.02,
+the page's rule and the devices' before) on every recording of the fixture sets that has a
+reference (RTTM), as if a reply were playing all along, in 20 ms frames:
 - wide band: the recording at 16 kHz (a device, a LiveKit participant);
 - phone band: 8 kHz through G.711 µ-law and back (a SIP, Twilio or AudioSocket caller).
 
