@@ -20,6 +20,12 @@ audio at an RMS of 0.02 or more while that plays make it drop the reply and send
 **Stop** is then from its first loud frame to the last reply audio the server sent it before the
 reply went quiet.
 
+`--path echo-cancelled`: the same device, declaring `echo_cancelled` (a speakerphone or app with
+its own echo cancellation): the server does not silence it while a reply plays and decides the
+barge-in itself (`server.reply_audio.BargeIn`, `ECHO_CANCELLED_BARGE_IN_S` of speech); the device
+never sends `barge_in`, and drops what it holds at the server's `reply_stopped`. **Stop** is from
+its first frame at an RMS of 0.02, as for the page.
+
 Per interruption:
 - **stop**: from the caller's first frame at −35 dBFS (`TALK_DBFS`) to the last reply RTP
   packet that reached the caller before the reply went quiet (a gap of 0.2 s); the rule itself
@@ -80,8 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="the demo meeting (WAV + RTTM)")
     parser.add_argument(
-        "--path", choices=("sip", "device"), default="sip",
-        help="the caller: a SIP call (default) or a room's device that stops the reply itself",
+        "--path", choices=("sip", "device", "echo-cancelled"), default="sip",
+        help="the caller: a SIP call (default), a room's device that stops the reply itself (as "
+        "the page), or a device that declares `echo_cancelled` (the server hears it over the "
+        "reply and stops it)",
     )  # fmt: skip
     parser.add_argument(
         "--server-repo", default=str(REPO),
@@ -343,13 +351,16 @@ PAGE_HOLD_FRAMES = 12
 
 async def device_barge_in(
     base: str, room: str, token: str, audio: str, spans: list[tuple[float, float]], after: float,
+    echo_cancelled: bool = False,
 ) -> BargeInResult:
     """As `barge_in_call`, from a room's device that does what the page does (see the module's
-    docstring)."""
+    docstring); or, `echo_cancelled`, one that declares it cancels its own echo: the server
+    hears it over the reply and decides the barge-in (`BargeIn`), the device only stops playing
+    at `reply_stopped`."""
     import numpy as np
 
     from server.client import DeviceStream
-    from server.protocol import StartMessage, TurnMessage
+    from server.protocol import FeedMessage, ReplyStoppedMessage, StartMessage, TurnMessage
     from voice.audio import float_to_pcm16, read_audio_16k
 
     recording = read_audio_16k(audio)
@@ -366,9 +377,14 @@ async def device_barge_in(
         arrivals.append(now)
         plays_until = max(plays_until, now) + len(pcm16) / 2 / 16000
 
+    def told(message: FeedMessage) -> None:  # the server stopped the reply: drop what is held
+        nonlocal plays_until
+        if isinstance(message, ReplyStoppedMessage):
+            plays_until = 0.0
+
     desk = await DeviceStream.open(base, room, token, StartMessage(
-        participant="bench-desk", name="Bench", sample_rate=16000, shared_mic=False),
-        on_audio=play)  # fmt: skip
+        participant="bench-desk", name="Bench", sample_rate=16000, shared_mic=False,
+        echo_cancelled=echo_cancelled), on_message=told, on_audio=play)  # fmt: skip
 
     async def say(samples: Any) -> float | None:
         """At real time in 20 ms frames, the page's barge-in rule on each; the time of the
@@ -388,7 +404,7 @@ async def device_barge_in(
                 loud += 1
                 if loud_at is None:
                     loud_at = time.monotonic()
-                if loud == PAGE_HOLD_FRAMES:
+                if loud == PAGE_HOLD_FRAMES and not echo_cancelled:
                     plays_until = 0.0  # the page drops what it holds
                     await desk.barge_in()
             else:
@@ -457,9 +473,9 @@ async def _run(args: argparse.Namespace) -> int:
             await _wait_port(port, srv, "chorus serve")
             print(f"server pid {srv.pid}; logs in {workdir}", file=sys.stderr)
             base, token = f"ws://127.0.0.1:{port}", issue_token(SECRET, "bench-barge-in")
-            if args.path == "device":
+            if args.path in ("device", "echo-cancelled"):
                 result = await device_barge_in(base, "bench-barge-in", token, args.audio, spans,
-                                               args.after)  # fmt: skip
+                                               args.after, args.path == "echo-cancelled")  # fmt: skip
             else:
                 result = await barge_in_call(base, sip_port, "bench-barge-in", token, args.audio,
                                              spans, args.after, args.listeners)  # fmt: skip
