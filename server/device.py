@@ -114,8 +114,11 @@ class DeviceFraming:
             data = self._carry + message
             cut = len(data) - len(data) % fmt.bytes_per_frame
             self._carry = data[cut:]
-            if self.barge_in is not None and self._clock.playing():
-                self._hear(data[:cut], fmt)
+            if self.barge_in is not None:
+                if self._clock.playing():
+                    self._hear(data[:cut], fmt)
+                else:  # no reply plays: the rule starts afresh at the next one
+                    self.barge_in.heard(b"", fmt.sample_rate, playing=False)
             return data[:cut]
         parsed = parse(message)
         if isinstance(parsed, StopMessage):

@@ -149,6 +149,27 @@ def test_a_device_that_cancels_echo_is_not_gated_and_the_server_hears_its_barge_
     assert DeviceFraming().start(dump(StartMessage(participant="desk"))).echo_gate is True
 
 
+def test_an_echo_cancelled_device_s_barge_in_starts_afresh_at_each_reply() -> None:
+    """Speech that began under one reply and did not last the hold does not count towards a
+    barge-in over the next one."""
+    device = DeviceFraming()
+    told: list[str] = []
+    device.on_barge_in = lambda: told.append("barge-in")
+    device.start(dump(StartMessage(participant="desk", echo_cancelled=True)))
+    device.greeting("r1", "device-1")
+    speech = frames_of(meeting_speech(0.6, 4.0))
+    device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)
+    for f in speech[:11]:  # 220 ms of speech: not yet a barge-in
+        device.audio(f)
+    assert told == []
+    device.stop_reply("stopped")  # that reply stopped (someone else in the room talked)
+    device.audio(speech[11])  # heard with no reply playing
+    device.reply_audio(b"\x00\x00" * 16000 * 5, 16000)  # the next reply
+    for f in speech[12:16]:  # 80 ms more
+        device.audio(f)
+    assert told == []
+
+
 def frames_of(pcm16: bytes, channels: int = 1) -> list[bytes]:
     """20 ms binary frames of 16 kHz mono pcm16, each sample repeated on `channels` channels."""
     samples = np.repeat(np.frombuffer(pcm16, "<i2"), channels)
