@@ -18,6 +18,12 @@ Two kinds of moment, both from the reference:
   before the next, each as a reply of its own; **fires**: barge-ins there, each one a reply cut
   off by the room itself.
 
+**Echo** (`--echo-losses`): the reply's speech (the demo meeting's, at −20 dBFS RMS over its
+speech), played back to the rule as the caller's only sound, attenuated by each echo loss and
+40 ms late: a phone or an echo-cancelled microphone returning the reply it plays. Linear
+attenuation only (a real echo canceller leaves non-linear residue too). **Fires** per minute of
+reply: replies stopped by their own echo.
+
 The hold (`--holds`, at the server's floor) is chosen leave-one-set-out (a set is a fixture
 folder): for each set, the shortest hold with no fire in the quiet of the other sets (both
 bands), scored on the set left out. The level floor is not chosen here: it guards against what
@@ -57,7 +63,11 @@ PHONE_LEVEL_HOLD = 3
 PAGE_LEVEL = 0.02
 PAGE_HOLD = 12
 DEFAULT_HOLDS = (0.064, 0.096, 0.128, 0.16, 0.256)
-DEFAULT_FLOORS = (-160.0, -60.0, -55.0, -50.0, -45.0, -40.0)
+DEFAULT_FLOORS = (-160.0, -60.0, -55.0, -50.0, -45.0, -40.0, -35.0)
+DEFAULT_ECHO_LOSSES = (20.0, 30.0, 40.0, 46.0, 55.0)
+REPLY_DBFS = -20.0
+"""The reply's speech level (RMS over its speech) for the echo part."""
+ECHO_DELAY_S = 0.04
 BANDS = ("wide", "phone")
 
 
@@ -78,6 +88,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--floors", type=float, nargs="+", default=list(DEFAULT_FLOORS),
         help="level floors of the VAD rule to score at the server's hold, in dBFS (the first, "
         "far below any audio, stands for no floor)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--echo-losses", type=float, nargs="*", default=list(DEFAULT_ECHO_LOSSES),
+        help="echo losses (dB) at which to play the reply back as the caller's only sound "
+        "(none: skip the echo part)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--echo-criterion", type=float, default=30.0,
+        help="the echo loss (dB) at which a floor must never fire (default 30: where the level "
+        "gate before stopped firing)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reply", type=Path, default=None,
+        help="the reply's speech for the echo part (WAV with an RTTM beside it; default: the "
+        "demo meeting)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the figures here")
 
@@ -276,6 +301,68 @@ def choose_hold(recordings: list[Recording], vad_names: list[str]) -> str:
     return clean[0] if clean else min(vad_names, key=lambda n: fires[n])
 
 
+def reply_speech(path: Path | None) -> FloatArray:
+    """The reply for the echo part: 16 kHz, its speech at `REPLY_DBFS` RMS."""
+    from voice.audio import read_audio_16k
+    from voice.diarization_stage import SpeakerTimeline
+
+    wav = path or Path(__file__).resolve().parents[1] / "examples" / "meeting" / "meeting.wav"
+    audio = read_audio_16k(wav)
+    speech = np.zeros(len(audio), bool)
+    for seg in SpeakerTimeline.read_rttm(wav.with_suffix(".rttm")):
+        speech[int(seg.start * 16000) : int(seg.end * 16000)] = True
+    rms = float(np.sqrt(np.mean(np.square(audio[speech], dtype=np.float64))))
+    return (audio * (10 ** (REPLY_DBFS / 20) / rms)).astype(np.float32)
+
+
+def echo_fires(rule: Rule, reply: FloatArray, loss_db: float, band: str) -> Score:
+    """The reply returned as echo, `loss_db` under it and `ECHO_DELAY_S` late, as one reply's
+    worth of the caller's audio: the rule's fires over it."""
+    echo = np.concatenate([np.zeros(int(ECHO_DELAY_S * 16000), np.float32),
+                           reply * 10 ** (-loss_db / 20)]).astype(np.float32)  # fmt: skip
+    pcm, rate = band_audio(echo, band)
+    return score_file(pcm, rate, [], [(0.0, len(echo) / 16000)], rule)
+
+
+def vad_name(barge: Any, what: str) -> str:
+    hold_ms = barge.hold_frames * 32
+    return f"vad {hold_ms} ms ≥ {barge.floor_dbfs:g} dBFS ({what})".replace("-", "−")
+
+
+def echo_table(losses: list[float], reply: FloatArray, floors: list[float],
+               criterion_db: float) -> dict[str, Any]:  # fmt: skip
+    """The level gates before and the server's two rules on the reply's echo at each loss; then,
+    for each of the server's holds, the lowest of `floors` with no fire on the echo
+    `criterion_db` under the reply (how the floors were chosen)."""
+    from server.reply_audio import BargeIn, echo_cancelled_barge_in
+
+    phone, mic = BargeIn(), echo_cancelled_barge_in()
+    table = {name: rule for name, rule in rules([]).items() if name.startswith("level")}
+    table[vad_name(phone, "phones now")] = vad_rule(phone.hold_s, phone.floor_dbfs)
+    table[vad_name(mic, "echo_cancelled now")] = vad_rule(mic.hold_s, mic.floor_dbfs)
+    print("\nEcho: the reply played back as the caller's only sound (fires per minute of reply):\n")
+    print("| rule | band | " + " | ".join(f"{loss:g} dB" for loss in losses) + " |")
+    print("|---|---|" + "---:|" * len(losses))
+    out: dict[str, Any] = {"fires_per_min": {}, "floors": {}}
+    for band in BANDS:
+        for name, rule in table.items():
+            row = {f"{loss:g}": echo_fires(rule, reply, loss, band).row()["fires_per_min"]
+                   for loss in losses}  # fmt: skip
+            out["fires_per_min"].setdefault(band, {})[name] = row
+            print(f"| {name} | {band} | " + " | ".join(f"{v:.1f}" for v in row.values()) + " |")
+    print(f"\nThe lowest floor with no fire on the echo {criterion_db:g} dB under the reply:\n")
+    for what, barge in (("phones", phone), ("echo_cancelled", mic)):
+        fires = {floor: sum(echo_fires(vad_rule(barge.hold_s, floor), reply, criterion_db, band)
+                            .fires for band in BANDS) for floor in sorted(floors)}  # fmt: skip
+        clean = [floor for floor, n in fires.items() if n == 0]
+        chosen = clean[0] if clean else None
+        out["floors"][what] = {"hold_s": barge.hold_s, "chosen": chosen,
+                               "fires": {f"{k:g}": v for k, v in fires.items()}}  # fmt: skip
+        print(f"- {what} ({barge.hold_frames * 32} ms): " + ", ".join(
+            f"{k:g} dBFS: {v}" for k, v in fires.items()) + f"; chosen: {chosen}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -342,6 +429,9 @@ def run(args: argparse.Namespace) -> int:
             print(_line("all (each set as left out)", "", band, row))
         report.setdefault("chosen_on_all", {})[what] = choose(recordings, names)
         print(f"\nthe {what} chosen on every set: {report['chosen_on_all'][what]}")
+    if args.echo_losses:
+        report["echo"] = echo_table(sorted(args.echo_losses), reply_speech(args.reply), floors,
+                                    args.echo_criterion)
     if args.json:
         report["recordings"] = [
             {"name": r.name, "set": r.group, "render": r.render, "onsets": len(r.onsets),

@@ -86,7 +86,7 @@ from server.overload import (
 )
 from server.pipeline import VoiceStreamAudio
 from server.protocol import SpeakerSuggestionMessage, dump
-from server.reply_audio import ECHO_CANCELLED_BARGE_IN_S, BargeIn
+from server.reply_audio import BargeIn, echo_cancelled_barge_in
 from server.stage_guard import StageGuard, status_message
 from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
@@ -183,7 +183,7 @@ def _barge_in_rule(speaker: Speaker) -> BargeIn | None:
         return BargeIn(narrowband=True)  # its track comes at 16 kHz, its line was a phone's
     if speaker.shared_mic:
         return None
-    return BargeIn(ECHO_CANCELLED_BARGE_IN_S)
+    return echo_cancelled_barge_in()
 
 
 class _TranscriptionOut(Channel):

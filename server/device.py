@@ -38,10 +38,10 @@ from server.protocol import (
     parse_device_message,
 )
 from server.reply_audio import (
-    ECHO_CANCELLED_BARGE_IN_S,
     BargeIn,
     PlayoutClock,
     device_reply_frames,
+    echo_cancelled_barge_in,
 )
 from voice.audio import StreamFormat, mulaw_decode
 
@@ -102,7 +102,7 @@ class DeviceFraming:
             raise Refusal(CloseCode.BAD_MESSAGE, "barge_in before start", "bad_message")
         self.declaration = declaration_of(parsed)
         if parsed.echo_cancelled:
-            self.barge_in = BargeIn(ECHO_CANCELLED_BARGE_IN_S)
+            self.barge_in = echo_cancelled_barge_in()
             self.barge_in.on_barge_in = lambda: self.on_barge_in() if self.on_barge_in else None
         return self.declaration
 

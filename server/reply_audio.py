@@ -37,24 +37,24 @@ PHONE_RATE = 8000
 BARGE_IN_SPEECH = 0.5
 """Silero VAD's speech probability (its own default threshold) at or above which a 32 ms frame
 of a caller's audio is speech for barge-in."""
-BARGE_IN_S = 0.128
-"""Consecutive speech (four 32 ms VAD frames) that makes a barge-in on a phone: the shortest hold
-with no barge-in in the quiet of any fixture room (`chorus bench barge_in_rule`; chosen so on
-every set left out but AMI, docs/benchmarks.md)."""
-BARGE_IN_FLOOR_DBFS = -55.0
-"""A speech frame counts for barge-in only at this RMS level or louder. Silero hears speech down
-to about −65 dBFS, so without a floor a phone's residual echo of the reply (speech) could count as
-the caller talking; the level gate before ignored anything under −35 dBFS. Not chosen on the
-fixtures, which hold no echo: 3GPP asks a phone for at least 46 dB of echo loss (TS 26.132,
-8.7.1), so a reply at −20 dBFS RMS comes back from such a phone at −66 dBFS or under, and the
-floor leaves 11 dB for louder replies and weaker phones. What it costs on the fixture rooms
-(`chorus bench barge_in_rule --floors`): no onset on the wide band, 2 of 227 on the phone band."""
+BARGE_IN_S = 0.064
+"""Consecutive speech (two 32 ms VAD frames) that makes a barge-in on a phone."""
+BARGE_IN_FLOOR_DBFS = -40.0
+"""A speech frame counts for barge-in on a phone only at this RMS level or louder. Silero hears
+speech down to about −65 dBFS, so without a floor a phone's residual echo of the reply (speech)
+would stop it. With the hold, chosen together on `chorus bench barge_in_rule`: of the holds and
+floors that never fire in the quiet of any fixture room (cross-validated by folder) nor on the
+reply's own echo 30 dB under it (where the level gate before stopped firing), the pair that hears
+a caller soonest. No fixture holds a real echo: the echo there is the reply attenuated."""
 ECHO_CANCELLED_BARGE_IN_S = 0.24
-"""The same for a microphone whose own echo cancellation keeps the reply out (a person's
+"""The hold for a microphone whose own echo cancellation keeps the reply out (a person's
 microphone in a browser or app, a LiveKit participant; a device that declares
-`echo_cancelled`): the page's hold time, eight VAD frames. Echo cancellation leaves more of the
-reply in it than a phone line carries, and what it leaves is speech, so it takes longer speech
-to count as talking over the reply (not measurable here: no fixture has a reply's echo)."""
+`echo_cancelled`): the page's hold time, eight VAD frames (256 ms). What a browser's or an app's
+echo cancellation leaves of the reply is speech, and no fixture tells how much, so it takes
+longer speech than a phone's to count as talking over the reply."""
+ECHO_CANCELLED_FLOOR_DBFS = -45.0
+"""The floor for an `echo_cancelled` microphone, by the same rule at its hold: the lowest floor
+that never fires on the reply's echo 30 dB under it."""
 
 
 PLAYOUT_SLACK_S = 1.0
@@ -127,11 +127,11 @@ class BargeIn:
     A trained VAD, not a level gate: a phone or speakerphone in a room carries the room's noise.
     In the fixture rooms' quiet (156 s between people's turns, `chorus bench barge_in_rule`) the
     level gate before (60 ms at −35 dBFS) went off 44 times on the phone band, 17 times a minute,
-    each one a reply cut off by the room itself. This rule, cross-validated, went off once on the
-    wide band and never on the phone band, and hears a caller about 0.1 s later (p50 251 ms
-    against 151 ms from the reference onset, phone band). Still an audio rule: a phone that
-    echoed the reply back loudly would cut it off, which is why it runs on phones and
-    `echo_cancelled` devices only.
+    each one a reply cut off by the room itself. This rule, cross-validated, never did, and hears
+    a caller about 20 ms later (p50 171 ms against 151 ms from the reference onset, phone band).
+    Still an audio rule: a phone that echoed the reply back less than 30 dB under it would cut it
+    off (`BARGE_IN_FLOOR_DBFS`), which is why it runs on phones and `echo_cancelled` devices
+    only.
 
     The VAD runs only while a reply plays, on the event loop: one ONNX call per 32 ms of a
     caller's audio, about 0.08 ms (0.3 % of a core per leg a reply plays to), on a model of its
@@ -192,6 +192,12 @@ class BargeIn:
         if self.on_barge_in is not None:
             self.on_barge_in()
         return True
+
+
+def echo_cancelled_barge_in() -> BargeIn:
+    """The rule for a microphone that cancels its own echo (an `echo_cancelled` device, a LiveKit
+    participant's own microphone): `ECHO_CANCELLED_BARGE_IN_S` at `ECHO_CANCELLED_FLOOR_DBFS`."""
+    return BargeIn(ECHO_CANCELLED_BARGE_IN_S, ECHO_CANCELLED_FLOOR_DBFS)
 
 
 _BARGE_IN_VAD: SileroFrameModel | None = None
