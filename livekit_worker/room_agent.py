@@ -175,6 +175,10 @@ class _Feed:
     or a person's own microphone; None for a shared mic (gated while the reply plays, V9)."""
 
 
+REPLY_CAPTURE_S = 0.5
+"""The most reply audio handed to the track in one capture: half its source's queue (1 s)."""
+
+
 def _barge_in_rule(speaker: Speaker) -> BargeIn | None:
     """A phone's (`BARGE_IN_S`), a person's own microphone's (`ECHO_CANCELLED_BARGE_IN_S`: a
     browser's echo cancellation leaves more in it than a phone line), none for a shared mic:
@@ -837,8 +841,13 @@ class ChorusRoomAgent:
             self._spawn(self.realtime.interrupt(self.room_name))
 
     async def _reply_loop(self) -> None:
+        """Each piece of reply audio goes to the track as it comes, in captures of up to
+        `REPLY_CAPTURE_S`: the native side plays a source out as soon as it holds a frame, so
+        in 20 ms captures a stall of the event loop between two of them (a loaded machine) ran
+        it dry and played silence into the reply. A barge-in drops what is not captured yet and
+        clears what is (`_barge_in`)."""
         rate = self.config.reply_sample_rate
-        step = rate // 50  # 20 ms frames
+        step = round(REPLY_CAPTURE_S * 100) * (rate // 100)  # whole 10 ms frames
         while True:
             pcm = await self._reply_queue.get()
             if pcm is None:

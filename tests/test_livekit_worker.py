@@ -270,6 +270,48 @@ async def test_leaving_mid_turn_commits_the_turn_once_and_a_rejoin_keeps_the_nam
         await second.aclose()
 
 
+async def test_a_stalled_event_loop_leaves_no_gap_in_the_agent_s_reply(
+    deepgram: DeepgramTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's reply reaches a reader of its track whole when the event loop stalls (a
+    loaded machine) right after each capture: the reply is handed over in pieces of up to
+    `REPLY_CAPTURE_S`, not 20 ms frames the native side runs dry between (it then plays silence
+    into the reply)."""
+    import time
+
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    capture = agent.reply_source.capture_frame
+
+    async def stalling_capture(frame: rtc.AudioFrame) -> None:
+        await capture(frame)
+        time.sleep(0.1)  # noqa: ASYNC251 - the whole loop, blocked, as a loaded machine does
+
+    monkeypatch.setattr(agent.reply_source, "capture_frame", stalling_capture)
+    reader = rtc.AudioStream.from_track(track=agent.reply_track, sample_rate=24000,
+                                        num_channels=1)
+    t = np.arange(18000) / 24000
+    tone = (np.cos(2 * np.pi * 440 * t) * 8000).astype(np.int16)  # 0.75 s, from 8000
+    try:
+        await agent.voice.play("standup", tone.tobytes(), 24000)
+        out: list[np.ndarray] = []
+        async for event in reader:
+            out.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
+            got = np.concatenate(out)
+            voiced = np.flatnonzero(got)
+            if len(voiced) and len(got) - voiced[0] >= len(tone):
+                break
+        got = np.concatenate(out)
+        start = int(np.flatnonzero(got)[0])
+        assert np.array_equal(got[start : start + len(tone)], tone)
+    finally:
+        await reader.aclose()
+        for callback in ctx._shutdown_callbacks:
+            await callback("test over")
+
+
 async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_sessions(
     deepgram: DeepgramTestServer,
 ) -> None:
