@@ -270,6 +270,18 @@ async def test_leaving_mid_turn_commits_the_turn_once_and_a_rejoin_keeps_the_nam
         await second.aclose()
 
 
+async def played(reader: rtc.AudioStream, samples: int) -> np.ndarray:
+    """The first `samples` a reader of the agent's reply track hears, from its first sound."""
+    out: list[np.ndarray] = []
+    async for event in reader:
+        out.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
+        got = np.concatenate(out)
+        voiced = np.flatnonzero(got)
+        if len(voiced) and len(got) - voiced[0] >= samples:
+            return got[voiced[0] : voiced[0] + samples]
+    raise AssertionError("the reply track ended first")
+
+
 async def test_a_stalled_event_loop_leaves_no_gap_in_the_agent_s_reply(
     deepgram: DeepgramTestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -296,16 +308,7 @@ async def test_a_stalled_event_loop_leaves_no_gap_in_the_agent_s_reply(
     tone = (np.cos(2 * np.pi * 440 * t) * 8000).astype(np.int16)  # 0.75 s, from 8000
     try:
         await agent.voice.play("standup", tone.tobytes(), 24000)
-        out: list[np.ndarray] = []
-        async for event in reader:
-            out.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
-            got = np.concatenate(out)
-            voiced = np.flatnonzero(got)
-            if len(voiced) and len(got) - voiced[0] >= len(tone):
-                break
-        got = np.concatenate(out)
-        start = int(np.flatnonzero(got)[0])
-        assert np.array_equal(got[start : start + len(tone)], tone)
+        assert np.array_equal(await played(reader, len(tone)), tone)
     finally:
         await reader.aclose()
         for callback in ctx._shutdown_callbacks:
@@ -355,16 +358,7 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         for sink in sinks:
             await sink.play("standup", tone.tobytes(), 24000)
         assert agent.voice.is_playing("standup") and agent.diarized.is_playing("standup")
-        out: list[np.ndarray] = []
-        async for event in reader:
-            out.append(np.frombuffer(event.frame.data, dtype=np.int16).copy())
-            got = np.concatenate(out)
-            voiced = np.flatnonzero(got)
-            if len(voiced) and len(got) - voiced[0] >= len(tone):
-                break
-        got = np.concatenate(out)
-        start = int(np.flatnonzero(got)[0])
-        assert np.array_equal(got[start : start + len(tone)], tone)
+        assert np.array_equal(await played(reader, len(tone)), tone)
         # what the shared mic heard meanwhile: silenced (held back half a second first)
         await until(lambda: table_session.gated_seconds > 0)
         assert not phone_session.echo_gate and phone_session.gated_seconds == 0
