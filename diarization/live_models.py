@@ -55,9 +55,9 @@ from voice.embedding import (
     default_cache_dir,
     embed_in_batches,
     fbank,
-    onnx_session,
     package_file,
 )
+from voice.onnx import onnx_session
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -193,7 +193,7 @@ class LiveModels:
         precision: Precision = "int8",
     ) -> None:
         """`cpu_arena`: onnxruntime's CPU memory arena for the trunk (off by default: see
-        `voice.embedding.onnx_session`; the segmentation model brings its own session).
+        `voice.onnx.onnx_session`; the segmentation model brings its own session).
         `precision`: the trunk the windows run on, `"int8"` (module docstring) or `"fp32"`."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")

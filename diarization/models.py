@@ -33,9 +33,9 @@ from voice.embedding import (
     default_embedding_model,
     fbank,
     fbank_frames,
-    onnx_session,
     package_file,
 )
+from voice.onnx import onnx_session
 
 SAMPLE_RATE = 16000
 CHUNK_SECONDS = 10.0
@@ -79,7 +79,7 @@ class SegmentationModel:
     path (an `.onnx` file or a directory holding one), or an onnxruntime `InferenceSession`.
     `frames` is the number of output frames per 10 s chunk; frame i covers
     [i·FRAME_STEP, i·FRAME_STEP + FRAME_DURATION) seconds of its chunk. `cpu_arena`:
-    onnxruntime's CPU memory arena (off by default: see `voice.embedding.onnx_session`).
+    onnxruntime's CPU memory arena (off by default: see `voice.onnx.onnx_session`).
     """
 
     sample_rate = SAMPLE_RATE

@@ -1,7 +1,7 @@
 """Voice: shared-microphone audio → per-speaker turns (rules V1–V6, V9, V10, S1–S3).
 
-Owns audio I/O and codecs (`voice.audio`), VAD (`voice.vad`), speaker embeddings
-(`voice.embedding`) with their one normaliser and centroid type (`voice.centroids`), STT
+Owns audio I/O and codecs (`voice.audio`), the one onnxruntime session factory (`voice.onnx`),
+VAD (`voice.vad`), speaker embeddings (`voice.embedding`) with their one normaliser and centroid type (`voice.centroids`), STT
 providers behind one interface (`voice.stt`), words and runs (`voice.turns`), speaker labels
 across reconnects (`voice.speakers`), the diarization stage interface and its declared abilities
 (`voice.diarization_stage`), when a turn ends (`voice.assembler`: the pure `TurnAssembler` and its

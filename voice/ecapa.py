@@ -339,7 +339,7 @@ class EcapaModel:
     `embedding_model.ckpt`, exported once to ONNX in `cache_dir`), a path (an `.onnx` file, a
     `.ckpt`/`.pt` ECAPA checkpoint, or a directory holding one), a state dict or `torch.nn.Module`
     with the checkpoint's keys, or an onnxruntime `InferenceSession`. `self.source` says which was
-    used. `threads`: onnxruntime's intra-op threads; `cpu_arena`: see `voice.embedding.onnx_session`.
+    used. `threads`: onnxruntime's intra-op threads; `cpu_arena`: see `voice.onnx.onnx_session`.
     """
 
     name = ECAPA_NAME
