@@ -16,7 +16,7 @@ from diarization.live import LiveDiarizer, ModelService
 from diarization.live_models import LiveModels
 from diarization.models import EmbeddingModel, SegmentationModel
 from voice.audio import read_audio_16k
-from voice.vad import SileroModel
+from voice.vad import SileroFrameModel, SileroModel
 
 RATE = 16000
 
@@ -41,6 +41,7 @@ def test_every_onnx_session_runs_without_the_cpu_arena() -> None:
         "CAM++ trunk": models._trunk,
         "CAM++": EmbeddingModel().session,
         "Silero": SileroModel().session,
+        "Silero per frame (barge-in)": SileroFrameModel().session,
     }
     for name, session in sessions.items():
         assert session.get_session_options().enable_cpu_mem_arena is False, name

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from voice.onnx import onnx_session
+
 SAMPLE_RATE = 16000
 FRAME = 512  # samples per Silero frame at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous frame the model sees
@@ -54,18 +56,9 @@ class SileroModel:
     """The Silero sequence ONNX model on one CPU thread. Thread-safe (one call at a time)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        import onnxruntime as ort  # type: ignore[import-untyped]
-
         self.path = Path(path) if path is not None else default_model_path()
         self.source = ("default: " if path is None else "path: ") + str(self.path)
-        options = ort.SessionOptions()
-        options.inter_op_num_threads = 1
-        options.intra_op_num_threads = 1
-        options.log_severity_level = 3
-        options.enable_cpu_mem_arena = False  # the arena keeps its peak for good: see onnx_session
-        self.session = ort.InferenceSession(
-            str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        self.session = onnx_session(self.path)
         self._lock = threading.Lock()
 
     def run(
@@ -96,12 +89,12 @@ def default_model() -> SileroModel:
         return _MODEL
 
 
-def frame_levels_db(audio: FloatArray) -> FloatArray:
-    """RMS level of each 32 ms frame in dBFS."""
-    n = len(audio) // FRAME
+def frame_levels_db(audio: FloatArray, frame: int = FRAME) -> FloatArray:
+    """RMS level of each whole frame of `frame` samples (32 ms at 16 kHz) in dBFS."""
+    n = len(audio) // frame
     if n == 0:
         return np.zeros(0, np.float32)
-    frames = audio[: n * FRAME].reshape(n, FRAME).astype(np.float64)
+    frames = audio[: n * frame].reshape(n, frame).astype(np.float64)
     rms = np.sqrt(np.mean(frames**2, axis=1))
     levels: FloatArray = (20 * np.log10(np.maximum(rms, 1e-8))).astype(np.float32)
     return levels
@@ -311,17 +304,8 @@ class SileroFrameModel:
     RATES = (8000, 16000)
 
     def __init__(self, path: str | Path | None = None) -> None:
-        import onnxruntime as ort
-
         self.path = Path(path) if path is not None else default_model_path(FRAME_MODEL)
-        options = ort.SessionOptions()
-        options.inter_op_num_threads = 1
-        options.intra_op_num_threads = 1
-        options.log_severity_level = 3
-        options.enable_cpu_mem_arena = False
-        self.session = ort.InferenceSession(
-            str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        self.session = onnx_session(self.path)
         self._lock = threading.Lock()
 
     def run(self, frame: FloatArray, state: FloatArray, rate: int) -> tuple[float, FloatArray]:
@@ -367,9 +351,7 @@ class FrameVadStream:
             window = np.concatenate([self._context, frame])[None, :]
             out[i], self._state = self.model.run(window, self._state, self.rate)
             self._context = frame[-self._context_size :].copy()
-        frames = data[: n * self.frame].reshape(n, self.frame).astype(np.float64)
-        levels = 20 * np.log10(np.maximum(np.sqrt(np.mean(frames**2, axis=1)), 1e-8))
-        return out, levels.astype(np.float32)
+        return out, frame_levels_db(data[: n * self.frame], self.frame)
 
 
 def _checked(audio: Any, *, allow_empty: bool = False) -> FloatArray:
