@@ -41,10 +41,13 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from server.reply_audio import BargeIn
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -324,7 +327,7 @@ def echo_fires(rule: Rule, reply: FloatArray, loss_db: float, band: str) -> Scor
     return score_file(pcm, rate, [], [(0.0, len(echo) / 16000)], rule)
 
 
-def vad_name(barge: Any, what: str) -> str:
+def vad_name(barge: BargeIn, what: str) -> str:
     hold_ms = barge.hold_frames * 32
     return f"vad {hold_ms} ms ≥ {barge.floor_dbfs:g} dBFS ({what})".replace("-", "−")
 
@@ -337,7 +340,7 @@ def echo_table(losses: list[float], reply: FloatArray, floors: list[float],
     from server.reply_audio import BargeIn, echo_cancelled_barge_in
 
     phone, mic = BargeIn(), echo_cancelled_barge_in()
-    table = {name: rule for name, rule in rules([]).items() if name.startswith("level")}
+    table = rules([])  # the level gates
     table[vad_name(phone, "phones now")] = vad_rule(phone.hold_s, phone.floor_dbfs)
     table[vad_name(mic, "echo_cancelled now")] = vad_rule(mic.hold_s, mic.floor_dbfs)
     print("\nEcho: the reply played back as the caller's only sound (fires per minute of reply):\n")
@@ -403,32 +406,30 @@ def run(args: argparse.Namespace) -> int:
     by_folder: dict[str, list[Recording]] = {}
     for rec in recordings:
         by_folder.setdefault(rec.group, []).append(rec)
-    choices: list[tuple[str, Callable[[list[Recording], list[str]], str], list[str]]] = [
-        ("hold", choose_hold, hold_names)]
-    for what, choose, names in choices:
-        print(f"\nLeave one set out (the {what} chosen on the other sets, scored on the set):\n")
-        print("| set left out | rule chosen | band | onsets | delay p50 | delay p90 | missed "
-              "| quiet (s) | fires | fires per min |\n"
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-        pooled = {band: Score() for band in BANDS}
-        folds = report.setdefault("cross_validation", {}).setdefault(what, [])
-        for folder, members in sorted(by_folder.items()):
-            others = [r for r in recordings if r.group != folder]
-            chosen = choose(others, names) if others else names[0]
-            for band in BANDS:
-                total = Score()
-                for rec in members:
-                    total.add(rec.scores[band][chosen])
-                pooled[band].add(total)
-                row = total.row()
-                folds.append({"set": folder, "rule": chosen, "band": band, **row})
-                print(_line(folder, chosen, band, row))
+    print("\nLeave one set out (the hold chosen on the other sets, scored on the set):\n")
+    print("| set left out | rule chosen | band | onsets | delay p50 | delay p90 | missed "
+          "| quiet (s) | fires | fires per min |\n"
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    pooled = {band: Score() for band in BANDS}
+    folds: list[dict[str, Any]] = []
+    for folder, members in sorted(by_folder.items()):
+        others = [r for r in recordings if r.group != folder]
+        chosen = choose_hold(others, hold_names) if others else hold_names[0]
         for band in BANDS:
-            row = pooled[band].row()
-            report.setdefault("cross_validated", {}).setdefault(what, {})[band] = row
-            print(_line("all (each set as left out)", "", band, row))
-        report.setdefault("chosen_on_all", {})[what] = choose(recordings, names)
-        print(f"\nthe {what} chosen on every set: {report['chosen_on_all'][what]}")
+            total = Score()
+            for rec in members:
+                total.add(rec.scores[band][chosen])
+            pooled[band].add(total)
+            row = total.row()
+            folds.append({"set": folder, "rule": chosen, "band": band, **row})
+            print(_line(folder, chosen, band, row))
+    report["cross_validation"] = {"hold": folds}
+    pooled_rows = {band: pooled[band].row() for band in BANDS}
+    report["cross_validated"] = {"hold": pooled_rows}
+    for band in BANDS:
+        print(_line("all (each set as left out)", "", band, pooled_rows[band]))
+    report["chosen_on_all"] = {"hold": choose_hold(recordings, hold_names)}
+    print(f"\nthe hold chosen on every set: {report['chosen_on_all']['hold']}")
     if args.echo_losses:
         report["echo"] = echo_table(sorted(args.echo_losses), reply_speech(args.reply), floors,
                                     args.echo_criterion)
