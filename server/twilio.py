@@ -273,7 +273,7 @@ class TwilioFraming:
                     CloseCode.BAD_MESSAGE, "media payload is not base64", "bad_message"
                 ) from exc
             playing = self._reply_playing()
-            pcm = mulaw_decode(mulaw).tobytes() if playing else b""  # its level: only then
+            pcm = mulaw_decode(mulaw).tobytes() if playing else b""  # the rule hears it: only then
             if self.barge_in.heard(pcm, PHONE_RATE, playing=playing):
                 # (the room's stop, told of the barge-in, may have sent the `clear` already)
                 self._owed.extend(self._clear())
