@@ -46,6 +46,25 @@ def meeting_speech(start: float, end: float, rate: int = 16000) -> bytes:
     return float_to_pcm16(resample(audio, 16000, rate))
 
 
+def far_room(
+    shared_fixtures: Path, rate: int = 8000
+) -> tuple[Any, list[tuple[float, float]], list[tuple[float, float]]]:
+    """A speakerphone's room: a LibriSpeech conversation's far render at `rate` (float), its
+    turns (start, end) and its quiet, every stretch of a second or more nobody talks in, as
+    `chorus bench barge_in_rule` scores it (`bench.barge_in_rule.moments`)."""
+    import soundfile as sf
+
+    from bench.barge_in_rule import moments
+    from voice.audio import read_audio_16k, resample
+    from voice.diarization_stage import SpeakerTimeline
+
+    name = shared_fixtures / "librispeech-conversations" / "lsconv_dev04_4spk_far"
+    audio = resample(read_audio_16k(name.with_suffix(".flac")), 16000, rate)
+    spans = sorted((s.start, s.end) for s in SpeakerTimeline.read_rttm(name.with_suffix(".rttm")))
+    _, quiet = moments(spans, float(sf.info(str(name.with_suffix(".flac"))).duration))
+    return audio, spans, quiet
+
+
 @pytest.fixture(scope="session")
 def shared_fixtures() -> Path:
     if not SHARED_FIXTURES.is_dir():
