@@ -26,6 +26,16 @@ barge-in itself (`server.reply_audio.BargeIn`, `ECHO_CANCELLED_BARGE_IN_S` of sp
 never sends `barge_in`, and drops what it holds at the server's `reply_stopped`. **Stop** is from
 its first frame at an RMS of 0.02, as for the page.
 
+`--echo-loss DB` makes the caller's phone one whose echo control is weak: it sends back the reply
+it hears, `DB` under it, through a small room (a decaying impulse response, `--echo-delay` after
+the packet arrived), mixed into whatever the caller says; after the last interruption the caller
+stays quiet for a whole reply (its echo alone). `--reply-voice` makes the replies a recording's
+speech (an echo of a tone is nothing a speech recogniser would write down). Then also:
+- **echo words**: words of the call's committed turns that overlap nothing the caller said (the
+  reply's echo written down in the caller's name);
+- **barge-ins**: the server's count (`chorus_barge_ins_total`), against the interruptions that
+  stopped a reply: the rest are replies the echo stopped.
+
 Per interruption:
 - **stop**: from the caller's first frame at −35 dBFS (`TALK_DBFS`) to the last reply RTP
   packet that reached the caller before the reply went quiet (a gap of 0.2 s); the rule itself
@@ -95,6 +105,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--server-repo", default=str(REPO),
         help="run the `chorus serve` of this checkout (an older one, side by side)",
     )  # fmt: skip
+    parser.add_argument(
+        "--echo-loss", type=float, default=None,
+        help="the caller's phone sends the reply back this many dB under it (weak echo control)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--echo-delay", type=float, default=0.1,
+        help="seconds from a reply packet's arrival to its echo in what the phone sends",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reply-voice", default=None,
+        help="a recording whose speech the replies are (default: a tone)",
+    )  # fmt: skip
     parser.add_argument("--json", default=None, help="write the results here")
 
 
@@ -106,6 +128,57 @@ class _Arrivals(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
         self.times.append(time.monotonic())
+
+
+ECHO_DECAY_S = 0.05
+"""The echo room's impulse response decays by 1/e in this long (about a 0.35 s RT60)."""
+
+
+class _EchoingPhone(_Arrivals):
+    """A phone whose echo control is weak: each reply packet it plays comes back in what it sends,
+    `loss_db` under the reply, through a small room (a direct path and a decaying tail), played
+    `delay_s` after the packet arrived (or right after the packet before it). `echo(first,
+    count)` is the echo in the call's samples from `first` (8 kHz, float), which the caller adds
+    to what it says."""
+
+    def __init__(self, loss_db: float, delay_s: float) -> None:
+        import numpy as np
+
+        super().__init__()
+        rng = np.random.default_rng(0)
+        length = int(0.3 * 8000)
+        ir = rng.standard_normal(length) * np.exp(-np.arange(length) / (ECHO_DECAY_S * 8000)) * 0.3
+        ir[0] = 1.0
+        self._ir = ir / np.sqrt(np.sum(ir**2)) * 10 ** (-loss_db / 20)
+        self._delay = int(delay_s * 8000)
+        self._echo = np.zeros(8000 * 60 * 10, np.float64)
+        self._next = 0
+        self.began = 0.0
+        """When the call's sample 0 was sent (the caller sets it)."""
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        super().datagram_received(data, addr)
+        if self.began and len(data) > 12:
+            self.played(data[12:], self.times[-1])
+
+    def played(self, mulaw: bytes, arrived: float) -> None:
+        """One reply packet's µ-law payload, which arrived at `arrived` (monotonic time)."""
+        import numpy as np
+
+        from voice.audio import mulaw_decode
+
+        samples = mulaw_decode(mulaw).astype(np.float64) / 32768
+        # played out as a phone's jitter buffer does: each packet right after the one before,
+        # unless it came later than that (a new reply)
+        at = max(int((arrived - self.began) * 8000) + self._delay, self._next)
+        self._next = at + len(samples)
+        echo = np.convolve(samples, self._ir)
+        end = min(at + len(echo), len(self._echo))
+        if at < end:
+            self._echo[at:end] += echo[: end - at]
+
+    def echo(self, first: int, count: int) -> Any:
+        return self._echo[first : first + count]
 
 
 @dataclass
@@ -132,6 +205,10 @@ class BargeInResult:
     truncated: int = 0
     turns: int = 0
     error: str | None = None
+    echo_words: str = ""
+    """The words of the call's committed turns that overlap nothing the caller said."""
+    barge_ins: int | None = None
+    """The server's count of barge-ins (`chorus_barge_ins_total`)."""
 
     def stop_times(self) -> list[float]:
         return [i.stop_s for i in self.interruptions if i.stop_s is not None]
@@ -228,10 +305,11 @@ class _Listener:
 
 async def barge_in_call(
     base: str, sip_port: int, room: str, token: str, audio: str, spans: list[tuple[float, float]],
-    after: float, listeners: int = 0,
+    after: float, listeners: int = 0, echo: _EchoingPhone | None = None, listen_s: float = 0.0,
 ) -> BargeInResult:
     """One call: the first span said, then each next one said over the reply to the one before;
-    `listeners` more callers in the room first, listening."""
+    `listeners` more callers in the room first, listening. With `echo`, the caller's phone sends
+    back the reply it hears; `listen_s` of silence after the last span (the last reply heard)."""
     import numpy as np
 
     from server.client import EventFeed
@@ -239,9 +317,7 @@ async def barge_in_call(
     from voice.audio import (
         float_to_pcm16,
         level_dbfs,
-        mulaw_decode,
         mulaw_encode,
-        pcm16_to_float,
         read_audio_16k,
         resample,
     )
@@ -259,26 +335,34 @@ async def barge_in_call(
 
     feed = await EventFeed.open(base, room, token, on_message=on_message)
     caller = SipCaller(sip_port, room)
-    arrivals = _Arrivals()
+    arrivals = echo or _Arrivals()
     caller.rtp_in = arrivals  # type: ignore[assignment]
     sent = 0
     began = 0.0
+    said: list[tuple[float, float]] = []
+    """The spans of the call the caller talked in (seconds)."""
+
+    def frame_out(samples: Any) -> bytes:
+        """One 20 ms frame as the phone sends it: what the caller says, and the echo."""
+        if echo is not None:
+            samples = samples + echo.echo(sent * FRAME_BYTES, FRAME_BYTES)
+        return mulaw_encode(np.frombuffer(float_to_pcm16(np.asarray(samples, np.float32)), "<i2"))
 
     async def say(start: float, end: float, pause: float) -> float | None:
         """The span at real time, then `pause` of silence; the time its first loud frame went."""
         nonlocal sent
         narrow = recording[int(start * 8000) : int(end * 8000)]
+        said.append((sent * FRAME_S, sent * FRAME_S + len(narrow) / 8000))
         narrow = np.concatenate([narrow, np.zeros(int(pause * 8000), np.float32)])
-        mulaw = mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
         loud_at = None
-        for i in range(0, len(mulaw), FRAME_BYTES):
-            frame = mulaw[i : i + FRAME_BYTES].ljust(FRAME_BYTES, b"\xff")
+        for i in range(0, len(narrow), FRAME_BYTES):
+            talk = narrow[i : i + FRAME_BYTES]
+            talk = np.pad(talk, (0, FRAME_BYTES - len(talk)))
             delay = began + sent * FRAME_S - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            caller.rtp(sent, frame)
-            level = level_dbfs(pcm16_to_float(mulaw_decode(frame)))
-            if loud_at is None and level >= TALK_DBFS:
+            caller.rtp(sent, frame_out(talk))
+            if loud_at is None and level_dbfs(talk) >= TALK_DBFS:  # their voice, not the echo
                 loud_at = time.monotonic()
             sent += 1
         return loud_at
@@ -292,7 +376,7 @@ async def barge_in_call(
             delay = began + sent * FRAME_S - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            caller.rtp(sent, b"\xff" * FRAME_BYTES)
+            caller.rtp(sent, frame_out(np.zeros(FRAME_BYTES)) if echo else b"\xff" * FRAME_BYTES)
             sent += 1
 
     others = [_Listener(sip_port, room, n) for n in range(1, listeners + 1)]
@@ -302,6 +386,8 @@ async def barge_in_call(
         await caller.open()
         await caller.call()
         began = time.monotonic()
+        if echo is not None:
+            echo.began = began
         first, *rest = spans
         await say(*first, PAUSE_S)
         for start, end in rest:
@@ -318,12 +404,53 @@ async def barge_in_call(
                 item.stop_s = stop_time(arrivals.times, loud_at)
                 item.others_stop_s = [stop_time(o.arrivals.times, loud_at) for o in others]
             result.interruptions.append(item)
+        if listen_s > 0:  # the reply to the last span, heard to its end
+            end_at = time.monotonic() + listen_s
+            await silence_until(lambda: time.monotonic() >= end_at, listen_s + 1)
         await hang_up_and_flush(caller, stopped)
     for other in others:
         await other.leave()
     result.turns = len(turns)
     _score(result, turns, audio, spans)
+    result.echo_words = echo_words(turns, said)
     return result
+
+
+ECHO_MARGIN_S = 0.3
+"""A turn within this much of what the caller said is theirs (turn edges are not exact)."""
+
+
+def echo_words(turns: list[Any], said: list[tuple[float, float]]) -> str:
+    """The text of the committed turns (latest versions) that overlap none of `said`, widened by
+    `ECHO_MARGIN_S`: words nobody on the call said."""
+    from server.client import latest_turns
+
+    return " ".join(t.text for t in latest_turns(turns)
+                    if not any(t.start < end + ECHO_MARGIN_S and t.end > start - ECHO_MARGIN_S
+                               for start, end in said))  # fmt: skip
+
+
+REPLY_DBFS = -20.0
+"""The level `--reply-voice` is brought to (RMS): about what a realtime model's speech is."""
+
+
+def reply_voice(path: str) -> bytes:
+    """A recording as the stand-in model's reply audio: pcm16 at 24 kHz, mono, at `REPLY_DBFS`."""
+    from voice.audio import float_to_pcm16, level_dbfs, read_audio_16k, resample
+
+    audio = resample(read_audio_16k(path), 16000, 24000)
+    return float_to_pcm16(audio * 10 ** ((REPLY_DBFS - level_dbfs(audio)) / 20))
+
+
+def barge_ins(port: int) -> int | None:
+    """The server's `chorus_barge_ins_total` over every kind, from `/metrics`."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("chorus_barge_ins_total")]  # fmt: skip
+    return round(sum(counts)) if counts else None
 
 
 def _score(
@@ -332,7 +459,8 @@ def _score(
     from server.client import latest_turns
 
     final = latest_turns(turns)
-    for item, said in zip(result.interruptions, said_in(audio, spans[1:]), strict=True):
+    words = said_in(audio, spans[1 : len(result.interruptions) + 1])  # (fewer: the call failed)
+    for item, said in zip(result.interruptions, words, strict=True):
         item.heard = any(t.start < item.end and t.end > item.start for t in final)
         item.said = said
         item.transcribed = overlapping(final, item.start, item.end)
@@ -457,8 +585,10 @@ async def _run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-barge-in-"))
     env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET}
     port, sip_port = _free_port(), _free_udp_port()
-    async with OpenAIRealtimeServer(reply_audio_seconds=args.reply_seconds,
-                                    audio_pace=4.0) as model:  # fmt: skip
+    voice = None if args.reply_voice is None else reply_voice(args.reply_voice)
+    echo = None if args.echo_loss is None else _EchoingPhone(args.echo_loss, args.echo_delay)
+    async with OpenAIRealtimeServer(reply_audio_seconds=args.reply_seconds, audio_pace=4.0,
+                                    reply_voice=voice) as model:  # fmt: skip
         config = workdir / "chorus.toml"
         config.write_text(
             '[stt]\nprovider = "whisper"\n[store]\nurl = "memory://"\n'
@@ -478,7 +608,9 @@ async def _run(args: argparse.Namespace) -> int:
                                                args.after, args.path == "echo-cancelled")  # fmt: skip
             else:
                 result = await barge_in_call(base, sip_port, "bench-barge-in", token, args.audio,
-                                             spans, args.after, args.listeners)  # fmt: skip
+                                             spans, args.after, args.listeners, echo,
+                                             args.reply_seconds + 1.0 if echo else 0.0)  # fmt: skip
+            result.barge_ins = await asyncio.to_thread(barge_ins, port)
         result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
     stops = result.stop_times()
     print("| interruption | at (s) | stop (ms) | heard | the listeners' stop (ms) |")
@@ -497,6 +629,12 @@ async def _run(args: argparse.Namespace) -> int:
     print(f"the interruptions' words: WER {words['wer']:.1%} (Whisper's English normaliser; "
           f"{words['deletions']:.0f} of {words['reference_words']:.0f} words missing), the first "
           f"word transcribed in {words['first_word']:.0f} of {len(result.interruptions)}")  # fmt: skip
+    if echo is not None or result.barge_ins is not None:
+        stopped = sum(i.stop_s is not None for i in result.interruptions)
+        heard = len(result.echo_words.split())
+        print(f"barge-ins heard by the server: {result.barge_ins} (interruptions that stopped a "
+              f"reply: {stopped}); words nobody on the call said, in the caller's turns: {heard}"
+              + (f" ({result.echo_words!r})" if heard else ""))  # fmt: skip
     others = result.others_stop_times()
     if others:
         print(f"the listeners' stop p50 {percentile(others, 50) * 1000:.0f} ms, p95 "

@@ -661,3 +661,13 @@ async def test_a_correction_of_the_line_that_carried_the_note_compares_its_words
                                   ("user", f'Speaker B: "Write."\n\n{NOTE}'),
                                   ("user", 'Speaker A: "Shall we start?"')]
     await room.kit.close()
+
+
+def test_the_stand_in_speaks_a_given_voice_repeated_to_the_reply_length() -> None:
+    """`OpenAIRealtimeServer(reply_voice=…)` (the barge-in bench's speech replies): each reply's
+    audio is the voice from its start, repeated to `reply_audio_seconds`."""
+    from realtime.testing.openai_server import _voice
+
+    voice = struct.pack("<3h", 1, 2, 3)
+    assert _voice(voice, 5 / 24_000) == struct.pack("<5h", 1, 2, 3, 1, 2)
+    assert _voice(voice, 2 / 24_000) == struct.pack("<2h", 1, 2)

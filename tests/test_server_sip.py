@@ -1053,6 +1053,45 @@ def test_the_barge_in_bench_scores_the_words_said_over_the_reply() -> None:
                               "first_word": 0.0}  # fmt: skip
 
 
+def test_the_bench_phone_with_weak_echo_control_sends_the_reply_back_as_a_phone_plays_it() -> None:
+    """`chorus bench barge_in --echo-loss`: each reply packet comes back `loss` dB under it,
+    `delay` after it arrived, and a burst of packets plays one after another (a phone's jitter
+    buffer), not on top of each other."""
+    import numpy as np
+
+    from bench.barge_in import _EchoingPhone
+    from voice.audio import float_to_pcm16, level_dbfs, mulaw_decode, mulaw_encode
+
+    phone = _EchoingPhone(loss_db=20.0, delay_s=0.1)
+    phone.began = 100.0
+    rng = np.random.default_rng(3)
+    played = (rng.standard_normal(160 * 5) * 0.1).astype(np.float32)  # five 20 ms packets
+    for i in range(0, len(played), 160):  # all five at once, half a second into the call
+        phone.played(mulaw_encode(np.frombuffer(float_to_pcm16(played[i : i + 160]), "<i2")), 100.5)
+    echo = phone.echo(0, 8000 * 2)
+    first = int(np.flatnonzero(echo)[0])
+    assert first == int(0.6 * 8000), "it comes back `delay` after it arrived"
+    span = echo[first : first + len(played)]
+    assert abs(level_dbfs(span.astype(np.float32)) - (level_dbfs(played) - 20.0)) < 1.5
+    # the five packets one after another through the room, not five on top of each other
+    heard = mulaw_decode(mulaw_encode(np.frombuffer(float_to_pcm16(played), "<i2"))) / 32768
+    assert np.allclose(span, np.convolve(heard, phone._ir)[: len(played)])
+
+
+def test_the_barge_in_bench_counts_words_nobody_on_the_call_said() -> None:
+    from types import SimpleNamespace
+
+    from bench.barge_in import echo_words
+
+    turns = [SimpleNamespace(type="turn", corrected=False, event_id=str(n), start=s, end=e, text=t)
+             for n, (s, e, t) in enumerate([(0.2, 2.0, "What the caller said."),
+                                            (2.1, 2.4, "its tail"),
+                                            (5.0, 6.5, "A book could be written."),
+                                            (9.9, 11.0, "Said over the reply.")])]  # fmt: skip
+    assert echo_words(turns, [(0.0, 2.0), (10.0, 12.0)]) == "A book could be written."
+    assert echo_words(turns, [(0.0, 12.0)]) == ""
+
+
 async def test_floods_of_invites_and_rtp_are_answered_and_the_server_keeps_serving() -> None:
     async with sip_server(sip={"max_calls": 4}) as srv:
         port = sip_port(srv)

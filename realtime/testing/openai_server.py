@@ -119,6 +119,12 @@ def _tone(seconds: float, rate: int = OUTPUT_SAMPLE_RATE, hz: float = 440.0) -> 
     )
 
 
+def _voice(pcm16: bytes, seconds: float, rate: int = OUTPUT_SAMPLE_RATE) -> bytes:
+    """`seconds` of `pcm16` from its start, repeated as often as needed."""
+    n = int(seconds * rate) * 2
+    return (pcm16 * (n // max(len(pcm16), 1) + 1))[:n]
+
+
 class OpenAIRealtimeServer:
     """`async with OpenAIRealtimeServer() as server:` then point `AsyncOpenAI(base_url=server.base_url)`.
 
@@ -149,8 +155,12 @@ class OpenAIRealtimeServer:
         api_key: str | None = None,
         cancel_done_delay: float = 0.0,
         audio_pace: float = 0.0,
+        reply_voice: bytes | None = None,
     ) -> None:
         self.replies = list(replies)
+        self.reply_voice = reply_voice
+        """pcm16 at 24 kHz each reply's audio is taken from (from its start, repeated to
+        `reply_audio_seconds`) instead of a tone: a voice, for an echo of the reply."""
         self.cancel_done_delay = cancel_done_delay
         self.audio_pace = audio_pace
         self._hang = 0
@@ -589,7 +599,8 @@ class OpenAIRealtimeServer:
                 content=[],
             )
             await self._announce_item(ws, state, in_progress)
-            audio = _tone(self.reply_audio_seconds)
+            audio = _voice(self.reply_voice, self.reply_audio_seconds) if self.reply_voice \
+                else _tone(self.reply_audio_seconds)  # fmt: skip
             chunk = OUTPUT_SAMPLE_RATE // 20 * 2  # 50 ms
             starts = range(0, len(audio), chunk)
             words = text.split(" ")
