@@ -29,8 +29,10 @@ its first frame at an RMS of 0.02, as for the page.
 `--echo-loss DB` makes the caller's phone one whose echo control is weak: it sends back the reply
 it hears, `DB` under it, through a small room (a decaying impulse response, `--echo-delay` after
 the packet arrived), mixed into whatever the caller says; after the last interruption the caller
-stays quiet for a whole reply (its echo alone). `--reply-voice` makes the replies a recording's
-speech (an echo of a tone is nothing a speech recogniser would write down). Then also:
+stays quiet for a whole reply (its echo alone). `--speech-replies` makes the replies speech, with
+their words as the model's transcript (an echo of a tone is nothing a recogniser writes down):
+the meeting's own turns from `SPEECH_REPLY_AT` on, which the caller never says, brought to
+`REPLY_DBFS`. Then also:
 - **echo words**: words of the call's committed turns that overlap nothing the caller said (the
   reply's echo written down in the caller's name);
 - **barge-ins**: the server's count (`chorus_barge_ins_total`), against the interruptions that
@@ -114,8 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds from a reply packet's arrival to its echo in what the phone sends",
     )  # fmt: skip
     parser.add_argument(
-        "--reply-voice", default=None,
-        help="a recording whose speech the replies are (default: a tone)",
+        "--speech-replies", action="store_true",
+        help="the replies are speech (the meeting's later turns) with their words (default: a "
+        "tone)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stt-model", default=None,
+        help="the server's live Whisper model (`[stt] model`; default tiny.en), e.g. base",
     )  # fmt: skip
     parser.add_argument("--json", default=None, help="write the results here")
 
@@ -431,25 +438,35 @@ def echo_words(turns: list[Any], said: list[tuple[float, float]]) -> str:
 
 
 REPLY_DBFS = -20.0
-"""The level `--reply-voice` is brought to (RMS): about what a realtime model's speech is."""
+"""The level `--speech-replies` are brought to (RMS): about what a realtime model's speech is."""
+SPEECH_REPLY_AT = 41.41
+"""Where in the demo meeting `--speech-replies` begin (its 13th turn; the bench caller says the
+first nine at most)."""
 
 
-def reply_voice(path: str) -> bytes:
-    """A recording as the stand-in model's reply audio: pcm16 at 24 kHz, mono, at `REPLY_DBFS`."""
+def speech_reply(audio: str, seconds: float) -> tuple[bytes, str]:
+    """`seconds` of the meeting from `SPEECH_REPLY_AT` as the stand-in model's reply audio
+    (pcm16 at 24 kHz, mono, at `REPLY_DBFS`) and its words: the script's turns that overlap it."""
     from voice.audio import float_to_pcm16, level_dbfs, read_audio_16k, resample
 
-    audio = resample(read_audio_16k(path), 16000, 24000)
-    return float_to_pcm16(audio * 10 ** ((REPLY_DBFS - level_dbfs(audio)) / 20))
+    start, end = SPEECH_REPLY_AT, SPEECH_REPLY_AT + seconds
+    speech = read_audio_16k(audio)[int(start * 16000) : int(end * 16000)]
+    speech = resample(speech, 16000, 24000)
+    script = json.loads(Path(audio).with_suffix(".json").read_text())
+    text = " ".join(str(t["text"]) for t in script["turns"]
+                    if float(t["start"]) < end and float(t["end"]) > start)  # fmt: skip
+    return float_to_pcm16(speech * 10 ** ((REPLY_DBFS - level_dbfs(speech)) / 20)), text
 
 
-def barge_ins(port: int) -> int | None:
-    """The server's `chorus_barge_ins_total` over every kind, from `/metrics`."""
+def counted(port: int, metric: str) -> int | None:
+    """The server's counter `metric` (e.g. `chorus_barge_ins_total`) summed over its labels,
+    from `/metrics`; None where the server has no such counter (an older one)."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("chorus_barge_ins_total")]  # fmt: skip
+              if line.split("{")[0].split(" ")[0] == metric]  # fmt: skip
     return round(sum(counts)) if counts else None
 
 
@@ -585,13 +602,16 @@ async def _run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-barge-in-"))
     env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET}
     port, sip_port = _free_port(), _free_udp_port()
-    voice = None if args.reply_voice is None else reply_voice(args.reply_voice)
+    voice, said = speech_reply(args.audio, args.reply_seconds) if args.speech_replies else (None, "")
     echo = None if args.echo_loss is None else _EchoingPhone(args.echo_loss, args.echo_delay)
     async with OpenAIRealtimeServer(reply_audio_seconds=args.reply_seconds, audio_pace=4.0,
-                                    reply_voice=voice) as model:  # fmt: skip
+                                    reply_voice=voice,
+                                    replies=[said] * 100 if said else ()) as model:  # fmt: skip
         config = workdir / "chorus.toml"
         config.write_text(
-            '[stt]\nprovider = "whisper"\n[store]\nurl = "memory://"\n'
+            '[stt]\nprovider = "whisper"\n'
+            + (f'model = "{args.stt_model}"\n' if args.stt_model else "")
+            + '[store]\nurl = "memory://"\n'
             f'[realtime]\nprovider = "openai"\nbase_url = "{model.base_url}"\napi_key = "bench"\n'
             '[policy]\nanswer_only = ["Bench"]\n'  # the caller's From display name
             f'[sip]\nenabled = true\nlisten = "127.0.0.1:{sip_port}"\n'
@@ -610,7 +630,7 @@ async def _run(args: argparse.Namespace) -> int:
                 result = await barge_in_call(base, sip_port, "bench-barge-in", token, args.audio,
                                              spans, args.after, args.listeners, echo,
                                              args.reply_seconds + 1.0 if echo else 0.0)  # fmt: skip
-            result.barge_ins = await asyncio.to_thread(barge_ins, port)
+            result.barge_ins = await asyncio.to_thread(counted, port, "chorus_barge_ins_total")
         result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
     stops = result.stop_times()
     print("| interruption | at (s) | stop (ms) | heard | the listeners' stop (ms) |")

@@ -559,9 +559,10 @@ class ChorusRoomAgent:
                 session = await channel.start_session(
                     self.room_name, speaker.identity, sample_rate=STT_SAMPLE_RATE,
                     encoding="pcm16", channels=1, session_id=session_id, stage=stage,
-                    # V9 for a speakerphone only: a phone, and a person's own microphone (the
-                    # client's echo cancellation), may talk over a reply and be heard
-                    echo_gate=speaker.shared_mic and not speaker.sip,
+                    # V9 for a speakerphone and a phone (which may send the reply back; its
+                    # barge-in lifts the gate at once, `_barge_in`); not for a person's own
+                    # microphone, whose client cancels the echo
+                    echo_gate=speaker.shared_mic or speaker.sip,
                 )
             except BaseException:
                 if stage is not None:
@@ -606,7 +607,7 @@ class ChorusRoomAgent:
                 feed.session.push(pcm)
             if feed.barge is not None and feed.barge.heard(pcm, STT_SAMPLE_RATE,
                                                            playing=self.reply_playing):
-                self._barge_in()
+                self._barge_in(feed.session)
             if feed.session.stage is not None:
                 self.stage_guard.check()  # overload: at most every `overload_check_s`
             elif feed.unstaged and not feed.moving and self._may_stage_another():
@@ -819,12 +820,13 @@ class ChorusRoomAgent:
         """Whether reply audio is queued for the agent's track or playing on it."""
         return self.reply_source.queued_duration > 0 or not self._reply_queue.empty()
 
-    def _barge_in(self) -> None:
+    def _barge_in(self, session: VoiceSession) -> None:
         """Someone talked over the reply (`server.reply_audio.BargeIn`: a phone caller, or a
         person on their own microphone): what is queued
-        for the reply track is dropped, the track's own buffer cleared, and the room's model
+        for the reply track is dropped, the track's own buffer cleared, the room's model
         told (`RealtimeChannel.interrupt`: its response stopped, the reply cut to what was
-        heard)."""
+        heard), and their session, gated while the reply played (a phone's), heard again at once
+        with the half second it held (`VoiceSession.reply_stopped`)."""
         self.barge_ins += 1
         self._reply_cut += 1
         ended = False
@@ -836,6 +838,7 @@ class ChorusRoomAgent:
         log.info("room %s: a caller talked over the reply: stopped", self.room_name)
         self.voice.stop_playing(self.room_name)  # the microphones are not silenced for it (V9)
         self.diarized.stop_playing(self.room_name)
+        session.reply_stopped()
         if self.realtime is not None:
             self.realtime.stop_reply(self.room_name)  # now: no piece of it arriving later plays
             self._spawn(self.realtime.interrupt(self.room_name))

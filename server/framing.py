@@ -52,10 +52,13 @@ class StreamDeclaration:
     """True: several people at one microphone (diarized). False: one person."""
     format: StreamFormat
     echo_gate: bool = True
-    """Whether the room's replies may play into this stream's own microphone (a speakerphone
-    device), so its audio is replaced by silence while one plays (V9). False for a phone leg:
-    its caller hears the reply in the phone, which cancels its own echo, and what they say over
-    the reply (barge-in) is heard."""
+    """Whether the room's replies may play into this stream's own microphone, so its audio is
+    held back and, unless someone talks over the reply, replaced by silence while one plays
+    (V9). True for a speakerphone device and for a phone leg (a phone whose echo control is weak
+    sends the reply back, which would be transcribed as the caller's words): a barge-in on the
+    stream (the device's `barge_in`, or a phone leg's own rule) lifts it at once and hands on
+    the half second it held (`VoiceSession.reply_stopped`). False for a device that declares
+    `echo_cancelled`: the server hears it over the reply and decides the barge-in itself."""
 
 
 class Refusal(Exception):

@@ -376,8 +376,9 @@ class LiveRooms:
         not only for whoever talked. The rest of the response is not played and the room's
         microphones are no longer silenced for it (`Pipeline.stop_reply`); every stream drops
         what it holds of it and tells its peer to (`LiveStream.stop_reply`: a device and the
-        feed hear `reply_stopped`, another Twilio leg `clear`); a device that stopped it itself
-        is heard again at once (`StreamAudio.reply_stopped`)."""
+        feed hear `reply_stopped`, another Twilio leg `clear`); the stream that talked over it
+        (a device that stopped it itself, a phone leg whose barge-in rule heard its caller) is
+        heard again at once, its held-back half second included (`StreamAudio.reply_stopped`)."""
         self.pipeline.stop_reply(room_id)
         live = self.rooms.get(room_id)
         if live is None:
@@ -387,7 +388,7 @@ class LiveRooms:
         for stream in list(live.streams.values()):
             for message in stream.stop_reply(stopped):
                 stream.send(message)
-            if stream.id == by and stream.kind == "device" and stream.audio is not None:
+            if stream.id == by and stream.audio is not None:  # a device, or a phone leg
                 stream.audio.reply_stopped()
 
     def answer_barge_in(self, room_id: str, stream_id: str) -> None:

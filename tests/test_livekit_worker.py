@@ -322,9 +322,9 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
     channels are the sinks: their playback window gates a shared mic's session (V9: a
     speakerphone plays the reply into its microphone), and the audio comes out of the agent's
     published track, read back through a real `rtc.AudioStream`, once (the diarized channel of
-    the shared mic is a second sink). A SIP participant (a phone caller) and a person on their
-    own microphone are not gated: the phone, or the client's echo cancellation, keeps the reply
-    out, and what they say over the reply is heard."""
+    the shared mic is a second sink). A SIP participant (a phone caller) is gated too (a phone
+    may send the reply back; its own barge-in lifts the gate: the next test); a person on their
+    own microphone is not: the client's echo cancellation keeps the reply out."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
@@ -361,7 +361,8 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         assert np.array_equal(await played(reader, len(tone)), tone)
         # what the shared mic heard meanwhile: silenced (held back half a second first)
         await until(lambda: table_session.gated_seconds > 0)
-        assert not phone_session.echo_gate and phone_session.gated_seconds == 0
+        assert phone_session.echo_gate
+        await until(lambda: phone_session.gated_seconds > 0)
         assert not session.echo_gate and session.gated_seconds == 0
         await until(lambda: not agent.reply_playing)
         assert agent.reply_queued_s == pytest.approx(0.5)  # once, not once per sink
@@ -381,7 +382,8 @@ async def test_someone_talking_over_the_reply_stops_it(
     (`server.reply_audio.BargeIn`, as on `chorus serve`'s phone legs; 240 ms for a personal
     microphone, as the page): the reply queued for the agent's track is dropped and the
     track's own buffer cleared, so the track falls silent well before the reply's end; counted
-    once."""
+    once. The phone, gated while the reply played (V9), is heard again at once: the half
+    second it held before the barge-in is handed on, not silenced."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
@@ -417,6 +419,10 @@ async def test_someone_talking_over_the_reply_stops_it(
         assert (voiced[-1] - voiced[0]) / 24000 < 5.0  # of 6 s
         await agent.wait_idle()
         assert agent.barge_ins == 1 and not agent.reply_playing
+        [session] = agent.sessions
+        # a phone's gate was lifted with what it held: at most the line's noise before the
+        # caller's first word (0.6 s into the clip) was silenced, nothing they said
+        assert session.echo_gate == (who == "sip") and session.gated_seconds < 0.6
     finally:
         listening.cancel()
         await reader.aclose()

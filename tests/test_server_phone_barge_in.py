@@ -7,8 +7,9 @@ is what a phone bridge owes its caller: the reply still playing is cleared (`cle
 message for dropping what it has buffered), the model stops the response it is still making
 (`response.cancel`) and keeps only what was heard of it (`conversation.item.truncate`), and
 what the caller said over it reaches the STT
-(a phone leg is not silenced while a reply plays: `StreamDeclaration.echo_gate`). The SIP leg's
-barge-in is `tests/test_server_sip.py`."""
+(a phone leg is gated while a reply plays, V9, and its own barge-in lifts the gate at once with
+the half second it held: `StreamDeclaration.echo_gate`), while a phone that sends the reply back
+under the barge-in floor is not heard. The SIP leg's barge-in is `tests/test_server_sip.py`."""
 
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ def excerpt(start: float, end: float, silence: float = 0.0) -> np.ndarray:
     return np.concatenate([audio, np.zeros(int(silence * 16000), np.float32)])
 
 
-def phone_audio(start: float, end: float, silence: float = 0.0) -> bytes:
-    """An excerpt of the meeting as a phone line carries it (8 kHz µ-law), then `silence`."""
-    narrow = resample(excerpt(start, end, silence), 16000, 8000)
+def phone_audio(start: float, end: float, silence: float = 0.0, gain_db: float = 0.0) -> bytes:
+    """An excerpt of the meeting as a phone line carries it (8 kHz µ-law), then `silence`;
+    `gain_db` louder."""
+    narrow = resample(excerpt(start, end, silence) * 10 ** (gain_db / 20), 16000, 8000)
     return mulaw_encode(np.frombuffer(float_to_pcm16(narrow), "<i2"))
 
 
@@ -157,6 +159,42 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 await dana.stop()
                 await erin.stop()
                 await desk.stream.stop()
+
+
+async def test_a_phone_sending_the_reply_back_is_not_heard_while_it_plays() -> None:
+    """V9 on a phone leg: while the reply plays, Dana's phone sends back speech 30 dB down (a
+    phone whose echo control is weak; under the barge-in floor, so nothing stops the reply):
+    none of it reaches the STT, so none of it can be written as her words. What she said before
+    the reply is heard; what she says after it is too."""
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
+        words = MeetingWords.from_meeting(MEETING)
+        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
+            token = issue_token(SECRET, ROOM)
+            dana = await TwilioLeg.open(srv.base, {"room": ROOM, "token": token, "name": "Dana"})
+            try:
+                await dana.send_mulaw(phone_audio(0.6, 2.0, 3.0), realtime=False)
+                await eventually(
+                    lambda: sum(m.get("event") == "media" for m in dana.received) >= 5,
+                    BOUND_S, "the reply's audio",
+                )  # fmt: skip
+                assert srv.stt_server is not None
+                [connection] = srv.stt_server.connections
+
+                def voiced_s() -> float:
+                    return int(np.count_nonzero(np.frombuffer(bytes(connection.audio), "<i2"))) / 16000
+
+                before = voiced_s()  # her first words
+                assert before >= 1.4 - 0.1
+                # the reply's echo while it plays: 3 s, then the reply ends
+                await dana.send_mulaw(phone_audio(4.7, 7.7, gain_db=-30.0))
+                await srv.until_reply_played(ROOM)
+                # her own words after it: heard
+                await dana.send_mulaw(phone_audio(9.27, 10.27))
+                await eventually(lambda: voiced_s() >= before + 1.0 - 0.1, BOUND_S, "her words")
+                assert voiced_s() < before + 1.0 + 0.3  # none of the echo
+                assert sum(srv.server.metrics.barge_ins_total.values()) == 0
+            finally:
+                await dana.stop()
 
 
 @contextlib.asynccontextmanager

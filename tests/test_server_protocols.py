@@ -212,15 +212,15 @@ def _opened(params: dict[str, str], media_format: dict[str, Any] | None = None) 
 @pytest.mark.parametrize(
     ("params", "declared"),
     [
-        ({"room": "r1"}, StreamDeclaration("call-CA1", None, False, StreamFormat(8000, "mulaw"), echo_gate=False)),
+        ({"room": "r1"}, StreamDeclaration("call-CA1", None, False, StreamFormat(8000, "mulaw"))),
         (
             {"room": "r1", "participant": "p-dana", "name": "Dana", "shared_mic": "yes"},
-            StreamDeclaration("p-dana", "Dana", True, StreamFormat(8000, "mulaw"), echo_gate=False),
+            StreamDeclaration("p-dana", "Dana", True, StreamFormat(8000, "mulaw")),
         ),
         ({"room": "r1", "name": "N" * 100},
-         StreamDeclaration("call-CA1", "N" * 80, False, StreamFormat(8000, "mulaw"), echo_gate=False)),
+         StreamDeclaration("call-CA1", "N" * 80, False, StreamFormat(8000, "mulaw"))),
         ({"room": "r1", "name": "", "shared_mic": " TRUE "},
-         StreamDeclaration("call-CA1", None, True, StreamFormat(8000, "mulaw"), echo_gate=False)),
+         StreamDeclaration("call-CA1", None, True, StreamFormat(8000, "mulaw"))),
     ],
 )
 def test_a_twilio_start_is_its_opening_and_declaration(

@@ -196,10 +196,11 @@ class VoiceChannel(Channel):
         stream's audio at once (else `sample_rate`, `encoding`, `channels`). With pipeline
         speakers the stream's diarization stage is `stage` (the caller's, reset for this
         stream) or else the channel's own `diarizer`, which serves one stream at a time.
-        `echo_gate`: the room's replies may play into this stream's microphone (a speakerphone),
-        so its audio is silenced while one plays (V9); False for a stream whose listener hears
-        replies on a device that cancels its own echo (a phone), so words said over a reply are
-        heard. Bad declared formats raise an `AudioError` naming the problem (rule V10)."""
+        `echo_gate`: the room's replies may play into this stream's microphone (a speakerphone, a
+        phone that sends the reply back), so its audio is held back and silenced while one plays
+        (V9) unless someone talks over it (`VoiceSession.reply_stopped`); False for a stream
+        whose device cancels the reply's echo itself, so words said over a reply are heard as
+        they come. Bad declared formats raise an `AudioError` naming the problem (rule V10)."""
         kit = self.require_kit()
         if await kit.get_room(room_id) is None:
             raise KeyError(f"no room {room_id!r}")
