@@ -602,6 +602,9 @@ async def _run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="chorus-bench-barge-in-"))
     env = {**os.environ, "PYANNOTE_METRICS_ENABLED": "0", "CHORUS_SECRET": SECRET}
     port, sip_port = _free_port(), _free_udp_port()
+    if args.speech_replies and spans[-1][1] > SPEECH_REPLY_AT:
+        raise SystemExit(f"--speech-replies: the caller's {len(spans)} turns reach past "
+                         f"{SPEECH_REPLY_AT} s, where the replies are taken from")  # fmt: skip
     voice, said = speech_reply(args.audio, args.reply_seconds) if args.speech_replies else (None, "")
     echo = None if args.echo_loss is None else _EchoingPhone(args.echo_loss, args.echo_delay)
     async with OpenAIRealtimeServer(reply_audio_seconds=args.reply_seconds, audio_pace=4.0,

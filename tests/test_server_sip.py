@@ -1078,6 +1078,17 @@ def test_the_bench_phone_with_weak_echo_control_sends_the_reply_back_as_a_phone_
     assert np.allclose(span, np.convolve(heard, phone._ir)[: len(played)])
 
 
+def test_the_barge_in_bench_speech_replies_are_the_meetings_later_turns_with_their_words() -> None:
+    from bench.barge_in import REPLY_DBFS, speech_reply
+    from voice.audio import level_dbfs, pcm16_to_float
+
+    audio, words = speech_reply(str(MEETING / "meeting.wav"), 8.0)
+    assert len(audio) == 8 * 24000 * 2
+    assert abs(level_dbfs(pcm16_to_float(audio)) - REPLY_DBFS) < 0.5
+    assert words.startswith("Agreed. Carol, please tell the support team about the window.")
+    assert words.endswith("The mobile app needs new screenshots for the store.")
+
+
 def test_the_barge_in_bench_counts_words_nobody_on_the_call_said() -> None:
     from types import SimpleNamespace
 
