@@ -361,10 +361,11 @@ async def test_V9_audio_arriving_while_the_agent_speaks_is_not_transcribed() -> 
     del kit
 
 
-async def test_V9_a_phone_stream_is_heard_while_the_agent_speaks() -> None:
-    """V9 gates a microphone the reply plays into (a speakerphone). A phone's caller hears the
-    reply in the phone, which cancels its own echo: a stream opened with `echo_gate=False` is
-    heard over the reply (the caller barging in), while the room's speakerphone stays gated."""
+async def test_V9_an_ungated_stream_is_heard_while_the_agent_speaks() -> None:
+    """V9 gates a microphone the reply plays into (a speakerphone; the server's phone legs too).
+    A stream whose device cancels the reply's echo itself (a device declaring `echo_cancelled`)
+    is opened with `echo_gate=False` and heard over the reply, while the room's speakerphone
+    stays gated."""
     async with DeepgramTestServer(ScriptedWords([])) as server:
         channel = VoiceChannel(stt=DeepgramSTT("k", url=server.url), echo_tail=0.0)
         kit = await voice_room(channel)
