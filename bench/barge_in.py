@@ -45,7 +45,7 @@ Per interruption:
 - **others' stop**: the same, from the same frame, for each listener (the reply stops for the
   whole room, or only for whoever talked);
 - **heard**: whether a committed turn of the call overlaps the interruption's audio (the V9
-  gate does not silence a phone leg);
+  gate, which holds a phone leg back while a reply plays, is lifted by its barge-in);
 - **words**: the committed turns overlapping the interruption against what was said (the demo
   meeting's `meeting.json`), WER after Whisper's English normaliser (`whisper_normalizer`), and
   whether its first word was transcribed;
