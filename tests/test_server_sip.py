@@ -809,8 +809,8 @@ async def test_the_caller_speaking_over_a_reply_clears_its_queued_audio() -> Non
                 assert srv.server.metrics.barge_ins_total["sip"] == leg.barge_ins
                 # the rest of the 6 s reply is dropped (a reply to the new turn may follow)
                 await eventually(lambda: leg.cleared_s >= 3.0, BOUND_S, "the reply dropped")
-                # and what the caller said over it reached the STT: a phone leg is not gated
-                # while a reply plays (its caller hears it in the phone, V9 is for a speakerphone)
+                # and what the caller said over it reached the STT: the leg's V9 gate is lifted
+                # by its barge-in, with the half second it held
                 assert srv.stt_server is not None
 
                 def voiced_s() -> float:
