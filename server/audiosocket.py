@@ -278,9 +278,6 @@ class AudioSocketFraming:
             name=call.name[:80] if call.name else None,
             shared_mic=call.shared_mic,
             format=declared_format(AUDIO_RATES[opening.kind], "pcm16", 1),
-            # V9 as for a speakerphone (a phone may send the reply back); the leg's own
-            # barge-in lifts it at once (`LiveRooms.stop_reply`), the caller's first words kept
-            echo_gate=True,
         )
 
     def audio(self, message: str | bytes) -> bytes | None:

@@ -198,9 +198,6 @@ class SipFraming:
             name=plan.declaration_name,
             shared_mic=plan.shared_mic,
             format=declared_format(self.sample_rate, "pcm16", 1),
-            # V9 as for a speakerphone (a phone may send the reply back); the leg's own
-            # barge-in lifts it at once (`LiveRooms.stop_reply`), the caller's first words kept
-            echo_gate=True,
         )
 
     def audio(self, message: str | bytes) -> bytes | None:

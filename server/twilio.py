@@ -256,9 +256,6 @@ class TwilioFraming:
             name=name[:80] if name else None,
             shared_mic=params.get("shared_mic", "false").strip().lower() in ("1", "true", "yes"),
             format=declared_format(fmt.sampleRate, "mulaw", 1),
-            # V9 as for a speakerphone (a phone may send the reply back); the leg's own
-            # barge-in lifts it at once (`LiveRooms.stop_reply`), the caller's first words kept
-            echo_gate=True,
         )
 
     def audio(self, message: str | bytes) -> bytes | None:
