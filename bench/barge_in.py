@@ -158,7 +158,8 @@ class _EchoingPhone(_Arrivals):
         ir[0] = 1.0
         self._ir = ir / np.sqrt(np.sum(ir**2)) * 10 ** (-loss_db / 20)
         self._delay = int(delay_s * 8000)
-        self._echo = np.zeros(8000 * 60 * 10, np.float64)
+        self._echo = np.zeros(8000 * 60, np.float64)
+        """The echo by the call's samples (grown as the call goes on)."""
         self._next = 0
         self.began = 0.0
         """When the call's sample 0 was sent (the caller sets it)."""
@@ -180,12 +181,17 @@ class _EchoingPhone(_Arrivals):
         at = max(int((arrived - self.began) * 8000) + self._delay, self._next)
         self._next = at + len(samples)
         echo = np.convolve(samples, self._ir)
-        end = min(at + len(echo), len(self._echo))
-        if at < end:
-            self._echo[at:end] += echo[: end - at]
+        end = at + len(echo)
+        if end > len(self._echo):
+            self._echo = np.concatenate([self._echo, np.zeros(max(end, 2 * len(self._echo))
+                                                             - len(self._echo))])  # fmt: skip
+        self._echo[at:end] += echo
 
     def echo(self, first: int, count: int) -> Any:
-        return self._echo[first : first + count]
+        import numpy as np
+
+        echo = self._echo[first : first + count]
+        return np.pad(echo, (0, count - len(echo)))  # (none yet that far into the call)
 
 
 @dataclass
@@ -383,7 +389,7 @@ async def barge_in_call(
             delay = began + sent * FRAME_S - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            caller.rtp(sent, frame_out(np.zeros(FRAME_BYTES)) if echo else b"\xff" * FRAME_BYTES)
+            caller.rtp(sent, frame_out(np.zeros(FRAME_BYTES)))  # silence (and any echo)
             sent += 1
 
     others = [_Listener(sip_port, room, n) for n in range(1, listeners + 1)]
@@ -458,15 +464,17 @@ def speech_reply(audio: str, seconds: float) -> tuple[bytes, str]:
     return float_to_pcm16(speech * 10 ** ((REPLY_DBFS - level_dbfs(speech)) / 20)), text
 
 
-def counted(port: int, metric: str) -> int | None:
-    """The server's counter `metric` (e.g. `chorus_barge_ins_total`) summed over its labels,
-    from `/metrics`; None where the server has no such counter (an older one)."""
+def barge_ins(port: int) -> int | None:
+    """The server's `chorus_barge_ins_total` over every stream kind, from `/metrics` (read with
+    Prometheus' own parser); None for a server that does not count them."""
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.split("{")[0].split(" ")[0] == metric]  # fmt: skip
+    counts = [sample.value for family in text_string_to_metric_families(text)
+              for sample in family.samples if sample.name == "chorus_barge_ins_total"]  # fmt: skip
     return round(sum(counts)) if counts else None
 
 
@@ -633,7 +641,7 @@ async def _run(args: argparse.Namespace) -> int:
                 result = await barge_in_call(base, sip_port, "bench-barge-in", token, args.audio,
                                              spans, args.after, args.listeners, echo,
                                              args.reply_seconds + 1.0 if echo else 0.0)  # fmt: skip
-            result.barge_ins = await asyncio.to_thread(counted, port, "chorus_barge_ins_total")
+            result.barge_ins = await asyncio.to_thread(barge_ins, port)
         result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
     stops = result.stop_times()
     print("| interruption | at (s) | stop (ms) | heard | the listeners' stop (ms) |")
