@@ -38,6 +38,10 @@ the meeting's own turns from `SPEECH_REPLY_AT` on, which the caller never says, 
 - **barge-ins**: the server's count (`chorus_barge_ins_total`), against the interruptions that
   stopped a reply: the rest are replies the echo stopped.
 
+`--caller-gain DB` makes the caller's voice that much louder (negative: quieter) than the
+recording's (about the replies' level): what the double-talk check of the barge-in rule costs a
+quiet caller.
+
 Per interruption:
 - **stop**: from the caller's first frame at −35 dBFS (`TALK_DBFS`) to the last reply RTP
   packet that reached the caller before the reply went quiet (a gap of 0.2 s); the rule itself
@@ -114,6 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--echo-delay", type=float, default=0.1,
         help="seconds from a reply packet's arrival to its echo in what the phone sends",
+    )  # fmt: skip
+    parser.add_argument(
+        "--caller-gain", type=float, default=0.0,
+        help="the caller's voice this many dB louder (negative: quieter; a SIP call)",
     )  # fmt: skip
     parser.add_argument(
         "--speech-replies", action="store_true",
@@ -319,10 +327,12 @@ class _Listener:
 async def barge_in_call(
     base: str, sip_port: int, room: str, token: str, audio: str, spans: list[tuple[float, float]],
     after: float, listeners: int = 0, echo: _EchoingPhone | None = None, listen_s: float = 0.0,
+    gain_db: float = 0.0,
 ) -> BargeInResult:
     """One call: the first span said, then each next one said over the reply to the one before;
     `listeners` more callers in the room first, listening. With `echo`, the caller's phone sends
-    back the reply it hears; `listen_s` of silence after the last span (the last reply heard)."""
+    back the reply it hears; `listen_s` of silence after the last span (the last reply heard);
+    the caller's voice `gain_db` louder than the recording's."""
     import numpy as np
 
     from server.client import EventFeed
@@ -335,7 +345,7 @@ async def barge_in_call(
         resample,
     )
 
-    recording = resample(read_audio_16k(audio), 16000, 8000)
+    recording = resample(read_audio_16k(audio), 16000, 8000) * np.float32(10 ** (gain_db / 20))
     result = BargeInResult()
     turns: list[TurnMessage] = []
     stopped = asyncio.Event()
@@ -640,7 +650,8 @@ async def _run(args: argparse.Namespace) -> int:
             else:
                 result = await barge_in_call(base, sip_port, "bench-barge-in", token, args.audio,
                                              spans, args.after, args.listeners, echo,
-                                             args.reply_seconds + 1.0 if echo else 0.0)  # fmt: skip
+                                             args.reply_seconds + 1.0 if echo else 0.0,
+                                             args.caller_gain)  # fmt: skip
             result.barge_ins = await asyncio.to_thread(barge_ins, port)
         result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
     stops = result.stop_times()

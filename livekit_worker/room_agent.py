@@ -86,7 +86,7 @@ from server.overload import (
 )
 from server.pipeline import VoiceStreamAudio
 from server.protocol import SpeakerSuggestionMessage, dump
-from server.reply_audio import BargeIn, echo_cancelled_barge_in
+from server.reply_audio import BargeIn, ReplyEnvelope, echo_cancelled_barge_in
 from server.stage_guard import StageGuard, status_message
 from server.voices import Unnamed, VoiceDirectory
 from voice.assembler import TurnPolicy
@@ -179,12 +179,13 @@ REPLY_CAPTURE_S = 0.5
 """The most reply audio handed to the track in one capture: half its source's queue (1 s)."""
 
 
-def _barge_in_rule(speaker: Speaker) -> BargeIn | None:
-    """A phone's (`BARGE_IN_S`), a person's own microphone's (`ECHO_CANCELLED_BARGE_IN_S`: a
-    browser's echo cancellation leaves more in it than a phone line), none for a shared mic:
-    its speaker plays the reply into it, so it is silenced while the reply plays instead."""
-    if speaker.sip:
-        return BargeIn(narrowband=True)  # its track comes at 16 kHz, its line was a phone's
+def _barge_in_rule(speaker: Speaker, reply: ReplyEnvelope) -> BargeIn | None:
+    """A phone's (`BARGE_IN_S`, its double-talk check against the agent's `reply` track), a
+    person's own microphone's (`ECHO_CANCELLED_BARGE_IN_S`: a browser's echo cancellation leaves
+    more in it than a phone line), none for a shared mic: its speaker plays the reply into it, so
+    it is silenced while the reply plays instead."""
+    if speaker.sip:  # its track comes at 16 kHz, its line was a phone's
+        return BargeIn(narrowband=True, reply=reply)
     if speaker.shared_mic:
         return None
     return echo_cancelled_barge_in()
@@ -338,6 +339,8 @@ class ChorusRoomAgent:
         self._reply_pump: asyncio.Task[None] | None = None
         self._reply_queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._reply_cut = 0
+        self.reply_envelope = ReplyEnvelope()
+        """The reply track's level as it plays: what a SIP caller's echo of it can be at most."""
         """Barge-ins so far: the reply loop stops the reply it is queueing when this moves."""
         self.reply_queued_s = 0.0
         """Seconds of reply audio queued for the reply track (a barge-in may drop some)."""
@@ -588,7 +591,7 @@ class ChorusRoomAgent:
                 named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
             feed = _Feed(track_sid, speaker, session, stream, release, participant=participant,
                          unstaged=wants_stage and not admitted,
-                         barge=_barge_in_rule(speaker))
+                         barge=_barge_in_rule(speaker, self.reply_envelope))
             if stage is not None:
                 self.stage_guard.join(session)  # `release` leaves
             feed.task = asyncio.create_task(self._read(feed))
@@ -835,6 +838,7 @@ class ChorusRoomAgent:
         if ended:
             self._reply_queue.put_nowait(None)
         self.reply_source.clear_queue()
+        self.reply_envelope.stopped()
         log.info("room %s: a caller talked over the reply: stopped", self.room_name)
         self.voice.stop_playing(self.room_name)  # the microphones are not silenced for it (V9)
         self.diarized.stop_playing(self.room_name)
@@ -862,6 +866,7 @@ class ChorusRoomAgent:
                     break
                 chunk = samples[start : start + step]
                 frame = rtc.AudioFrame(chunk.tobytes(), rate, 1, len(chunk))
+                self.reply_envelope.played(chunk.tobytes(), rate)
                 try:
                     await self.reply_source.capture_frame(frame)
                 except Exception:

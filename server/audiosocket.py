@@ -301,6 +301,7 @@ class AudioSocketFraming:
         playing = self._backlog.waiting and self._clock.playing()
         if self.barge_in.heard(data[:cut], AUDIO_RATES[frame.kind], playing=playing):
             self._backlog.cut()  # every reply message not sent yet
+            self.barge_in.reply_dropped()
         return data[:cut]
 
     def silence(self, seconds: float) -> list[bytes]:
@@ -317,6 +318,7 @@ class AudioSocketFraming:
 
     def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
         self._backlog.cut()  # every reply message not written yet (`sending`)
+        self.barge_in.reply_dropped()
         return []
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
@@ -331,6 +333,7 @@ class AudioSocketFraming:
             self._backlog.clear()
         self._backlog.queued(len(messages))
         self._clock.sent(len(pcm16) / 2 / sample_rate)
+        self.barge_in.reply_out(pcm16, sample_rate)
         return list(messages)
 
     def sending(self, message: bytes) -> bool:

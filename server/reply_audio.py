@@ -6,8 +6,8 @@ framing of it: a device gets binary frames in the encoding and sample rate it de
 Codecs and resampling come from `voice.audio`, the one place audio formats are converted.
 
 Also owns when a reply is playing to a peer that never says (`PlayoutClock`), what a phone leg
-still holds of it (`ReplyBacklog`), and the rule for a caller talking over it (`BargeIn`, on
-Silero VAD from `voice.vad`).
+still holds of it (`ReplyBacklog`), how loud it is as it plays (`ReplyEnvelope`), and the rule for
+a caller talking over it (`BargeIn`, on Silero VAD from `voice.vad`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -55,6 +56,21 @@ longer speech than a phone's to count as talking over the reply."""
 ECHO_CANCELLED_FLOOR_DBFS = -45.0
 """The floor for an `echo_cancelled` microphone, by the same rule at its hold: the lowest floor
 that never fires on the reply's echo 30 dB under it."""
+
+ECHO_WINDOW_S = 1.0
+"""How long after a piece of the reply played its echo can still come back in a phone's audio:
+the way back over the network, the phone's jitter buffer, and the room's reverberation."""
+DOUBLE_TALK_MARGIN_DB = 20.0
+"""A phone's speech frame counts for barge-in only within this many dB of the loudest 20 ms of
+the reply that played in the `ECHO_WINDOW_S` before it (the Geigel rule of network echo
+cancellers): the reply's echo comes back at most as loud as the reply less the phone's echo loss,
+a caller talking over it is as loud as they are. So an echo more than about this far under the
+reply is never a barge-in, and a caller is heard over the reply down to about this far under its
+loud syllables. Chosen on `chorus bench barge_in --speech-replies` over the margins 10, 15 and
+20 dB (docs/benchmarks.md, "The reply's own echo is not a caller talking over it"): the
+largest of them that kept a caller 15 dB quieter than the reply heard (15 dB lost 44 of their 79
+words, the gate silencing what could not barge in); it ends the loop of an echo 25 dB under
+the reply and mostly of one 20 dB under, not of louder ones."""
 
 
 PLAYOUT_SLACK_S = 1.0
@@ -116,10 +132,70 @@ class ReplyBacklog:
         self._queued = self._drop = 0
 
 
+ENVELOPE_FRAME_S = 0.02
+"""The reply's level is kept per 20 ms of it."""
+
+
+class ReplyEnvelope:
+    """How loud the reply is as it plays to one phone: each 20 ms of it, at the time it plays
+    (pieces handed over back to back play one after the other from when the first is handed
+    over, as a phone's buffer plays them; a paced leg hands each over as it plays), kept
+    `ECHO_WINDOW_S` after. `loudest` is the most that can be echoing back now: what the
+    double-talk check of `BargeIn` measures a caller's frame against."""
+
+    def __init__(
+        self, window_s: float = ECHO_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        """Now, in seconds (monotonic)."""
+        self._frames: deque[tuple[float, float]] = deque()
+        """(when it plays, its RMS level in dBFS), in the order they play."""
+        self._until = 0.0
+        """When what was handed over so far has played."""
+
+    def played(self, pcm16: bytes, rate: int) -> None:
+        """A piece of the reply (pcm16 mono at `rate`) handed over to play after what was."""
+        audio = pcm16_to_float(pcm16[: len(pcm16) - len(pcm16) % 2]).astype(np.float64)
+        step = max(1, round(rate * ENVELOPE_FRAME_S))
+        count = len(audio) // step
+        if count == 0:
+            return
+        power = np.mean(np.square(audio[: count * step].reshape(count, step)), axis=1)
+        levels = 10 * np.log10(power + 1e-12)
+        start = max(self._until, self.clock())
+        self._frames.extend((start + i * step / rate, float(level))
+                            for i, level in enumerate(levels))  # fmt: skip
+        self._until = start + count * step / rate
+
+    def stopped(self) -> None:
+        """What was not played by now is dropped (a barge-in: the phone never plays it)."""
+        now = self.clock()
+        while self._frames and self._frames[-1][0] > now:
+            self._frames.pop()
+        self._until = min(self._until, now)
+
+    def loudest(self) -> float | None:
+        """The loudest 20 ms of the reply that played in the last `window_s` (dBFS); None when
+        none did."""
+        now = self.clock()
+        while self._frames and self._frames[0][0] < now - self.window_s:
+            self._frames.popleft()
+        loudest: float | None = None
+        for at, level in self._frames:
+            if at > now:
+                break
+            loudest = level if loudest is None else max(loudest, level)
+        return loudest
+
+
 class BargeIn:
     """A caller talking over the reply playing to them: `hold_s` of consecutive speech, each
-    32 ms frame of their audio at `BARGE_IN_SPEECH` or more by Silero VAD and at
-    `BARGE_IN_FLOOR_DBFS` or louder, while it plays. The one home of the rule for every leg that
+    32 ms frame of their audio at `BARGE_IN_SPEECH` or more by Silero VAD, at
+    `BARGE_IN_FLOOR_DBFS` or louder, and, on a leg that tells it the reply as it plays it
+    (`reply_out`: the phone legs), no more than `DOUBLE_TALK_MARGIN_DB` under the loudest of the
+    reply in the last `ECHO_WINDOW_S` (louder than its echo can be), while it plays. The one
+    home of the rule for every leg that
     hears its own barge-ins (SIP and AudioSocket drop the reply audio they still hold, Twilio is
     sent `clear`, an `echo_cancelled` device is told `reply_stopped`, the LiveKit worker clears
     its reply track). A phone's 8 kHz audio is heard at 8 kHz, anything wider at 16 kHz.
@@ -129,9 +205,9 @@ class BargeIn:
     level gate before (60 ms at −35 dBFS) went off 44 times on the phone band, 17 times a minute,
     each one a reply cut off by the room itself. This rule, cross-validated, never did, and hears
     a caller about 20 ms later (p50 171 ms against 151 ms from the reference onset, phone band).
-    Still an audio rule: a phone that echoed the reply back less than 30 dB under it would cut it
-    off (`BARGE_IN_FLOOR_DBFS`), which is why it runs on phones and `echo_cancelled` devices
-    only.
+    Still an audio rule: a phone that echoes the reply back less than about 20 dB under it (past
+    the double-talk check) cuts it off by itself, which is why it runs on phones and
+    `echo_cancelled` devices only.
 
     The VAD runs only while a reply plays, on the event loop: one ONNX call per 32 ms of a
     caller's audio, about 0.08 ms (0.3 % of a core per leg a reply plays to), on a model of its
@@ -139,7 +215,7 @@ class BargeIn:
     (about 30 ms, once per process)."""
 
     def __init__(self, hold_s: float = BARGE_IN_S, floor_dbfs: float = BARGE_IN_FLOOR_DBFS,
-                 *, narrowband: bool = False) -> None:  # fmt: skip
+                 *, narrowband: bool = False, reply: ReplyEnvelope | None = None) -> None:  # fmt: skip
         self.narrowband = narrowband
         """The caller is on a phone line, whatever rate their audio arrives at (a LiveKit SIP
         participant's track, resampled to 16 kHz): heard at 8 kHz, where Silero hears a
@@ -153,6 +229,12 @@ class BargeIn:
         self._vad: FrameVadStream | None = None
         self._resampler: StreamResampler | None = None
         self._run = 0
+        self.reply = reply if reply is not None else ReplyEnvelope()
+        """The reply as it plays to this caller (`reply_out`): the double-talk check's
+        reference. A leg that never tells it (an `echo_cancelled` device) has no such check."""
+        self.echo_frames = 0
+        """Speech frames loud enough for the floor that the double-talk check did not count (as
+        loud as the reply's echo could be)."""
         self.count = 0
         """Barge-ins so far."""
         self.on_barge_in: Callable[[], None] | None = None
@@ -162,6 +244,14 @@ class BargeIn:
     def vad_rate(self) -> int | None:
         """The rate the VAD hears this caller at (8000 or 16000; None until a reply plays)."""
         return None if self._vad is None else self._vad.rate
+
+    def reply_out(self, pcm16: bytes, rate: int) -> None:
+        """A piece of the reply handed over to play to this caller (`ReplyEnvelope.played`)."""
+        self.reply.played(pcm16, rate)
+
+    def reply_dropped(self) -> None:
+        """What the caller's phone held of the reply is dropped (`ReplyEnvelope.stopped`)."""
+        self.reply.stopped()
 
     def heard(self, pcm16: bytes, rate: int, playing: bool) -> bool:
         """One piece of the caller's mono audio (pcm16 at `rate`, any length); True when it
@@ -179,9 +269,14 @@ class BargeIn:
             self._vad = FrameVadStream(barge_in_vad(), vad_rate)
             self._resampler = StreamResampler(vad_rate)
         audio = self._resampler.resample(pcm16_to_float(pcm16[:usable]), rate)
+        loudest = self.reply.loudest()
+        echo_under = -math.inf if loudest is None else loudest - DOUBLE_TALK_MARGIN_DB
         fired = False
         for probability, level in zip(*self._vad.accept_levels(audio), strict=True):
             speech = probability >= BARGE_IN_SPEECH and level >= self.floor_dbfs
+            if speech and level < echo_under:  # no louder than the reply's echo could be
+                self.echo_frames += 1
+                speech = False
             self._run = self._run + 1 if speech else 0
             if self._run >= self.hold_frames and not fired:
                 self._run = 0

@@ -424,6 +424,7 @@ class SipLeg:
 
     def _cut(self) -> int:
         self._cuts += 1
+        self.barge.reply_dropped()
         return self._backlog.cut()
 
     def hold(self, held: bool) -> None:
@@ -524,6 +525,7 @@ class SipLeg:
         if not self._backlog.sending():
             self.cleared_s += len(message) / 2 / rate
             return
+        self.barge.reply_out(message, rate)  # (it goes out at real time from now)
         cuts = self._cuts
         clock = self.session.clock_rate
         step = int(rate * RTP_FRAME_S) * 2

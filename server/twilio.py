@@ -301,6 +301,7 @@ class TwilioFraming:
         if messages:
             self._playing.add(mark)
             self._clock.sent(len(pcm16) / 2 / sample_rate)
+            self.barge_in.reply_out(pcm16, sample_rate)
         return messages
 
     def answers(self) -> list[Outgoing]:
@@ -325,6 +326,7 @@ class TwilioFraming:
         if not self._playing:
             return []
         self._playing.clear()  # what Twilio holds is dropped; its marks come back
+        self.barge_in.reply_dropped()
         return [dump(TwilioClear(streamSid=self.stream_sid))]
 
 

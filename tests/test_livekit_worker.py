@@ -44,6 +44,7 @@ from tests.livekit_helpers import (
     until,
 )
 from tests.test_server_overload import GatedStage
+from voice.audio import float_to_pcm16, level_dbfs, resample
 from voice.testing.deepgram_server import DeepgramTestServer, MeetingWords
 
 ALICE = (0.0, 4.45)  # the meeting's first turn (Alice)
@@ -426,6 +427,42 @@ async def test_someone_talking_over_the_reply_stops_it(
     finally:
         listening.cancel()
         await reader.aclose()
+        await agent.aclose()
+        await phone.aclose()
+
+
+async def test_a_sip_caller_s_echo_of_the_reply_does_not_stop_it(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """A SIP participant whose phone sends the agent's spoken reply back 20 dB down: over the
+    barge-in floor, and speech. Measured against the reply track as it played
+    (`ChorusRoomAgent.reply_envelope`, the double-talk check of `BargeIn`), it is no louder
+    than an echo can be: nothing stops the reply and the phone stays gated (V9). Without the
+    check the echo stopped the reply, as the caller talking over it does (the test above)."""
+    local = RecordingLocalParticipant()
+    room = FakeRoom("standup", local)
+    with fake_job_context(room=room) as ctx:
+        agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
+    phone = TrackPlayer("phone")
+    caller = remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
+    speech = (clip(meeting_pcm(), 41.41, 47.41) / 32768).astype(np.float32)  # a later turn
+    speech = (speech * 10 ** ((-14 - level_dbfs(speech)) / 20)).astype(np.float32)  # −14 dBFS
+    reply = float_to_pcm16(resample(speech, 16000, 24000))
+    echo = resample(resample(speech[: 4 * 16000], 16000, 8000), 8000, 16000) * np.float32(0.1)
+    try:
+        room.join(caller)
+        room.subscribe(caller, phone.track, "TR_1")
+        await agent.wait_idle()
+        await agent.voice.play("standup", reply, 24000)
+        await until(lambda: agent.reply_playing)
+        await phone.play(np.frombuffer(float_to_pcm16(echo), np.int16))  # as it plays
+        await until(lambda: not agent.reply_playing)
+        await agent.wait_idle()
+        [session] = agent.sessions
+        assert agent.barge_ins == 0
+        assert session.gated_seconds > 3.0  # the echo never reached the STT
+        assert agent.reply_envelope.loudest() is not None  # (the reply's last second)
+    finally:
         await agent.aclose()
         await phone.aclose()
 

@@ -1,12 +1,14 @@
 """The barge-in rule (`server.reply_audio.BargeIn`), the one every phone leg uses: `BARGE_IN_S`
 of consecutive speech (Silero VAD) while a reply plays, whatever the frame size; a room's noise,
-a hiss or a tone is not speech. Through the legs:
+a hiss or a tone is not speech; the reply's own echo is not a caller talking over it (the
+double-talk check against `ReplyEnvelope`). Through the legs:
 `tests/test_server_sip.py`, `tests/test_server_phone_barge_in.py` (Twilio),
 `tests/test_server_audiosocket.py`, `tests/test_livekit_worker.py`."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +20,13 @@ from server.protocol import ReplyStoppedMessage, dump
 from server.reply_audio import (
     BARGE_IN_FLOOR_DBFS,
     BARGE_IN_S,
+    DOUBLE_TALK_MARGIN_DB,
     ECHO_CANCELLED_BARGE_IN_S,
+    ECHO_WINDOW_S,
     BargeIn,
+    ReplyEnvelope,
 )
-from server.sip import SipFraming
+from server.sip import SipFraming, SipLeg
 from server.twilio import TwilioFraming
 from tests.conftest import far_room, meeting_speech
 from voice.audio import float_to_pcm16, level_dbfs, pcm16_to_float, resample
@@ -160,3 +165,157 @@ def test_a_phone_line_heard_at_a_higher_rate_is_heard_at_8_khz() -> None:
     narrow, wide = BargeIn(narrowband=True), BargeIn()
     assert fired_at(narrow, frames, 16000, 20) and fired_at(wide, frames, 16000, 20)
     assert (narrow.vad_rate, wide.vad_rate) == (8000, 16000)
+
+
+class Clock:
+    """A clock the test moves: the reply plays and the caller talks in step with it."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_reply_envelope_is_what_played_in_the_echo_window() -> None:
+    """Pieces handed over back to back play one after the other (a phone's buffer); only what
+    has played counts, for `ECHO_WINDOW_S`; a barge-in drops what had not played."""
+    clock = Clock()
+    reply = ReplyEnvelope(clock=clock)
+    assert reply.loudest() is None
+    reply.played(frame(200, -30), 8000)
+    reply.played(frame(200, -10), 8000)  # plays 0.2 s from now, after the first
+    assert reply.loudest() == pytest.approx(-30, abs=0.1)
+    clock.now += 0.25
+    assert reply.loudest() == pytest.approx(-10, abs=0.1)
+    clock.now += 0.2 + ECHO_WINDOW_S  # the loud piece ended a window ago
+    assert reply.loudest() is None
+    reply.played(frame(100, -20), 8000)  # plays from now: what played long ago is not ahead
+    reply.played(frame(400, -5), 8000)
+    clock.now += 0.05
+    reply.stopped()  # a barge-in: the loud piece never plays
+    clock.now += 0.5
+    assert reply.loudest() == pytest.approx(-20, abs=0.1)
+    reply.played(frame(100, -25), 8000)  # the next reply plays from now
+    clock.now += 0.01
+    assert reply.loudest() == pytest.approx(-20, abs=0.1)
+
+
+def echoing(reply: np.ndarray, loss_db: float, delay_s: float = 0.1) -> np.ndarray:
+    """What a phone sends back of `reply` (8 kHz): `loss_db` under it, `delay_s` late."""
+    late = np.concatenate([np.zeros(int(delay_s * 8000), np.float32), reply])[: len(reply)]
+    return (late * 10 ** (-loss_db / 20)).astype(np.float32)
+
+
+def heard_over_a_reply(barge: BargeIn, clock: Clock, reply: np.ndarray | None,
+                       caller: np.ndarray) -> list[float]:  # fmt: skip
+    """The reply handed over to play now (None: the rule is told nothing of it), the caller's
+    audio heard in 20 ms pieces as it plays (the clock moving with them): when each barge-in
+    completed."""
+    if reply is not None:
+        barge.reply_out(float_to_pcm16(reply), 8000)
+    times = []
+    for i, piece in enumerate(pieces(float_to_pcm16(caller), 8000, 20)):
+        clock.now += 0.02
+        if barge.heard(piece, 8000, playing=True):
+            times.append((i + 1) * 0.02)
+    return times
+
+
+def loud_reply() -> np.ndarray:
+    """A reply 4 s of speech at −14 dBFS (the demo meeting's later turns, which Alice never
+    says): loud enough that its echo 20 dB down is over the floor."""
+    speech = pcm16_to_float(meeting_speech(41.41, 45.41, 8000))
+    return (speech * 10 ** ((-14 - level_dbfs(speech)) / 20)).astype(np.float32)
+
+
+def test_the_reply_s_echo_over_the_floor_is_no_barge_in() -> None:
+    """A phone whose echo control is weak sends the reply back 20 dB down: over the floor, and
+    speech, so the rule alone took it for the caller; measured against the reply as it played
+    (its loudest 20 ms less `DOUBLE_TALK_MARGIN_DB`) it is no louder than an echo can be."""
+    reply = loud_reply()
+    echo = echoing(reply, 20.0)
+    without = BargeIn(reply=ReplyEnvelope(clock=Clock()))
+    assert heard_over_a_reply(without, Clock(), None, echo)
+    clock = Clock()
+    barge = BargeIn(reply=ReplyEnvelope(clock=clock))
+    assert heard_over_a_reply(barge, clock, reply, echo) == []
+    assert barge.echo_frames > 0 and barge.count == 0
+
+
+def test_a_caller_talking_over_the_reply_and_its_echo_is_a_barge_in() -> None:
+    """Alice talks over the reply at her own level (the reply's less 6 dB) while her phone
+    echoes it 20 dB down: her speech is louder than any echo, so she still barges in, at most a
+    few frames later than she does with no reply and no echo."""
+    reply = loud_reply()
+    alice = pcm16_to_float(meeting_speech(0.0, 4.0, 8000))
+    alice = (alice * 10 ** ((-20 - level_dbfs(alice)) / 20)).astype(np.float32)
+    plain = heard_over_a_reply(BargeIn(), Clock(), None, alice)
+    clock = Clock()
+    times = heard_over_a_reply(BargeIn(reply=ReplyEnvelope(clock=clock)), clock, reply,
+                               alice + echoing(reply, 20.0))  # fmt: skip
+    assert plain and times
+    assert plain[0] >= ONSET_S and times[0] - plain[0] <= 0.2, (plain[0], times[0])
+
+
+def test_a_leg_that_says_nothing_of_the_reply_has_no_double_talk_check() -> None:
+    """An `echo_cancelled` device tells its rule nothing of the reply it plays: the check
+    measures against nothing, and the reply's echo over the floor counts as before."""
+    reply = loud_reply()
+    barge = BargeIn(reply=ReplyEnvelope(clock=Clock()))
+    assert fired_at(barge, pieces(float_to_pcm16(echoing(reply, 20.0)), 8000, 20), 8000, 20)
+    assert barge.echo_frames == 0
+    assert DOUBLE_TALK_MARGIN_DB > 0
+
+
+@dataclass
+class _Call:
+    call_id: str = "call-1"
+    source_addr: tuple[str, int] = ("127.0.0.1", 5060)
+
+
+class _Session:
+    """A SIP call's media session as the leg uses it to send: the frames it was handed."""
+
+    codec_sample_rate = 8000
+    clock_rate = 8000
+    on_audio = None
+    rtp_session = None
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send_audio_pcm(self, frame: bytes, timestamp: int) -> None:
+        self.sent.append(frame)
+
+
+async def test_each_phone_leg_tells_its_rule_the_reply_as_it_plays() -> None:
+    """The double-talk check's reference (`BargeIn.reply_out`): a Twilio leg and an AudioSocket
+    call when they hand the reply over (it plays from then on), a SIP leg as it sends it; when
+    the room's reply stops, what had not played is dropped, so it is never taken for what the
+    caller's phone can be echoing."""
+    stopped = dump(ReplyStoppedMessage(room="r", stream="other"))
+    twilio = TwilioFraming()
+    twilio.stream_sid = "MZ1"
+    call = AudioSocketFraming()
+    call.audio_kind = Kind.AUDIO
+    for leg, barge in ((twilio, twilio.barge_in), (call, call.barge_in)):
+        clock = Clock()
+        barge.reply = ReplyEnvelope(clock=clock)
+        assert leg.reply_audio(frame(1000, -20, 16000), 16000)
+        assert barge.reply.loudest() == pytest.approx(-20, abs=0.5)
+        clock.now += 0.1
+        leg.stop_reply(stopped)
+        clock.now += ECHO_WINDOW_S + 0.05  # what played of it is a window old; the rest never
+        assert barge.reply.loudest() is None, leg
+
+    session = _Session()
+    sip = SipLeg(_Call(), session, 60.0)  # type: ignore[arg-type]
+    clock = Clock()
+    sip.barge.reply = ReplyEnvelope(clock=clock)
+    await sip.send(frame(200, -20))
+    assert len(session.sent) == 10 and sip.barge.reply.loudest() == pytest.approx(-20, abs=0.5)
+    clock.now += 0.05
+    sip.stop_reply()
+    clock.now += ECHO_WINDOW_S + 0.05
+    assert sip.barge.reply.loudest() is None

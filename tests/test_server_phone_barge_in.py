@@ -9,7 +9,8 @@ message for dropping what it has buffered), the model stops the response it is s
 what the caller said over it reaches the STT
 (a phone leg is gated while a reply plays, V9, and its own barge-in lifts the gate at once with
 the half second it held: `StreamDeclaration.echo_gate`), while a phone that sends the reply back
-under the barge-in floor is not heard. The SIP leg's barge-in is `tests/test_server_sip.py`."""
+is not heard: under the barge-in floor, or over it and no louder than an echo of the reply can be
+(the double-talk check). The SIP leg's barge-in is `tests/test_server_sip.py`."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from server.testing.harness import (
     eventually,
     running_server_with_local_stt,
 )
-from voice.audio import float_to_pcm16, mulaw_encode, read_audio_16k, resample
+from voice.audio import float_to_pcm16, level_dbfs, mulaw_encode, read_audio_16k, resample
 from voice.channel import VoiceChannel
 from voice.testing.deepgram_server import ConnectionState, MeetingWords
 
@@ -195,6 +196,45 @@ async def test_a_phone_sending_the_reply_back_is_not_heard_while_it_plays() -> N
                                  "her words")  # fmt: skip
                 assert voiced_s(connection) < before + 1.0 + 0.3  # none of the echo
                 assert sum(srv.server.metrics.barge_ins_total.values()) == 0
+            finally:
+                await dana.stop()
+
+
+def at_level(audio: np.ndarray, dbfs: float) -> np.ndarray:
+    """`audio` brought to `dbfs` (RMS)."""
+    return (audio * 10 ** ((dbfs - level_dbfs(audio)) / 20)).astype(np.float32)
+
+
+async def test_a_phone_echoing_the_reply_over_the_floor_does_not_stop_it() -> None:
+    """A phone whose echo control is weaker still: while a spoken reply plays (−14 dBFS),
+    Dana's phone sends it back 20 dB down, over the barge-in floor, and it is speech. Measured
+    against the reply as it played to her (the double-talk check), it is no louder than an echo
+    can be: the reply is not stopped and none of the echo reaches the STT. Without the check
+    the echo stopped the reply, the gate was lifted, and it was transcribed as her words."""
+    reply = at_level(excerpt(41.41, 47.41), -14.0)  # the meeting's later turns: a voice
+    voice = float_to_pcm16(resample(reply, 16000, 24000))
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0,
+                                    reply_voice=voice) as model:  # fmt: skip
+        words = MeetingWords.from_meeting(MEETING)
+        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
+            token = issue_token(SECRET, ROOM)
+            dana = await TwilioLeg.open(srv.base, {"room": ROOM, "token": token, "name": "Dana"})
+            try:
+                await dana.send_mulaw(phone_audio(0.6, 2.0, 3.0), realtime=False)
+                await eventually(
+                    lambda: sum(m.get("event") == "media" for m in dana.received) >= 5,
+                    BOUND_S, "the reply's audio",
+                )  # fmt: skip
+                assert srv.stt_server is not None
+                [connection] = srv.stt_server.connections
+                before = voiced_s(connection)
+                # the reply's first 4 s coming back as it plays, 20 dB down
+                echo = resample(reply[: 4 * 16000], 16000, 8000) * 10 ** (-20 / 20)
+                await dana.send_mulaw(mulaw_encode(np.frombuffer(float_to_pcm16(echo), "<i2")))
+                await srv.until_reply_played(ROOM)
+                assert sum(srv.server.metrics.barge_ins_total.values()) == 0
+                assert model.cancelled == []
+                assert voiced_s(connection) < before + 0.1  # none of the echo
             finally:
                 await dana.stop()
 
