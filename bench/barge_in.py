@@ -228,6 +228,8 @@ class BargeInResult:
     error: str | None = None
     echo_words: str = ""
     """The words of the call's committed turns that overlap nothing the caller said."""
+    echo_turns: list[tuple[float, float, str]] = field(default_factory=list)
+    """Those turns: when (seconds into the call) and what."""
     barge_ins: int | None = None
     """The server's count of barge-ins (`chorus_barge_ins_total`)."""
 
@@ -435,7 +437,8 @@ async def barge_in_call(
         await other.leave()
     result.turns = len(turns)
     _score(result, turns, audio, spans)
-    result.echo_words = echo_words(turns, said)
+    result.echo_turns = echo_turns(turns, said)
+    result.echo_words = " ".join(text for _, _, text in result.echo_turns)
     return result
 
 
@@ -446,11 +449,16 @@ ECHO_MARGIN_S = 0.3
 def echo_words(turns: list[Any], said: list[tuple[float, float]]) -> str:
     """The text of the committed turns (latest versions) that overlap none of `said`, widened by
     `ECHO_MARGIN_S`: words nobody on the call said."""
+    return " ".join(text for _, _, text in echo_turns(turns, said))
+
+
+def echo_turns(turns: list[Any], said: list[tuple[float, float]]) -> list[tuple[float, float, str]]:
+    """Those turns: (start, end, text), in the call's seconds."""
     from server.client import latest_turns
 
-    return " ".join(t.text for t in latest_turns(turns)
-                    if not any(t.start < end + ECHO_MARGIN_S and t.end > start - ECHO_MARGIN_S
-                               for start, end in said))  # fmt: skip
+    return [(t.start, t.end, t.text) for t in latest_turns(turns)
+            if not any(t.start < end + ECHO_MARGIN_S and t.end > start - ECHO_MARGIN_S
+                       for start, end in said)]  # fmt: skip
 
 
 REPLY_DBFS = -20.0

@@ -1092,7 +1092,7 @@ def test_the_barge_in_bench_speech_replies_are_the_meetings_later_turns_with_the
 def test_the_barge_in_bench_counts_words_nobody_on_the_call_said() -> None:
     from types import SimpleNamespace
 
-    from bench.barge_in import echo_words
+    from bench.barge_in import echo_turns, echo_words
 
     turns = [SimpleNamespace(type="turn", corrected=False, event_id=str(n), start=s, end=e, text=t)
              for n, (s, e, t) in enumerate([(0.2, 2.0, "What the caller said."),
@@ -1100,6 +1100,7 @@ def test_the_barge_in_bench_counts_words_nobody_on_the_call_said() -> None:
                                             (5.0, 6.5, "A book could be written."),
                                             (9.9, 11.0, "Said over the reply.")])]  # fmt: skip
     assert echo_words(turns, [(0.0, 2.0), (10.0, 12.0)]) == "A book could be written."
+    assert echo_turns(turns, [(0.0, 2.0), (10.0, 12.0)]) == [(5.0, 6.5, "A book could be written.")]
     assert echo_words(turns, [(0.0, 12.0)]) == ""
 
 
