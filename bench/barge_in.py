@@ -24,7 +24,9 @@ reply went quiet.
 its own echo cancellation): the server does not silence it while a reply plays and decides the
 barge-in itself (`server.reply_audio.BargeIn`, `ECHO_CANCELLED_BARGE_IN_S` of speech); the device
 never sends `barge_in`, and drops what it holds at the server's `reply_stopped`. **Stop** is from
-its first frame at an RMS of 0.02, as for the page.
+its first frame at an RMS of 0.02, as for the page. `--path server-decided`: the same device,
+declaring `server_barge_in` (the page with the browser's echo cancellation on): silenced while a
+reply plays, as the page, and the server decides the barge-in by the same rule.
 
 `--echo-loss DB` makes the caller's phone one whose echo control is weak: it sends back the reply
 it hears, `DB` under it, through a small room (a decaying impulse response, `--echo-delay` after
@@ -102,10 +104,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--audio", default=str(DEFAULT_AUDIO), help="the demo meeting (WAV + RTTM)")
     parser.add_argument(
-        "--path", choices=("sip", "device", "echo-cancelled"), default="sip",
+        "--path", choices=("sip", "device", "echo-cancelled", "server-decided"), default="sip",
         help="the caller: a SIP call (default), a room's device that stops the reply itself (as "
-        "the page), or a device that declares `echo_cancelled` (the server hears it over the "
-        "reply and stops it)",
+        "the page with echo cancellation off), a device that declares `echo_cancelled` (the "
+        "server hears it over the reply and stops it), or one that declares `server_barge_in` "
+        "(the page with echo cancellation on: silenced while the reply plays, the server "
+        "decides)",
     )  # fmt: skip
     parser.add_argument(
         "--server-repo", default=str(REPO),
@@ -121,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--caller-gain", type=float, default=0.0,
-        help="the caller's voice this many dB louder (negative: quieter; a SIP call)",
+        help="the caller's voice this many dB louder (negative: quieter)",
     )  # fmt: skip
     parser.add_argument(
         "--speech-replies", action="store_true",
@@ -522,10 +526,11 @@ PAGE_HOLD_FRAMES = 12
 
 async def device_barge_in(
     base: str, room: str, token: str, audio: str, spans: list[tuple[float, float]], after: float,
-    echo_cancelled: bool = False,
+    echo_cancelled: bool = False, server_barge_in: bool = False, gain_db: float = 0.0,
 ) -> BargeInResult:
-    """As `barge_in_call`, from a room's device that does what the page does (see the module's
-    docstring); or, `echo_cancelled`, one that declares it cancels its own echo: the server
+    """As `barge_in_call`, from a room's device that does what the page does with echo
+    cancellation off (see the module's docstring); `echo_cancelled`, one that declares it
+    cancels its own echo; `server_barge_in`, the page with echo cancellation on: the server
     hears it over the reply and decides the barge-in (`BargeIn`), the device only stops playing
     at `reply_stopped`."""
     import numpy as np
@@ -534,7 +539,7 @@ async def device_barge_in(
     from server.protocol import FeedMessage, ReplyStoppedMessage, StartMessage, TurnMessage
     from voice.audio import float_to_pcm16, read_audio_16k
 
-    recording = read_audio_16k(audio)
+    recording = read_audio_16k(audio) * np.float32(10 ** (gain_db / 20))
     result = BargeInResult()
     arrivals: list[float] = []  # when each piece of reply audio arrived
     plays_until = 0.0
@@ -555,7 +560,9 @@ async def device_barge_in(
 
     desk = await DeviceStream.open(base, room, token, StartMessage(
         participant="bench-desk", name="Bench", sample_rate=16000, shared_mic=False,
-        echo_cancelled=echo_cancelled), on_message=told, on_audio=play)  # fmt: skip
+        echo_cancelled=echo_cancelled, server_barge_in=server_barge_in), on_message=told,
+        on_audio=play)  # fmt: skip
+    page_rule = not (echo_cancelled or server_barge_in)
 
     async def say(samples: Any) -> float | None:
         """At real time in 20 ms frames, the page's barge-in rule on each; the time of the
@@ -575,7 +582,7 @@ async def device_barge_in(
                 loud += 1
                 if loud_at is None:
                     loud_at = time.monotonic()
-                if loud == PAGE_HOLD_FRAMES and not echo_cancelled:
+                if loud == PAGE_HOLD_FRAMES and page_rule:
                     plays_until = 0.0  # the page drops what it holds
                     await desk.barge_in()
             else:
@@ -652,9 +659,11 @@ async def _run(args: argparse.Namespace) -> int:
             await _wait_port(port, srv, "chorus serve")
             print(f"server pid {srv.pid}; logs in {workdir}", file=sys.stderr)
             base, token = f"ws://127.0.0.1:{port}", issue_token(SECRET, "bench-barge-in")
-            if args.path in ("device", "echo-cancelled"):
+            if args.path in ("device", "echo-cancelled", "server-decided"):
                 result = await device_barge_in(base, "bench-barge-in", token, args.audio, spans,
-                                               args.after, args.path == "echo-cancelled")  # fmt: skip
+                                               args.after, args.path == "echo-cancelled",
+                                               args.path == "server-decided",
+                                               args.caller_gain)  # fmt: skip
             else:
                 result = await barge_in_call(base, sip_port, "bench-barge-in", token, args.audio,
                                              spans, args.after, args.listeners, echo,

@@ -83,10 +83,12 @@ class DeviceFraming:
         self.stream_id = ""
         self.on_barge_in: Callable[[], None] | None = None
         """Told when the device says it stopped the reply because someone talked over it, or,
-        for a device that cancels echo itself (`echo_cancelled`), when the server hears someone
-        talk over the reply it is playing (`barge_in`)."""
+        for a device that cancels echo itself (`echo_cancelled`) or leaves the decision to the
+        server (`server_barge_in`), when the server hears someone talk over the reply it is
+        playing (`barge_in`)."""
         self.barge_in: BargeIn | None = None
-        """The server's barge-in rule on an `echo_cancelled` device's audio."""
+        """The server's barge-in rule on an `echo_cancelled` or `server_barge_in` device's
+        audio."""
         self._clock = PlayoutClock()
         """When the reply audio sent to the device will have played (it plays at real time)."""
 
@@ -101,7 +103,7 @@ class DeviceFraming:
         if isinstance(parsed, BargeInMessage):
             raise Refusal(CloseCode.BAD_MESSAGE, "barge_in before start", "bad_message")
         self.declaration = declaration_of(parsed)
-        if parsed.echo_cancelled:
+        if parsed.echo_cancelled or parsed.server_barge_in:
             self.barge_in = echo_cancelled_barge_in()
             self.barge_in.on_barge_in = lambda: self.on_barge_in() if self.on_barge_in else None
         return self.declaration
@@ -147,7 +149,8 @@ class DeviceFraming:
         return list(device_reply_frames(pcm16, sample_rate, fmt.sample_rate, fmt.encoding))
 
     def _hear(self, audio: bytes, fmt: StreamFormat) -> None:
-        """The barge-in rule on a piece of an `echo_cancelled` device's audio (a reply plays)."""
+        """The barge-in rule on a piece of the device's audio (a reply plays; `echo_cancelled`
+        or `server_barge_in`)."""
         assert self.barge_in is not None
         samples = mulaw_decode(audio) if fmt.encoding == "mulaw" else np.frombuffer(audio, "<i2")
         if fmt.channels > 1:  # the rule hears one channel: the channels' mean

@@ -56,9 +56,10 @@ class StreamDeclaration:
     held back and, unless someone talks over the reply, replaced by silence while one plays
     (V9). True for a speakerphone device and for a phone leg (a phone whose echo control is weak
     sends the reply back, which would be transcribed as the caller's words): a barge-in on the
-    stream (the device's `barge_in`, or a phone leg's own rule) lifts it at once and hands on
-    the half second it held (`VoiceSession.reply_stopped`). False for a device that declares
-    `echo_cancelled`: the server hears it over the reply and decides the barge-in itself."""
+    stream (the device's `barge_in`, the server's rule on a device that declares
+    `server_barge_in`, or a phone leg's own rule) lifts it at once and hands on the half second
+    it held (`VoiceSession.reply_stopped`). False for a device that declares `echo_cancelled`:
+    the server hears it over the reply and decides the barge-in itself."""
 
 
 class Refusal(Exception):

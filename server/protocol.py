@@ -79,6 +79,13 @@ class StartMessage(_Wire):
     it is not silenced while a reply plays (V9), and someone talking over the reply stops it
     (the server hears the barge-in). False: silenced while a reply plays; the device may say
     it stopped the reply (`barge_in`)."""
+    server_barge_in: bool = False
+    """True: the server decides when someone talks over the reply on this microphone (its
+    barge-in rule, `server.reply_audio.BargeIn`, as for `echo_cancelled`), and the device stops
+    playing at `reply_stopped`; the microphone is still silenced while a reply plays (V9) and
+    heard again at once, with the half second held back, when the server hears a barge-in. For
+    a loudspeaker next to a microphone with echo cancellation that still lets some of the reply
+    through (the page in a browser). Implied by `echo_cancelled`."""
 
     @model_validator(mode="after")
     def _phone_rate(self) -> StartMessage:

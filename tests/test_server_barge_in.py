@@ -319,3 +319,28 @@ async def test_each_phone_leg_tells_its_rule_the_reply_as_it_plays() -> None:
     sip.stop_reply()
     clock.now += ECHO_WINDOW_S + 0.05
     assert sip.barge.reply.loudest() is None
+
+
+def test_a_device_that_leaves_the_barge_in_to_the_server_is_heard_by_its_rule_and_gated() -> None:
+    """`server_barge_in`: the server runs its rule on the device's audio (the `echo_cancelled`
+    hold and floor) and the device stays silenced while a reply plays (V9); `echo_cancelled`
+    implies the rule and lifts the silence; neither: the device decides (`barge_in`)."""
+    def started(**fields: object) -> DeviceFraming:
+        framing = DeviceFraming()
+        framing.start(json.dumps({"type": "start", "participant": "desk", **fields}))
+        return framing
+
+    page = started(server_barge_in=True)
+    assert page.barge_in is not None and page.barge_in.hold_s == ECHO_CANCELLED_BARGE_IN_S
+    assert page.declaration is not None and page.declaration.echo_gate
+    cancelling = started(echo_cancelled=True)
+    assert cancelling.barge_in is not None and cancelling.declaration is not None
+    assert not cancelling.declaration.echo_gate
+    plain = started()
+    assert plain.barge_in is None and plain.declaration is not None and plain.declaration.echo_gate
+    told: list[str] = []
+    page.on_barge_in = lambda: told.append("barge-in")
+    page.reply_audio(frame(2000, -20, 16000), 16000)  # a reply plays there
+    for piece in pieces(meeting_speech(0.0, 2.0, 16000), 16000, 20):
+        page.audio(piece)
+    assert told == ["barge-in"]

@@ -135,6 +135,7 @@ async def test_the_page_streams_the_room_microphone_plays_the_reply_and_shows_th
         assert isinstance(start, StartMessage)
         assert (start.sample_rate, start.encoding, start.channels, start.shared_mic) == (
             16000, "pcm16", 1, True)  # fmt: skip
+        assert not start.server_barge_in  # echo cancellation off: the page's own rule decides
 
         # labelled turns of at least two voices, and the assistant's reply to Speaker B
         await wait_for(page, f"new Set({SPOKEN}.map(t => t.dataset.speaker)).size >= 2", BOUND_S)
@@ -332,3 +333,40 @@ async def test_speech_over_the_assistant_drops_what_the_page_buffered(
                       "why": "barge-in", "late": 0, "refused": 32000, "next": 1, "seconds": 6,
                       "sent": [{"type": "barge_in"}]}
     assert shown == ["A…"]
+
+
+async def test_with_echo_cancellation_on_the_server_decides_the_barge_in(
+    server: RunningServer,
+) -> None:
+    """The page's stream declares `server_barge_in` when the browser's echo cancellation and
+    the barge-in switch are on (the server's speech rule hears quiet and far talkers the page's
+    level rule misses: docs/benchmarks.md), and the page's own rule then sends nothing: it
+    stops playing at the server's `reply_stopped`. With either switch off, it does not."""
+    async with chromium() as browser:
+        page = await browser.new_page()
+        await page.goto(f"{server.http_base}/")
+        start = parse_device_message(json.dumps(await page.evaluate("chorus.startMessage()")))
+        assert isinstance(start, StartMessage) and start.server_barge_in
+        assert start.shared_mic and not start.echo_cancelled  # still silenced while it plays
+        result = await page.evaluate("""() => {
+          const {player, bargeIn, mic} = chorus;
+          const sent = [];
+          mic.socket = {readyState: WebSocket.OPEN, send: (m) => sent.push(JSON.parse(m))};
+          mic.startMessage = chorus.startMessage();
+          player.context = new AudioContext({sampleRate: 16000});
+          for (let i = 0; i < 5; i++) player.take(new ArrayBuffer(32000));
+          bargeIn.hear(0.001);
+          for (let i = 0; i < 3 * bargeIn.holdFrames; i++) bargeIn.hear(0.3);  // someone talks
+          const left = player.sources.length;
+          player.stopped();  // the server heard them: reply_stopped
+          const after = player.sources.length;
+          mic.socket = null;
+          mic.startMessage = null;
+          return {sent, left, after};
+        }""")
+        assert result == {"sent": [], "left": 5, "after": 0}
+        for switch in ("#echo-cancellation", "#barge-in"):
+            await page.uncheck(switch)
+            start = parse_device_message(json.dumps(await page.evaluate("chorus.startMessage()")))
+            assert isinstance(start, StartMessage) and not start.server_barge_in, switch
+            await page.check(switch)

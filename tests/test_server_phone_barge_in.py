@@ -241,11 +241,12 @@ async def test_a_phone_echoing_the_reply_over_the_floor_does_not_stop_it() -> No
 
 @contextlib.asynccontextmanager
 async def dana_at_her_desk(
-    audio_pace: float = 0.0, echo_cancelled: bool = False
+    audio_pace: float = 0.0, echo_cancelled: bool = False, server_barge_in: bool = False
 ) -> AsyncIterator[tuple[OpenAIRealtimeServer, RunningServer, DeviceStream]]:
     """A room whose model answers Dana with a 20 s reply ("A long answer.") made at `audio_pace`
     times real time (0: at once), and Dana's own device in the room (`echo_cancelled`: one
-    that cancels the reply's echo itself)."""
+    that cancels the reply's echo itself; `server_barge_in`: one that leaves the barge-in to
+    the server)."""
     async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=20.0,
                                     audio_pace=audio_pace) as model:  # fmt: skip
         words = MeetingWords.from_meeting(MEETING)
@@ -253,7 +254,7 @@ async def dana_at_her_desk(
             token = issue_token(SECRET, ROOM)
             desk = await DeviceStream.open(srv.base, ROOM, token, StartMessage(
                 participant="desk", name="Dana", sample_rate=16000, shared_mic=False,
-                echo_cancelled=echo_cancelled))  # fmt: skip
+                echo_cancelled=echo_cancelled, server_barge_in=server_barge_in))  # fmt: skip
             try:
                 yield model, srv, desk
             finally:
@@ -339,3 +340,31 @@ async def test_a_device_that_cancels_echo_is_heard_over_the_reply_and_stops_it()
         await eventually(lambda: voiced_s(connection) >= before + 1.5 - 0.05, BOUND_S, "the words")
         await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
         await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
+
+
+async def test_a_device_that_leaves_the_barge_in_to_the_server_is_silenced_until_it_is_heard(
+) -> None:
+    """The page with the browser's echo cancellation on declares `server_barge_in`: while the
+    reply plays its microphone is silenced (V9), so what comes back of the reply under the
+    rule's floor is not transcribed; when Dana talks over it the server hears her (its rule,
+    `ECHO_CANCELLED_BARGE_IN_S` of speech), stops the reply for the room (`reply_stopped`, which
+    the page waits for) and the model's response, and all she said is transcribed, the half
+    second held back before the barge-in included."""
+    async with dana_at_her_desk(audio_pace=4.0, server_barge_in=True) as (model, srv, desk):
+        await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
+        await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
+        assert srv.stt_server is not None
+        connection = srv.stt_server.connections[0]
+        before = voiced_s(connection)
+        # what the echo cancellation left of the reply: speech 30 dB down, for 1.5 s
+        quiet = (excerpt(4.7, 6.2) * 10 ** (-30 / 20)).astype(np.float32)
+        await desk.send_audio(float_to_pcm16(quiet))
+        assert srv.server.metrics.barge_ins_total["device"] == 0
+        assert not any(isinstance(m, ReplyStoppedMessage) for m in desk.received)
+        await desk.send_audio(float_to_pcm16(excerpt(2.0, 3.5)))  # Dana, over the reply
+        await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
+        await eventually(lambda: any(isinstance(m, ReplyStoppedMessage) for m in desk.received),
+                         BOUND_S, "reply_stopped")  # fmt: skip
+        await eventually(lambda: voiced_s(connection) >= before + 1.5 - 0.05, BOUND_S, "her words")
+        assert voiced_s(connection) < before + 1.5 + 0.45  # at most the held echo's tail
+        await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
