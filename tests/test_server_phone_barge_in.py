@@ -167,12 +167,15 @@ async def test_a_twilio_caller_talking_over_a_reply_clears_it_and_is_heard() -> 
                 await desk.stream.stop()
 
 
-async def test_a_phone_sending_the_reply_back_is_not_heard_while_it_plays() -> None:
-    """V9 on a phone leg: while the reply plays, Dana's phone sends back speech 30 dB down (a
-    phone whose echo control is weak; under the barge-in floor, so nothing stops the reply):
-    none of it reaches the STT, so none of it can be written as her words. What she said before
-    the reply is heard; what she says after it is too."""
-    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0) as model:
+@contextlib.asynccontextmanager
+async def dana_on_the_phone(
+    reply_voice: bytes | None = None,
+) -> AsyncIterator[tuple[OpenAIRealtimeServer, RunningServer, TwilioLeg, ConnectionState]]:
+    """Dana on a Twilio leg has said her first words (1.4 s) and the model's 6 s reply (a tone,
+    or `reply_voice`) has begun to play to her: the model, the server, her leg and her STT
+    connection."""
+    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0,
+                                    reply_voice=reply_voice) as model:  # fmt: skip
         words = MeetingWords.from_meeting(MEETING)
         async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
             token = issue_token(SECRET, ROOM)
@@ -185,19 +188,28 @@ async def test_a_phone_sending_the_reply_back_is_not_heard_while_it_plays() -> N
                 )  # fmt: skip
                 assert srv.stt_server is not None
                 [connection] = srv.stt_server.connections
-                before = voiced_s(connection)  # her first words
-                assert before >= 1.4 - 0.1
-                # the reply's echo while it plays: 3 s, then the reply ends
-                await dana.send_mulaw(phone_audio(4.7, 7.7, gain_db=-30.0))
-                await srv.until_reply_played(ROOM)
-                # her own words after it: heard
-                await dana.send_mulaw(phone_audio(9.27, 10.27))
-                await eventually(lambda: voiced_s(connection) >= before + 1.0 - 0.1, BOUND_S,
-                                 "her words")  # fmt: skip
-                assert voiced_s(connection) < before + 1.0 + 0.3  # none of the echo
-                assert sum(srv.server.metrics.barge_ins_total.values()) == 0
+                yield model, srv, dana, connection
             finally:
                 await dana.stop()
+
+
+async def test_a_phone_sending_the_reply_back_is_not_heard_while_it_plays() -> None:
+    """V9 on a phone leg: while the reply plays, Dana's phone sends back speech 30 dB down (a
+    phone whose echo control is weak; under the barge-in floor, so nothing stops the reply):
+    none of it reaches the STT, so none of it can be written as her words. What she said before
+    the reply is heard; what she says after it is too."""
+    async with dana_on_the_phone() as (_, srv, dana, connection):
+        before = voiced_s(connection)  # her first words
+        assert before >= 1.4 - 0.1
+        # the reply's echo while it plays: 3 s, then the reply ends
+        await dana.send_mulaw(phone_audio(4.7, 7.7, gain_db=-30.0))
+        await srv.until_reply_played(ROOM)
+        # her own words after it: heard
+        await dana.send_mulaw(phone_audio(9.27, 10.27))
+        await eventually(lambda: voiced_s(connection) >= before + 1.0 - 0.1, BOUND_S,
+                         "her words")  # fmt: skip
+        assert voiced_s(connection) < before + 1.0 + 0.3  # none of the echo
+        assert sum(srv.server.metrics.barge_ins_total.values()) == 0
 
 
 def at_level(audio: np.ndarray, dbfs: float) -> np.ndarray:
@@ -213,30 +225,15 @@ async def test_a_phone_echoing_the_reply_over_the_floor_does_not_stop_it() -> No
     the echo stopped the reply, the gate was lifted, and it was transcribed as her words."""
     reply = at_level(excerpt(41.41, 47.41), -14.0)  # the meeting's later turns: a voice
     voice = float_to_pcm16(resample(reply, 16000, 24000))
-    async with OpenAIRealtimeServer(replies=["A long answer."], reply_audio_seconds=6.0,
-                                    reply_voice=voice) as model:  # fmt: skip
-        words = MeetingWords.from_meeting(MEETING)
-        async with running_server_with_local_stt(answering(model.base_url, "Dana"), words) as srv:
-            token = issue_token(SECRET, ROOM)
-            dana = await TwilioLeg.open(srv.base, {"room": ROOM, "token": token, "name": "Dana"})
-            try:
-                await dana.send_mulaw(phone_audio(0.6, 2.0, 3.0), realtime=False)
-                await eventually(
-                    lambda: sum(m.get("event") == "media" for m in dana.received) >= 5,
-                    BOUND_S, "the reply's audio",
-                )  # fmt: skip
-                assert srv.stt_server is not None
-                [connection] = srv.stt_server.connections
-                before = voiced_s(connection)
-                # the reply's first 4 s coming back as it plays, 20 dB down
-                echo = resample(reply[: 4 * 16000], 16000, 8000) * 10 ** (-20 / 20)
-                await dana.send_mulaw(mulaw_encode(np.frombuffer(float_to_pcm16(echo), "<i2")))
-                await srv.until_reply_played(ROOM)
-                assert sum(srv.server.metrics.barge_ins_total.values()) == 0
-                assert model.cancelled == []
-                assert voiced_s(connection) < before + 0.1  # none of the echo
-            finally:
-                await dana.stop()
+    async with dana_on_the_phone(voice) as (model, srv, dana, connection):
+        before = voiced_s(connection)
+        # the reply's first 4 s coming back as it plays, 20 dB down
+        echo = resample(reply[: 4 * 16000], 16000, 8000) * 10 ** (-20 / 20)
+        await dana.send_mulaw(mulaw_encode(np.frombuffer(float_to_pcm16(echo), "<i2")))
+        await srv.until_reply_played(ROOM)
+        assert sum(srv.server.metrics.barge_ins_total.values()) == 0
+        assert model.cancelled == []
+        assert voiced_s(connection) < before + 0.1  # none of the echo
 
 
 @contextlib.asynccontextmanager
@@ -321,50 +318,36 @@ async def test_a_reply_talked_over_after_it_was_posted_comes_again_as_heard() ->
         assert srv.server.metrics.replies_total == 1  # the same reply, not a new one
 
 
-async def test_a_device_that_cancels_echo_is_heard_over_the_reply_and_stops_it() -> None:
+@pytest.mark.parametrize("declared", ["echo_cancelled", "server_barge_in"])
+async def test_a_device_the_server_hears_over_the_reply_is_stopped_by_its_rule(
+    declared: str,
+) -> None:
     """A device that declares `echo_cancelled` (a speakerphone with echo cancellation) is not
-    silenced while the reply plays; Dana talking over it is a barge-in the server hears itself
-    (240 ms at -35 dBFS or louder): the reply stops (`reply_stopped`), the model is told, and
-    all she said is transcribed."""
-    async with dana_at_her_desk(audio_pace=4.0, echo_cancelled=True) as (model, srv, desk):
+    silenced while the reply plays; one that declares `server_barge_in` (the page with the
+    browser's echo cancellation on) is (V9), so what comes back of the reply under the rule's
+    floor is not transcribed. On both the server hears Dana talk over the reply itself (its rule,
+    `ECHO_CANCELLED_BARGE_IN_S` of speech): the reply stops (`reply_stopped`, which the page
+    waits for), the model is told, and all she said is transcribed (the silenced device: the
+    half second held back before the barge-in included)."""
+    silenced = declared == "server_barge_in"
+    async with dana_at_her_desk(audio_pace=4.0, echo_cancelled=not silenced,
+                                server_barge_in=silenced) as (model, srv, desk):  # fmt: skip
         await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
         await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
         assert srv.stt_server is not None
-
         connection = srv.stt_server.connections[0]
         before = voiced_s(connection)
+        if silenced:  # what the echo cancellation left of the reply: speech 30 dB down, 1.5 s
+            quiet = (excerpt(4.7, 6.2) * 10 ** (-30 / 20)).astype(np.float32)
+            await desk.send_audio(float_to_pcm16(quiet))
+            assert srv.server.metrics.barge_ins_total["device"] == 0
+            assert not any(isinstance(m, ReplyStoppedMessage) for m in desk.received)
         await desk.send_audio(float_to_pcm16(excerpt(2.0, 3.5)))  # over the reply, at real time
         await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
         await eventually(lambda: any(isinstance(m, ReplyStoppedMessage) for m in desk.received),
                          BOUND_S, "reply_stopped")  # fmt: skip
         await eventually(lambda: voiced_s(connection) >= before + 1.5 - 0.05, BOUND_S, "the words")
+        if silenced:
+            assert voiced_s(connection) < before + 1.5 + 0.45  # at most the held echo's tail
         await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
         await eventually(lambda: len(model.truncated) == 1, BOUND_S, "the truncate")
-
-
-async def test_a_device_that_leaves_the_barge_in_to_the_server_is_silenced_until_it_is_heard(
-) -> None:
-    """The page with the browser's echo cancellation on declares `server_barge_in`: while the
-    reply plays its microphone is silenced (V9), so what comes back of the reply under the
-    rule's floor is not transcribed; when Dana talks over it the server hears her (its rule,
-    `ECHO_CANCELLED_BARGE_IN_S` of speech), stops the reply for the room (`reply_stopped`, which
-    the page waits for) and the model's response, and all she said is transcribed, the half
-    second held back before the barge-in included."""
-    async with dana_at_her_desk(audio_pace=4.0, server_barge_in=True) as (model, srv, desk):
-        await desk.send_audio(float_to_pcm16(excerpt(0.6, 2.0, 3.0)), realtime=False)
-        await eventually(lambda: len(desk.audio_received) >= 16000, BOUND_S, "the reply")
-        assert srv.stt_server is not None
-        connection = srv.stt_server.connections[0]
-        before = voiced_s(connection)
-        # what the echo cancellation left of the reply: speech 30 dB down, for 1.5 s
-        quiet = (excerpt(4.7, 6.2) * 10 ** (-30 / 20)).astype(np.float32)
-        await desk.send_audio(float_to_pcm16(quiet))
-        assert srv.server.metrics.barge_ins_total["device"] == 0
-        assert not any(isinstance(m, ReplyStoppedMessage) for m in desk.received)
-        await desk.send_audio(float_to_pcm16(excerpt(2.0, 3.5)))  # Dana, over the reply
-        await eventually(lambda: srv.server.metrics.barge_ins_total["device"] == 1, BOUND_S)
-        await eventually(lambda: any(isinstance(m, ReplyStoppedMessage) for m in desk.received),
-                         BOUND_S, "reply_stopped")  # fmt: skip
-        await eventually(lambda: voiced_s(connection) >= before + 1.5 - 0.05, BOUND_S, "her words")
-        assert voiced_s(connection) < before + 1.5 + 0.45  # at most the held echo's tail
-        await eventually(lambda: len(model.cancelled) == 1, BOUND_S, "response.cancel")
