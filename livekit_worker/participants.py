@@ -8,7 +8,9 @@ stated once and tested without a room:
   speakers (STT labels or the diarization stage);
 - a SIP participant (a phone caller, `kind == SIP`) is named by its LiveKit name, else by its
   `sip.phoneNumber` attribute, else by its identity;
-- anyone else is one speaker named by its LiveKit name (its identity when it has none).
+- anyone else is one speaker named by its LiveKit name (its identity when it has none);
+- a track published with echo cancellation on (LiveKit's `TF_ECHO_CANCELLATION` track feature,
+  which the client sets from its capture options) keeps most of the agent's reply out of it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from livekit import rtc
+from livekit.rtc._proto.track_pb2 import AudioTrackFeature
 
 from livekit_worker.config import SHARED_MIC_ATTRIBUTE
 
@@ -58,6 +61,14 @@ def display_name(participant: rtc.Participant) -> str:
         if phone:
             return phone
     return participant.identity
+
+
+def echo_cancelled(participant: rtc.Participant, track_sid: str) -> bool:
+    """Whether the participant published this track with echo cancellation on."""
+    publication = participant.track_publications.get(track_sid)
+    return publication is not None and (
+        AudioTrackFeature.TF_ECHO_CANCELLATION in publication.audio_features
+    )
 
 
 def speaker_of(participant: rtc.Participant, shared_mic_names: Sequence[str] = ()) -> Speaker:

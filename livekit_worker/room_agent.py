@@ -73,7 +73,7 @@ import numpy as np
 from livekit import rtc
 
 from livekit_worker.config import LiveKitConfig
-from livekit_worker.participants import Speaker, speaker_of
+from livekit_worker.participants import Speaker, echo_cancelled, speaker_of
 from models import RoomEvent
 from realtime import RealtimeChannel
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit, VoiceStore
@@ -171,22 +171,27 @@ class _Feed:
     one once the policy admits again (`ChorusRoomAgent._move_to_stage`)."""
     moving: bool = False
     barge: BargeIn | None = None
-    """Talking over the agent's reply stops it (`ChorusRoomAgent._barge_in`): a SIP caller's
-    or a person's own microphone; None for a shared mic (gated while the reply plays, V9)."""
+    """Talking over the agent's reply stops it (`ChorusRoomAgent._barge_in`): a SIP caller's,
+    a person's own microphone, a shared mic published with echo cancellation; None for another
+    shared mic (gated while the reply plays, V9)."""
 
 
 REPLY_CAPTURE_S = 0.5
 """The most reply audio handed to the track in one capture: half its source's queue (1 s)."""
 
 
-def _barge_in_rule(speaker: Speaker, reply: ReplyEnvelope) -> BargeIn | None:
+def _barge_in_rule(
+    speaker: Speaker, reply: ReplyEnvelope, cancels_echo: bool
+) -> BargeIn | None:
     """A phone's (`BARGE_IN_S`, its double-talk check against the agent's `reply` track), a
     person's own microphone's (`ECHO_CANCELLED_BARGE_IN_S`: a browser's echo cancellation leaves
-    more in it than a phone line), none for a shared mic: its speaker plays the reply into it, so
-    it is silenced while the reply plays instead."""
+    more in it than a phone line); a shared mic's the same when its track was published with
+    echo cancellation (`cancels_echo`; it is still silenced while the reply plays, and heard
+    again at the barge-in, as the page), else none: its speaker plays the reply into it as loud
+    as a person, so it is only silenced while the reply plays."""
     if speaker.sip:  # its track comes at 16 kHz, its line was a phone's
         return BargeIn(narrowband=True, reply=reply)
-    if speaker.shared_mic:
+    if speaker.shared_mic and not cancels_echo:
         return None
     return echo_cancelled_barge_in()
 
@@ -591,7 +596,8 @@ class ChorusRoomAgent:
                 named.audio.anchor(self.directory.anchors_for)  # its people, from the 1st window
             feed = _Feed(track_sid, speaker, session, stream, release, participant=participant,
                          unstaged=wants_stage and not admitted,
-                         barge=_barge_in_rule(speaker, self.reply_envelope))
+                         barge=_barge_in_rule(speaker, self.reply_envelope,
+                                              echo_cancelled(participant, track_sid)))
             if stage is not None:
                 self.stage_guard.join(session)  # `release` leaves
             feed.task = asyncio.create_task(self._read(feed))

@@ -142,10 +142,15 @@ def remote_participant(
     return rtc.RemoteParticipant(owned)
 
 
-def remote_publication(sid: str, name: str = "microphone") -> rtc.RemoteTrackPublication:
+def remote_publication(
+    sid: str, name: str = "microphone", features: tuple[int, ...] = ()
+) -> rtc.RemoteTrackPublication:
+    """An audio track's publication; `features`: LiveKit's `AudioTrackFeature`s the client set
+    (`TF_ECHO_CANCELLATION`, …)."""
     info = track_pb2.TrackPublicationInfo(
         sid=sid, name=name, kind=track_pb2.TrackKind.KIND_AUDIO,
         source=track_pb2.TrackSource.SOURCE_MICROPHONE,
+        audio_features=features,  # type: ignore[arg-type]
     )
     owned = track_pb2.OwnedTrackPublication(handle=handle_pb2.FfiOwnedHandle(id=0), info=info)
     return rtc.RemoteTrackPublication(owned)
@@ -236,9 +241,10 @@ class FakeRoom(rtc.Room):
         self.emit("participant_connected", participant)
 
     def subscribe(
-        self, participant: rtc.RemoteParticipant, track: rtc.Track, sid: str
+        self, participant: rtc.RemoteParticipant, track: rtc.Track, sid: str,
+        features: tuple[int, ...] = (),
     ) -> rtc.RemoteTrackPublication:
-        publication = remote_publication(sid)
+        publication = remote_publication(sid, features=features)
         publication._track = track
         participant._track_publications[sid] = publication
         self.emit("track_subscribed", track, publication, participant)

@@ -21,14 +21,17 @@ import numpy as np
 import pytest
 from livekit import rtc
 from livekit.agents.testing import fake_job_context
+from livekit.rtc._proto.track_pb2 import TF_ECHO_CANCELLATION, TF_NOISE_SUPPRESSION
 
 from attribution import NOTE
 from livekit_worker.config import LiveKitConfig
-from livekit_worker.room_agent import ChorusRoomAgent
+from livekit_worker.participants import echo_cancelled, speaker_of
+from livekit_worker.room_agent import ChorusRoomAgent, _barge_in_rule
 from livekit_worker.worker import run_job
 from models import RoomEvent, TextContent
 from rooms import AudioSink
 from server.config import ServerConfig
+from server.reply_audio import ECHO_CANCELLED_BARGE_IN_S, ReplyEnvelope
 from tests.livekit_helpers import (
     MEETING_DIR,
     RATE,
@@ -375,23 +378,28 @@ async def test_reply_audio_is_published_on_the_agent_track_and_gates_the_session
         await table.aclose()
 
 
-@pytest.mark.parametrize("who", ["sip", "own microphone"])
+@pytest.mark.parametrize("who", ["sip", "own microphone", "shared mic cancelling echo"])
 async def test_someone_talking_over_the_reply_stops_it(
     deepgram: DeepgramTestServer, who: str
 ) -> None:
-    """A SIP participant, or a person on their own microphone, talks over a 6 s reply
-    (`server.reply_audio.BargeIn`, as on `chorus serve`'s phone legs; 240 ms for a personal
-    microphone, as the page): the reply queued for the agent's track is dropped and the
+    """A SIP participant, a person on their own microphone, or a shared mic whose track was
+    published with echo cancellation (`TF_ECHO_CANCELLATION`) talks over a 6 s reply
+    (`server.reply_audio.BargeIn`, as on `chorus serve`'s phone legs; 256 ms for a microphone
+    that cancels echo, as the page): the reply queued for the agent's track is dropped and the
     track's own buffer cleared, so the track falls silent well before the reply's end; counted
-    once. The phone, gated while the reply played (V9), is heard again at once: the half
-    second it held before the barge-in is handed on, not silenced."""
+    once. The phone and the shared mic, gated while the reply played (V9), are heard again at
+    once: the half second held before the barge-in is handed on, not silenced."""
     local = RecordingLocalParticipant()
     room = FakeRoom("standup", local)
     with fake_job_context(room=room) as ctx:
         agent = await run_job(ctx, config_for(deepgram.url), LiveKitConfig(), local=local)
     phone = TrackPlayer("phone")
-    caller = (remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
-              if who == "sip" else remote_participant("alice-1", "Alice"))  # fmt: skip
+    caller = {
+        "sip": remote_participant("sip_15550100", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP),
+        "own microphone": remote_participant("alice-1", "Alice"),
+        "shared mic cancelling echo": remote_participant(
+            "table", "Table", attributes={"chorus.shared_mic": "true"}),
+    }[who]  # fmt: skip
     reply = (np.sin(2 * np.pi * 440 * np.arange(6 * 24000) / 24000) * 8000).astype(np.int16)
     reader = rtc.AudioStream.from_track(track=agent.reply_track, sample_rate=24000,
                                         num_channels=1)
@@ -408,7 +416,8 @@ async def test_someone_talking_over_the_reply_stops_it(
     listening = asyncio.create_task(listen())
     try:
         room.join(caller)
-        room.subscribe(caller, phone.track, "TR_1")
+        room.subscribe(caller, phone.track, "TR_1", features=(
+            (TF_ECHO_CANCELLATION,) if who.startswith("shared") else ()))
         await agent.wait_idle()
         await agent.voice.play("standup", reply.tobytes(), 24000)
         await until(lambda: agent.reply_playing)
@@ -423,12 +432,37 @@ async def test_someone_talking_over_the_reply_stops_it(
         [session] = agent.sessions
         # a phone's gate was lifted with what it held: at most the line's noise before the
         # caller's first word (0.6 s into the clip) was silenced, nothing they said
-        assert session.echo_gate == (who == "sip") and session.gated_seconds < 0.6
+        assert session.echo_gate == (who != "own microphone") and session.gated_seconds < 0.6
     finally:
         listening.cancel()
         await reader.aclose()
         await agent.aclose()
         await phone.aclose()
+
+
+async def test_who_may_talk_over_the_reply_and_by_which_rule() -> None:
+    """A phone: the phone rule, with the double-talk check against the reply track; a person's
+    own microphone: the rule for a microphone that cancels echo; a shared mic: that rule only
+    when its track was published with echo cancellation, else none (its loudspeaker plays the
+    reply into it as loud as a person)."""
+    reply = ReplyEnvelope()
+    room = FakeRoom("standup", RecordingLocalParticipant())
+    table = remote_participant("table", "Table", attributes={"chorus.shared_mic": "true"})
+    player = TrackPlayer("table")
+    room.subscribe(table, player.track, "TR_1", features=(TF_NOISE_SUPPRESSION,))
+    room.subscribe(table, player.track, "TR_2", features=(TF_ECHO_CANCELLATION,))
+    await player.aclose()
+    assert not echo_cancelled(table, "TR_1") and echo_cancelled(table, "TR_2")
+    assert not echo_cancelled(table, "TR_9")  # (no such publication)
+    shared = speaker_of(table)
+    assert _barge_in_rule(shared, reply, cancels_echo=False) is None
+    cancelling = _barge_in_rule(shared, reply, cancels_echo=True)
+    assert cancelling is not None and cancelling.hold_s == ECHO_CANCELLED_BARGE_IN_S
+    phone = _barge_in_rule(speaker_of(remote_participant(
+        "sip_1", kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)), reply, cancels_echo=False)
+    assert phone is not None and phone.narrowband and phone.reply is reply
+    own = _barge_in_rule(speaker_of(remote_participant("alice-1", "Alice")), reply, False)
+    assert own is not None and own.hold_s == ECHO_CANCELLED_BARGE_IN_S
 
 
 async def test_a_sip_caller_s_echo_of_the_reply_does_not_stop_it(
