@@ -163,10 +163,16 @@ class ReplyEnvelope:
             return
         power = np.mean(np.square(audio[: count * step].reshape(count, step)), axis=1)
         levels = 10 * np.log10(power + 1e-12)
-        start = max(self._until, self.clock())
+        now = self.clock()
+        self._forget(now)  # (a caller who sends nothing never asks `loudest`)
+        start = max(self._until, now)
         self._frames.extend((start + i * step / rate, float(level))
                             for i, level in enumerate(levels))  # fmt: skip
         self._until = start + count * step / rate
+
+    def _forget(self, now: float) -> None:
+        while self._frames and self._frames[0][0] < now - self.window_s:
+            self._frames.popleft()
 
     def stopped(self) -> None:
         """What was not played by now is dropped (a barge-in: the phone never plays it)."""
@@ -179,8 +185,7 @@ class ReplyEnvelope:
         """The loudest 20 ms of the reply that played in the last `window_s` (dBFS); None when
         none did."""
         now = self.clock()
-        while self._frames and self._frames[0][0] < now - self.window_s:
-            self._frames.popleft()
+        self._forget(now)
         loudest: float | None = None
         for at, level in self._frames:
             if at > now:

@@ -199,6 +199,11 @@ def test_the_reply_envelope_is_what_played_in_the_echo_window() -> None:
     reply.played(frame(100, -25), 8000)  # the next reply plays from now
     clock.now += 0.01
     assert reply.loudest() == pytest.approx(-20, abs=0.1)
+    for _ in range(100):  # an hour of replies nobody asks about keeps only the last window
+        reply.played(frame(1000, -20), 8000)
+        clock.now += 36.0
+    reply.played(frame(20, -30), 8000)
+    assert len(reply._frames) <= ECHO_WINDOW_S / 0.02 + 2
 
 
 def echoing(reply: np.ndarray, loss_db: float, delay_s: float = 0.1) -> np.ndarray:
