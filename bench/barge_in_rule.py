@@ -24,6 +24,16 @@ speech), played back to the rule as the caller's only sound, attenuated by each 
 attenuation only (a real echo canceller leaves non-linear residue too). **Fires** per minute of
 reply: replies stopped by their own echo.
 
+**Through echo cancellation** (`--aec-echo-losses`): the page's case. A laptop on the meeting
+table plays the reply into the room its microphone hears, and the browser's echo cancellation
+takes it out. Each recording with the reply playing all along, through a small room (a direct
+path and a tail decaying by 1/e every 50 ms) at each loss and 40 ms late, then through WebRTC's
+audio processing (AEC3, noise suppression, a high-pass filter and automatic gain, the switches
+the page turns on; the build LiveKit's `livekit` package ships, `rtc.AudioProcessingModule`),
+scored as above (wide band) for the rules a page may run: the server's rule for a microphone
+that cancels echo (what a page declaring `server_barge_in` gets), the page's own level rule,
+and the phone rule. A linear room: a loudspeaker's distortion is not in it.
+
 The hold (`--holds`, at the server's floor) is chosen leave-one-set-out (a set is a fixture
 folder): for each set, the shortest hold with no fire in the quiet of the other sets (both
 bands), scored on the set left out. The level floor is not chosen here: it guards against what
@@ -96,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--echo-losses", type=float, nargs="*", default=list(DEFAULT_ECHO_LOSSES),
         help="echo losses (dB) at which to play the reply back as the caller's only sound "
         "(none: skip the echo part)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--aec-echo-losses", type=float, nargs="*", default=[],
+        help="echo losses (dB) at which the reply plays into each room and WebRTC's echo "
+        "cancellation takes it out, as a browser's does (the page's case; needs the livekit "
+        "extra)",
     )  # fmt: skip
     parser.add_argument(
         "--echo-criterion", type=float, default=30.0,
@@ -327,6 +343,86 @@ def echo_fires(rule: Rule, reply: FloatArray, loss_db: float, band: str) -> Scor
     return score_file(pcm, rate, [], [(0.0, len(echo) / 16000)], rule)
 
 
+AEC_DECAY_S = 0.05
+"""The echo room's tail decays by 1/e in this long (as `bench.barge_in`'s echoing phone)."""
+
+
+def room_echo(far: FloatArray, loss_db: float) -> FloatArray:
+    """`far` as the microphone hears it from the loudspeaker: through a small room, `loss_db`
+    under it, `ECHO_DELAY_S` late."""
+    rng = np.random.default_rng(0)
+    length = int(0.3 * 16000)
+    ir = rng.standard_normal(length) * np.exp(-np.arange(length) / (AEC_DECAY_S * 16000)) * 0.3
+    ir[0] = 1.0
+    ir = ir / np.sqrt(np.sum(ir**2)) * 10 ** (-loss_db / 20)
+    echo = np.convolve(far, ir)[: len(far)]
+    late = np.concatenate([np.zeros(int(ECHO_DELAY_S * 16000)), echo])[: len(far)]
+    return late.astype(np.float32)
+
+
+def echo_cancelled(near: FloatArray, far: FloatArray) -> bytes:
+    """`near` (16 kHz) through WebRTC's audio processing with `far` as what the loudspeaker
+    plays: AEC3, noise suppression, a high-pass filter, automatic gain (the page's switches);
+    pcm16."""
+    try:
+        from livekit import rtc
+    except ImportError as exc:  # pragma: no cover - the extra is part of `make install`
+        raise SystemExit("--aec-echo-losses needs the livekit extra: pip install "
+                         "'chorus[livekit]'") from exc  # fmt: skip
+    from voice.audio import float_to_pcm16
+
+    apm = rtc.AudioProcessingModule(echo_cancellation=True, noise_suppression=True,
+                                    high_pass_filter=True, auto_gain_control=True)  # fmt: skip
+    played = np.frombuffer(float_to_pcm16(far), "<i2")
+    heard = np.frombuffer(float_to_pcm16(np.clip(near, -1.0, 1.0)), "<i2")
+    step = 160  # 10 ms, the only size it takes
+    out = bytearray()
+    for i in range(0, len(heard) - step + 1, step):
+        apm.process_reverse_stream(rtc.AudioFrame(played[i : i + step].tobytes(), 16000, 1, step))
+        frame = rtc.AudioFrame(heard[i : i + step].tobytes(), 16000, 1, step)
+        apm.set_stream_delay_ms(round(ECHO_DELAY_S * 1000))
+        apm.process_stream(frame)
+        out += bytes(frame.data)
+    return bytes(out)
+
+
+def aec_table(recordings: list[Recording], reply: FloatArray, losses: list[float]
+              ) -> dict[str, Any]:  # fmt: skip
+    """Every recording with the reply playing into its room at each loss, after echo
+    cancellation: the page's possible rules, pooled over the recordings."""
+    from server.reply_audio import (
+        BARGE_IN_FLOOR_DBFS,
+        BARGE_IN_S,
+        ECHO_CANCELLED_BARGE_IN_S,
+        ECHO_CANCELLED_FLOOR_DBFS,
+    )
+    from voice.audio import read_audio_16k
+
+    table = {
+        "vad 256 ms ≥ −45 dBFS (server_barge_in)": vad_rule(ECHO_CANCELLED_BARGE_IN_S,
+                                                            ECHO_CANCELLED_FLOOR_DBFS),
+        "level 0.02 240 ms (the page's own)": level_rule(20 * math.log10(PAGE_LEVEL), PAGE_HOLD),
+        "vad 64 ms ≥ −40 dBFS (phones)": vad_rule(BARGE_IN_S, BARGE_IN_FLOOR_DBFS),
+    }  # fmt: skip
+    out: dict[str, Any] = {}
+    print("\nThe reply playing into each room, through echo cancellation (wide band):\n")
+    print("| echo loss | rule | onsets | delay p50 | delay p90 | missed | quiet (s) | fires "
+          "| fires per min |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for loss in losses:
+        totals = {name: Score() for name in table}
+        for rec in recordings:
+            audio = read_audio_16k(rec.name)
+            far = np.resize(reply, len(audio)).astype(np.float32)  # the reply, all along
+            pcm = echo_cancelled(audio + room_echo(far, loss), far)
+            for name, rule in table.items():
+                totals[name].add(score_file(pcm, 16000, rec.onsets, rec.quiet, rule))
+        for name, total in totals.items():
+            row = total.row()
+            out.setdefault(f"{loss:g}", {})[name] = row
+            print(_line(f"{loss:g} dB", name, "wide", row).replace("| wide ", "", 1))
+    return out
+
+
 def vad_name(barge: BargeIn, what: str) -> str:
     hold_ms = barge.hold_frames * 32
     return f"vad {hold_ms} ms ≥ {barge.floor_dbfs:g} dBFS ({what})".replace("-", "−")
@@ -433,6 +529,9 @@ def run(args: argparse.Namespace) -> int:
     if args.echo_losses:
         report["echo"] = echo_table(sorted(args.echo_losses), reply_speech(args.reply), floors,
                                     args.echo_criterion)
+    if args.aec_echo_losses:
+        report["aec"] = aec_table(recordings, reply_speech(args.reply),
+                                  sorted(args.aec_echo_losses))
     if args.json:
         report["recordings"] = [
             {"name": r.name, "set": r.group, "render": r.render, "onsets": len(r.onsets),
