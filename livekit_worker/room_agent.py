@@ -344,9 +344,9 @@ class ChorusRoomAgent:
         self._reply_pump: asyncio.Task[None] | None = None
         self._reply_queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._reply_cut = 0
+        """Barge-ins so far: the reply loop stops the reply it is queueing when this moves."""
         self.reply_envelope = ReplyEnvelope()
         """The reply track's level as it plays: what a SIP caller's echo of it can be at most."""
-        """Barge-ins so far: the reply loop stops the reply it is queueing when this moves."""
         self.reply_queued_s = 0.0
         """Seconds of reply audio queued for the reply track (a barge-in may drop some)."""
         self.barge_ins = 0

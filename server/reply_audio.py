@@ -200,10 +200,10 @@ class BargeIn:
     `BARGE_IN_FLOOR_DBFS` or louder, and, on a leg that tells it the reply as it plays it
     (`reply_out`: the phone legs), no more than `DOUBLE_TALK_MARGIN_DB` under the loudest of the
     reply in the last `ECHO_WINDOW_S` (louder than its echo can be), while it plays. The one
-    home of the rule for every leg that
-    hears its own barge-ins (SIP and AudioSocket drop the reply audio they still hold, Twilio is
-    sent `clear`, an `echo_cancelled` device is told `reply_stopped`, the LiveKit worker clears
-    its reply track). A phone's 8 kHz audio is heard at 8 kHz, anything wider at 16 kHz.
+    home of the rule for every leg that hears its own barge-ins (SIP and AudioSocket drop the
+    reply audio they still hold, Twilio is sent `clear`, an `echo_cancelled` or
+    `server_barge_in` device is told `reply_stopped`, the LiveKit worker clears its reply
+    track). A phone's 8 kHz audio is heard at 8 kHz, anything wider at 16 kHz.
 
     A trained VAD, not a level gate: a phone or speakerphone in a room carries the room's noise.
     In the fixture rooms' quiet (156 s between people's turns, `chorus bench barge_in_rule`) the
@@ -236,7 +236,7 @@ class BargeIn:
         self._run = 0
         self.reply = reply if reply is not None else ReplyEnvelope()
         """The reply as it plays to this caller (`reply_out`): the double-talk check's
-        reference. A leg that never tells it (an `echo_cancelled` device) has no such check."""
+        reference. A leg that never tells it (a device) has no such check."""
         self.echo_frames = 0
         """Speech frames loud enough for the floor that the double-talk check did not count (as
         loud as the reply's echo could be)."""
