@@ -70,8 +70,7 @@ loud syllables. Chosen on `chorus bench barge_in --speech-replies` over the marg
 20 dB (docs/benchmarks.md, "The reply's own echo is not a caller talking over it"): the
 largest of them that kept a caller 15 dB quieter than the reply heard (up to 0.7 s later at
 p95; 15 dB lost 44 of their 79 words, the gate silencing what could not barge in); it ends the
-loop of an echo 25 dB under
-the reply and mostly of one 20 dB under, not of louder ones."""
+loop of an echo 25 dB under the reply and mostly of one 20 dB under, not of louder ones."""
 
 
 PLAYOUT_SLACK_S = 1.0
