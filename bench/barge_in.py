@@ -149,10 +149,6 @@ class _Arrivals(asyncio.DatagramProtocol):
         self.times.append(time.monotonic())
 
 
-ECHO_DECAY_S = 0.05
-"""The echo room's impulse response decays by 1/e in this long (about a 0.35 s RT60)."""
-
-
 class _EchoingPhone(_Arrivals):
     """A phone whose echo control is weak: each reply packet it plays comes back in what it sends,
     `loss_db` under the reply, through a small room (a direct path and a decaying tail), played
@@ -163,12 +159,10 @@ class _EchoingPhone(_Arrivals):
     def __init__(self, loss_db: float, delay_s: float) -> None:
         import numpy as np
 
+        from bench.barge_in_rule import echo_room_ir
+
         super().__init__()
-        rng = np.random.default_rng(0)
-        length = int(0.3 * 8000)
-        ir = rng.standard_normal(length) * np.exp(-np.arange(length) / (ECHO_DECAY_S * 8000)) * 0.3
-        ir[0] = 1.0
-        self._ir = ir / np.sqrt(np.sum(ir**2)) * 10 ** (-loss_db / 20)
+        self._ir = echo_room_ir(8000, loss_db)
         self._delay = int(delay_s * 8000)
         self._echo = np.zeros(8000 * 60, np.float64)
         """The echo by the call's samples (grown as the call goes on)."""

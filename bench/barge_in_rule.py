@@ -343,19 +343,26 @@ def echo_fires(rule: Rule, reply: FloatArray, loss_db: float, band: str) -> Scor
     return score_file(pcm, rate, [], [(0.0, len(echo) / 16000)], rule)
 
 
-AEC_DECAY_S = 0.05
-"""The echo room's tail decays by 1/e in this long (as `bench.barge_in`'s echoing phone)."""
+ECHO_DECAY_S = 0.05
+"""The echo room's impulse response decays by 1/e in this long (about a 0.35 s RT60)."""
+
+
+def echo_room_ir(rate: int, loss_db: float) -> npt.NDArray[np.float64]:
+    """The small room a loudspeaker's sound reaches its microphone through (here, and
+    `bench.barge_in`'s echoing phone): a direct path and a tail decaying by 1/e every
+    `ECHO_DECAY_S`, 0.3 s long at `rate`, its energy `loss_db` under the sound's."""
+    rng = np.random.default_rng(0)
+    length = int(0.3 * rate)
+    ir = rng.standard_normal(length) * np.exp(-np.arange(length) / (ECHO_DECAY_S * rate)) * 0.3
+    ir[0] = 1.0
+    scaled: npt.NDArray[np.float64] = ir / np.sqrt(np.sum(ir**2)) * 10 ** (-loss_db / 20)
+    return scaled
 
 
 def room_echo(far: FloatArray, loss_db: float) -> FloatArray:
     """`far` as the microphone hears it from the loudspeaker: through a small room, `loss_db`
     under it, `ECHO_DELAY_S` late."""
-    rng = np.random.default_rng(0)
-    length = int(0.3 * 16000)
-    ir = rng.standard_normal(length) * np.exp(-np.arange(length) / (AEC_DECAY_S * 16000)) * 0.3
-    ir[0] = 1.0
-    ir = ir / np.sqrt(np.sum(ir**2)) * 10 ** (-loss_db / 20)
-    echo = np.convolve(far, ir)[: len(far)]
+    echo = np.convolve(far, echo_room_ir(16000, loss_db))[: len(far)]
     late = np.concatenate([np.zeros(int(ECHO_DELAY_S * 16000)), echo])[: len(far)]
     return late.astype(np.float32)
 
@@ -405,18 +412,19 @@ def aec_table(recordings: list[Recording], reply: FloatArray, losses: list[float
         "vad 64 ms ≥ −40 dBFS (phones)": vad_rule(BARGE_IN_S, BARGE_IN_FLOOR_DBFS),
     }  # fmt: skip
     out: dict[str, Any] = {}
+    totals = {loss: {name: Score() for name in table} for loss in losses}
+    for rec in recordings:
+        audio = read_audio_16k(rec.name)
+        far = np.resize(reply, len(audio)).astype(np.float32)  # the reply, all along
+        for loss in losses:
+            pcm = echo_cancelled(audio + room_echo(far, loss), far)
+            for name, rule in table.items():
+                totals[loss][name].add(score_file(pcm, 16000, rec.onsets, rec.quiet, rule))
     print("\nThe reply playing into each room, through echo cancellation (wide band):\n")
     print("| echo loss | rule | onsets | delay p50 | delay p90 | missed | quiet (s) | fires "
           "| fires per min |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for loss in losses:
-        totals = {name: Score() for name in table}
-        for rec in recordings:
-            audio = read_audio_16k(rec.name)
-            far = np.resize(reply, len(audio)).astype(np.float32)  # the reply, all along
-            pcm = echo_cancelled(audio + room_echo(far, loss), far)
-            for name, rule in table.items():
-                totals[name].add(score_file(pcm, 16000, rec.onsets, rec.quiet, rule))
-        for name, total in totals.items():
+        for name, total in totals[loss].items():
             row = total.row()
             out.setdefault(f"{loss:g}", {})[name] = row
             print(_line(f"{loss:g} dB", name, "wide", row).replace("| wide ", "", 1))

@@ -300,8 +300,7 @@ class AudioSocketFraming:
         self._carry = data[cut:]
         playing = self._backlog.waiting and self._clock.playing()
         if self.barge_in.heard(data[:cut], AUDIO_RATES[frame.kind], playing=playing):
-            self._backlog.cut()  # every reply message not sent yet
-            self.barge_in.reply_dropped()
+            self._cut()
         return data[:cut]
 
     def silence(self, seconds: float) -> list[bytes]:
@@ -317,9 +316,14 @@ class AudioSocketFraming:
         return []
 
     def stop_reply(self, stopped: Outgoing) -> list[Outgoing]:
-        self._backlog.cut()  # every reply message not written yet (`sending`)
-        self.barge_in.reply_dropped()
+        self._cut()
         return []
+
+    def _cut(self) -> None:
+        """The caller's barge-in, or the room's: every reply message not written yet is dropped
+        (`sending`), and the barge-in rule forgets what of it never played."""
+        self._backlog.cut()
+        self.barge_in.reply_dropped()
 
     def greeting(self, room: str, stream_id: str) -> list[Outgoing]:
         self.stream_id = stream_id
