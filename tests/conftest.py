@@ -37,6 +37,16 @@ os.environ.setdefault("CHORUS_STORE_URL", "memory://")
 pytest_plugins = ["tests.store_fixtures"]  # new_store / new_kit: every store the rooms tests run on
 
 
+class Clock:
+    """A clock the test moves, for code that takes one (`clock=`): no sleeps, no wall time."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def meeting_speech(start: float, end: float, rate: int = 16000) -> bytes:
     """The demo meeting from `start` to `end` s, mono pcm16 at `rate`: real speech for the rules
     that listen for it (its first 0.6 s are quiet, then Alice talks until 4.2 s)."""

@@ -8,7 +8,6 @@ double-talk check against `ReplyEnvelope`). Through the legs:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +25,10 @@ from server.reply_audio import (
     BargeIn,
     ReplyEnvelope,
 )
-from server.sip import SipFraming, SipLeg
+from server.sip import SipFraming
 from server.twilio import TwilioFraming
-from tests.conftest import far_room, meeting_speech
+from tests.conftest import Clock, far_room, meeting_speech
+from tests.test_sip_leg import a_leg
 from voice.audio import float_to_pcm16, level_dbfs, pcm16_to_float, resample
 
 
@@ -167,16 +167,6 @@ def test_a_phone_line_heard_at_a_higher_rate_is_heard_at_8_khz() -> None:
     assert (narrow.vad_rate, wide.vad_rate) == (8000, 16000)
 
 
-class Clock:
-    """A clock the test moves: the reply plays and the caller talks in step with it."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_reply_envelope_is_what_played_in_the_echo_window() -> None:
     """Pieces handed over back to back play one after the other (a phone's buffer); only what
     has played counts, for `ECHO_WINDOW_S`; a barge-in drops what had not played."""
@@ -273,27 +263,6 @@ def test_a_leg_that_says_nothing_of_the_reply_has_no_double_talk_check() -> None
     assert DOUBLE_TALK_MARGIN_DB > 0
 
 
-@dataclass
-class _Call:
-    call_id: str = "call-1"
-    source_addr: tuple[str, int] = ("127.0.0.1", 5060)
-
-
-class _Session:
-    """A SIP call's media session as the leg uses it to send: the frames it was handed."""
-
-    codec_sample_rate = 8000
-    clock_rate = 8000
-    on_audio = None
-    rtp_session = None
-
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-
-    def send_audio_pcm(self, frame: bytes, timestamp: int) -> None:
-        self.sent.append(frame)
-
-
 async def test_each_phone_leg_tells_its_rule_the_reply_as_it_plays() -> None:
     """The double-talk check's reference (`BargeIn.reply_out`): a Twilio leg and an AudioSocket
     call when they hand the reply over (it plays from then on), a SIP leg as it sends it; when
@@ -314,8 +283,7 @@ async def test_each_phone_leg_tells_its_rule_the_reply_as_it_plays() -> None:
         clock.now += ECHO_WINDOW_S + 0.05  # what played of it is a window old; the rest never
         assert barge.reply.loudest() is None, leg
 
-    session = _Session()
-    sip = SipLeg(_Call(), session, 60.0)  # type: ignore[arg-type]
+    sip, session = a_leg()
     clock = Clock()
     sip.barge.reply = ReplyEnvelope(clock=clock)
     await sip.send(frame(200, -20))

@@ -34,6 +34,7 @@ from server.testing.harness import (
     eventually,
     running_server_with_local_stt,
 )
+from tests.conftest import Clock
 from voice.audio import float_to_pcm16, read_audio_16k
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
@@ -335,16 +336,6 @@ async def test_no_stream_may_declare_an_id_of_the_chat_only_space(server: Runnin
     assert leg.ws.close_code == CloseCode.BAD_MESSAGE
     kit = server.server.rooms.kit
     assert await kit.get_room(ROOM) is None or await kit.get_participants(ROOM) == []
-
-
-class Clock:
-    """A clock the test moves (the chat rate limit's, injected: no sleeps)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_chat_rate_limit_is_a_token_bucket_per_room_and_client() -> None:

@@ -37,6 +37,12 @@ class FakeSession:
     codec_sample_rate: int = 8000
     on_audio: Any = None
     rtp_session: FakeRtp = field(default_factory=FakeRtp)
+    clock_rate: int = 8000
+    sent: list[bytes] = field(default_factory=list)
+    """The reply frames the leg sent (`send_audio_pcm`)."""
+
+    def send_audio_pcm(self, frame: bytes, timestamp: int) -> None:
+        self.sent.append(frame)
 
 
 FRAME = bytes(range(256)) + bytes(64)  # 20 ms at 8 kHz, 16-bit: 320 bytes, not silence
