@@ -31,6 +31,16 @@ network). `base` is multilingual and decodes English unless another `language` i
 (`stt.language = "de"`, `--language de`; `auto` detects it per utterance); `tiny.en` knows only
 English. One lock serialises transcription per model: the
 CPU is the bottleneck anyway, and ctranslate2 and torch contend for threads otherwise.
+
+Reproducible fallback: batch decoding and the second pass re-decode a segment by sampling at
+rising temperatures when beam search loops or is unsure (faster-whisper's fallback). CTranslate2
+draws those samples from one generator per worker thread of a model, seeded when the thread
+first samples and never again, and takes no seed per call: the same segment sampled twice in one
+process came back different, and a sample that jumped Whisper's timestamps ahead cost one test
+recording 8 points of WER about once in 20 runs. Here a segment that needs samples draws them
+from a replica of the model loaded for that segment (`SeededSampling`; 0.11 s for tiny.en, 0.17
+s for base), whose new worker thread seeds its generator with `SAMPLING_SEED`: the same audio
+gives the same words, whatever was decoded before.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import functools
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -90,26 +100,77 @@ PROMPT_TOKENS = 224
 MIN_PIECE = 0.5
 """Seconds: a voice change closer than this to the utterance's start cuts nothing (Whisper makes
 things up on very short pieces)."""
+SAMPLING_SEED = 0
+"""The seed of every segment's temperature-fallback samples (`SeededSampling`)."""
 
 
 def default_model_path() -> str:
     return resolve_whisper_model(None).path
 
 
+class SeededSampling:
+    """A CTranslate2 Whisper (`faster_whisper.WhisperModel.model`) whose sampled decodes are
+    reproducible: a call that samples (beam 1, `sampling_topk` other than 1: the temperature
+    fallback) runs on a replica loaded for the segment being decoded, whose new worker thread
+    seeds CTranslate2's thread-local generator with `SAMPLING_SEED` (set process-wide first).
+    Beam search and everything else run on the model itself. `segment()` forgets the replica:
+    the next segment that samples starts from the seed again. Used under the model's
+    transcription lock only."""
+
+    def __init__(self, model: Any, replica: Callable[[], Any]) -> None:
+        self._model = model
+        self._replica = replica
+        self._sampler: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("beam_size", 5) == 1 and kwargs.get("sampling_topk", 1) != 1:
+            if self._sampler is None:
+                import ctranslate2
+
+                ctranslate2.set_random_seed(SAMPLING_SEED)
+                self._sampler = self._replica()
+            return self._sampler.generate(*args, **kwargs)
+        return self._model.generate(*args, **kwargs)
+
+    def segment(self) -> None:
+        self._sampler = None
+
+
 @functools.cache
 def _windowed_model_class() -> type[Any]:
-    """`faster_whisper.WhisperModel` whose encoder can hear less than a 30 s window."""
+    """`faster_whisper.WhisperModel` whose encoder can hear less than a 30 s window and whose
+    temperature fallback samples from a fresh seed per segment (`SeededSampling`)."""
+    import ctranslate2
     from faster_whisper import WhisperModel
 
     class WindowedWhisperModel(WhisperModel):  # type: ignore[misc]
         encode_frames: int | None = None
         """Mel frames (10 ms each) the encoder hears; None: faster-whisper's 30 s window. Set
         only under the model's transcription lock, for one call."""
+        model: Any
+        """The CTranslate2 model, wrapped in `SeededSampling`."""
+
+        def __init__(self, path: str, *, compute_type: str, cpu_threads: int) -> None:
+            super().__init__(path, device="cpu", compute_type=compute_type,
+                             cpu_threads=cpu_threads, num_workers=1)
+            self.sampling = SeededSampling(self.model, functools.partial(
+                ctranslate2.models.Whisper, path, device="cpu", compute_type=compute_type,
+                intra_threads=cpu_threads, inter_threads=1))
+            self.model = self.sampling
 
         def encode(self, features: Any) -> Any:
             if self.encode_frames is not None:
                 features = features[..., : self.encode_frames]
             return super().encode(features)
+
+        def generate_with_fallback(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().generate_with_fallback(*args, **kwargs)
+            finally:
+                self.sampling.segment()
 
     return WindowedWhisperModel
 
@@ -134,8 +195,8 @@ def load_whisper(model: str | None = None, *, compute_type: str = "int8", cpu_th
     with _MODELS_LOCK:
         if key not in _MODELS:
             log.info("whisper: loading %s (%s, %d thread)", path, compute_type, cpu_threads)
-            _MODELS[key] = _windowed_model_class()(path, device="cpu", compute_type=compute_type,
-                                        cpu_threads=cpu_threads, num_workers=1)
+            _MODELS[key] = _windowed_model_class()(path, compute_type=compute_type,
+                                                   cpu_threads=cpu_threads)
             _TRANSCRIBE_LOCKS[id(_MODELS[key])] = threading.Lock()
         return _MODELS[key]
 
