@@ -37,7 +37,7 @@ rising temperatures when beam search loops or is unsure (faster-whisper's fallba
 draws those samples from one generator per worker thread of a model, seeded when the thread
 first samples and never again, and takes no seed per call: the same segment sampled twice in one
 process came back different, and a sample that jumped Whisper's timestamps ahead cost one test
-recording 8 points of WER about once in 20 runs. Here a segment that needs samples draws them
+recording 8 points of WER twice in 42 runs. Here a segment that needs samples draws them
 from a replica of the model loaded for that segment (`SeededSampling`; 0.11 s for tiny.en, 0.17
 s for base), whose new worker thread seeds its generator with `SAMPLING_SEED`: the same audio
 gives the same words, whatever was decoded before.
