@@ -24,6 +24,9 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   published as the agent's own audio track. In audio mode (`realtime.audio = true`) the realtime
   channel reads each turn's audio from the voice channel that posted it (the track's session, as
   it accepted the audio after the gate) when the turn is delivered: nothing is pushed per frame.
+  Each of the model's replies is published as the agent's own caption (`lk.transcription`, sent
+  as the agent, naming the reply track, the reply's event id as its segment), again under the
+  same segment with what the room heard of it when someone talked over it;
 - the text assistants of the config (`[chat]`'s chat model, `[agent]`'s ACP agent) attached to
   the room as in `chorus serve`: they read the labelled turns, and what they answer is published
   on `lk.chat` (the room's text chat) as the agent;
@@ -123,6 +126,9 @@ ATTRIBUTE_TRACK_ID = "lk.transcribed_track_id"
 ATTRIBUTE_FINAL = "lk.transcription_final"
 ATTRIBUTE_SEGMENT_ID = "lk.segment_id"
 """The names livekit-agents (`livekit.agents.types`) and LiveKit's client components use."""
+ATTRIBUTE_INTERRUPTED = "chorus.interrupted"
+"""On the agent's own caption: `true` when someone talked over the reply and the caption holds
+what the room heard of it."""
 
 
 class TextWriterLike(Protocol):
@@ -207,17 +213,18 @@ class _TranscriptionOut(Channel):
         self.agent = agent
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
-        if event.metadata.get("source") == "voice" or (
+        if event.metadata.get("source") == "voice" or self.agent.speaks(event) or (
             event.kind == "message" and event.source.channel_id in self.agent.assistant_ids
         ):
             self.agent._queue.put_nowait(event)
 
     async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
-        """A corrected turn (an early turn the final result changed) is published again with
-        the same `lk.segment_id`: LiveKit's clients show a segment's latest text in its place.
-        An assistant's reply cut to what was heard (a barge-in) is not: `lk.chat` has no place
-        to put it but a second message."""
-        if event.metadata.get("source") == "voice":
+        """A corrected turn (an early turn the final result changed), and the agent's spoken
+        reply cut to what the room heard of it (a barge-in after it was posted), are published
+        again with the same `lk.segment_id`: LiveKit's clients show a segment's latest text in
+        its place. A chat model's or ACP agent's reply is not: `lk.chat` has no place to put a
+        change but a second message."""
+        if event.metadata.get("source") == "voice" or self.agent.speaks(event):
             await self.deliver(event, ctx)
 
 
@@ -356,6 +363,9 @@ class ChorusRoomAgent:
         self.reply_track = rtc.LocalAudioTrack.create_audio_track(
             self.config.reply_track_name, self.reply_source
         )
+        self.reply_track_sid: str | None = None
+        """The reply track's publication sid, once published: what the agent's own captions
+        name as their `lk.transcribed_track_id`."""
         self.closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -428,10 +438,11 @@ class ChorusRoomAgent:
         self._reply_pump = asyncio.create_task(self._reply_loop(),
                                                name=f"chorus-livekit-reply-{self.room_name}")
         if self.realtime is not None:  # nothing would ever play on it otherwise
-            await self.local.publish_track(
+            publication = await self.local.publish_track(
                 self.reply_track,
                 rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE),
             )
+            self.reply_track_sid = getattr(publication, "sid", None) or None
         self.room.on("track_subscribed", self._on_track_subscribed)
         self.room.on("track_unsubscribed", self._on_track_unsubscribed)
         self.room.on("participant_disconnected", self._on_participant_disconnected)
@@ -740,9 +751,18 @@ class ChorusRoomAgent:
             finally:
                 self._queue.task_done()
 
+    def speaks(self, event: RoomEvent) -> bool:
+        """Whether `event` is the realtime model's spoken reply, as the room keeps it."""
+        return (self.realtime is not None and event.kind == "message"
+                and event.source.channel_id == self.realtime.channel_id
+                and bool(event.metadata.get("ai_response")))
+
     async def _publish(self, event: RoomEvent) -> None:
         if event.source.channel_id in self.assistant_ids:
             await self._publish_reply(event)
+            return
+        if self.speaks(event):
+            await self._publish_spoken_reply(event)
             return
         info = self._sessions.get(str(event.metadata.get("voice_session_id")))
         label = await self.kit.label_for(self.room_name, event)
@@ -802,6 +822,29 @@ class ChorusRoomAgent:
         await writer.aclose()
         self.published.append(PublishedTranscription(
             text, identity or "", attributes, topic=TOPIC_DIARIZATION))
+
+    async def _publish_spoken_reply(self, event: RoomEvent) -> None:
+        """The realtime model's reply as the agent's own caption, the way livekit-agents
+        publishes an agent's speech: `lk.transcription`, sent as the agent, naming the reply
+        track, under the reply event's id as its segment. It is published once the model has
+        finished the reply (the room posts it then), so as a rule while it is still being
+        spoken, whole, not word by word. A reply someone talked over is published with what
+        the room heard of it (`realtime.channel.heard_text`: cut at the word the barge-in fell
+        in, `…`), under the same segment id when the whole reply went out first, and marked
+        `chorus.interrupted`."""
+        attributes = {
+            ATTRIBUTE_FINAL: "true",
+            ATTRIBUTE_SEGMENT_ID: event.id,
+            self.config.transcription_attribute: await self.kit.label_for(self.room_name, event),
+        }
+        if self.reply_track_sid is not None:
+            attributes[ATTRIBUTE_TRACK_ID] = self.reply_track_sid
+        if event.metadata.get("interrupted"):
+            attributes[ATTRIBUTE_INTERRUPTED] = "true"
+        writer = await self.local.stream_text(topic=TOPIC_TRANSCRIPTION, attributes=attributes)
+        await writer.write(event.text)
+        await writer.aclose()
+        self.published.append(PublishedTranscription(event.text, "", attributes))
 
     async def _publish_reply(self, event: RoomEvent) -> None:
         """A chat model's or ACP agent's reply, as the agent, on the room's text chat."""

@@ -219,9 +219,17 @@ class RecordingLocalParticipant:
         self.streams.append(writer)
         return writer
 
-    async def publish_track(self, track: rtc.LocalTrack, options: rtc.TrackPublishOptions) -> Any:
+    async def publish_track(
+        self, track: rtc.LocalTrack, options: rtc.TrackPublishOptions
+    ) -> rtc.LocalTrackPublication:
+        """Recorded, and answered as LiveKit does: the track's publication (sid `TR_<name>`)."""
         self.tracks.append((track, options))
-        return None
+        info = track_pb2.TrackPublicationInfo(
+            sid=f"TR_{track.name}", name=track.name, kind=track_pb2.TrackKind.KIND_AUDIO,
+            source=options.source,
+        )
+        owned = track_pb2.OwnedTrackPublication(handle=handle_pb2.FfiOwnedHandle(id=0), info=info)
+        return rtc.LocalTrackPublication(owned)
 
 
 class FakeRoom(rtc.Room):

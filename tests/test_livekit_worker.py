@@ -29,6 +29,7 @@ from livekit_worker.participants import echo_cancelled, speaker_of
 from livekit_worker.room_agent import ChorusRoomAgent, _barge_in_rule
 from livekit_worker.worker import run_job
 from models import RoomEvent, TextContent
+from realtime.testing.openai_server import OpenAIRealtimeServer
 from rooms import AudioSink
 from server.config import ServerConfig
 from server.reply_audio import ECHO_CANCELLED_BARGE_IN_S, ReplyEnvelope
@@ -36,6 +37,7 @@ from tests.livekit_helpers import (
     MEETING_DIR,
     RATE,
     FakeRoom,
+    RecordedWriter,
     RecordingLocalParticipant,
     RecordingsWords,
     TrackPlayer,
@@ -438,6 +440,69 @@ async def test_someone_talking_over_the_reply_stops_it(
         await reader.aclose()
         await agent.aclose()
         await phone.aclose()
+
+
+@pytest.mark.parametrize("talked_over", [False, True], ids=["heard whole", "talked over"])
+async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent(
+    deepgram: DeepgramTestServer, talked_over: bool
+) -> None:
+    """The realtime model's reply (the real `openai` client against the local OpenAI Realtime
+    server) is published as the agent's own caption, as livekit-agents publishes an agent's
+    speech: `lk.transcription`, sent as the agent, naming the reply track, under the reply
+    event's id. Talked over, it is published again under the same segment id with what the
+    room heard of it, marked `chorus.interrupted`: a front end shows the cut reply in place.
+    Before, the people in the room saw no text of what the agent said."""
+    reply = ("Happy to help, Alice. The release is on track for Friday, the notes are written, "
+             "and the last two fixes are in review with the team this afternoon.")
+    async with OpenAIRealtimeServer(replies=[reply], reply_audio_seconds=6.0 if talked_over else 1.0) as model:
+        config = ServerConfig.model_validate({
+            **config_for(deepgram.url).model_dump(exclude_unset=True),
+            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
+        })
+        local = RecordingLocalParticipant()
+        room = FakeRoom("standup", local)
+        with fake_job_context(room=room) as ctx:
+            agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+        player = TrackPlayer("alice")
+        alice = remote_participant("alice-1", "Alice")
+
+        def captions() -> list[RecordedWriter]:
+            return [w for w in local.streams if w.topic == "lk.transcription" and w.closed
+                    and w.attributes.get("lk.transcribed_track_id") == "TR_chorus-reply"]
+
+        try:
+            room.join(alice)
+            room.subscribe(alice, player.track, "TR_alice")
+            await agent.wait_idle()
+            await player.play(clip(meeting_pcm(), *ALICE))  # the only voice: the model answers
+            await until(lambda: bool(captions()))
+            if talked_over:
+                await until(lambda: agent.reply_playing)
+                await player.play(clip(meeting_pcm(), *BOB))  # she talks over it
+                await until(lambda: agent.barge_ins == 1)
+                await until(lambda: len(captions()) >= 2)
+            first, *rest = captions()
+            assert first.sender_identity is None  # the agent itself
+            assert first.text == reply
+            assert first.attributes["lk.transcription_final"] == "true"
+            [event] = [e for e in await agent.kit.list_events("standup")
+                       if e.metadata.get("ai_response")][:1]
+            assert first.attributes["lk.segment_id"] == event.id
+            assert first.attributes["chorus.speaker"] == await agent.kit.label_for("standup", event)
+            assert "chorus.interrupted" not in first.attributes
+            if not talked_over:
+                assert rest == []
+                return
+            cut = rest[0]
+            assert cut.attributes["lk.segment_id"] == event.id  # in place of the whole reply
+            assert cut.attributes["chorus.interrupted"] == "true"
+            assert cut.text.endswith("…") and reply.startswith(cut.text[:-1])
+            assert len(cut.text) < len(reply)
+            [posted] = [e for e in await agent.kit.list_events("standup") if e.id == event.id]
+            assert posted.text == cut.text  # the room's record says the same
+        finally:
+            await agent.aclose()
+            await player.aclose()
 
 
 async def test_who_may_talk_over_the_reply_and_by_which_rule() -> None:
