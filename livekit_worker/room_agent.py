@@ -24,9 +24,9 @@ config and the job's `rtc.Room`). It owns, for one LiveKit room:
   published as the agent's own audio track. In audio mode (`realtime.audio = true`) the realtime
   channel reads each turn's audio from the voice channel that posted it (the track's session, as
   it accepted the audio after the gate) when the turn is delivered: nothing is pushed per frame.
-  Each of the model's replies is published as the agent's own caption (`lk.transcription`, sent
-  as the agent, naming the reply track, the reply's event id as its segment), again under the
-  same segment with what the room heard of it when someone talked over it;
+  Each of the model's replies is captioned as the agent (`lk.transcription`, sent as the agent,
+  naming the reply track, one segment per response): growing with the words heard while it
+  plays, then final as the room keeps it (whole, or cut where someone talked over it);
 - the text assistants of the config (`[chat]`'s chat model, `[agent]`'s ACP agent) attached to
   the room as in `chorus serve`: they read the labelled turns, and what they answer is published
   on `lk.chat` (the room's text chat) as the agent;
@@ -68,6 +68,7 @@ import dataclasses
 import functools
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
@@ -127,8 +128,14 @@ ATTRIBUTE_FINAL = "lk.transcription_final"
 ATTRIBUTE_SEGMENT_ID = "lk.segment_id"
 """The names livekit-agents (`livekit.agents.types`) and LiveKit's client components use."""
 ATTRIBUTE_INTERRUPTED = "chorus.interrupted"
-"""On the agent's own caption: `true` when someone talked over the reply and the caption holds
-what the room heard of it."""
+"""On the agent's own final caption: `true` when someone talked over the reply and the caption
+holds what the room heard of it."""
+ATTRIBUTE_EVENT_ID = "chorus.event_id"
+"""On the agent's own final caption: the reply's event in the Chorus room."""
+CAPTION_STEP_S = 0.25
+"""How often the agent's caption grows while its reply plays (the words heard so far)."""
+KEPT_CAPTIONS = 16
+"""Replies whose caption state the agent remembers (the latest ones)."""
 
 
 class TextWriterLike(Protocol):
@@ -213,7 +220,9 @@ class _TranscriptionOut(Channel):
         self.agent = agent
 
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
-        if event.metadata.get("source") == "voice" or self.agent.speaks(event) or (
+        if self.agent.speaks(event):
+            self.agent.spoken_reply(event)
+        elif event.metadata.get("source") == "voice" or (
             event.kind == "message" and event.source.channel_id in self.agent.assistant_ids
         ):
             self.agent._queue.put_nowait(event)
@@ -250,6 +259,16 @@ class _Suggestion:
 
     message: SpeakerSuggestionMessage
     session_id: str | None
+
+
+@dataclass(frozen=True)
+class _Caption:
+    """The agent's caption of a reply to publish (in order with the turns): the words heard so
+    far (`event` None), or the reply as the room keeps it, final."""
+
+    response_id: str
+    text: str
+    event: RoomEvent | None = None
 
 
 @dataclass(frozen=True)
@@ -322,7 +341,8 @@ class ChorusRoomAgent:
         self.stage_factory = stage_factory
         self._local = local
         self._out = _TranscriptionOut(self)
-        self._queue: asyncio.Queue[RoomEvent | _Suggestion | _Status | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[RoomEvent | _Suggestion | _Status | _Caption | None] = (
+            asyncio.Queue())
         self.published: list[PublishedTranscription] = []
         self._feeds: dict[str, _Feed] = {}
         self._track_locks: dict[str, asyncio.Lock] = {}
@@ -366,6 +386,17 @@ class ChorusRoomAgent:
         self.reply_track_sid: str | None = None
         """The reply track's publication sid, once published: what the agent's own captions
         name as their `lk.transcribed_track_id`."""
+        self._caption_task: asyncio.Task[None] | None = None
+        self._captioned: OrderedDict[str, str] = OrderedDict()
+        """Response id → the text of its caption published last."""
+        self._finals: OrderedDict[str, None] = OrderedDict()
+        """Responses whose final caption is published."""
+        self._deferred: dict[str, RoomEvent] = {}
+        """Response id → its reply as posted, captioned final once it has played."""
+        self._cutting: set[str] = set()
+        """Responses talked over whose cut is not in the room's record yet."""
+        self._agent_label: str | None = None
+        """The agent's label in the room (`chorus.speaker` of its captions), once known."""
         self.closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -460,6 +491,10 @@ class ChorusRoomAgent:
         self._unfollow_room()
         await asyncio.gather(*(self.close_track(sid) for sid in list(self._feeds)))
         await self.wait_idle()
+        if self._caption_task is not None:
+            self._caption_task.cancel()
+        for response_id in list(self._deferred):  # a reply still playing: as the room keeps it
+            self._reply_played(response_id)
         self._queue.put_nowait(None)
         self._reply_queue.put_nowait(None)
         for task in (self._pump, self._reply_pump):
@@ -742,6 +777,8 @@ class ChorusRoomAgent:
                     return
                 if isinstance(event, _Suggestion):
                     await self._publish_suggestion(event)
+                elif isinstance(event, _Caption):
+                    await self._publish_caption(event)
                 elif isinstance(event, _Status):
                     await self._publish_status(event)
                 else:
@@ -760,9 +797,6 @@ class ChorusRoomAgent:
     async def _publish(self, event: RoomEvent) -> None:
         if event.source.channel_id in self.assistant_ids:
             await self._publish_reply(event)
-            return
-        if self.speaks(event):
-            await self._publish_spoken_reply(event)
             return
         info = self._sessions.get(str(event.metadata.get("voice_session_id")))
         label = await self.kit.label_for(self.room_name, event)
@@ -823,28 +857,97 @@ class ChorusRoomAgent:
         self.published.append(PublishedTranscription(
             text, identity or "", attributes, topic=TOPIC_DIARIZATION))
 
-    async def _publish_spoken_reply(self, event: RoomEvent) -> None:
-        """The realtime model's reply as the agent's own caption, the way livekit-agents
-        publishes an agent's speech: `lk.transcription`, sent as the agent, naming the reply
-        track, under the reply event's id as its segment. It is published once the model has
-        finished the reply (the room posts it then), so as a rule while it is still being
-        spoken, whole, not word by word. A reply someone talked over is published with what
-        the room heard of it (`realtime.channel.heard_text`: cut at the word the barge-in fell
-        in, `…`), under the same segment id when the whole reply went out first, and marked
-        `chorus.interrupted`."""
+    def spoken_reply(self, event: RoomEvent) -> None:
+        """The realtime model's reply as the room keeps it (posted, or cut to what was heard):
+        captioned final now, or, while it is still playing whole, once it has played
+        (`_caption_loop`)."""
+        response_id = str(event.metadata.get("response_id") or event.id)
+        playing = self.realtime.speaking(self.room_name) if self.realtime is not None else None
+        if (not event.metadata.get("interrupted") and playing is not None
+                and playing.response_id == response_id and not playing.whole):
+            self._deferred[response_id] = event
+            return
+        self._deferred.pop(response_id, None)
+        self._queue.put_nowait(_Caption(response_id, event.text, event))
+
+    def _reply_played(self, response_id: str) -> None:
+        """A reply's audio played to its end: its posted reply, if deferred, is captioned final
+        (not one being cut: its cut comes as the room's record changes)."""
+        if response_id in self._cutting:
+            return
+        event = self._deferred.pop(response_id, None)
+        if event is not None:
+            self._queue.put_nowait(_Caption(response_id, event.text, event))
+
+    async def _caption_loop(self) -> None:
+        """While a reply plays, its caption grows with the words the room has heard of it
+        (`RealtimeChannel.speaking`), every `CAPTION_STEP_S`; a reply that played to its end is
+        captioned final as the room keeps it."""
+        assert self.realtime is not None
+        current: str | None = None
+        while True:
+            spoken = self.realtime.speaking(self.room_name)
+            if current is not None and (spoken is None or spoken.response_id != current):
+                self._reply_played(current)
+            if spoken is None:
+                return
+            current = spoken.response_id
+            if spoken.whole:
+                self._reply_played(current)
+                return
+            if spoken.text and self._captioned.get(current) != spoken.text:
+                self._queue.put_nowait(_Caption(current, spoken.text))
+            await asyncio.sleep(CAPTION_STEP_S)
+
+    async def _interrupted(self) -> None:
+        """`RealtimeChannel.interrupt`, then the caption of the reply talked over: the room's
+        record of it is cut to what was heard (captioned final as it changes), unless all of it
+        had been heard (captioned whole here)."""
+        assert self.realtime is not None
+        spoken = self.realtime.speaking(self.room_name)
+        cut = spoken.response_id if spoken is not None and not spoken.whole else None
+        if cut is not None:
+            self._cutting.add(cut)
+        try:
+            await self.realtime.interrupt(self.room_name)
+        finally:
+            if cut is not None:
+                self._cutting.discard(cut)
+                self._reply_played(cut)
+
+    async def _publish_caption(self, caption: _Caption) -> None:
+        """The agent's caption of a reply, the way livekit-agents publishes an agent's speech:
+        `lk.transcription`, sent as the agent, naming the reply track, one segment per response.
+        While it plays, the words heard so far (`lk.transcription_final` `false`, each stream the
+        whole caption so far: a client shows a segment's latest text); then the reply as the
+        room keeps it (`true`): whole, or cut at the word the barge-in fell in (`…`,
+        `chorus.interrupted`), with the room's event id (`chorus.event_id`)."""
+        rid, event = caption.response_id, caption.event
+        if rid in self._finals or (event is None and self._captioned.get(rid) == caption.text):
+            return
         attributes = {
-            ATTRIBUTE_FINAL: "true",
-            ATTRIBUTE_SEGMENT_ID: event.id,
-            self.config.transcription_attribute: await self.kit.label_for(self.room_name, event),
+            ATTRIBUTE_FINAL: "true" if event is not None else "false",
+            ATTRIBUTE_SEGMENT_ID: rid,
         }
         if self.reply_track_sid is not None:
             attributes[ATTRIBUTE_TRACK_ID] = self.reply_track_sid
-        if event.metadata.get("interrupted"):
-            attributes[ATTRIBUTE_INTERRUPTED] = "true"
+        if event is not None:
+            self._agent_label = await self.kit.label_for(self.room_name, event)
+            attributes[ATTRIBUTE_EVENT_ID] = event.id
+            if event.metadata.get("interrupted"):
+                attributes[ATTRIBUTE_INTERRUPTED] = "true"
+            self._finals[rid] = None
+            while len(self._finals) > KEPT_CAPTIONS:
+                self._finals.popitem(last=False)
+        if self._agent_label is not None:
+            attributes[self.config.transcription_attribute] = self._agent_label
+        self._captioned[rid] = caption.text
+        while len(self._captioned) > KEPT_CAPTIONS:
+            self._captioned.popitem(last=False)
         writer = await self.local.stream_text(topic=TOPIC_TRANSCRIPTION, attributes=attributes)
-        await writer.write(event.text)
+        await writer.write(caption.text)
         await writer.aclose()
-        self.published.append(PublishedTranscription(event.text, "", attributes))
+        self.published.append(PublishedTranscription(caption.text, "", attributes))
 
     async def _publish_reply(self, event: RoomEvent) -> None:
         """A chat model's or ACP agent's reply, as the agent, on the room's text chat."""
@@ -866,6 +969,11 @@ class ChorusRoomAgent:
             pcm16 = np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
         self.reply_queued_s += len(pcm16) / 2 / self.config.reply_sample_rate
         self._reply_queue.put_nowait(pcm16)
+        if self.realtime is not None and (
+            self._caption_task is None or self._caption_task.done()
+        ):
+            self._caption_task = asyncio.create_task(
+                self._caption_loop(), name=f"chorus-livekit-caption-{self.room_name}")
 
     @property
     def reply_playing(self) -> bool:
@@ -894,7 +1002,7 @@ class ChorusRoomAgent:
         session.reply_stopped()
         if self.realtime is not None:
             self.realtime.stop_reply(self.room_name)  # now: no piece of it arriving later plays
-            self._spawn(self.realtime.interrupt(self.room_name))
+            self._spawn(self._interrupted())
 
     async def _reply_loop(self) -> None:
         """Each piece of reply audio goes to the track as it comes, in captures of up to

@@ -42,6 +42,7 @@ from realtime.session import (
     RealtimeSession,
     ReplyAudio,
     ReplyDone,
+    ReplyTranscript,
     SessionEvent,
     SessionOptions,
 )
@@ -91,19 +92,38 @@ class _Playing:
         return int(1000 * min(self.seconds, max(0.0, now - self.started)))
 
 
-def heard_text(text: str, share: float) -> str:
-    """What the room heard of a reply whose audio was cut after `share` of it: its words in
+def heard_words(text: str, share: float) -> tuple[str, bool]:
+    """The words of `text` a listener has heard once `share` of its audio played: its words in
     proportion to their characters (speech keeps a roughly steady rate of them), up to the end
-    of the word the cut falls in, and `…` where it was cut; the whole text when the cut falls in
-    its last word. An estimate, as a voice agent's transcript synchronisation is: the
-    provider's transcript carries no times."""
+    of the word the play position is in; and whether that is short of the whole text (False
+    once the position is in its last word). An estimate, as a voice agent's transcript
+    synchronisation is: the provider's transcript carries no times."""
     if share >= 1.0:
-        return text
+        return text, False
     cut = round(len(text) * max(0.0, share))
     end = next((i for i in range(cut, len(text)) if text[i].isspace()), -1)
     if end < 0:
-        return text
-    return text[:end].rstrip() + "…"
+        return text, False
+    return text[:end].rstrip(), True
+
+
+def heard_text(text: str, share: float) -> str:
+    """What the room heard of a reply whose audio was cut after `share` of it (`heard_words`),
+    with `…` where it was cut; the whole text when the cut falls in its last word."""
+    words, short = heard_words(text, share)
+    return words + "…" if short else words
+
+
+@dataclass(frozen=True)
+class SpokenReply:
+    """The reply playing to the room, as far as the room has heard it (`RealtimeChannel.speaking`)."""
+
+    response_id: str
+    text: str
+    """Its words heard so far (`heard_words` of its transcript so far); the whole reply once
+    `whole`."""
+    whole: bool
+    """The reply is complete (posted) and all of its audio has played."""
 
 
 @dataclass
@@ -130,6 +150,8 @@ class _RoomState:
     heard: OrderedDict[str, tuple[int, float]] = field(default_factory=OrderedDict)
     """Response id → (ms, share of its audio) the room heard, for a response interrupted before
     its `ReplyDone` (its reply is posted as heard); forgotten at its `ReplyDone`."""
+    said: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    """Response id → its transcript so far (`ReplyTranscript` deltas), until its `ReplyDone`."""
 
 
 KEPT_STOPPED = 8
@@ -341,6 +363,23 @@ class RealtimeChannel(Channel):
         playing.seconds += len(audio.pcm16) / 2 / audio.sample_rate
         playing.made += len(audio.pcm16) / 2 / audio.sample_rate
 
+    def speaking(self, room_id: str) -> SpokenReply | None:
+        """The reply whose audio the room's sinks were handed last, as far as the room has heard
+        it now (sinks play at real time from its start, as `interrupt` reckons): its transcript
+        so far cut at the word the play position is in. None when no reply has played since the
+        last interruption."""
+        state = self._rooms.get(room_id)
+        playing = state.playing if state is not None else None
+        if state is None or playing is None:
+            return None
+        heard = playing.heard_ms(asyncio.get_running_loop().time())
+        posted = playing.posted
+        if posted is not None and heard >= int(1000 * playing.seconds):
+            return SpokenReply(playing.response_id, posted.text, whole=True)
+        text = posted.text if posted is not None else state.said.get(playing.response_id, "")
+        words, _ = heard_words(text, playing.heard_share(heard))
+        return SpokenReply(playing.response_id, words, whole=False)
+
     async def wait_idle(self, room_id: str, limit: float = 10.0) -> None:
         """Wait until every line was written and no response is in flight (tests, replays)."""
         await self._state(room_id).session.wait_idle(limit)
@@ -468,7 +507,13 @@ class RealtimeChannel(Channel):
         kit = self.kit
         if kit is None:
             return
-        if isinstance(event, ReplyAudio):
+        if isinstance(event, ReplyTranscript):
+            state = self._rooms.get(room_id)
+            if state is not None:
+                state.said[event.response_id] = state.said.get(event.response_id, "") + event.delta
+                while len(state.said) > KEPT_STOPPED:
+                    state.said.popitem(last=False)
+        elif isinstance(event, ReplyAudio):
             sinks = await kit.channels_in(room_id)
             state = self._rooms.get(room_id)
             if state is not None:  # (looked at after the await: a `stop_reply` meanwhile counts)
@@ -491,6 +536,7 @@ class RealtimeChannel(Channel):
             text = event.transcript
             heard_ms: dict[str, int] = {}
             if state is not None:
+                state.said.pop(event.response_id, None)
                 if state.audio_of == event.response_id:
                     state.audio_of = None
                 if event.response_id in state.stopped:

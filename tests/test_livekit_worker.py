@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -443,18 +444,19 @@ async def test_someone_talking_over_the_reply_stops_it(
 
 
 @pytest.mark.parametrize("talked_over", [False, True], ids=["heard whole", "talked over"])
-async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent(
+async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent_as_it_is_heard(
     deepgram: DeepgramTestServer, talked_over: bool
 ) -> None:
     """The realtime model's reply (the real `openai` client against the local OpenAI Realtime
-    server) is published as the agent's own caption, as livekit-agents publishes an agent's
-    speech: `lk.transcription`, sent as the agent, naming the reply track, under the reply
-    event's id. Talked over, it is published again under the same segment id with what the
-    room heard of it, marked `chorus.interrupted`: a front end shows the cut reply in place.
-    Before, the people in the room saw no text of what the agent said."""
+    server, which sends the whole reply at once) is captioned as livekit-agents captions an
+    agent's speech: `lk.transcription`, sent as the agent, naming the reply track, one segment
+    per response. While the reply plays the caption grows with the words heard so far, never a
+    word ahead; then it is final as the room keeps the reply: whole, or, talked over, cut at
+    the word the barge-in fell in (`…`, `chorus.interrupted`). Before, the people in the room
+    saw no text of what the agent said."""
     reply = ("Happy to help, Alice. The release is on track for Friday, the notes are written, "
              "and the last two fixes are in review with the team this afternoon.")
-    async with OpenAIRealtimeServer(replies=[reply], reply_audio_seconds=6.0 if talked_over else 1.0) as model:
+    async with OpenAIRealtimeServer(replies=[reply], reply_audio_seconds=6.0) as model:
         config = ServerConfig.model_validate({
             **config_for(deepgram.url).model_dump(exclude_unset=True),
             "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
@@ -470,36 +472,40 @@ async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent(
             return [w for w in local.streams if w.topic == "lk.transcription" and w.closed
                     and w.attributes.get("lk.transcribed_track_id") == "TR_chorus-reply"]
 
+        def final() -> bool:
+            return any(w.attributes["lk.transcription_final"] == "true" for w in captions())
+
         try:
             room.join(alice)
             room.subscribe(alice, player.track, "TR_alice")
             await agent.wait_idle()
             await player.play(clip(meeting_pcm(), *ALICE))  # the only voice: the model answers
-            await until(lambda: bool(captions()))
+            await until(lambda: len(captions()) >= 2)  # two words heard, at least
+            assert not final()  # nothing final while the reply plays
             if talked_over:
-                await until(lambda: agent.reply_playing)
                 await player.play(clip(meeting_pcm(), *BOB))  # she talks over it
                 await until(lambda: agent.barge_ins == 1)
-                await until(lambda: len(captions()) >= 2)
-            first, *rest = captions()
-            assert first.sender_identity is None  # the agent itself
-            assert first.text == reply
-            assert first.attributes["lk.transcription_final"] == "true"
+            await until(final)
             [event] = [e for e in await agent.kit.list_events("standup")
                        if e.metadata.get("ai_response")][:1]
-            assert first.attributes["lk.segment_id"] == event.id
-            assert first.attributes["chorus.speaker"] == await agent.kit.label_for("standup", event)
-            assert "chorus.interrupted" not in first.attributes
+            ours = [w for w in captions()
+                    if w.attributes["lk.segment_id"] == event.metadata["response_id"]]
+            *growing, last = ours
+            assert all(w.sender_identity is None for w in ours)  # the agent itself
+            assert [w.attributes["lk.transcription_final"] for w in ours] == (
+                ["false"] * len(growing) + ["true"])
+            assert last.attributes["chorus.event_id"] == event.id
+            assert last.attributes["chorus.speaker"] == await agent.kit.label_for("standup", event)
+            assert last.text == event.text  # as the room keeps it
+            heard = last.text.removesuffix("…")
+            for before, after in itertools.pairwise([w.text for w in growing] + [heard]):
+                assert after.startswith(before) and len(after) >= len(before)
             if not talked_over:
-                assert rest == []
+                assert last.text == reply and "chorus.interrupted" not in last.attributes
                 return
-            cut = rest[0]
-            assert cut.attributes["lk.segment_id"] == event.id  # in place of the whole reply
-            assert cut.attributes["chorus.interrupted"] == "true"
-            assert cut.text.endswith("…") and reply.startswith(cut.text[:-1])
-            assert len(cut.text) < len(reply)
-            [posted] = [e for e in await agent.kit.list_events("standup") if e.id == event.id]
-            assert posted.text == cut.text  # the room's record says the same
+            assert last.attributes["chorus.interrupted"] == "true"
+            assert last.text.endswith("…") and reply.startswith(heard) and len(heard) < len(reply)
+            assert all(w.text != reply for w in ours)  # the unheard words were never shown
         finally:
             await agent.aclose()
             await player.aclose()
