@@ -925,6 +925,9 @@ class ChorusRoomAgent:
         rid, event = caption.response_id, caption.event
         if rid in self._finals or (event is None and self._captioned.get(rid) == caption.text):
             return
+        if event is not None:  # the room's latest record of it (a cut may have come since)
+            event = await self.kit.store.get_event(self.room_name, event.id) or event
+        text = event.text if event is not None else caption.text
         attributes = {
             ATTRIBUTE_FINAL: "true" if event is not None else "false",
             ATTRIBUTE_SEGMENT_ID: rid,
@@ -941,13 +944,13 @@ class ChorusRoomAgent:
                 self._finals.popitem(last=False)
         if self._agent_label is not None:
             attributes[self.config.transcription_attribute] = self._agent_label
-        self._captioned[rid] = caption.text
+        self._captioned[rid] = text
         while len(self._captioned) > KEPT_CAPTIONS:
             self._captioned.popitem(last=False)
         writer = await self.local.stream_text(topic=TOPIC_TRANSCRIPTION, attributes=attributes)
-        await writer.write(caption.text)
+        await writer.write(text)
         await writer.aclose()
-        self.published.append(PublishedTranscription(caption.text, "", attributes))
+        self.published.append(PublishedTranscription(text, "", attributes))
 
     async def _publish_reply(self, event: RoomEvent) -> None:
         """A chat model's or ACP agent's reply, as the agent, on the room's text chat."""
