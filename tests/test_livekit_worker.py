@@ -443,20 +443,23 @@ async def test_someone_talking_over_the_reply_stops_it(
         await phone.aclose()
 
 
-@pytest.mark.parametrize("talked_over", [False, True], ids=["heard whole", "talked over"])
+@pytest.mark.parametrize("case", ["heard whole", "talked over", "no audio"])
 async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent_as_it_is_heard(
-    deepgram: DeepgramTestServer, talked_over: bool
+    deepgram: DeepgramTestServer, case: str
 ) -> None:
     """The realtime model's reply (the real `openai` client against the local OpenAI Realtime
     server, which sends the whole reply at once) is captioned as livekit-agents captions an
     agent's speech: `lk.transcription`, sent as the agent, naming the reply track, one segment
     per response. While the reply plays the caption grows with the words heard so far, never a
     word ahead; then it is final as the room keeps the reply: whole, or, talked over, cut at
-    the word the barge-in fell in (`…`, `chorus.interrupted`). Before, the people in the room
-    saw no text of what the agent said."""
+    the word the barge-in fell in (`…`, `chorus.interrupted`). A reply with no audio is
+    captioned final at once. Before, the people in the room saw no text of what the agent
+    said."""
     reply = ("Happy to help, Alice. The release is on track for Friday, the notes are written, "
              "and the last two fixes are in review with the team this afternoon.")
-    async with OpenAIRealtimeServer(replies=[reply], reply_audio_seconds=6.0) as model:
+    talked_over = case == "talked over"
+    seconds = 0.0 if case == "no audio" else 6.0
+    async with OpenAIRealtimeServer(replies=[reply], reply_audio_seconds=seconds) as model:
         config = ServerConfig.model_validate({
             **config_for(deepgram.url).model_dump(exclude_unset=True),
             "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "test"},
@@ -480,8 +483,9 @@ async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent_as_it_is_heard
             room.subscribe(alice, player.track, "TR_alice")
             await agent.wait_idle()
             await player.play(clip(meeting_pcm(), *ALICE))  # the only voice: the model answers
-            await until(lambda: len(captions()) >= 2)  # two words heard, at least
-            assert not final()  # nothing final while the reply plays
+            if seconds:
+                await until(lambda: len(captions()) >= 2)  # two words heard, at least
+                assert not final()  # nothing final while the reply plays
             if talked_over:
                 await player.play(clip(meeting_pcm(), *BOB))  # she talks over it
                 await until(lambda: agent.barge_ins == 1)
@@ -502,6 +506,7 @@ async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent_as_it_is_heard
                 assert after.startswith(before) and len(after) >= len(before)
             if not talked_over:
                 assert last.text == reply and "chorus.interrupted" not in last.attributes
+                assert bool(growing) == bool(seconds)  # no audio: final at once
                 return
             assert last.attributes["chorus.interrupted"] == "true"
             assert last.text.endswith("…") and reply.startswith(heard) and len(heard) < len(reply)
