@@ -78,7 +78,7 @@ from livekit import rtc
 
 from livekit_worker.config import LiveKitConfig
 from livekit_worker.participants import Speaker, echo_cancelled, speaker_of
-from models import RoomEvent
+from models import EventSource, RoomEvent, TextContent
 from realtime import RealtimeChannel
 from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit, VoiceStore
 from server.config import DiarizerConfig, VoicesConfig
@@ -915,6 +915,21 @@ class ChorusRoomAgent:
                 self._cutting.discard(cut)
                 self._reply_played(cut)
 
+    async def _agent_label_now(self) -> str:
+        """The agent's label in the room: its last reply's, or, before its first, the label the
+        attribution engine gives a reply of the realtime channel now."""
+        if self._agent_label is None:
+            assert self.realtime is not None
+            probe = RoomEvent(
+                room_id=self.room_name,
+                source=EventSource(channel_id=self.realtime.channel_id,
+                                   channel_type=self.realtime.channel_type),
+                content=TextContent(body=""),
+                metadata={"ai_response": True},
+            )
+            return await self.kit.label_for(self.room_name, probe)
+        return self._agent_label
+
     async def _publish_caption(self, caption: _Caption) -> None:
         """The agent's caption of a reply, the way livekit-agents publishes an agent's speech:
         `lk.transcription`, sent as the agent, naming the reply track, one segment per response.
@@ -942,8 +957,7 @@ class ChorusRoomAgent:
             self._finals[rid] = None
             while len(self._finals) > KEPT_CAPTIONS:
                 self._finals.popitem(last=False)
-        if self._agent_label is not None:
-            attributes[self.config.transcription_attribute] = self._agent_label
+        attributes[self.config.transcription_attribute] = await self._agent_label_now()
         self._captioned[rid] = text
         while len(self._captioned) > KEPT_CAPTIONS:
             self._captioned.popitem(last=False)
