@@ -152,6 +152,8 @@ class _RoomState:
     its `ReplyDone` (its reply is posted as heard); forgotten at its `ReplyDone`."""
     said: OrderedDict[str, str] = field(default_factory=OrderedDict)
     """Response id → its transcript so far (`ReplyTranscript` deltas), until its `ReplyDone`."""
+    before: _Playing | None = None
+    """The reply `playing` replaced: still playing until `playing` starts (queued behind it)."""
 
 
 KEPT_STOPPED = 8
@@ -313,6 +315,7 @@ class RealtimeChannel(Channel):
             return False
         self.stop_reply(room_id)
         playing, state.playing = state.playing, None
+        state.before = None
         heard = playing.heard_ms(asyncio.get_running_loop().time()) if playing else 0
         cancelled = await state.session.interrupt_response()
         if playing is None:
@@ -359,6 +362,7 @@ class RealtimeChannel(Channel):
             audio.response_id, audio.item_id
         ):
             after = playing.started + playing.seconds if playing is not None else now
+            state.before = playing
             playing = state.playing = _Playing(audio.response_id, audio.item_id, max(now, after))
         playing.seconds += len(audio.pcm16) / 2 / audio.sample_rate
         playing.made += len(audio.pcm16) / 2 / audio.sample_rate
@@ -372,7 +376,10 @@ class RealtimeChannel(Channel):
         playing = state.playing if state is not None else None
         if state is None or playing is None:
             return None
-        heard = playing.heard_ms(asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        if state.before is not None and now < playing.started:
+            playing = state.before  # the reply before it is still playing
+        heard = playing.heard_ms(now)
         posted = playing.posted
         if posted is not None and heard >= int(1000 * playing.seconds):
             return SpokenReply(playing.response_id, posted.text, whole=True)

@@ -247,6 +247,34 @@ async def test_R4_an_interrupt_after_the_reply_has_played_cuts_nothing() -> None
         await kit.close()
 
 
+async def test_R5_how_far_the_room_has_heard_a_reply_and_the_one_queued_behind_it() -> None:
+    """`speaking`: the reply playing, its words heard so far (a prefix of it, never final while
+    it plays). A second reply made while the first still plays is queued behind it: the room is
+    still hearing the first, and hears the second from where the first ends."""
+    async with OpenAIRealtimeServer(replies=["The first reply is here.", "The second one."],
+                                    reply_audio_seconds=4.0) as server:  # fmt: skip
+        kit, voice, rt, _ = await open_room_with_speaker(server)
+        assert rt.speaking("r1") is None
+        await voice.say("r1", "Speaker A", "Chorus, one?")
+        await rt.wait_idle("r1")  # made and posted, at once; it plays for 4 s
+        first = rt.speaking("r1")
+        assert first is not None and not first.whole
+        assert "The first reply is here.".startswith(first.text)
+        await voice.say("r1", "Speaker A", "Chorus, two?")
+        await rt.wait_idle("r1")  # the second is made too, behind the first
+        now = rt.speaking("r1")
+        assert now is not None and now.response_id == first.response_id and not now.whole
+        await eventually(lambda: (s := rt.speaking("r1")) is not None
+                         and s.response_id != first.response_id, 30, "the second reply")
+        second = rt.speaking("r1")
+        assert second is not None and "The second one.".startswith(second.text)
+        await eventually(lambda: (s := rt.speaking("r1")) is not None and s.whole, 30, "all heard")
+        assert rt.speaking("r1") == replace(second, text="The second one.", whole=True)
+        assert await rt.interrupt("r1") is False  # played whole: nothing to cut
+        assert rt.speaking("r1") is None
+        await kit.close()
+
+
 async def test_R4_late_done_of_cancelled_response_does_not_free_the_newer_one(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
