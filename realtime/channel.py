@@ -83,6 +83,8 @@ class _Playing:
     holds of it."""
     posted: RoomEvent | None = None
     """The room event it was posted as, once its `ReplyDone` came."""
+    done: bool = False
+    """Its `ReplyDone` came (posted or not: a reply with no transcript is not)."""
 
     def heard_share(self, heard_ms: int) -> float:
         return heard_ms / 1000 / self.made if self.made else 1.0
@@ -123,7 +125,7 @@ class SpokenReply:
     """Its words heard so far (`heard_words` of its transcript so far); the whole reply once
     `whole`."""
     whole: bool
-    """The reply is complete (posted) and all of its audio has played."""
+    """The reply is complete (its `ReplyDone` came) and all of its audio has played."""
 
 
 @dataclass
@@ -381,9 +383,9 @@ class RealtimeChannel(Channel):
             playing = state.before  # the reply before it is still playing
         heard = playing.heard_ms(now)
         posted = playing.posted
-        if posted is not None and heard >= int(1000 * playing.seconds):
-            return SpokenReply(playing.response_id, posted.text, whole=True)
         text = posted.text if posted is not None else state.said.get(playing.response_id, "")
+        if playing.done and heard >= int(1000 * playing.seconds):
+            return SpokenReply(playing.response_id, text, whole=True)
         words, _ = heard_words(text, playing.heard_share(heard))
         return SpokenReply(playing.response_id, words, whole=False)
 
@@ -544,6 +546,8 @@ class RealtimeChannel(Channel):
             heard_ms: dict[str, int] = {}
             if state is not None:
                 state.said.pop(event.response_id, None)
+                if state.playing is not None and state.playing.response_id == event.response_id:
+                    state.playing.done = True
                 if state.audio_of == event.response_id:
                     state.audio_of = None
                 if event.response_id in state.stopped:

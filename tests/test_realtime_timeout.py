@@ -275,6 +275,19 @@ async def test_R5_how_far_the_room_has_heard_a_reply_and_the_one_queued_behind_i
         await kit.close()
 
 
+async def test_R5_a_reply_with_audio_and_no_words_is_heard_to_its_end() -> None:
+    """A reply whose audio came with no transcript is posted nowhere (R5: nothing to say), but
+    the room hears it to its end all the same (`speaking` says so once it has played), so no
+    caption waits on it for ever."""
+    async with OpenAIRealtimeServer(replies=[""], reply_audio_seconds=0.5) as server:
+        kit, voice, rt, speaker = await open_room_with_speaker(server)
+        await voice.say("r1", "Speaker A", "Chorus, hum?")
+        await rt.wait_idle("r1")
+        assert speaker.played and rt.replies_for("r1") == []
+        await eventually(lambda: (s := rt.speaking("r1")) is not None and s.whole, 30, "heard")
+        await kit.close()
+
+
 async def test_R4_late_done_of_cancelled_response_does_not_free_the_newer_one(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
