@@ -28,7 +28,7 @@ from voice.audio import (
     resample,
 )
 from voice.vad import FRAME_SECONDS as VAD_FRAME_SECONDS
-from voice.vad import FrameVadStream, SileroFrameModel
+from voice.vad import FrameVadStream, SileroFrameModel, frame_levels_db
 
 FRAME_SECONDS = 0.2
 """Reply audio is sent in 200 ms pieces: small enough to start playing at once."""
@@ -156,13 +156,11 @@ class ReplyEnvelope:
 
     def played(self, pcm16: bytes, rate: int) -> None:
         """A piece of the reply (pcm16 mono at `rate`) handed over to play after what was."""
-        audio = pcm16_to_float(pcm16[: len(pcm16) - len(pcm16) % 2]).astype(np.float64)
         step = max(1, round(rate * ENVELOPE_FRAME_S))
-        count = len(audio) // step
+        levels = frame_levels_db(pcm16_to_float(pcm16[: len(pcm16) - len(pcm16) % 2]), step)
+        count = len(levels)
         if count == 0:
             return
-        power = np.mean(np.square(audio[: count * step].reshape(count, step)), axis=1)
-        levels = 10 * np.log10(power + 1e-12)
         now = self.clock()
         self._forget(now)  # (a caller who sends nothing never asks `loudest`)
         start = max(self._until, now)
