@@ -808,28 +808,15 @@ class ChorusRoomAgent:
         }
         if info is not None:
             attributes[ATTRIBUTE_TRACK_ID] = info.track_sid
-        writer = await self.local.stream_text(
-            topic=TOPIC_TRANSCRIPTION, attributes=attributes, sender_identity=identity
-        )
-        await writer.write(event.text)
-        await writer.aclose()
-        self.published.append(PublishedTranscription(event.text, identity, attributes))
+        await self._send_text(TOPIC_TRANSCRIPTION, event.text, attributes, identity)
 
     async def _publish_suggestion(self, suggestion: _Suggestion) -> None:
         info = self._sessions.get(suggestion.session_id or "")
         attributes = {self.config.transcription_attribute: suggestion.message.label}
         if info is not None:
             attributes[ATTRIBUTE_TRACK_ID] = info.track_sid
-        writer = await self.local.stream_text(
-            topic=TOPIC_SUGGESTION, attributes=attributes,
-            sender_identity=info.speaker.identity if info is not None else None,
-        )
-        text = dump(suggestion.message)
-        await writer.write(text)
-        await writer.aclose()
-        self.published.append(PublishedTranscription(
-            text, info.speaker.identity if info is not None else "", attributes,
-            topic=TOPIC_SUGGESTION))
+        await self._send_text(TOPIC_SUGGESTION, dump(suggestion.message), attributes,
+                              info.speaker.identity if info is not None else None)
 
     async def _diarization_status(self, session_id: str, status: DiarizationStatus) -> None:
         """The stage guard's `tell`: a track left its stage or came back; published in order
@@ -849,13 +836,7 @@ class ChorusRoomAgent:
         attributes[ATTRIBUTE_DIARIZATION] = message.status
         attributes[ATTRIBUTE_SPEAKERS] = message.speakers
         identity = info.speaker.identity if info is not None else None
-        writer = await self.local.stream_text(
-            topic=TOPIC_DIARIZATION, attributes=attributes, sender_identity=identity)
-        text = dump(message)
-        await writer.write(text)
-        await writer.aclose()
-        self.published.append(PublishedTranscription(
-            text, identity or "", attributes, topic=TOPIC_DIARIZATION))
+        await self._send_text(TOPIC_DIARIZATION, dump(message), attributes, identity)
 
     def spoken_reply(self, event: RoomEvent) -> None:
         """The realtime model's reply as the room keeps it (posted, or cut to what was heard):
@@ -961,21 +942,24 @@ class ChorusRoomAgent:
         self._captioned[rid] = text
         while len(self._captioned) > KEPT_CAPTIONS:
             self._captioned.popitem(last=False)
-        writer = await self.local.stream_text(topic=TOPIC_TRANSCRIPTION, attributes=attributes)
-        await writer.write(text)
-        await writer.aclose()
-        self.published.append(PublishedTranscription(text, "", attributes))
+        await self._send_text(TOPIC_TRANSCRIPTION, text, attributes)
 
     async def _publish_reply(self, event: RoomEvent) -> None:
         """A chat model's or ACP agent's reply, as the agent, on the room's text chat."""
         attributes = {self.config.transcription_attribute: await self.kit.label_for(
             self.room_name, event)}
-        writer = await self.local.stream_text(topic=TOPIC_CHAT, attributes=attributes)
-        await writer.write(event.text)
+        await self._send_text(TOPIC_CHAT, event.text, attributes)
+
+    async def _send_text(self, topic: str, text: str, attributes: dict[str, str],
+                         sender_identity: str | None = None) -> None:
+        """One text stream on `topic` (sent as `sender_identity`, the agent itself when None),
+        kept in `published`."""
+        writer = await self.local.stream_text(topic=topic, attributes=attributes,
+                                              sender_identity=sender_identity)  # fmt: skip
+        await writer.write(text)
         await writer.aclose()
-        self.published.append(
-            PublishedTranscription(event.text, "", attributes, topic=TOPIC_CHAT)
-        )
+        self.published.append(PublishedTranscription(text, sender_identity or "", attributes,
+                                                     topic=topic))  # fmt: skip
 
     async def _play(self, room_id: str, pcm16: bytes, sample_rate: int) -> None:
         """The realtime channel's reply audio (already gating the voice sessions): queued for
