@@ -334,7 +334,8 @@ class RealtimeChannel(Channel):
         self, room_id: str, state: _RoomState, playing: _Playing, heard_ms: int
     ) -> None:
         """The room's record of a reply cut short says what the room heard of it
-        (`heard_text`), as the model's own context does after `truncate_reply`: a reply already
+        (`heard_text`), as the model's own context does after `truncate_reply` and the session's
+        history a reconnect replays (`RealtimeSession.reply_heard`): a reply already
         posted is corrected in place (`RoomKit.update_event`: every channel and the feed get
         the correction); one not posted yet is posted so at its `ReplyDone`."""
         share = playing.heard_share(heard_ms)
@@ -344,9 +345,11 @@ class RealtimeChannel(Channel):
             while len(state.heard) > KEPT_STOPPED:
                 state.heard.popitem(last=False)
             return
+        heard = heard_text(event.text, share)
+        state.session.reply_heard(playing.response_id, heard)
         try:
             updated = await self.require_kit().update_event(
-                room_id, event.id, content=TextContent(body=heard_text(event.text, share)),
+                room_id, event.id, content=TextContent(body=heard),
                 metadata={**event.metadata, "interrupted": True, "heard_ms": heard_ms},
             )
         except KeyError:  # the room's events were deleted meanwhile
@@ -558,6 +561,7 @@ class RealtimeChannel(Channel):
                     interrupted = True
                     heard_ms = {"heard_ms": cut[0]}
                     text = heard_text(text, cut[1])
+                    state.session.reply_heard(event.response_id, text)
             if not event.transcript.strip():
                 return
             posted = await kit.post_event(

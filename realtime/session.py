@@ -41,7 +41,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from attribution import NOTE
@@ -95,12 +95,14 @@ class ContextItem:
     carries_note: bool = False
     """`text` ends with the attribution note (the session's first labelled line, G3): the session
     keeps the note for its replay when it drops this item (`RealtimeSession.history`)."""
+    response_id: str | None = None
+    """The reply an `assistant` item is (`reply_heard` cuts it to what the room heard)."""
 
     def with_note(self) -> ContextItem:
         """This item carrying the note (a line standing in for one that carried it keeps it)."""
         if self.carries_note:
             return self
-        return ContextItem(self.role, f"{self.text}\n\n{NOTE}", carries_note=True)
+        return replace(self, text=f"{self.text}\n\n{NOTE}", carries_note=True)
 
 
 @dataclass(frozen=True)
@@ -456,6 +458,18 @@ class RealtimeSession(ABC):
         `conversation.item.truncate`; providers without it do nothing)."""
         await self._enqueue(_Op("truncate", item_id=item_id, audio_end_ms=max(0, audio_end_ms)))
 
+    def reply_heard(self, response_id: str, text: str) -> bool:
+        """The room heard only `text` of the reply `response_id` (someone talked over it): the
+        history a reconnect replays (R6) keeps that much of it, as `truncate_reply` cuts the
+        provider's context, so a fresh connection never takes the rest as said. True when the
+        reply was in the history."""
+        for index, kept in enumerate(self.history):
+            if kept.role == "assistant" and kept.response_id == response_id:
+                self.history[index] = replace(kept, text=text)
+                self._history_size += len(text) - len(kept.text)
+                return True
+        return False
+
     async def drain(self) -> None:
         """Wait until every operation enqueued so far was written."""
         await self._queue.join()
@@ -728,7 +742,8 @@ class RealtimeSession(ABC):
                 return
             self._finish_request()
             if event.transcript:
-                self._keep(ContextItem("assistant", event.transcript))
+                self._keep(ContextItem("assistant", event.transcript,
+                                       response_id=event.response_id))  # fmt: skip
             await self._emit(event)
             self._send_held_request()
             return

@@ -80,7 +80,7 @@ async def test_R6_G3_chat_flood_keeps_history_bounded_and_reconnect_replays_labe
         assert size(session) <= 3000
         # the newest lines, then the model's reply, each as it was sent; the note moved up
         user_kept = len(kept) - 1
-        assert kept[-1] == ContextItem("assistant", "Noted.")
+        assert (kept[-1].role, kept[-1].text) == ("assistant", "Noted.")
         assert [item.text for item in kept[:-1]] == [
             sent[-user_kept] + f"\n\n{NOTE}",
             *sent[-user_kept + 1 :],

@@ -232,6 +232,41 @@ async def test_R4_the_rest_of_a_reply_talked_over_is_never_played() -> None:
         await kit.close()
 
 
+@pytest.mark.parametrize("when", ["posted, then talked over", "talked over as it streams"])
+async def test_R6_a_reconnect_replays_a_reply_talked_over_as_the_room_heard_it(when: str) -> None:
+    """A reply cut by a barge-in is cut in the model's context (`truncate_reply`) and in the
+    room's record; the history a reconnect replays (R6) says the same, so a fresh connection does
+    not take the unheard rest as said. Both ways a reply is cut: after it was posted (all its
+    audio made, still playing) and before (its `response.done` comes after the cut)."""
+    streaming = when == "talked over as it streams"
+    async with OpenAIRealtimeServer(
+        replies=["A long story, told at great length.", "Yes."],
+        reply_audio_seconds=20.0 if streaming else 30.0, audio_pace=4.0 if streaming else 0.0,
+    ) as server:  # fmt: skip
+        kit, voice, rt, speaker = await open_room_with_speaker(server)
+        await voice.say("r1", "Speaker A", "Chorus, a long story please?")
+        if streaming:
+            await eventually(lambda: len(speaker.played) >= 2, 60, "some of the reply")
+        else:
+            await rt.wait_idle("r1")
+        assert await rt.interrupt("r1") is True
+        await rt.wait_idle("r1")
+        [heard] = [e.text for e in await kit.list_events("r1") if e.source.channel_id == "rt"]
+        whole = "A long story, told at great length."
+        assert heard != whole and whole.startswith(heard.rstrip("…"))
+        server.drop()
+        await voice.say("r1", "Speaker A", "Chorus, is that all?")
+        await rt.wait_idle("r1")
+        assert len(server.connections) == 2
+        replayed = [e["item"] for e in events_sent(server, 1)
+                    if e["type"] == "conversation.item.create"]  # fmt: skip
+        said = [part["text"] for item in replayed if item["role"] == "assistant"
+                for part in item["content"]]  # fmt: skip
+        assert said == [heard]
+        assert (await replies(kit))[-1] == "Yes."
+        await kit.close()
+
+
 async def test_R4_an_interrupt_after_the_reply_has_played_cuts_nothing() -> None:
     """A 0.2 s reply that has had time to play whole is not cut: an interrupt then sends
     nothing (a truncate at or past its end would be refused by the service)."""
