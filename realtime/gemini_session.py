@@ -13,6 +13,11 @@ Mapping onto the same operations as OpenAI Realtime:
   `turn_complete` then only confirms it. OpenAI has no such behaviour: `commit` never answers.)
 - replies: `output_transcription` text (or text parts) are the transcript, `inline_data` audio
   parts (24 kHz PCM) the audio, `turn_complete` ends the reply.
+- a connection's end: the service ends each connection after about ten minutes, sending `goAway`
+  with the time left first; the base class opens a fresh one before then, at a moment with no
+  reply in flight, with the history replayed (R6, `RealtimeSession.renew_before_s`). (Session
+  resumption, which would keep the model's own context instead, is not used: without its
+  Vertex-only `transparent` mode the client cannot tell which of its messages a handle holds.)
 - a response that times out (`response_timeout`, R4): `BidiGenerateContent` has no message that
   cancels a generation (an interruption only comes from new user activity, which would itself be
   a turn). The session therefore closes the connection and opens a fresh one with the history
@@ -61,6 +66,15 @@ def _rate_of(mime_type: str | None) -> int:
         if key == "rate" and value.isdigit():
             return int(value)
     return OUTPUT_SAMPLE_RATE
+
+
+def duration_seconds(value: str | None) -> float:
+    """A protobuf `Duration` as JSON (`"49s"`, `"0.5s"`) in seconds; 0 when absent or not one
+    (a `goAway` then renews at the next moment no reply is in flight)."""
+    if value and value.endswith("s"):
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(value[:-1]))
+    return 0.0
 
 
 class GeminiLiveSession(RealtimeSession):
@@ -254,6 +268,8 @@ class GeminiLiveSession(RealtimeSession):
                 yield SessionError("malformed_server_event", str(exc))
 
     def _events_of(self, message: types.LiveServerMessage) -> list[SessionEvent]:
+        if message.go_away is not None:
+            self._connection_ends_in(duration_seconds(message.go_away.time_left))
         content = message.server_content
         if content is None:
             return []

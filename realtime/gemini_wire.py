@@ -103,9 +103,15 @@ class ServerContent(_Wire):
     interrupted: bool | None = None
 
 
+class GoAway(_Wire):
+    time_left: str
+    """A protobuf `Duration` as JSON: `"10s"`."""
+
+
 class ServerMessage(_Wire):
     setup_complete: dict[str, Any] | None = None
     server_content: ServerContent | None = None
+    go_away: GoAway | None = None
 
     def wire(self) -> str:
         return self.model_dump_json(exclude_none=True)

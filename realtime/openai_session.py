@@ -5,7 +5,8 @@ The connection is `AsyncOpenAI(api_key=…, base_url=…).realtime.connect(model
 derives `wss://…/v1/realtime?model=…` from the base URL (or `websocket_base_url`), so a local
 server (`realtime.testing.OpenAIRealtimeServer`) or a proxy is reached by configuration alone.
 The SDK's own reconnect is left off: after a drop the service holds an empty conversation, and
-only the base class knows what to replay. Client events are built from `realtime.openai_wire`
+only the base class knows what to replay; it also renews a connection ahead of the `expires_at`
+the service announces in `session.created` (`RealtimeSession.renew_before_s`). Client events are built from `realtime.openai_wire`
 models (by `realtime.openai_events`, shared with the recorder) and sent as the JSON the SDK would
 send; server events are parsed with the same models. The `openai` package is the `openai` extra.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -209,6 +211,14 @@ class OpenAIRealtimeSession(RealtimeSession):
     async def _send_truncate(self, item_id: str, audio_end_ms: int) -> None:
         await self._send(wire.ConversationItemTruncate(item_id=item_id, audio_end_ms=audio_end_ms))
 
+    def _session_created(self, session: dict[str, Any]) -> None:
+        """The service ends a session at its `expires_at` (seconds since the epoch; 60 minutes
+        after it opened, as of 2026): it sends an `error` (`session_expired`) and closes the
+        connection, cutting off a reply in progress. The base class renews it ahead of that."""
+        expires_at = session.get("expires_at")
+        if isinstance(expires_at, int | float) and not isinstance(expires_at, bool):
+            self._connection_ends_in(expires_at - time.time())
+
     async def _receive(self) -> AsyncIterator[SessionEvent]:
         conn = self._conn
         if conn is None:
@@ -227,5 +237,7 @@ class OpenAIRealtimeSession(RealtimeSession):
                 continue
             if event is None:
                 continue
+            if isinstance(event, wire.SessionCreated):
+                self._session_created(event.session)
             for out in self._assembler.feed(event):
                 yield out

@@ -201,6 +201,12 @@ RECORD_LIMIT = 1000
 HISTORY_ITEMS = 1000
 """Items a session keeps in `history` (what a reconnect replays) by default: the newest."""
 
+RENEW_BEFORE_S = 120.0
+"""How long before the end a provider announces for a connection (OpenAI's `expires_at`, Gemini's
+`goAway`) a session renews it (`RealtimeSession.renew_before_s`). The renewal waits for a moment
+with no response in flight, so the margin covers a long reply; a notice shorter than the margin
+renews at the next such moment."""
+
 HISTORY_CHARS = 100_000
 """Characters (the items' texts together) a session keeps in `history` by default: about 25,000
 tokens at the usual four characters a token. A single item longer than this is not kept."""
@@ -227,13 +233,16 @@ def without_payloads(event: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class _Op:
-    kind: Literal["item", "audio_turn", "response", "cancel", "abandon", "reconnect", "truncate"]
+    kind: Literal[
+        "item", "audio_turn", "response", "cancel", "abandon", "reconnect", "truncate", "renew"
+    ]
     item: ContextItem | None = None
     audio: bytes = b""
     send_item: bool = True
     response_id: str | None = None
     item_id: str = ""
     audio_end_ms: int = 0
+    connection: int = -1  # "renew": the connection due one
     done: asyncio.Future[None] | None = None
 
 
@@ -262,12 +271,21 @@ class RealtimeSession(ABC):
         record_audio: bool = False,
         history_items: int = HISTORY_ITEMS,
         history_chars: int = HISTORY_CHARS,
+        renew_before_s: float | None = RENEW_BEFORE_S,
     ) -> None:
         if record_limit < 0:
             raise ValueError("record_limit must be 0 (record nothing) or more")
         if history_items < 1 or history_chars < 1:
             raise ValueError("history_items and history_chars must be at least 1")
+        if renew_before_s is not None and renew_before_s < 0:
+            raise ValueError("renew_before_s must be 0 or more (None: never renew ahead)")
         self.options = options or SessionOptions()
+        self.renew_before_s = renew_before_s
+        """Renew a connection this long before the end its provider announced for it, at a
+        moment with no response in flight (`RENEW_BEFORE_S`); None leaves it to the provider
+        to end it, and the session reconnects as after a drop."""
+        self.renewals = 0
+        """Connections renewed before their announced end so far."""
         self.reconnect_forever = reconnect_forever
         """After one successful connection, keep reconnecting (capped backoff) instead of giving
         up after `max_reconnect_attempts`: lines wait in order until the provider is back."""
@@ -310,6 +328,8 @@ class RealtimeSession(ABC):
         self._abandoned: set[int] = set()  # timed-out requests whose late events are dropped
         self._abandoned_rids: set[str] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self._renewal: asyncio.TimerHandle | None = None  # when the connection is due a renewal
+        self._renew_due: int | None = None  # the connection due one, once its time came
 
     # ------------------------------------------------------------------ provider hooks
 
@@ -498,6 +518,7 @@ class RealtimeSession(ABC):
                 await asyncio.wait_for(asyncio.shield(self._writer), 5)
         self._closing = True  # a writer still reconnecting gives up
         self._disarm()
+        self._cancel_renewal()
         if self._writer is not None and not self._writer.done():
             self._writer.cancel()
             with contextlib.suppress(BaseException):
@@ -592,6 +613,8 @@ class RealtimeSession(ABC):
             await self._send_truncate(op.item_id, op.audio_end_ms)
         elif op.kind == "abandon":
             await self._abandon_response(op.response_id)
+        elif op.kind == "renew":
+            await self._renew(op.connection)
         # "reconnect": _ensure_connected already did the work
 
     def _keep(self, item: ContextItem) -> None:
@@ -745,6 +768,7 @@ class RealtimeSession(ABC):
                 self._keep(ContextItem("assistant", event.transcript,
                                        response_id=event.response_id))  # fmt: skip
             await self._emit(event)
+            self._renew_if_due()
             self._send_held_request()
             return
         await self._emit(event)
@@ -815,7 +839,59 @@ class RealtimeSession(ABC):
         with contextlib.suppress(RuntimeError, SessionFailed):
             self._enqueue(_Op("abandon", response_id=rid))
         await self._emit(ReplyDone(rid or "", "", "timed_out", request))
+        self._renew_if_due()
         self._send_held_request()
+
+    # ------------------------------------------------------------------ renewal
+
+    def _connection_ends_in(self, seconds: float) -> None:
+        """Provider hook: the service says the current connection ends in `seconds` (OpenAI's
+        `expires_at` in `session.created`, Gemini's `goAway`). The session opens a fresh one
+        `renew_before_s` ahead of that (at once for a shorter notice), at a moment with no
+        response in flight: a reply is never cut off by the provider's end of the connection,
+        and the fresh connection holds the history, replayed as after a drop (R6)."""
+        if self.renew_before_s is None or self._closing:
+            return
+        if self._renewal is not None:
+            self._renewal.cancel()
+        connection = self.connection_index
+        delay = max(0.0, seconds - self.renew_before_s)
+        log.info("%s: connection %d ends in %.0f s; renewing it in %.0f s, when no reply is "
+                 "in flight", self.provider, connection, seconds, delay)  # fmt: skip
+        self._renewal = asyncio.get_running_loop().call_later(delay, self._renewal_due, connection)
+
+    def _renewal_due(self, connection: int) -> None:
+        self._renewal = None
+        if connection == self.connection_index and not self._closing and self.failed is None:
+            self._renew_due = connection
+            self._renew_if_due()
+
+    def _renew_if_due(self) -> None:
+        """Renew now when a renewal is due and no response is in flight (else at its done)."""
+        if self._renew_due is None or self._in_flight:
+            return
+        connection, self._renew_due = self._renew_due, None
+        if connection != self.connection_index:
+            return  # a drop has opened a fresh connection since
+        with contextlib.suppress(RuntimeError, SessionFailed):
+            self._enqueue(_Op("renew", connection=connection))
+
+    async def _renew(self, connection: int) -> None:
+        if connection != self.connection_index:
+            return  # it dropped meanwhile: the reconnect opened a fresh one
+        if self._response_written:  # (a reply asked for on it is awaited first)
+            self._renew_due = connection
+            return
+        self.renewals += 1
+        log.info("%s: renewing connection %d before the provider ends it",
+                 self.provider, self.connection_index)  # fmt: skip
+        await self._reopen()
+
+    def _cancel_renewal(self) -> None:
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None:
+            renewal.cancel()
+        self._renew_due = None
 
     async def _emit(self, event: SessionEvent) -> None:
         for listener in list(self._listeners):

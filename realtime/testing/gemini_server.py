@@ -7,7 +7,10 @@ SDK is patched. It parses each client message with `realtime.gemini_wire`, answe
 `setupComplete`, and answers `client_content` with `turnComplete: true` by a reply: output
 transcription text, 24 kHz PCM audio in `modelTurn.inlineData`, then `turnComplete`. It logs every
 client message per connection, can drop connections, and can hang a turn (`hang_turns(n)`:
-no reply and no `turnComplete` for it, ever).
+no reply and no `turnComplete` for it, ever). `connection_seconds` ends every connection as the
+service does (about ten minutes there): `goAway` with the time left (`go_away_notice_s`), then
+the connection is closed (`forced` lists the ones it had to close). `reply_delay` holds each
+reply's `turnComplete` back, so a reply is still in progress meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from realtime.gemini_wire import (
     Blob,
     ClientMessage,
     Content,
+    GoAway,
     Part,
     ServerContent,
     ServerMessage,
@@ -128,9 +132,22 @@ class GeminiConnectionLog:
 
 
 class GeminiLiveServer:
-    def __init__(self, *, replies: Sequence[str] = (), reply_audio_seconds: float = 0.05) -> None:
+    def __init__(
+        self,
+        *,
+        replies: Sequence[str] = (),
+        reply_audio_seconds: float = 0.05,
+        reply_delay: float = 0.0,
+        connection_seconds: float | None = None,
+        go_away_notice_s: float = 10.0,
+    ) -> None:
         self.replies = list(replies)
         self.reply_audio_seconds = reply_audio_seconds
+        self.reply_delay = reply_delay
+        self.connection_seconds = connection_seconds
+        self.go_away_notice_s = go_away_notice_s
+        self.forced: list[int] = []
+        """Indexes of the connections the server closed at the end of their lifetime."""
         self.connections: list[GeminiConnectionLog] = []
         self._server: Server | None = None
         self._live: dict[int, ServerConnection] = {}
@@ -179,6 +196,8 @@ class GeminiLiveServer:
         log = GeminiConnectionLog(index=len(self.connections), path=ws.request.path)
         self.connections.append(log)
         self._live[log.index] = ws
+        lifetime = (None if self.connection_seconds is None
+                    else asyncio.create_task(self._lifetime(ws, log.index)))  # fmt: skip
         try:
             async for raw in ws:
                 try:
@@ -200,6 +219,19 @@ class GeminiLiveServer:
             pass
         finally:
             self._live.pop(log.index, None)
+            if lifetime is not None:
+                lifetime.cancel()
+
+    async def _lifetime(self, ws: ServerConnection, index: int) -> None:
+        """`goAway` `go_away_notice_s` before `connection_seconds`, then the end."""
+        assert self.connection_seconds is not None
+        notice = min(self.go_away_notice_s, self.connection_seconds)
+        await asyncio.sleep(self.connection_seconds - notice)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(ServerMessage(go_away=GoAway(time_left=f"{notice:g}s")).wire())
+            await asyncio.sleep(notice)
+            self.forced.append(index)
+            await ws.close(1011, "connection lifetime reached")
 
     async def _reply(self, ws: ServerConnection) -> None:
         self._count += 1
@@ -227,5 +259,7 @@ class GeminiLiveServer:
                 )
             ).wire()
         )
+        if self.reply_delay:
+            await asyncio.sleep(self.reply_delay)
         await ws.send(ServerMessage(server_content=ServerContent(generation_complete=True)).wire())
         await ws.send(ServerMessage(server_content=ServerContent(turn_complete=True)).wire())

@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -91,6 +92,10 @@ class RealtimeConnectionLog:
     audio_bytes_committed: list[int] = field(default_factory=list)
     reply_audio_bytes: int = 0
     """Reply audio (pcm16) sent to the client in `response.output_audio.delta` events."""
+    opened: float = 0.0
+    """When the client connected (`time.monotonic()`)."""
+    done_at: list[float] = field(default_factory=list)
+    """When each completed response's `response.done` went out (`time.monotonic()`)."""
 
     @property
     def types(self) -> list[str]:
@@ -139,6 +144,10 @@ class OpenAIRealtimeServer:
       (`truncated` lists them) and answered `conversation.item.truncated`; past it, or for an
       item it does not know, an `invalid_request_error` ("Audio content of … is already shorter
       than …", as the service words it).
+    - `session_seconds`: each session ends that long after it opened, as the service ends one
+      at its maximum duration: `session.created` carries `expires_at` (whole seconds since the
+      epoch, rounded up), and then an `error` `session_expired` is sent and the connection
+      closed (1001, "going away"); `expired` lists the connections it ended.
     - `audio_pace`: 0 sends a response's audio at once; otherwise its 50 ms deltas come at
       `audio_pace` times real time (1.0: as fast as it plays), as the service makes audio as it
       goes, so the response is still active (and can be cancelled) while its audio plays.
@@ -156,8 +165,12 @@ class OpenAIRealtimeServer:
         cancel_done_delay: float = 0.0,
         audio_pace: float = 0.0,
         reply_voice: bytes | None = None,
+        session_seconds: float | None = None,
     ) -> None:
         self.replies = list(replies)
+        self.session_seconds = session_seconds
+        self.expired: list[int] = []
+        """Indexes of the connections the server ended at their `expires_at`."""
         self.reply_voice = reply_voice
         """pcm16 at 24 kHz each reply's audio is taken from (from its start, repeated to
         `reply_audio_seconds`) instead of a tone: a voice, for an echo of the reply."""
@@ -302,8 +315,9 @@ class OpenAIRealtimeServer:
         models = query.get("model") or []
         model = models[0] if models else None
         log = RealtimeConnectionLog(
-            index=len(self.connections), path=parts.path, model=model, headers=headers
-        )
+            index=len(self.connections), path=parts.path, model=model, headers=headers,
+            opened=time.monotonic(),
+        )  # fmt: skip
         log.session = {
             "type": "realtime",
             "object": "realtime.session",
@@ -319,6 +333,11 @@ class OpenAIRealtimeServer:
                 "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin"},
             },
         }
+        expiry: asyncio.Task[None] | None = None
+        if self.session_seconds is not None:
+            expires_at = math.ceil(time.time() + self.session_seconds)
+            log.session["expires_at"] = expires_at
+            expiry = asyncio.create_task(self._expire_at(ws, log, expires_at))
         self.connections.append(log)
         self._live[log.index] = ws
         state = _ConnectionState()
@@ -331,10 +350,24 @@ class OpenAIRealtimeServer:
             pass
         finally:
             self._live.pop(log.index, None)
+            if expiry is not None:
+                expiry.cancel()
             if state.response_task is not None:
                 state.response_task.cancel()
             for task in state.late:
                 task.cancel()
+
+    async def _expire_at(
+        self, ws: ServerConnection, log: RealtimeConnectionLog, expires_at: int
+    ) -> None:
+        """The session's maximum duration: what the service sends at `expires_at`."""
+        await asyncio.sleep(max(0.0, expires_at - time.time()))
+        message = (f"Your session hit the maximum duration of "
+                   f"{(self.session_seconds or 0) / 60:g} minutes.")  # fmt: skip
+        with contextlib.suppress(ConnectionClosed):
+            await self._error(ws, log, message, code="session_expired")
+            self.expired.append(log.index)
+            await ws.close(1001, message[:120])
 
     async def _send(self, ws: ServerConnection, event: Any) -> None:
         await ws.send(server_event_wire(event))
@@ -651,6 +684,7 @@ class OpenAIRealtimeServer:
                     ),
                 ),
             )
+            log.done_at.append(time.monotonic())
         except ConnectionClosed:
             state.active_response = None
 
