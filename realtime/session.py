@@ -201,6 +201,11 @@ RECORD_LIMIT = 1000
 HISTORY_ITEMS = 1000
 """Items a session keeps in `history` (what a reconnect replays) by default: the newest."""
 
+REFUSED_RETRY = Backoff(first=5.0, factor=2.0, longest=300.0)
+"""How a session that has worked retries a provider that refuses it (`SessionRefused`: a revoked
+key, a model withdrawn, a policy close): 5 s, doubling, then every 5 minutes, as long as the room
+lives. Each refusal is logged at WARNING with the provider's words; lines wait in order."""
+
 RENEW_BEFORE_S = 120.0
 """How long before the end a provider announces for a connection (OpenAI's `expires_at`, Gemini's
 `goAway`) a session renews it (`RealtimeSession.renew_before_s`). The renewal waits for a moment
@@ -272,6 +277,7 @@ class RealtimeSession(ABC):
         history_items: int = HISTORY_ITEMS,
         history_chars: int = HISTORY_CHARS,
         renew_before_s: float | None = RENEW_BEFORE_S,
+        refused_retry: Backoff = REFUSED_RETRY,
     ) -> None:
         if record_limit < 0:
             raise ValueError("record_limit must be 0 (record nothing) or more")
@@ -286,6 +292,12 @@ class RealtimeSession(ABC):
         to end it, and the session reconnects as after a drop."""
         self.renewals = 0
         """Connections renewed before their announced end so far."""
+        self.refused_retry = refused_retry
+        """How a refusal is retried once the session has worked (`REFUSED_RETRY`; its
+        `attempts`, when set, bound it). The first connection is never retried on a refusal:
+        a wrong key or model fails `start` at once."""
+        self.refusals = 0
+        """Refused connects of the session so far (after it had worked)."""
         self.reconnect_forever = reconnect_forever
         """After one successful connection, keep reconnecting (capped backoff) instead of giving
         up after `max_reconnect_attempts`: lines wait in order until the provider is back."""
@@ -328,6 +340,8 @@ class RealtimeSession(ABC):
         self._abandoned: set[int] = set()  # timed-out requests whose late events are dropped
         self._abandoned_rids: set[str] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self._closed_refusals = 0  # connections closed as refused since the last reply
+        self._reconnect_at = 0.0  # (loop time) not before: after refused closes
         self._renewal: asyncio.TimerHandle | None = None  # when the connection is due a renewal
         self._renew_due: int | None = None  # the connection due one, once its time came
 
@@ -655,11 +669,14 @@ class RealtimeSession(ABC):
     async def _ensure_connected(self) -> None:
         if self._connected:
             return
-        attempt = 0
+        attempt = refused = 0
         while True:
             if self._closing:
                 raise SessionFailed(f"{self.provider} session was closed while reconnecting")
             attempt += 1
+            wait = self._reconnect_at - asyncio.get_running_loop().time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             if self._reader is not None and not self._reader.done():
                 self._reader.cancel()
                 with contextlib.suppress(BaseException):
@@ -674,6 +691,20 @@ class RealtimeSession(ABC):
                 if self._response_written:  # the reply it asked for was lost with the line
                     await self._send_response_create()
                     self._arm()  # a fresh connection: the request gets its full time again
+            except SessionRefused as exc:
+                # Refused after it worked: the provider's word may change (a key re-enabled, a
+                # model back), so the room keeps its model's lines and tries again, slowly.
+                refused += 1
+                if not self._ever_connected or self.refused_retry.exhausted(refused):
+                    raise
+                self.refusals += 1
+                if refused == 1:
+                    await self._emit(SessionError("session_refused", str(exc)))
+                delay = self.refused_retry.delay(refused)
+                log.warning("%s; it worked before, so it is tried again in %.3g s (lines wait in "
+                            "order)", exc, delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                continue
             except (SessionDropped, OSError) as exc:
                 # The first connection has a budget (a wrong key or URL is a clear error); a
                 # session that worked keeps trying, so nothing is lost while the provider is away.
@@ -702,13 +733,20 @@ class RealtimeSession(ABC):
         try:
             async for event in self._receive():
                 await self._on_event(event)
-        except SessionRefused as exc:
+        except SessionRefused as exc:  # closed as a refusal (1008): reconnect, as after a drop
             if self._closing or connection != self.connection_index:
                 return
-            log.error("%s", exc)
-            self.failed = exc
+            # at once the first time; again and again without a reply between: ever more slowly
+            self._closed_refusals += 1
+            self.refusals += 1
+            delay = 0.0 if self._closed_refusals == 1 else self.refused_retry.delay(
+                self._closed_refusals - 1)  # fmt: skip
+            self._reconnect_at = asyncio.get_running_loop().time() + delay
+            log.warning("%s; reconnecting in %.3g s", exc, delay)
             self._connected = False
             await self._emit(SessionError("session_refused", str(exc)))
+            with contextlib.suppress(RuntimeError):
+                self._queue.put_nowait(_Op("reconnect"))
         except SessionDropped:
             if self._closing or connection != self.connection_index:
                 return
@@ -764,6 +802,7 @@ class RealtimeSession(ABC):
                 await self._emit(event)
                 return
             self._finish_request()
+            self._closed_refusals = 0  # the connection answers
             if event.transcript:
                 self._keep(ContextItem("assistant", event.transcript,
                                        response_id=event.response_id))  # fmt: skip

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import math
 import struct
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from models import TextContent
 from realtime import AnswerAlways, AnswerOnly, AnswerWhenAddressed, RealtimeChannel, SpeakPolicy
 from realtime.session import SessionRefused
 from realtime.testing import OpenAIRealtimeServer, lines_sent, types_sent
-from rooms import RoomKit, TextChannel
+from rooms import Backoff, RoomKit, TextChannel
+from server.testing.harness import eventually
 from tests.realtime_rooms import (
     RecordingAudioSink,
     VoiceLikeChannel,
@@ -497,6 +499,65 @@ async def test_R6_provider_away_longer_than_the_first_connect_budget_nothing_los
         assert server.refused == ["unavailable"] * 6
         assert lines_sent(server) == await expected_lines(room.kit, room.id, "rt")
         assert len(lines_sent(server)) == 3
+        await room.kit.close()
+
+
+async def test_R6_a_session_refused_after_it_worked_keeps_trying_and_loses_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The service refuses the session after it worked (its key revoked: HTTP 401 on the
+    reconnect after a drop). That is not the end of the room's model: the session tries again,
+    more slowly (`refused_retry`), each refusal logged with the service's words, while the room's
+    lines wait in order; once the key is good again, every line arrives once and the question
+    asked meanwhile is answered. The channel never failed to take a line."""
+    async with OpenAIRealtimeServer(api_key="sk-test") as server:
+        room = await open_room(
+            server, policy=AnswerWhenAddressed(),
+            refused_retry=Backoff(first=0.05, factor=2.0, longest=0.2),
+        )  # fmt: skip
+        await room.say("Speaker A", "One.")
+        await room.idle()
+        server.api_key = "sk-revoked"
+        server.drop()
+        await room.say("Speaker B", "Two.")
+        await room.say("Speaker A", "Chorus, three?")
+        session = room.realtime.session_for(room.id)
+        await server.wait_for(lambda s: s.refused.count("authorization") >= 3, 30)
+        assert session.failed is None and session.refusals >= 3
+        assert "refused the session: HTTP 401" in caplog.text
+        server.api_key = "sk-test"
+        await room.idle()
+        await server.wait_for(lambda s: s.latest.types.count("response.create") == 1)
+        assert lines_sent(server) == await expected_lines(room.kit, room.id, "rt")
+        assert len(lines_sent(server)) == 3
+        assert "failed to take event" not in caplog.text
+        await room.kit.close()
+
+
+async def test_R6_a_connection_closed_as_refused_is_reopened_ever_more_slowly() -> None:
+    """The service closes the connection as a refusal (1008, policy violation): the session
+    reopens it at once the first time; closed so again before any reply, it waits
+    (`refused_retry`: 0.3 s, then 0.6 s) instead of hammering the service. Lines go on."""
+    async with OpenAIRealtimeServer() as server:
+        room = await open_room(
+            server, policy=AnswerWhenAddressed(),
+            refused_retry=Backoff(first=0.3, factor=2.0, longest=0.6),
+        )  # fmt: skip
+        await room.say("Speaker A", "One.")
+        await room.idle()
+        closed: list[float] = []
+        for count in (2, 3, 4):
+            closed.append(time.monotonic())
+            await server.close_connections(1008, "policy violation")
+            await eventually(lambda: len(server.connections) == count, 30, "a reopened connection")  # noqa: B023
+        gaps = [later.opened - at for later, at in zip(server.connections[1:], closed,
+                                                        strict=True)]  # fmt: skip
+        assert gaps[1] >= 0.3 and gaps[2] >= 0.6  # (the first: at once)
+        assert room.realtime.session_for(room.id).refusals == 3
+        await room.say("Speaker A", "Chorus, two?")
+        await room.idle()
+        assert server.latest.types.count("response.create") == 1
+        assert lines_sent(server) == await expected_lines(room.kit, room.id, "rt")
         await room.kit.close()
 
 

@@ -237,6 +237,12 @@ class OpenAIRealtimeServer:
         for ws in list(self._live.values()):
             ws.transport.abort()
 
+    async def close_connections(self, code: int = 1008, reason: str = "policy violation") -> None:
+        """Close every open connection with a close frame (1008: the service refuses to go on
+        with the session, as it does on a policy violation)."""
+        for ws in list(self._live.values()):
+            await ws.close(code, reason)
+
     def refuse_connections(self, count: int) -> None:
         """Answer the next `count` connection attempts with HTTP 503 (the service is away)."""
         self._refuse += count
