@@ -371,6 +371,7 @@ class RealtimeChannel(Channel):
             playing = state.playing = _Playing(audio.response_id, audio.item_id, max(now, after))
         playing.seconds += len(audio.pcm16) / 2 / audio.sample_rate
         playing.made += len(audio.pcm16) / 2 / audio.sample_rate
+        state.session.playing_until = playing.started + playing.seconds  # (a renewal waits)
 
     def speaking(self, room_id: str) -> SpokenReply | None:
         """The reply whose audio the room's sinks were handed last, as far as the room has heard

@@ -292,6 +292,11 @@ class RealtimeSession(ABC):
         to end it, and the session reconnects as after a drop."""
         self.renewals = 0
         """Connections renewed before their announced end so far."""
+        self.playing_until = 0.0
+        """Loop time until which the room is still playing the model's last reply (the realtime
+        channel sets it as reply audio reaches the room's sinks). A renewal waits for it: a
+        reply talked over is cut in the context of the connection that made it
+        (`truncate_reply`), which a fresh connection, replaying the reply whole, could not be."""
         self.refused_retry = refused_retry
         """How a refusal is retried once the session has worked (`REFUSED_RETRY`; its
         `attempts`, when set, bound it). The first connection is never retried on a refusal:
@@ -906,14 +911,25 @@ class RealtimeSession(ABC):
             self._renew_if_due()
 
     def _renew_if_due(self) -> None:
-        """Renew now when a renewal is due and no response is in flight (else at its done)."""
+        """Renew now when a renewal is due, no response is in flight (else at its done) and the
+        room has heard the last reply (else when it will have: `playing_until`)."""
         if self._renew_due is None or self._in_flight:
+            return
+        loop = asyncio.get_running_loop()
+        playing = self.playing_until - loop.time()
+        if playing > 0:
+            if self._renewal is None:
+                self._renewal = loop.call_later(playing, self._renewal_played)
             return
         connection, self._renew_due = self._renew_due, None
         if connection != self.connection_index:
             return  # a drop has opened a fresh connection since
         with contextlib.suppress(RuntimeError, SessionFailed):
             self._enqueue(_Op("renew", connection=connection))
+
+    def _renewal_played(self) -> None:
+        self._renewal = None
+        self._renew_if_due()
 
     async def _renew(self, connection: int) -> None:
         if connection != self.connection_index:

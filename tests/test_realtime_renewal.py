@@ -28,7 +28,7 @@ from realtime.testing import OpenAIRealtimeServer, events_sent
 from realtime.testing.gemini_server import GeminiLiveServer
 from rooms import RoomKit
 from server.testing.harness import eventually
-from tests.realtime_rooms import VoiceLikeChannel
+from tests.realtime_rooms import RecordingAudioSink, VoiceLikeChannel
 
 
 async def open_room(channel: RealtimeChannel) -> tuple[RoomKit, VoiceLikeChannel]:
@@ -65,17 +65,26 @@ def requests(server: OpenAIRealtimeServer) -> int:
     return sum(e["type"] == "response.create" for log in server.connections for e in log.events)
 
 
-async def test_R6_openai_renews_the_session_before_it_expires_and_never_mid_reply() -> None:
+@pytest.mark.parametrize("pace", [1.0, 0.0], ids=["made as it plays", "made at once"])
+async def test_R6_openai_renews_the_session_before_it_expires_and_never_mid_reply(
+    pace: float,
+) -> None:
     """`session.created` says the session expires in 4–5 s (`expires_at`, whole seconds); the
     session renews 3 s ahead, at 1–2 s, but a 2.5 s reply asked for at once is still playing
-    then: the renewal waits for its `response.done`. The reply arrives whole, once; the fresh
-    connection holds the line and the reply, and answers the next line; the service never had to
-    end a session (no `session_expired`)."""
+    then: the renewal waits for the room to have heard it, its `response.done` (made as it
+    plays) or the end of its audio at real time (made at once: a truncate at a barge-in must
+    reach the connection that made it). The reply arrives whole, once; the fresh connection holds
+    the line and the reply, and answers the next line; the service never had to end a session (no
+    `session_expired`)."""
     async with OpenAIRealtimeServer(
         replies=["A reply that takes its time.", "Yes."], session_seconds=4.0,
-        reply_audio_seconds=2.5, audio_pace=1.0,
+        reply_audio_seconds=2.5, audio_pace=pace,
     ) as server:  # fmt: skip
-        kit, voice = await open_room(rt := openai_channel(server, renew_before_s=3.0))
+        rt = openai_channel(server, renew_before_s=3.0)
+        kit, voice = await open_room(rt)
+        speaker = RecordingAudioSink("speaker")
+        kit.register_channel(speaker)
+        await kit.attach_channel("r1", "speaker")
         await voice.say("r1", "Speaker A", "Chorus, tell me something?")
         replayed = [("user", "Chorus, tell me something?"),  # one speaker: unlabelled (A1)
                     ("assistant", "A reply that takes its time.")]  # fmt: skip
@@ -83,6 +92,8 @@ async def test_R6_openai_renews_the_session_before_it_expires_and_never_mid_repl
                          30, "a renewed connection, the history replayed")  # fmt: skip
         first, second = server.connections[:2]
         assert len(first.done_at) == 1 and second.opened >= first.done_at[0]
+        if pace == 0.0:  # done at once, heard 2.5 s later
+            assert second.opened >= first.done_at[0] + 2.4
         assert first.reply_audio_bytes == int(2.5 * 24_000) * 2  # all of it, on the first
         await voice.say("r1", "Speaker A", "Chorus, is that all?")
         await rt.wait_idle("r1")
