@@ -133,6 +133,19 @@ class RecordingAudioSink(Channel):
         self.played.append((room_id, pcm16, sample_rate))
 
 
+async def open_voice_room(channel: Channel) -> tuple[RoomKit, VoiceLikeChannel]:
+    """Room "r1" with a voice-like channel ("voice", its group) and `channel` (a realtime
+    channel, "rt") attached."""
+    kit = RoomKit()
+    await kit.create_room("r1")
+    voice = VoiceLikeChannel("voice")
+    for c in (voice, channel):
+        kit.register_channel(c)
+    await kit.attach_channel("r1", "voice", group=True)
+    await kit.attach_channel("r1", channel.channel_id)
+    return kit, voice
+
+
 async def expected_lines(kit: RoomKit, room_id: str, channel_id: str) -> list[str]:
     """What a session following G1/G3 was sent for the room's events, in order."""
     events = [

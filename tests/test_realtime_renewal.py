@@ -28,18 +28,7 @@ from realtime.testing import OpenAIRealtimeServer, events_sent
 from realtime.testing.gemini_server import GeminiLiveServer
 from rooms import RoomKit
 from server.testing.harness import eventually
-from tests.realtime_rooms import RecordingAudioSink, VoiceLikeChannel
-
-
-async def open_room(channel: RealtimeChannel) -> tuple[RoomKit, VoiceLikeChannel]:
-    kit = RoomKit()
-    await kit.create_room("r1")
-    voice = VoiceLikeChannel("voice")
-    for c in (voice, channel):
-        kit.register_channel(c)
-    await kit.attach_channel("r1", "voice", group=True)
-    await kit.attach_channel("r1", "rt")
-    return kit, voice
+from tests.realtime_rooms import RecordingAudioSink, open_voice_room
 
 
 def openai_channel(server: OpenAIRealtimeServer, renew_before_s: float | None) -> RealtimeChannel:
@@ -81,7 +70,7 @@ async def test_R6_openai_renews_the_session_before_it_expires_and_never_mid_repl
         reply_audio_seconds=2.5, audio_pace=pace,
     ) as server:  # fmt: skip
         rt = openai_channel(server, renew_before_s=3.0)
-        kit, voice = await open_room(rt)
+        kit, voice = await open_voice_room(rt)
         speaker = RecordingAudioSink("speaker")
         kit.register_channel(speaker)
         await kit.attach_channel("r1", "speaker")
@@ -111,7 +100,7 @@ async def test_R6_a_session_the_service_ends_is_reopened_with_the_history() -> N
     `error` `session_expired`, then close 1001), and the session reconnects as after any drop,
     the history replayed, the next line answered."""
     async with OpenAIRealtimeServer(replies=["Sure.", "Yes."], session_seconds=1.0) as server:
-        kit, voice = await open_room(rt := openai_channel(server, renew_before_s=None))
+        kit, voice = await open_voice_room(rt := openai_channel(server, renew_before_s=None))
         await voice.say("r1", "Speaker A", "Chorus, ready?")
         await rt.wait_idle("r1")
         await server.wait_for(lambda s: s.expired == [0] and len(s.connections) == 2, 30)
@@ -136,7 +125,7 @@ async def test_R6_gemini_renews_a_connection_at_go_away_once_the_reply_is_done()
                                            ssl=server.client_ssl),
             assistant_name="Chorus", policy=AnswerWhenAddressed(), response_timeout=None,
         )  # fmt: skip
-        kit, voice = await open_room(rt)
+        kit, voice = await open_voice_room(rt)
         await voice.say("r1", "Speaker A", "Chorus, which day?")
         await rt.wait_idle("r1")
         assert await replies(kit) == ["Thursday."]

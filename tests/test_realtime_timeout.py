@@ -30,19 +30,18 @@ from realtime.testing import OpenAIRealtimeServer, events_sent, types_sent
 from realtime.testing.gemini_server import GeminiLiveServer
 from rooms import RoomKit
 from server.testing.harness import eventually
-from tests.realtime_rooms import RecordingAudioSink, VoiceLikeChannel, expected_lines
+from tests.realtime_rooms import (
+    RecordingAudioSink,
+    VoiceLikeChannel,
+    expected_lines,
+    open_voice_room,
+)
 
 
 async def open_room(
     channel: RealtimeChannel,
 ) -> tuple[RoomKit, VoiceLikeChannel, RealtimeChannel]:
-    kit = RoomKit()
-    await kit.create_room("r1")
-    voice = VoiceLikeChannel("voice")
-    for c in (voice, channel):
-        kit.register_channel(c)
-    await kit.attach_channel("r1", "voice", group=True)
-    await kit.attach_channel("r1", "rt")
+    kit, voice = await open_voice_room(channel)
     return kit, voice, channel
 
 
