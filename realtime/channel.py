@@ -156,6 +156,12 @@ class _RoomState:
     """Response id → its transcript so far (`ReplyTranscript` deltas), until its `ReplyDone`."""
     before: _Playing | None = None
     """The reply `playing` replaced: still playing until `playing` starts (queued behind it)."""
+    asked: tuple[str, float] | None = None
+    """(event id, loop time it reached the channel) of the oldest line that asked for an answer
+    not heard yet: the next reply's first audio answers it."""
+    answered: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
+    """Response id → (the event it answers, ms from that event to the reply's first audio),
+    until its `ReplyDone` posts the reply with them (`asked_by`, `first_audio_ms`)."""
 
 
 KEPT_STOPPED = 8
@@ -357,6 +363,20 @@ class RealtimeChannel(Channel):
         state.replies = deque((updated if r.id == updated.id else r for r in state.replies),
                               maxlen=KEPT_LINES)  # fmt: skip
 
+    @staticmethod
+    def _first_audio(state: _RoomState, response_id: str) -> None:
+        """A reply's first audio reaches the room's sinks: it answers the oldest line that
+        asked and has had no answer (`asked`), after `first_audio_ms`; its reply is posted with
+        both (`asked_by`, `first_audio_ms`: the server's reply latency adds the asking turn's
+        own latency, `chorus_reply_latency_seconds`). A reply no line asked for has neither."""
+        if state.asked is None:
+            return
+        (asked_by, at), state.asked = state.asked, None
+        ms = round(1000 * (asyncio.get_running_loop().time() - at))
+        state.answered[response_id] = (asked_by, max(0, ms))
+        while len(state.answered) > KEPT_STOPPED:
+            state.answered.popitem(last=False)
+
     def _playing(self, room_id: str, audio: ReplyAudio) -> None:
         state = self._rooms.get(room_id)
         if state is None or not audio.sample_rate:
@@ -433,6 +453,8 @@ class RealtimeChannel(Channel):
             session.post_item(item)
         if self._should_answer(event, label, state, participants):
             session.post_response()
+            if state.asked is None:  # (a line asking while one waits shares its answer)
+                state.asked = (event.id, asyncio.get_running_loop().time())
 
     async def deliver_update(self, event: RoomEvent, ctx: RoomContext) -> None:
         """A turn this session was sent was corrected in place (an early voice turn the final
@@ -534,6 +556,8 @@ class RealtimeChannel(Channel):
                     if state.playing is not None and state.playing.response_id == event.response_id:
                         state.playing.made += len(event.pcm16) / 2 / max(1, event.sample_rate)
                     return
+                if state.audio_of != event.response_id:  # its first audio
+                    self._first_audio(state, event.response_id)
                 state.audio_of = event.response_id
             self._playing(room_id, event)
             for channel in sinks:
@@ -548,8 +572,11 @@ class RealtimeChannel(Channel):
             interrupted = False
             text = event.transcript
             heard_ms: dict[str, int] = {}
+            answered: dict[str, str | int] = {}
             if state is not None:
                 state.said.pop(event.response_id, None)
+                made_audio = state.audio_of == event.response_id or (
+                    state.playing is not None and state.playing.response_id == event.response_id)
                 if state.playing is not None and state.playing.response_id == event.response_id:
                     state.playing.done = True
                 if state.audio_of == event.response_id:
@@ -557,6 +584,11 @@ class RealtimeChannel(Channel):
                 if event.response_id in state.stopped:
                     state.stopped.remove(event.response_id)
                     interrupted = True
+                answer = state.answered.pop(event.response_id, None)
+                if answer is not None:
+                    answered = {"asked_by": answer[0], "first_audio_ms": answer[1]}
+                elif not made_audio:  # the answer came without audio (timed out, failed, text)
+                    state.asked = None
                 cut = state.heard.pop(event.response_id, None)
                 if cut is not None:  # talked over before it was done: posted as heard
                     interrupted = True
@@ -576,6 +608,7 @@ class RealtimeChannel(Channel):
                     "response_status": event.status,
                     "interrupted": interrupted,
                     **heard_ms,
+                    **answered,
                 },
             )
             if posted is not None and state is not None:

@@ -11,7 +11,8 @@ benchmarks) never share or collide on metrics, and the output is whatever Promet
 writes — parseable by Prometheus' own parser.
 
 Turn latency is measured where a user feels it: from the moment the server had received the audio
-up to a turn's end, to the moment the turn was committed to the room.
+up to a turn's end, to the moment the turn was committed to the room; reply latency from the same
+moment of a turn that asked the realtime model, to the reply's first audio.
 """
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ MAX_SAMPLES = 100_000
 
 
 class LatencyHistogram:
-    """The turn-latency histogram, plus the raw samples (bounded) so tests and the load
-    benchmark can read percentiles exactly."""
+    """A latency histogram (the turns' by default), plus the raw samples (bounded) so tests and
+    the load benchmark can read percentiles exactly."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._histogram = Histogram(
-            "chorus_turn_latency_seconds",
-            "From receiving the audio up to a turn's end to committing the turn.",
-            buckets=LATENCY_BUCKETS_S,
-            registry=registry,
-        )
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        name: str = "chorus_turn_latency_seconds",
+        help_text: str = "From receiving the audio up to a turn's end to committing the turn.",
+    ) -> None:
+        self._histogram = Histogram(name, help_text, buckets=LATENCY_BUCKETS_S, registry=registry)
         self.samples: list[float] = []
         self.count = 0
 
@@ -96,6 +97,13 @@ class ServerMetrics(Collector):
         """The room kit's queued channels' counters (`RoomKit.delivery_stats`), read at scrape
         time; the server sets it to its kit's."""
         self.turn_latency = LatencyHistogram(self.registry)
+        self.reply_latency = LatencyHistogram(
+            self.registry, "chorus_reply_latency_seconds",
+            "From receiving the audio up to the end of a turn that asked the room's realtime "
+            "model, to its reply's first audio reaching the room's streams.",
+        )  # fmt: skip
+        """What a person who asks feels (voice to voice): the asking turn's own latency plus the
+        model's time to its first audio (`first_audio_ms` of the reply)."""
         self.registry.register(self)
 
     def collect(self) -> Iterator[Metric]:

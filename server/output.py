@@ -42,6 +42,9 @@ from voice.stt.base import AudioLost, SttDegraded, SttRecovered, SttRefused, Stt
 
 log = logging.getLogger(__name__)
 
+KEPT_TURN_LATENCIES = 64
+"""How many of a room's latest turns keep their latency for a reply to them to add to."""
+
 
 class ServerOutput(Channel):
     """The server's own channel in every room: sees every committed event, plays reply audio."""
@@ -109,12 +112,22 @@ class ServerOutput(Channel):
         elif reply:
             if not corrected:
                 self.metrics.replies_total += 1
+                self._reply_latency(live, meta)
             text = dump(ReplyMessage(room=event.room_id, text=event.text, event_id=event.id,
                                      corrected=corrected,
                                      interrupted=bool(meta.get("interrupted"))))  # fmt: skip
             live.feed.publish(text)
             for stream in list(live.streams.values()):
                 self._send(stream, text)
+
+    def _reply_latency(self, live: LiveRoom, meta: Mapping[str, Any]) -> None:
+        """A realtime reply to a voice turn: from receiving the audio up to the end of the turn
+        that asked (its turn latency, kept when it was committed) to the reply's first audio
+        (`first_audio_ms`, from the realtime channel), `chorus_reply_latency_seconds`."""
+        asked = live.turn_latencies.pop(str(meta.get("asked_by")), None)
+        first_audio_ms = meta.get("first_audio_ms")
+        if asked is not None and isinstance(first_audio_ms, int | float):
+            self.metrics.reply_latency.observe(asked + first_audio_ms / 1000)
 
     async def _turn(self, live: LiveRoom, event: RoomEvent, corrected: bool) -> None:
         """A voice turn: to the feed and to the stream it came from, its latency observed."""
@@ -147,6 +160,9 @@ class ServerOutput(Channel):
             latency = stream.latency_of(end) if stream is not None else None
             if latency is not None:
                 self.metrics.turn_latency.observe(latency)
+                live.turn_latencies[event.id] = latency  # (a reply to it adds its own)
+                while len(live.turn_latencies) > KEPT_TURN_LATENCIES:
+                    live.turn_latencies.popitem(last=False)
         text = dump(turn)
         live.feed.publish(text)
         if stream is not None:

@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -178,6 +179,9 @@ class LiveRoom:
     """The last seconds of each speaker's voice, for the page's speakers panel (in memory)."""
     suggested: set[tuple[str | None, str, str]] = field(default_factory=set)
     """(stream, label, name) already suggested from an introduction (each once)."""
+    turn_latencies: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    """Event id → turn latency of the room's latest voice turns (`server.output`: a reply's
+    latency starts from its asking turn's)."""
 
     def touch(self) -> None:
         self.last_active = time.monotonic()

@@ -266,6 +266,36 @@ async def test_R6_a_reconnect_replays_a_reply_talked_over_as_the_room_heard_it(w
         await kit.close()
 
 
+async def test_R5_each_reply_names_the_line_it_answers_and_its_time_to_first_audio() -> None:
+    """A reply is posted with the line that asked for it (`asked_by`) and the time from that
+    line to the reply's first audio (`first_audio_ms`; the stand-in waits 0.2 s before each
+    response): the server's reply latency adds the asking turn's own. A line asking while the
+    answer to another is on its way shares that answer (the reply after it names none); a
+    response that times out with no audio answers its line with nothing, so the next reply is
+    timed from its own line, not from that one."""
+    async with OpenAIRealtimeServer(replies=["One.", "Two.", "Four."],
+                                    response_delay=0.2) as server:  # fmt: skip
+        kit, voice, rt = await open_room(openai_channel(server, None))
+        await voice.say("r1", "Speaker A", "Chorus, one?")
+        await voice.say("r1", "Speaker B", "Chorus, two?")  # held behind the first (R4)
+        await rt.wait_idle("r1")
+        server.hang_responses(1)
+        lift_timeout(rt.session_for("r1"), 0.3)
+        await voice.say("r1", "Speaker A", "Chorus, three?")  # times out, no audio
+        await rt.wait_idle("r1")
+        lift_timeout(rt.session_for("r1"))
+        await voice.say("r1", "Speaker B", "Chorus, four?")
+        await rt.wait_idle("r1")
+        asks = {e.text: e.id for e in await kit.list_events("r1") if e.source.channel_id == "voice"}
+        posted = [(e.text, e.metadata.get("asked_by"), e.metadata.get("first_audio_ms"))
+                  for e in await kit.list_events("r1") if e.source.channel_id == "rt"]  # fmt: skip
+        assert [(text, asked) for text, asked, _ in posted] == [
+            ("One.", asks["Chorus, one?"]), ("Two.", None), ("Four.", asks["Chorus, four?"]),
+        ]  # fmt: skip
+        assert all(ms is None or 200 <= ms < 60_000 for _, _, ms in posted)
+        await kit.close()
+
+
 async def test_R4_an_interrupt_after_the_reply_has_played_cuts_nothing() -> None:
     """A 0.2 s reply that has had time to play whole is not cut: an interrupt then sends
     nothing (a truncate at or past its end would be refused by the service)."""

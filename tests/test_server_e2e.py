@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 MEETING = Path(__file__).resolve().parents[1] / "examples" / "meeting"
 ROOM = "standup"
+MODEL_DELAY_S = 0.3
+"""The model's time to its first audio (the stand-in waits this long before a response)."""
 BOUND_S = 180.0
 """Every wait's failure bound: generous, since a loaded machine may run this suite at a fifth of
 its speed; a passing run never waits for it."""
@@ -54,7 +56,8 @@ def phone_audio(start: float, end: float, silence: float = 0.35) -> bytes:
 
 @pytest.fixture
 async def model() -> AsyncIterator[OpenAIRealtimeServer]:
-    async with OpenAIRealtimeServer(replies=["Happy to help, Dana."], reply_audio_seconds=0.2) as m:
+    async with OpenAIRealtimeServer(replies=["Happy to help, Dana."], reply_audio_seconds=0.2,
+                                    response_delay=MODEL_DELAY_S) as m:  # fmt: skip
         yield m
 
 
@@ -150,6 +153,15 @@ async def test_two_phone_legs_and_a_shared_mic_device_in_one_room(
     assert status == 200
     assert f"chorus_turns_total {len(turns)}" in metrics
     assert 'chorus_streams_total{kind="twilio"} 2' in metrics
+    # the reply's latency: Dana's turn's own, then the model's time to its first audio
+    (reply,) = [e for e in await server.server.rooms.kit.list_events(ROOM)
+                if e.source.channel_type == "realtime"]  # fmt: skip
+    (asked,) = [t for t in turns if t.event_id == reply.metadata["asked_by"]]
+    assert asked.stream == dana_stream and reply.metadata["first_audio_ms"] >= 1000 * MODEL_DELAY_S
+    assert "chorus_reply_latency_seconds_count 1.0" in metrics
+    (total,) = [float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("chorus_reply_latency_seconds_sum")]  # fmt: skip
+    assert total > reply.metadata["first_audio_ms"] / 1000  # plus Dana's turn's latency
     await feed.close()
     print(json.dumps([t.model_dump() for t in turns], indent=1)[:3000])
 
