@@ -230,6 +230,11 @@ class BargeInResult:
     """Those turns: when (seconds into the call) and what."""
     barge_ins: int | None = None
     """The server's count of barge-ins (`chorus_barge_ins_total`)."""
+    reply_after_s: list[float | None] = field(default_factory=list)
+    """For each thing the caller said: from the end of their speech to the first packet of the
+    reply to it (None: none came); voice to voice, at the phone."""
+    server_reply_latency: tuple[float, int] | None = None
+    """The server's own figure (`chorus_reply_latency_seconds`): (sum in seconds, count)."""
 
     def stop_times(self) -> list[float]:
         return [i.stop_s for i in self.interruptions if i.stop_s is not None]
@@ -277,6 +282,20 @@ def said_in(audio: str, spans: list[tuple[float, float]]) -> list[str]:
 def overlapping(turns: list[Any], start: float, end: float) -> str:
     """The text of the committed turns (latest versions) that overlap `start`…`end`."""
     return " ".join(t.text for t in turns if t.start < end and t.end > start)
+
+
+def reply_after(arrivals: list[float], spoke_until: float, before: float | None) -> float | None:
+    """From `spoke_until` (the end of what the caller said) to the first packet of a reply that
+    began after it (its first packet after a `QUIET_GAP_S` gap), if it came before `before`;
+    None when none did."""
+    previous = None
+    for t in arrivals:
+        if before is not None and t >= before:
+            break
+        if t > spoke_until and (previous is None or t - previous >= QUIET_GAP_S):
+            return t - spoke_until
+        previous = t
+    return None
 
 
 def stop_time(arrivals: list[float], loud_at: float) -> float | None:
@@ -371,14 +390,20 @@ async def barge_in_call(
             samples = samples + echo.echo(sent * FRAME_BYTES, FRAME_BYTES)
         return mulaw_encode(np.frombuffer(float_to_pcm16(np.asarray(samples, np.float32)), "<i2"))
 
+    spoke_until: list[float] = []
+    """When the last frame of each span's speech went (monotonic)."""
+
     async def say(start: float, end: float, pause: float) -> float | None:
         """The span at real time, then `pause` of silence; the time its first loud frame went."""
         nonlocal sent
         narrow = recording[int(start * 8000) : int(end * 8000)]
         said.append((sent * FRAME_S, sent * FRAME_S + len(narrow) / 8000))
+        speech = len(narrow)
         narrow = np.concatenate([narrow, np.zeros(int(pause * 8000), np.float32)])
         loud_at = None
         for i in range(0, len(narrow), FRAME_BYTES):
+            if i >= speech and len(spoke_until) < len(said):
+                spoke_until.append(time.monotonic())
             talk = narrow[i : i + FRAME_BYTES]
             talk = np.pad(talk, (0, FRAME_BYTES - len(talk)))
             delay = began + sent * FRAME_S - time.monotonic()
@@ -388,6 +413,8 @@ async def barge_in_call(
             if loud_at is None and level_dbfs(talk) >= TALK_DBFS:  # their voice, not the echo
                 loud_at = time.monotonic()
             sent += 1
+        if len(spoke_until) < len(said):  # (no pause after it)
+            spoke_until.append(time.monotonic())
         return loud_at
 
     async def silence_until(ready: Any, limit_s: float) -> None:
@@ -433,6 +460,9 @@ async def barge_in_call(
         await hang_up_and_flush(caller, stopped)
     for other in others:
         await other.leave()
+    result.reply_after_s = [reply_after(arrivals.times, at, nxt)
+                            for at, nxt in zip(spoke_until, [*spoke_until[1:], None],
+                                               strict=True)]  # fmt: skip
     result.turns = len(turns)
     _score(result, turns, audio, spans)
     result.echo_turns = echo_turns(turns, said)
@@ -480,18 +510,37 @@ def speech_reply(audio: str, seconds: float) -> tuple[bytes, str]:
     return float_to_pcm16(speech * 10 ** ((REPLY_DBFS - level_dbfs(speech)) / 20)), text
 
 
-def barge_ins(port: int) -> int | None:
-    """The server's `chorus_barge_ins_total` over every stream kind, from `/metrics` (read with
-    Prometheus' own parser); None for a server that does not count them."""
+def server_samples(port: int, *names: str) -> dict[str, float]:
+    """The sum of each named sample over its labels, from the server's `/metrics` (read with
+    Prometheus' own parser); a name the server does not write is left out."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    counts = [sample.value for family in text_string_to_metric_families(text)
-              for sample in family.samples if sample.name == "chorus_barge_ins_total"]  # fmt: skip
-    return round(sum(counts)) if counts else None
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def barge_ins(port: int) -> int | None:
+    """The server's `chorus_barge_ins_total` over every stream kind; None for a server that
+    does not count them."""
+    count = server_samples(port, "chorus_barge_ins_total").get("chorus_barge_ins_total")
+    return None if count is None else round(count)
+
+
+def server_reply_latency(port: int) -> tuple[float, int] | None:
+    """The server's `chorus_reply_latency_seconds` (sum, count); None for a server without it."""
+    got = server_samples(port, "chorus_reply_latency_seconds_sum",
+                         "chorus_reply_latency_seconds_count")  # fmt: skip
+    if len(got) < 2:
+        return None
+    return got["chorus_reply_latency_seconds_sum"], round(got["chorus_reply_latency_seconds_count"])
 
 
 def _score(
@@ -664,6 +713,7 @@ async def _run(args: argparse.Namespace) -> int:
                                              args.reply_seconds + 1.0 if echo else 0.0,
                                              args.caller_gain)  # fmt: skip
             result.barge_ins = await asyncio.to_thread(barge_ins, port)
+            result.server_reply_latency = await asyncio.to_thread(server_reply_latency, port)
         result.cancelled, result.truncated = len(model.cancelled), len(model.truncated)
     stops = result.stop_times()
     print("| interruption | at (s) | stop (ms) | heard | the listeners' stop (ms) |")
@@ -688,6 +738,16 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"barge-ins heard by the server: {result.barge_ins} (interruptions that stopped a "
               f"reply: {stopped}); words nobody on the call said, in the caller's turns: {heard}"
               + (f" ({result.echo_words!r})" if heard else ""))  # fmt: skip
+    replies = [r for r in result.reply_after_s if r is not None]
+    if replies:
+        print(f"reply after the caller's speech ended (at the phone, the model answering at once): "
+              f"p50 {percentile(replies, 50) * 1000:.0f} ms, p95 "
+              f"{percentile(replies, 95) * 1000:.0f} ms, max {max(replies) * 1000:.0f} ms over "
+              f"{len(replies)} of {len(result.reply_after_s)}")  # fmt: skip
+    if result.server_reply_latency is not None and result.server_reply_latency[1]:
+        total, count = result.server_reply_latency
+        print(f"the server's reply latency (chorus_reply_latency_seconds): mean "
+              f"{total / count * 1000:.0f} ms over {count}")  # fmt: skip
     others = result.others_stop_times()
     if others:
         print(f"the listeners' stop p50 {percentile(others, 50) * 1000:.0f} ms, p95 "

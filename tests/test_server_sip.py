@@ -1021,6 +1021,20 @@ async def test_the_barge_in_bench_caller_interrupts_and_is_heard() -> None:
     assert len(result.interruptions) == 2 and all(i.heard for i in result.interruptions)
     assert all(0 <= s < 1.0 for s in result.stop_times()) and len(result.stop_times()) == 2
     assert len(model.cancelled) >= 2 and len(model.truncated) >= 2
+    # each thing said was answered: its reply's first packet came after the speech ended
+    assert len(result.reply_after_s) == 3
+    assert all(r is not None and 0 < r < 60 for r in result.reply_after_s), result.reply_after_s
+
+
+def test_a_reply_is_timed_from_the_end_of_what_it_answers() -> None:
+    from bench.barge_in import reply_after
+
+    # a reply at 1.0 s, talked over at 1.5 s (stopped at 1.56), the next reply from 3.0 s
+    arrivals = [1.0, 1.02, 1.04, 1.5, 1.52, 1.54, 1.56, 3.0, 3.02]
+    assert reply_after(arrivals, 0.4, 1.6) == pytest.approx(0.6)
+    assert reply_after(arrivals, 2.2, None) == pytest.approx(0.8)  # not the tail of the last
+    assert reply_after(arrivals, 2.2, 2.9) is None  # none before the next thing said
+    assert reply_after([], 0.4, None) is None
 
 
 def test_a_reply_stops_where_its_packets_stop_coming() -> None:
