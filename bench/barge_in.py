@@ -56,6 +56,10 @@ Per interruption:
   meeting's `meeting.json`), WER after Whisper's English normaliser (`whisper_normalizer`), and
   whether its first word was transcribed;
 - what the model was told: the stand-in's `response.cancel`s and `conversation.item.truncate`s.
+
+Per thing the caller said (SIP path): **reply after**, from the last frame of their speech to the
+first packet of the reply to it (voice to voice at the phone; the stand-in answers at once, so it
+is Chorus's own time), and the server's own `chorus_reply_latency_seconds` (sum and count).
 """
 
 from __future__ import annotations
