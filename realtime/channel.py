@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,10 +44,20 @@ from realtime.session import (
     ReplyAudio,
     ReplyDone,
     ReplyTranscript,
+    SessionError,
     SessionEvent,
     SessionOptions,
+    SessionReconnected,
 )
-from rooms import AudioSink, Channel, RoomContext, TurnAudioSource
+from rooms import (
+    AgentStatus,
+    AudioSink,
+    Channel,
+    HookContext,
+    HookTrigger,
+    RoomContext,
+    TurnAudioSource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +170,24 @@ class _RoomState:
     asked: tuple[str, float] | None = None
     """(event id, loop time it reached the channel) of the oldest line that asked for an answer
     not heard yet: the next reply's first audio answers it."""
+    unavailable: bool = False
+    """The session told the room its provider is away (`ON_AGENT_STATUS`), and not yet back."""
     answered: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
     """Response id → (the event it answers, ms from that event to the reply's first audio),
     until its `ReplyDone` posts the reply with them (`asked_by`, `first_audio_ms`)."""
+
+
+UNAVAILABLE_CODES = frozenset({"session_refused", "session_unreachable"})
+"""The session's errors that make the room's model unavailable until it reconnects."""
+
+
+def unavailable_reason(provider: str, error: SessionError) -> str:
+    """Why the model is away, fit for the room: who, and the HTTP status or close code where one
+    was given; never the provider's words (an API error can quote part of a key)."""
+    if error.code == "session_unreachable":
+        return f"{provider} cannot be reached"
+    status = re.search(r"\bHTTP (\d{3})\b", error.message)
+    return f"{provider} refused the session" + (f", HTTP {status.group(1)}" if status else "")
 
 
 KEPT_STOPPED = 8
@@ -538,9 +564,36 @@ class RealtimeChannel(Channel):
 
     # ------------------------------------------------------------------ replies (R5)
 
+    def _agent_status(self, room_id: str, event: SessionError | SessionReconnected) -> None:
+        """The session lost its provider (refused, or unreachable for `UNREACHABLE_AFTER_S`) or
+        has it back: the room's `ON_AGENT_STATUS` observers hear it once per outage (the
+        server's feed says so, so the room knows its model is away and its lines wait)."""
+        state, kit = self._rooms.get(room_id), self.kit
+        if state is None or kit is None:
+            return
+        if isinstance(event, SessionReconnected):
+            if not state.unavailable:
+                return
+            state.unavailable = False
+            status = AgentStatus(self.channel_id, True)
+        elif event.code in UNAVAILABLE_CODES and not state.unavailable:
+            state.unavailable = True
+            status = AgentStatus(self.channel_id, False, unavailable_reason(
+                state.session.provider, event))  # fmt: skip
+        else:
+            return
+        log.warning("room %s: the realtime model is %s%s", room_id,
+                    "back" if status.available else "unavailable",
+                    f" ({status.reason})" if status.reason else "")  # fmt: skip
+        kit.emit(HookTrigger.ON_AGENT_STATUS, status,
+                 HookContext(room_id=room_id, channel_id=self.channel_id, kit=kit))  # fmt: skip
+
     async def _on_session_event(self, room_id: str, event: SessionEvent) -> None:
         kit = self.kit
         if kit is None:
+            return
+        if isinstance(event, SessionError | SessionReconnected):
+            self._agent_status(room_id, event)
             return
         if isinstance(event, ReplyTranscript):
             state = self._rooms.get(room_id)

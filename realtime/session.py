@@ -206,6 +206,11 @@ REFUSED_RETRY = Backoff(first=5.0, factor=2.0, longest=300.0)
 key, a model withdrawn, a policy close): 5 s, doubling, then every 5 minutes, as long as the room
 lives. Each refusal is logged at WARNING with the provider's words; lines wait in order."""
 
+UNREACHABLE_AFTER_S = 2.0
+"""A session that has worked and cannot reach its provider for this long says so (a
+`SessionError` `session_unreachable`: the room's model is unavailable until it reconnects); a
+drop it recovers from sooner says nothing."""
+
 RENEW_BEFORE_S = 120.0
 """How long before the end a provider announces for a connection (OpenAI's `expires_at`, Gemini's
 `goAway`) a session renews it (`RealtimeSession.renew_before_s`). The renewal waits for a moment
@@ -675,6 +680,8 @@ class RealtimeSession(ABC):
         if self._connected:
             return
         attempt = refused = 0
+        began = asyncio.get_running_loop().time()
+        told = False  # that it cannot reach the provider
         while True:
             if self._closing:
                 raise SessionFailed(f"{self.provider} session was closed while reconnecting")
@@ -725,6 +732,11 @@ class RealtimeSession(ABC):
                 log.warning(
                     "%s: connect attempt %d failed (%s); retrying", self.provider, attempt, exc
                 )
+                lasted = asyncio.get_running_loop().time() - began
+                if self._ever_connected and not told and lasted >= UNREACHABLE_AFTER_S:
+                    told = True
+                    await self._emit(SessionError(
+                        "session_unreachable", f"{self.provider} cannot be reached: {exc}"))  # fmt: skip
                 await asyncio.sleep(self.backoff.delay(attempt))
                 continue
             self._connected = True

@@ -37,6 +37,21 @@ class HookTrigger(StrEnum):
     """Observer of a new `Room`."""
     ON_DTMF = "on_dtmf"
     """Observer: a caller pressed a key on a phone leg (the feed's `dtmf` message as value)."""
+    ON_AGENT_STATUS = "on_agent_status"
+    """Observer: a model channel of the room (the realtime session) lost its provider, or has it
+    back (an `AgentStatus` as value)."""
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """`ON_AGENT_STATUS`: whether the room's model behind `channel_id` can answer now.
+    Unavailable: its provider refused the session or cannot be reached, and the channel keeps
+    trying (the room's lines wait for it in order); available: it answers again."""
+
+    channel_id: str
+    available: bool
+    reason: str | None = None
+    """Why it is unavailable, in words fit for the room (never a secret or a provider's body)."""
 
 
 SYNC_TRIGGERS = frozenset({HookTrigger.BEFORE_BROADCAST, HookTrigger.ON_TRANSCRIPTION})

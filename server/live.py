@@ -110,6 +110,9 @@ class LiveRooms:
         self.kit.hooks.add(
             HookTrigger.ON_SPEAKER_CHANGE, self.output.speaker_changed, name="server-speaker-change"
         )
+        self.kit.hooks.add(
+            HookTrigger.ON_AGENT_STATUS, self.output.agent_status, name="server-agent-status"
+        )
 
     # ------------------------------------------------------------------ rooms
 

@@ -78,6 +78,8 @@ class ServerMetrics(Collector):
         self.stt_audio_lost_seconds_total = 0.0
         self.stt_stream_errors_total = 0
         self.stt_refused_total = 0
+        self.assistant_outages_total = 0
+        """Times a room's realtime model lost its provider (`assistant_status` unavailable)."""
         self.diarization_fallbacks_total = 0
         self.diarization_recoveries_total = 0
         self.rooms = 0
@@ -194,6 +196,12 @@ class ServerMetrics(Collector):
             "Streams whose STT service refused the credentials or permission (HTTP 401/403; "
             "final, never retried).",
             self.stt_refused_total,
+        )
+        yield _counter(
+            "chorus_assistant_outages",
+            "Times a room's realtime model lost its provider (refused, or unreachable for 2 s); "
+            "its lines waited for it.",
+            self.assistant_outages_total,
         )
         outcomes = self.second_pass()
         if outcomes is not None:

@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from models import RoomEvent, VoiceTurn
-from rooms import Channel, HookContext, RoomContext, TurnAudioSource
+from rooms import AgentStatus, Channel, HookContext, RoomContext, TurnAudioSource
 from server.excerpts import EXCERPT_RATE, EXCERPT_SECONDS
 from server.framing import Outgoing
 from server.metrics import ServerMetrics
 from server.overload import DiarizationDegraded, DiarizationStatus
 from server.protocol import (
+    AssistantStatusMessage,
     ChatMessage,
     ReplyMessage,
     SpeakerChangeMessage,
@@ -266,6 +267,23 @@ class ServerOutput(Channel):
             live.feed.publish(text)
         if stream.kind == "device":
             self._send(stream, text)
+
+    def agent_status(self, value: object, ctx: HookContext) -> None:
+        """ON_AGENT_STATUS: the room's realtime model lost its provider or has it back. The
+        room's feed and its devices hear it (`assistant_status`; a phone caller has no message
+        channel), and `/metrics` counts the outages."""
+        live = self.rooms.get(ctx.room_id)
+        if live is None or not isinstance(value, AgentStatus):
+            return
+        if not value.available:
+            self.metrics.assistant_outages_total += 1
+        text = dump(AssistantStatusMessage(
+            room=ctx.room_id, channel=value.channel_id,
+            status="available" if value.available else "unavailable", reason=value.reason))  # fmt: skip
+        live.feed.publish(text)
+        for stream in list(live.streams.values()):
+            if stream.kind == "device":
+                self._send(stream, text)
 
     def speaker_changed(self, value: object, ctx: HookContext) -> None:
         """ON_SPEAKER_CHANGE: a one-person stream's first turn, or a new voice on a shared mic."""

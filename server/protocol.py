@@ -228,6 +228,19 @@ class DtmfMessage(_Wire):
     digit: str
 
 
+class AssistantStatusMessage(_Wire):
+    """The room's realtime model lost its provider or has it back (`rooms.AgentStatus`), sent
+    to the room's feed and its devices: `unavailable` (the provider refused the session or cannot
+    be reached; the room's lines wait for it, in order, and it keeps trying; `reason` says who
+    and the HTTP status, never the provider's words), `available` (it answers again)."""
+
+    type: Literal["assistant_status"] = "assistant_status"
+    room: str
+    channel: str
+    status: Literal["unavailable", "available"]
+    reason: str | None = None
+
+
 class SttStatusMessage(_Wire):
     """The stream's speech-to-text connection changed state (issue 10.1), sent to that stream's
     device, or, for a phone leg (no message channel to its caller), to the room's feed:
@@ -295,6 +308,7 @@ FeedMessage = (
     | StartedMessage
     | SttStatusMessage
     | DiarizationStatusMessage
+    | AssistantStatusMessage
     | ErrorMessage
 )
 _feed_adapter: TypeAdapter[FeedMessage] = TypeAdapter(

@@ -20,7 +20,7 @@ from models import TextContent
 from realtime import AnswerAlways, AnswerOnly, AnswerWhenAddressed, RealtimeChannel, SpeakPolicy
 from realtime.session import SessionRefused
 from realtime.testing import OpenAIRealtimeServer, lines_sent, types_sent
-from rooms import Backoff, RoomKit, TextChannel
+from rooms import AgentStatus, Backoff, HookTrigger, RoomKit, TextChannel
 from server.testing.harness import eventually
 from tests.realtime_rooms import (
     RecordingAudioSink,
@@ -515,6 +515,7 @@ async def test_R6_a_session_refused_after_it_worked_keeps_trying_and_loses_nothi
             server, policy=AnswerWhenAddressed(),
             refused_retry=Backoff(first=0.05, factor=2.0, longest=0.2),
         )  # fmt: skip
+        told = agent_statuses(room.kit)
         await room.say("Speaker A", "One.")
         await room.idle()
         server.api_key = "sk-revoked"
@@ -531,6 +532,48 @@ async def test_R6_a_session_refused_after_it_worked_keeps_trying_and_loses_nothi
         assert lines_sent(server) == await expected_lines(room.kit, room.id, "rt")
         assert len(lines_sent(server)) == 3
         assert "failed to take event" not in caplog.text
+        await room.kit.drain()
+        # the room's observers heard it once each way, however many refusals came between
+        assert told == [AgentStatus("rt", False, "openai refused the session, HTTP 401"),
+                        AgentStatus("rt", True)]  # fmt: skip
+        await room.kit.close()
+
+
+def agent_statuses(kit: RoomKit) -> list[AgentStatus]:
+    """What the room's `ON_AGENT_STATUS` observers hear, as a list that grows."""
+    told: list[AgentStatus] = []
+    kit.hooks.add(HookTrigger.ON_AGENT_STATUS, lambda status, ctx: told.append(status),
+                  name="test-agent-status")  # fmt: skip
+    return told
+
+
+async def test_R6_the_room_hears_its_model_is_unreachable_only_when_an_outage_lasts() -> None:
+    """A provider away for a moment (two refused connects, 0.1 s) is not news: the session is
+    back before `UNREACHABLE_AFTER_S`. Away for longer (HTTP 503 for about 3 s), the room's
+    observers hear once that its model cannot be reached, then that it is back."""
+    async with OpenAIRealtimeServer() as server:
+        room = await open_room(server, policy=AnswerWhenAddressed(), reconnect_delay=0.05,
+                               max_reconnect_delay=0.25)  # fmt: skip
+        told = agent_statuses(room.kit)
+        await room.say("Speaker A", "One.")
+        await room.idle()
+        server.refuse_connections(2)
+        server.drop()
+        await server.wait_for(lambda s: len(s.connections) == 2, 30)  # (after two refusals)
+        await room.say("Speaker A", "Two.")
+        await room.idle()
+        await room.kit.drain()
+        assert told == [] and server.refused == ["unavailable"] * 2
+        server.refuse_connections(14)  # 0.05, 0.1, 0.2, then 0.25 s apart: over 3 s
+        server.drop()
+        await server.wait_for(lambda s: len(s.connections) == 3, 30)
+        await room.say("Speaker A", "Chorus, three?")
+        await room.idle()
+        await server.wait_for(lambda s: s.latest.types.count("response.create") == 1, 30)
+        await room.kit.drain()
+        assert told == [AgentStatus("rt", False, "openai cannot be reached"),
+                        AgentStatus("rt", True)]  # fmt: skip
+        assert lines_sent(server) == await expected_lines(room.kit, room.id, "rt")
         await room.kit.close()
 
 

@@ -215,6 +215,32 @@ async def test_page_says_when_a_streams_speakers_come_from_the_stt_and_when_back
     assert any("diarization stage again" in n for n in shown), shown
 
 
+async def test_page_says_when_the_assistant_is_away_and_when_it_is_back(
+    server: RunningServer,
+) -> None:
+    """The room's realtime model lost its provider (`assistant_status`, from the
+    `ON_AGENT_STATUS` hook): the page says so in the meeting, and that what is said waits for
+    it; then that it is back."""
+    from server.protocol import AssistantStatusMessage, dump
+
+    token = issue_token(SECRET, ROOM)
+    async with headless_page(f"{server.http_base}/?room={ROOM}&token={token}") as page:
+        await wait_for(
+            page, "document.getElementById('status').textContent === 'live: " + ROOM + "'"
+        )
+        live = await server.server.rooms.room(ROOM)
+        for status, reason in (("unavailable", "openai refused the session, HTTP 401"),
+                               ("available", None)):  # fmt: skip
+            live.feed.publish(dump(AssistantStatusMessage(
+                room=ROOM, channel="realtime", status=status, reason=reason)))  # fmt: skip
+        notices = "[...document.querySelectorAll('#turns .notice')].map(n => n.textContent)"
+        await wait_for(page, f"{notices}.length >= 2")
+        shown = await page.evaluate(notices)
+    assert ("the assistant is unavailable (openai refused the session, HTTP 401): what is said "
+            "waits for it") in shown, shown
+    assert "the assistant is back" in shown, shown
+
+
 async def test_page_says_when_a_phone_legs_speech_to_text_drops_and_comes_back(
     server: RunningServer,
 ) -> None:
