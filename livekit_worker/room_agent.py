@@ -80,7 +80,16 @@ from livekit_worker.config import LiveKitConfig
 from livekit_worker.participants import Speaker, echo_cancelled, speaker_of
 from models import EventSource, RoomEvent, TextContent
 from realtime import RealtimeChannel
-from rooms import Channel, HookContext, HookResult, HookTrigger, RoomContext, RoomKit, VoiceStore
+from rooms import (
+    AgentStatus,
+    Channel,
+    HookContext,
+    HookResult,
+    HookTrigger,
+    RoomContext,
+    RoomKit,
+    VoiceStore,
+)
 from server.config import DiarizerConfig, VoicesConfig
 from server.overload import (
     DiarizationDegraded,
@@ -89,7 +98,7 @@ from server.overload import (
     OverloadPolicy,
 )
 from server.pipeline import VoiceStreamAudio
-from server.protocol import SpeakerSuggestionMessage, dump
+from server.protocol import AssistantStatusMessage, SpeakerSuggestionMessage, dump
 from server.reply_audio import BargeIn, ReplyEnvelope, echo_cancelled_barge_in
 from server.stage_guard import StageGuard, status_message
 from server.voices import Unnamed, VoiceDirectory
@@ -120,6 +129,12 @@ ATTRIBUTE_LAG = "chorus.lag_s"
 """How far behind its audio the stage was, in seconds (`degraded` only)."""
 NOT_ADMITTED = "the diarization stage cannot keep up: no room for another shared-mic track"
 """The reason a shared-mic track subscribed while the stage sheds load runs without one."""
+TOPIC_ASSISTANT = "chorus.assistant"
+"""The room's realtime model lost its provider or has it back (`ON_AGENT_STATUS`): the text is the
+`assistant_status` message of `chorus serve`'s feed (`server.protocol.AssistantStatusMessage`,
+JSON), sent as the agent; `ATTRIBUTE_ASSISTANT` (and `ATTRIBUTE_REASON`) say the same."""
+ATTRIBUTE_ASSISTANT = "chorus.assistant"
+"""`unavailable` (what is said waits for the model) or `available` (it answers again)."""
 TOPIC_CHAT = "lk.chat"
 """The room's text chat (livekit-agents `TOPIC_CHAT`): the chat model's and the ACP agent's
 replies are published there, as the agent."""
@@ -341,7 +356,8 @@ class ChorusRoomAgent:
         self.stage_factory = stage_factory
         self._local = local
         self._out = _TranscriptionOut(self)
-        self._queue: asyncio.Queue[RoomEvent | _Suggestion | _Status | _Caption | None] = (
+        self._queue: asyncio.Queue[
+            RoomEvent | _Suggestion | _Status | _Caption | AgentStatus | None] = (
             asyncio.Queue())
         self.published: list[PublishedTranscription] = []
         self._feeds: dict[str, _Feed] = {}
@@ -461,6 +477,7 @@ class ChorusRoomAgent:
         await kit.attach_channel(self.room_name, self._out.channel_id)
         kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_one_person, priority=-1000,
                       name="livekit-one-person")
+        kit.hooks.add(HookTrigger.ON_AGENT_STATUS, self._agent_status, name="livekit-agent-status")
         if self.directory is not None:  # before application hooks, which may rename after it
             kit.hooks.add(HookTrigger.ON_TRANSCRIPTION, self._name_from_directory,
                           priority=-900, name="livekit-voice-directory")
@@ -781,6 +798,8 @@ class ChorusRoomAgent:
                     await self._publish_caption(event)
                 elif isinstance(event, _Status):
                     await self._publish_status(event)
+                elif isinstance(event, AgentStatus):
+                    await self._publish_agent_status(event)
                 else:
                     await self._publish(event)
             except Exception:
@@ -822,6 +841,21 @@ class ChorusRoomAgent:
         """The stage guard's `tell`: a track left its stage or came back; published in order
         with the turns (the turns that take the STT's labels come after it)."""
         self._queue.put_nowait(_Status(session_id, status))
+
+    def _agent_status(self, value: object, ctx: HookContext) -> None:
+        """ON_AGENT_STATUS: the room's realtime model lost its provider or has it back; told
+        in order with the captions (on `chorus.assistant`, as the agent)."""
+        if isinstance(value, AgentStatus) and ctx.room_id == self.room_name:
+            self._queue.put_nowait(value)
+
+    async def _publish_agent_status(self, status: AgentStatus) -> None:
+        message = AssistantStatusMessage(
+            room=self.room_name, channel=status.channel_id,
+            status="available" if status.available else "unavailable", reason=status.reason)  # fmt: skip
+        attributes: dict[str, str] = {ATTRIBUTE_ASSISTANT: message.status}
+        if status.reason:
+            attributes[ATTRIBUTE_REASON] = status.reason
+        await self._send_text(TOPIC_ASSISTANT, dump(message), attributes)
 
     async def _publish_status(self, item: _Status) -> None:
         info = self._sessions.get(item.session_id)

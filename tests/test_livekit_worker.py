@@ -33,6 +33,7 @@ from models import RoomEvent, TextContent
 from realtime.testing.openai_server import OpenAIRealtimeServer
 from rooms import AudioSink
 from server.config import ServerConfig
+from server.protocol import AssistantStatusMessage, parse_server_message
 from server.reply_audio import ECHO_CANCELLED_BARGE_IN_S, ReplyEnvelope
 from tests.livekit_helpers import (
     MEETING_DIR,
@@ -515,6 +516,46 @@ async def test_the_agent_s_spoken_reply_is_captioned_as_the_agent_as_it_is_heard
         finally:
             await agent.aclose()
             await player.aclose()
+
+
+async def test_the_room_is_told_when_the_agent_s_model_is_away_and_back(
+    deepgram: DeepgramTestServer,
+) -> None:
+    """The realtime model's key is revoked while the agent is in the room: its reconnect is
+    refused (HTTP 401), and the room is told once, on `chorus.assistant` as the agent (the text
+    is `chorus serve`'s `assistant_status`; `chorus.assistant` and `chorus.reason` say the
+    same), never with the provider's words; once the key is good again (the session retries
+    after 5 s), that it is back."""
+    async with OpenAIRealtimeServer(api_key="sk-test") as model:
+        config = ServerConfig.model_validate({
+            **config_for(deepgram.url).model_dump(exclude_unset=True),
+            "realtime": {"provider": "openai", "base_url": model.base_url, "api_key": "sk-test"},
+        })  # fmt: skip
+        local = RecordingLocalParticipant()
+        with fake_job_context(room=FakeRoom("standup", local)) as ctx:
+            agent = await run_job(ctx, config, LiveKitConfig(), local=local)
+
+        def told() -> list[RecordedWriter]:
+            return [w for w in local.streams if w.topic == "chorus.assistant" and w.closed]
+
+        try:
+            await until(lambda: len(model.connections) == 1)
+            model.api_key = "sk-revoked"
+            model.drop()
+            await until(lambda: len(told()) == 1)
+            model.api_key = "sk-test"
+            await until(lambda: len(told()) == 2, 60)
+            away, back = told()
+            assert [w.attributes["chorus.assistant"] for w in (away, back)] == [
+                "unavailable", "available"]  # fmt: skip
+            assert away.attributes["chorus.reason"] == "openai refused the session, HTTP 401"
+            assert "chorus.reason" not in back.attributes
+            assert all(w.sender_identity is None for w in (away, back))  # the agent itself
+            message = parse_server_message(away.text)
+            assert isinstance(message, AssistantStatusMessage)
+            assert (message.room, message.status) == ("standup", "unavailable")
+        finally:
+            await agent.aclose()
 
 
 async def test_who_may_talk_over_the_reply_and_by_which_rule() -> None:
