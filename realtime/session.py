@@ -584,17 +584,35 @@ class RealtimeSession(ABC):
                     return
                 try:
                     await self._perform_with_reconnect(op)
-                except Exception as exc:  # the session is unusable: fail every waiter
+                except SessionFailed as exc:  # the session is unusable: fail every waiter
                     self.failed = exc
                     await self._emit(SessionError("session_failed", str(exc)))
                     if op.done is not None and not op.done.done():
                         op.done.set_exception(SessionFailed(str(exc)))
                     self._fail_pending()
                     return
+                except Exception as exc:  # this operation alone could not be sent
+                    await self._operation_failed(op, exc)
+                    continue
                 if op.done is not None and not op.done.done():
                     op.done.set_result(None)
             finally:
                 self._queue.task_done()
+
+    async def _operation_failed(self, op: _Op, exc: Exception) -> None:
+        """One operation could not be sent, the connection still being good (a value the
+        provider's SDK would not take, a bug): it alone fails, logged, and the session goes on
+        with the next; a response it asked for is done (`failed`), so the next can be asked."""
+        log.error("%s: could not send a %s (%s: %s); the session goes on", self.provider, op.kind,
+                  type(exc).__name__, exc, exc_info=exc)  # fmt: skip
+        if op.done is not None and not op.done.done():
+            op.done.set_exception(exc)
+        await self._emit(SessionError("operation_failed", f"{op.kind}: {exc}"))
+        if op.kind == "response" and self._in_flight and not self._response_written:
+            request = self._active
+            self._finish_request()
+            await self._emit(ReplyDone("", "", "failed", request))
+            self._send_held_request()
 
     def _fail_pending(self) -> None:
         while not self._queue.empty():

@@ -18,7 +18,9 @@ import pytest
 from attribution import NOTE, NOTE_MARK
 from models import TextContent
 from realtime import AnswerAlways, AnswerOnly, AnswerWhenAddressed, RealtimeChannel, SpeakPolicy
-from realtime.session import SessionRefused
+from realtime.channel import SessionMaker
+from realtime.openai_session import OpenAIRealtimeSession
+from realtime.session import ContextItem, RealtimeSession, SessionOptions, SessionRefused
 from realtime.testing import OpenAIRealtimeServer, lines_sent, types_sent
 from rooms import AgentStatus, Backoff, HookTrigger, RoomKit, TextChannel
 from server.testing.harness import eventually
@@ -69,7 +71,10 @@ class Room:
 
 
 async def open_room(
-    server: OpenAIRealtimeServer, policy: SpeakPolicy | None = None, **options: object
+    server: OpenAIRealtimeServer,
+    policy: SpeakPolicy | None = None,
+    provider: str | SessionMaker = "openai",
+    **options: object,
 ) -> Room:
     kit = RoomKit()
     room = await kit.create_room("r1")
@@ -77,7 +82,7 @@ async def open_room(
     sms = TextChannel("sms1")
     realtime = RealtimeChannel(
         "rt",
-        "openai",
+        provider,
         assistant_name="Chorus",
         policy=policy,
         model="gpt-realtime",
@@ -536,6 +541,48 @@ async def test_R6_a_session_refused_after_it_worked_keeps_trying_and_loses_nothi
         # the room's observers heard it once each way, however many refusals came between
         assert told == [AgentStatus("rt", False, "openai refused the session, HTTP 401"),
                         AgentStatus("rt", True)]  # fmt: skip
+        await room.kit.close()
+
+
+class _Fragile(OpenAIRealtimeSession):
+    """A session whose SDK will not take a line saying "boom", nor the first response asked."""
+
+    refuse_response = True
+
+    async def _send_item(self, item: ContextItem) -> None:
+        if "boom" in item.text:
+            raise ValueError("the SDK would not take this item")
+        await super()._send_item(item)
+
+    async def _send_response_create(self) -> None:
+        if self.refuse_response:
+            self.refuse_response = False
+            raise ValueError("the SDK would not take this response.create")
+        await super()._send_response_create()
+
+
+async def test_R6_an_operation_that_cannot_be_sent_fails_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One line the provider's SDK will not take (a bug, an odd value) fails alone, logged: the
+    lines after it go on the same connection, and a response that could not be asked for is
+    done (`failed`), so the next one is asked. Before, any such error ended the session for
+    good: every later line of the room failed."""
+    async with OpenAIRealtimeServer(replies=["Three."]) as server:
+        def fragile(options: SessionOptions) -> RealtimeSession:
+            return _Fragile(options, api_key="sk-test", base_url=server.base_url)
+
+        room = await open_room(server, policy=AnswerWhenAddressed(), provider=fragile)
+        await room.say("Speaker A", "One, boom.")
+        await room.say("Speaker A", "Chorus, two?")  # its response cannot be asked for
+        await room.say("Speaker A", "Chorus, three?")
+        await room.idle()
+        session = room.realtime.session_for(room.id)
+        assert session.failed is None and len(server.connections) == 1
+        assert lines_sent(server) == ["Chorus, two?", "Chorus, three?"]
+        assert [e.text for e in await room.kit.list_events(room.id)
+                if e.source.channel_id == "rt"] == ["Three."]  # fmt: skip
+        assert caplog.text.count("the session goes on") == 2
         await room.kit.close()
 
 
