@@ -603,8 +603,8 @@ class RealtimeSession(ABC):
         """One operation could not be sent, the connection still being good (a value the
         provider's SDK would not take, a bug): it alone fails, logged, and the session goes on
         with the next; a response it asked for is done (`failed`), so the next can be asked."""
-        log.error("%s: could not send a %s (%s: %s); the session goes on", self.provider, op.kind,
-                  type(exc).__name__, exc, exc_info=exc)  # fmt: skip
+        log.error("%s: could not send an operation (%s; %s: %s); the session goes on",
+                  self.provider, op.kind, type(exc).__name__, exc, exc_info=exc)  # fmt: skip
         if op.done is not None and not op.done.done():
             op.done.set_exception(exc)
         await self._emit(SessionError("operation_failed", f"{op.kind}: {exc}"))
