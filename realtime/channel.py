@@ -177,8 +177,9 @@ class _RoomState:
     until its `ReplyDone` posts the reply with them (`asked_by`, `first_audio_ms`)."""
 
 
-UNAVAILABLE_CODES = frozenset({"session_refused", "session_unreachable"})
-"""The session's errors that make the room's model unavailable until it reconnects."""
+UNAVAILABLE_CODES = frozenset({"session_refused", "session_unreachable", "session_failed"})
+"""The session's errors that make the room's model unavailable: until it reconnects, or, for
+`session_failed` (a reconnect budget spent: `reconnect_forever=False`), for good."""
 
 
 def unavailable_reason(provider: str, error: SessionError) -> str:
@@ -186,6 +187,8 @@ def unavailable_reason(provider: str, error: SessionError) -> str:
     was given; never the provider's words (an API error can quote part of a key)."""
     if error.code == "session_unreachable":
         return f"{provider} cannot be reached"
+    if error.code == "session_failed":
+        return f"{provider} session gave up reconnecting"
     status = re.search(r"\bHTTP (\d{3})\b", error.message)
     return f"{provider} refused the session" + (f", HTTP {status.group(1)}" if status else "")
 
@@ -459,6 +462,8 @@ class RealtimeChannel(Channel):
             await self.on_attach(ctx.room_id)
             state = self._state(ctx.room_id)
         session = state.session
+        if session.failed is not None:
+            return  # it gave up (the room was told: ON_AGENT_STATUS); the room's record keeps it
         if event.kind == "system":
             # An instruction from the application keeps its own mark and is not labelled (G3).
             state.lines.append(event.text)
@@ -492,7 +497,7 @@ class RealtimeChannel(Channel):
         reach, or for an event the session was never sent as a line it could correct. No
         response is asked for: the turn was answered, or not, when it first arrived."""
         state = self._rooms.get(ctx.room_id)
-        if state is None or not self._counts(event):
+        if state is None or not self._counts(event) or state.session.failed is not None:
             return
         sent = state.sent_as.get(event.id)
         if sent is None:

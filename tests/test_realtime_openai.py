@@ -586,6 +586,33 @@ async def test_R6_an_operation_that_cannot_be_sent_fails_alone(
         await room.kit.close()
 
 
+async def test_R6_a_session_that_gives_up_tells_the_room_once_and_nothing_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A session told to give up after a few reconnects (`reconnect_forever=False`) and left
+    without its provider ends: the room hears it once (`ON_AGENT_STATUS`), and the room's later
+    lines pass the channel quietly (the room's record keeps them) instead of failing in it one
+    by one, a traceback each."""
+    async with OpenAIRealtimeServer() as server:
+        room = await open_room(server, policy=AnswerWhenAddressed(), reconnect_forever=False,
+                               max_reconnect_attempts=2, reconnect_delay=0.01,
+                               max_reconnect_delay=0.02)  # fmt: skip
+        told = agent_statuses(room.kit)
+        await room.say("Speaker A", "One.")
+        await room.idle()
+        server.refuse_connections(5)
+        server.drop()
+        session = room.realtime.session_for(room.id)
+        await eventually(lambda: session.failed is not None, 30, "the session to give up")
+        for text in ("Two.", "Chorus, three?"):
+            await room.say("Speaker A", text)
+        await room.kit.drain()
+        assert told == [AgentStatus("rt", False, "openai session gave up reconnecting")]
+        assert "failed to take event" not in caplog.text
+        assert len(await room.kit.list_events(room.id)) == 3
+        await room.kit.close()
+
+
 def agent_statuses(kit: RoomKit) -> list[AgentStatus]:
     """What the room's `ON_AGENT_STATUS` observers hear, as a list that grows."""
     told: list[AgentStatus] = []
