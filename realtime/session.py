@@ -206,6 +206,11 @@ REFUSED_RETRY = Backoff(first=5.0, factor=2.0, longest=300.0)
 key, a model withdrawn, a policy close): 5 s, doubling, then every 5 minutes, as long as the room
 lives. Each refusal is logged at WARNING with the provider's words; lines wait in order."""
 
+WAITING_AUDIO_S = 120.0
+"""Seconds of turn audio (audio mode, R3) a session holds while it cannot send it (the provider
+away, a reconnect under way): past that, the oldest waiting turns go as their lines alone, as a
+reconnect replays them anyway (R6), so a long outage never holds a meeting's audio in memory."""
+
 UNREACHABLE_AFTER_S = 2.0
 """A session that has worked and cannot reach its provider for this long says so (a
 `SessionError` `session_unreachable`: the room's model is unavailable until it reconnects); a
@@ -244,7 +249,8 @@ def without_payloads(event: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class _Op:
     kind: Literal[
-        "item", "audio_turn", "response", "cancel", "abandon", "reconnect", "truncate", "renew"
+        "item", "audio_turn", "response", "cancel", "abandon", "reconnect", "truncate", "renew",
+        "nothing",
     ]
     item: ContextItem | None = None
     audio: bytes = b""
@@ -283,11 +289,14 @@ class RealtimeSession(ABC):
         history_chars: int = HISTORY_CHARS,
         renew_before_s: float | None = RENEW_BEFORE_S,
         refused_retry: Backoff = REFUSED_RETRY,
+        waiting_audio_s: float = WAITING_AUDIO_S,
     ) -> None:
         if record_limit < 0:
             raise ValueError("record_limit must be 0 (record nothing) or more")
         if history_items < 1 or history_chars < 1:
             raise ValueError("history_items and history_chars must be at least 1")
+        if waiting_audio_s < 0:
+            raise ValueError("waiting_audio_s must be 0 or more")
         if renew_before_s is not None and renew_before_s < 0:
             raise ValueError("renew_before_s must be 0 or more (None: never renew ahead)")
         self.options = options or SessionOptions()
@@ -308,6 +317,12 @@ class RealtimeSession(ABC):
         a wrong key or model fails `start` at once."""
         self.refusals = 0
         """Refused connects of the session so far (after it had worked)."""
+        self.waiting_audio_s = waiting_audio_s
+        """Turn audio the session holds while it cannot send it (`WAITING_AUDIO_S`)."""
+        self.audio_dropped_s = 0.0
+        """Turn audio that waited past `waiting_audio_s` and went as its line alone."""
+        self._waiting_audio: deque[_Op] = deque()  # audio turns not yet sent, oldest first
+        self._waiting_audio_bytes = 0
         self.reconnect_forever = reconnect_forever
         """After one successful connection, keep reconnecting (capped backoff) instead of giving
         up after `max_reconnect_attempts`: lines wait in order until the provider is back."""
@@ -451,7 +466,30 @@ class RealtimeSession(ABC):
         (the model heard the audio) but is replayed as text after a reconnect, when the audio is
         gone (`send_item=False`).
         """
-        return self._enqueue(_Op("audio_turn", item=item, audio=pcm16, send_item=send_item))
+        op = _Op("audio_turn", item=item, audio=pcm16, send_item=send_item)
+        done = self._enqueue(op)
+        if pcm16:
+            self._waiting_audio.append(op)
+            self._waiting_audio_bytes += len(pcm16)
+            self._bound_waiting_audio()
+        return done
+
+    def _bound_waiting_audio(self) -> None:
+        """The oldest audio turns waiting past `waiting_audio_s` go as their lines alone."""
+        limit = int(self.waiting_audio_s * self.input_sample_rate) * 2
+        dropped = 0
+        while self._waiting_audio_bytes > limit and self._waiting_audio:
+            op = self._waiting_audio.popleft()
+            self._waiting_audio_bytes -= len(op.audio)
+            dropped += len(op.audio)
+            op.audio = b""
+            op.kind, op.send_item = ("item", True) if op.item is not None else ("nothing", False)
+        if dropped:
+            if self.audio_dropped_s == 0:
+                log.warning("%s: more than %.0f s of turn audio waiting to be sent; the oldest "
+                            "turns go as their lines alone", self.provider,
+                            self.waiting_audio_s)  # fmt: skip
+            self.audio_dropped_s += dropped / 2 / self.input_sample_rate
 
     def post_response(self) -> bool:
         """Ask the model to answer. True if requested now; False if held until the active
@@ -637,6 +675,9 @@ class RealtimeSession(ABC):
             await self._send_item(op.item)
             self._keep(op.item)
         elif op.kind == "audio_turn":
+            if self._waiting_audio and self._waiting_audio[0] is op:  # sent now: no longer waiting
+                self._waiting_audio.popleft()
+                self._waiting_audio_bytes -= len(op.audio)
             if op.audio:
                 await self._send_audio(op.audio)
             await self._send_commit()

@@ -613,6 +613,38 @@ async def test_R6_a_session_that_gives_up_tells_the_room_once_and_nothing_more(
         await room.kit.close()
 
 
+async def test_R3_R6_turn_audio_waiting_for_an_away_provider_is_bounded() -> None:
+    """Audio mode while the provider is away: the session holds at most `waiting_audio_s` of
+    turn audio (1 s here); the oldest turns past it go as their lines alone, as a reconnect
+    replays them anyway, so an outage never holds a meeting's audio in memory. Once the service
+    is back, every line arrives in order; only the newest turn still has its audio."""
+    async with OpenAIRealtimeServer() as server:
+        session = OpenAIRealtimeSession(
+            SessionOptions(audio_input=True), api_key="sk-test", base_url=server.base_url,
+            reconnect_delay=0.02, max_reconnect_delay=0.05, waiting_audio_s=1.0,
+        )  # fmt: skip
+        await session.start()
+        server.refuse_connections(1_000_000)
+        server.drop()
+        await server.wait_for(lambda s: len(s.refused) >= 2, 30)  # it is away, and known to be
+        turn = bytes(int(0.6 * session.input_sample_rate) * 2)  # 0.6 s each
+        for n in (1, 2, 3):
+            session.post_audio_turn(turn, ContextItem("user", f'Speaker A: "Turn {n}."'))
+        assert session.audio_dropped_s == pytest.approx(1.2)
+        server.accept_connections()
+        await session.wait_idle(30)
+        await server.wait_for(lambda s: len(s.connections) == 2
+                              and len(s.connections[1].user_lines) == 3, 30)  # fmt: skip
+        log = server.connections[1]
+        assert collapse_appends(log.types) == [
+            "session.update", "conversation.item.create", "conversation.item.create",
+            "input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create",
+        ]  # fmt: skip
+        assert log.user_lines == [f'Speaker A: "Turn {n}."' for n in (1, 2, 3)]
+        assert log.audio_bytes_committed == [len(turn)]
+        await session.close()
+
+
 def agent_statuses(kit: RoomKit) -> list[AgentStatus]:
     """What the room's `ON_AGENT_STATUS` observers hear, as a list that grows."""
     told: list[AgentStatus] = []

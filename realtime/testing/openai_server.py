@@ -247,6 +247,10 @@ class OpenAIRealtimeServer:
         """Answer the next `count` connection attempts with HTTP 503 (the service is away)."""
         self._refuse += count
 
+    def accept_connections(self) -> None:
+        """The service is back: connection attempts are accepted again from now on."""
+        self._refuse = 0
+
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         if (
             self.api_key is not None
