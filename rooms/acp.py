@@ -63,8 +63,22 @@ from attribution import Register, label_for, labelled_lines, labelling_on, neutr
 from attribution.session import CorrectionWording, SessionLabels, SessionLine, correction_note
 from models import RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
+from rooms.hooks import AgentStatus, HookContext, HookTrigger
+from rooms.retry import Backoff
 
 log = logging.getLogger(__name__)
+
+AGENT_RESTART = Backoff(first=1.0, factor=2.0, longest=60.0)
+"""How an agent process that exited is started again: after 1 s, doubling, at most a minute
+apart, as long as the channel lives."""
+
+
+async def _exited(process: asyncio.subprocess.Process, within_s: float = 5.0) -> bool:
+    """Whether `process` has exited, or does within `within_s` (a closed connection is seen a
+    moment before the process is reaped)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), within_s)
+    return process.returncode is not None
 
 AGENT_CHANNEL_TYPES = frozenset({"ai", "realtime"})
 """Channel types of agents: their turns do not prompt an agent unless `answer_agents` is set."""
@@ -90,6 +104,9 @@ class _Request:
     event: RoomEvent
     line: SessionLine
     """What the agent will be prompted with; a correction before the prompt replaces it."""
+    epoch: int = 0
+    """The agent process `line` was rendered for (`ACPAgentChannel.restarts` then): a request
+    queued before a restart is rendered again for the fresh session (G3: its note)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +218,7 @@ class ACPAgentChannel(Channel):
         prompt_timeout: float | None = 300.0,
         cancel_grace: float = 10.0,
         transcript_events: int = 50,
+        restart_backoff: Backoff = AGENT_RESTART,
     ) -> None:
         super().__init__(channel_id)
         if not command:
@@ -220,6 +238,14 @@ class ACPAgentChannel(Channel):
         self._rooms: dict[str, _RoomSession] = {}
         self._by_session: dict[str, _RoomSession] = {}
         self.agent_info: Implementation | None = None
+        self.restart_backoff = restart_backoff
+        """How an agent process that exited is started again (`AGENT_RESTART`)."""
+        self.restarts = 0
+        """Times the agent process exited and was started again."""
+        self._up = asyncio.Event()  # the agent process is running (prompts wait for it)
+        self._watcher: asyncio.Task[None] | None = None
+        self._restarter: asyncio.Task[None] | None = None
+        self._closing = False
 
     # ------------------------------------------------------------------ the agent process
 
@@ -251,7 +277,75 @@ class ACPAgentChannel(Channel):
             raise
         self.agent_info = response.agent_info
         self._stack, self._connection, self._process = stack, connection, process
+        self._watcher = asyncio.create_task(self._watch(process),
+                                            name=f"acp-{self.channel_id}-watch")  # fmt: skip
         return connection
+
+    async def _watch(self, process: asyncio.subprocess.Process) -> None:
+        """The agent process exits (it crashed, or was killed): every room's session with it is
+        gone. The rooms hear that their agent is away (`ON_AGENT_STATUS`), and it is started
+        again (`restart_backoff`), a fresh session per room; what waits to be prompted waits for
+        it, and a prompt the agent died in is prompted again on the fresh session."""
+        code = await process.wait()
+        if self._closing or process is not self._process:
+            return
+        log.warning("agent %s exited with code %s; starting it again", self.channel_id, code)
+        self._up.clear()
+        stack, self._stack, self._connection, self._process = self._stack, None, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                await stack.aclose()
+        self._tell(AgentStatus(self.channel_id, False, f"the agent exited with code {code}"))
+        self._restarter = asyncio.create_task(self._restart(),
+                                              name=f"acp-{self.channel_id}-restart")  # fmt: skip
+
+    async def _restart(self) -> None:
+        attempt = 0
+        while not self._closing:
+            attempt += 1
+            await asyncio.sleep(self.restart_backoff.delay(attempt))
+            try:
+                async with self._start_lock:
+                    connection = await self._connect()
+                    for state in list(self._rooms.values()):
+                        await self._fresh_session(connection, state)
+            except Exception as exc:
+                if self.restart_backoff.exhausted(attempt):
+                    log.error("agent %s could not be started again (%s); giving up",
+                              self.channel_id, exc)  # fmt: skip
+                    return
+                log.warning("agent %s: start %d failed (%s); trying again", self.channel_id,
+                            attempt, exc)  # fmt: skip
+                continue
+            self.restarts += 1
+            self._up.set()  # (only now: every room holds its fresh session)
+            log.info("agent %s started again (restart %d)", self.channel_id, self.restarts)
+            self._tell(AgentStatus(self.channel_id, True))
+            return
+
+    async def _fresh_session(self, connection: ClientSideConnection, state: _RoomSession) -> None:
+        """A new ACP session for the room on a restarted agent: it holds nothing of the old one,
+        so the room's labelling starts again (G3; who already spoke counts) and no correction
+        can reach a request of the old session."""
+        created = await connection.new_session(cwd=self.cwd, mcp_servers=[])
+        self._by_session.pop(state.session_id, None)
+        state.session_id = created.session_id
+        self._by_session[state.session_id] = state
+        state.labels = SessionLabels()
+        for spoken in await self.require_kit().past_labels(state.room_id, self._counts):
+            state.labels.count(spoken)
+        state.requests_sent = 0
+        state.sent.clear()
+        state.corrections.clear()
+
+    def _tell(self, status: AgentStatus) -> None:
+        """Every attached room's `ON_AGENT_STATUS` observers hear `status`."""
+        kit = self.kit
+        if kit is None:
+            return
+        for room_id in list(self._rooms):
+            kit.emit(HookTrigger.ON_AGENT_STATUS, status,
+                     HookContext(room_id=room_id, channel_id=self.channel_id, kit=kit))  # fmt: skip
 
     async def _log_stderr(self, stderr: asyncio.StreamReader) -> None:
         while line := await stderr.readline():
@@ -265,10 +359,13 @@ class ACPAgentChannel(Channel):
     # ------------------------------------------------------------------ rooms and sessions
 
     async def on_attach(self, room_id: str) -> None:
+        if self._restarter is not None and not self._restarter.done():
+            await self._up.wait()  # the agent is being started again: not a second one
         async with self._start_lock:
             if room_id in self._rooms:
                 return
             connection = await self._connect()
+            self._up.set()
             created = await connection.new_session(cwd=self.cwd, mcp_servers=[])
             state = _RoomSession(room_id=room_id, session_id=created.session_id)
             # who already spoke (G3 counts the room)
@@ -296,6 +393,12 @@ class ACPAgentChannel(Channel):
         self._by_session.pop(state.session_id, None)
 
     async def close(self) -> None:
+        self._closing = True
+        for task in (self._restarter, self._watcher):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         for state in list(self._rooms.values()):
             await self._end_session(state)
         self._rooms.clear()
@@ -367,7 +470,8 @@ class ACPAgentChannel(Channel):
         participants = await ctx.participants()
         register = await ctx.kit.get_register(ctx.room_id) or Register.new()
         if self.should_prompt(event):
-            request = _Request(event=event, line=state.labels.render(event, participants, register))
+            request = _Request(event=event, line=state.labels.render(event, participants, register),
+                               epoch=self.restarts)  # fmt: skip
             state.waiting[event.id] = request
             state.queue.put_nowait(request)
         else:
@@ -441,26 +545,50 @@ class ACPAgentChannel(Channel):
                     instructions.append(item)
                     continue
                 state.waiting.pop(item.event.id, None)
-                blocks: list[PromptBlock] = [text_block(text) for text in instructions]
+                await self._prompt_request(state, item, instructions)
                 instructions = []
-                blocks.extend(self._take_corrections(state))
-                blocks.append(text_block(item.line.text))
-                self._remember_sent(state, item)
-                blocks.append(
-                    resource_link_block(
-                        "room-transcript",
-                        self.transcript_uri(state.room_id),
-                        mime_type="text/plain",
-                        description="The room's latest turns, labelled as in this prompt.",
-                    )
-                )
-                await self._prompt(state, item.event, blocks)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("agent %s: prompt in room %s failed", self.channel_id, state.room_id)
             finally:
                 state.queue.task_done()
+
+    async def _prompt_request(
+        self, state: _RoomSession, item: _Request, instructions: list[str]
+    ) -> None:
+        """Prompt the agent with `item` (after the instructions that came before it and the
+        corrections waiting), once the agent runs; again, once, on a fresh session when the
+        agent process died under the prompt."""
+        for attempt in (1, 2):
+            await self._up.wait()
+            process = self._process
+            if item.epoch != self.restarts:  # rendered for a session that is gone
+                kit = self.require_kit()
+                participants = await kit.get_participants(state.room_id)
+                register = await kit.get_register(state.room_id) or Register.new()
+                item.line, item.epoch = state.labels.render(item.event, participants,
+                                                            register), self.restarts  # fmt: skip
+            blocks: list[PromptBlock] = [text_block(text) for text in instructions]
+            blocks.extend(self._take_corrections(state))
+            blocks.append(text_block(item.line.text))
+            self._remember_sent(state, item)
+            blocks.append(
+                resource_link_block(
+                    "room-transcript",
+                    self.transcript_uri(state.room_id),
+                    mime_type="text/plain",
+                    description="The room's latest turns, labelled as in this prompt.",
+                )
+            )
+            try:
+                await self._prompt(state, item.event, blocks)
+                return
+            except ConnectionError:  # the connection closed under the prompt
+                if attempt == 2 or process is None or not await _exited(process):
+                    raise
+                log.warning("agent %s died during a prompt in room %s; it is prompted again "
+                            "once the agent runs", self.channel_id, state.room_id)  # fmt: skip
 
     async def _prompt(self, state: _RoomSession, trigger: RoomEvent, blocks: list[PromptBlock]) -> None:
         connection = self._connection

@@ -38,15 +38,16 @@ class HookTrigger(StrEnum):
     ON_DTMF = "on_dtmf"
     """Observer: a caller pressed a key on a phone leg (the feed's `dtmf` message as value)."""
     ON_AGENT_STATUS = "on_agent_status"
-    """Observer: a model channel of the room (the realtime session) lost its provider, or has it
-    back (an `AgentStatus` as value)."""
+    """Observer: a model channel of the room (the realtime session, an ACP agent) lost its
+    provider or process, or has it back (an `AgentStatus` as value)."""
 
 
 @dataclass(frozen=True)
 class AgentStatus:
     """`ON_AGENT_STATUS`: whether the room's model behind `channel_id` can answer now.
-    Unavailable: its provider refused the session or cannot be reached, and the channel keeps
-    trying (the room's lines wait for it in order); available: it answers again."""
+    Unavailable: its provider refused the session or cannot be reached, or its process exited,
+    and the channel keeps trying (the room's lines wait for it in order); available: it answers
+    again."""
 
     channel_id: str
     available: bool

@@ -229,10 +229,11 @@ class DtmfMessage(_Wire):
 
 
 class AssistantStatusMessage(_Wire):
-    """The room's realtime model lost its provider or has it back (`rooms.AgentStatus`), sent
-    to the room's feed and its devices: `unavailable` (the provider refused the session or cannot
-    be reached; the room's lines wait for it, in order, and it keeps trying; `reason` says who
-    and the HTTP status, never the provider's words), `available` (it answers again)."""
+    """A model of the room (the realtime session, the ACP agent: `channel`) lost its provider
+    or process, or has it back (`rooms.AgentStatus`), sent to the room's feed and its devices:
+    `unavailable` (the provider refused the session or cannot be reached, or the agent process
+    exited; the room's lines wait for it, in order, and it keeps trying; `reason` says who and the
+    HTTP status or exit code, never the provider's words), `available` (it answers again)."""
 
     type: Literal["assistant_status"] = "assistant_status"
     room: str

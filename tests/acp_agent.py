@@ -6,13 +6,15 @@ test can assert the exact prompts. It answers in two `agent_message_chunk` updat
 `Noted (N).` for its N-th prompt in that session. A prompt whose text contains `read the room`
 makes it read the linked resource with `fs/read_text_file` and answer with what it read; one
 containing `log a lot` first writes about 300 kB to stderr; one containing `wait for cancel` answers `Working` and waits until `session/cancel`, then ends the
-turn with stop reason `cancelled`.
+turn with stop reason `cancelled`; one containing `crash now` makes the process exit at once
+(code 3), mid-turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -90,6 +92,9 @@ class RecordingAgent(Agent):
         if "log a lot" in text:  # more than a pipe holds: the client must read stderr
             for i in range(4000):
                 print(f"debug line {i:05d} " + "x" * 60, file=sys.stderr, flush=True)
+        if "crash now" in text:  # the agent process dies mid-turn, as a crashing agent does
+            sys.stderr.flush()
+            os._exit(3)
         if "wait for cancel" in text:
             self.cancelled[session_id].clear()
             await self._say(session_id, "Working")

@@ -19,7 +19,15 @@ from realtime_rooms import VoiceLikeChannel
 import rooms.acp
 from attribution import NOTE, NOTE_MARK
 from models import RoomEvent, TextContent
-from rooms import AIChannel, MockAIProvider, RoomKit, TextChannel
+from rooms import (
+    AgentStatus,
+    AIChannel,
+    Backoff,
+    HookTrigger,
+    MockAIProvider,
+    RoomKit,
+    TextChannel,
+)
 from rooms.acp import ACPAgentChannel
 
 AGENT = Path(__file__).resolve().parent / "acp_agent.py"
@@ -370,3 +378,33 @@ async def test_G3_acp_a_missing_agent_executable_is_a_clear_error(tmp_path: Path
     with pytest.raises(FileNotFoundError):
         await kit.attach_channel("r1", "agent1")
     await agent.close()
+
+
+async def test_G3_acp_an_agent_that_dies_is_started_again_and_the_room_told(
+    tmp_path: Path,
+) -> None:
+    """The agent process dies in the middle of a prompt turn. The room hears its agent is away
+    (`ON_AGENT_STATUS`, with the exit code) and back; the agent is started again with a fresh
+    session per room, whose labelling starts afresh (G3: the first labelled request carries the
+    note again), and the request it died in is prompted again, once: a request that kills the
+    agent every time is given up after its second try. Later requests are answered. Before, every
+    later prompt failed with a closed connection until the server restarted."""
+    fast = Backoff(first=0.05, factor=2.0, longest=0.1)
+    async with agent_room(tmp_path, restart_backoff=fast) as room:
+        told: list[AgentStatus] = []
+        room.kit.hooks.add(HookTrigger.ON_AGENT_STATUS, lambda status, ctx: told.append(status),
+                           name="test-agent-status")  # fmt: skip
+        await room.say("Alice", "Hello.")
+        await room.say("Bob", "Please crash now.")  # dies in it, and again when prompted again
+        await room.say("Alice", "Are you back?")
+        await room.kit.drain()
+        assert room.agent.restarts == 2
+        crashed = [f'Bob: "Please crash now."\n\n{NOTE}']
+        assert room.texts() == [["Hello."], crashed, crashed,  # the second try: a fresh session
+                                [f'Alice: "Are you back?"\n\n{NOTE}']]  # fmt: skip
+        sessions = [json.loads(line)["session"] for line in room.log.read_text().splitlines()]
+        assert sessions[0] == sessions[1] and len(set(sessions[1:])) == 3
+        assert room.agent.session_id("r1") == sessions[3]
+        assert [e.text for e in room.agent.replies_for("r1")] == ["Noted (1).", "Noted (1)."]
+        away = AgentStatus("agent1", False, "the agent exited with code 3")
+        assert told == [away, AgentStatus("agent1", True)] * 2
