@@ -28,6 +28,7 @@ from attribution import (
 from models import AIContext, AIMessage, RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
 from rooms.delegation import Delegation, TaskWorker, delegate_task
+from rooms.hooks import AgentStatus, HookContext, HookTrigger
 from rooms.memory import Memory, SlidingWindowMemory, SummarizingMemory
 from rooms.policy import SpeakPolicy, SpeakTurn
 
@@ -89,6 +90,15 @@ class MockAIProvider(AIProvider):
         return AIResponse(text=text)
 
 
+def failure_reason(exc: BaseException) -> str:
+    """Why a chat model's call failed, fit for the room: the HTTP status an API error carries,
+    else the error's kind; never its message (an API error can quote part of a key)."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return f"the chat model failed, HTTP {status}"
+    return f"the chat model failed ({type(exc).__name__})"
+
+
 class AIChannel(Channel):
     """A chat model in a room: `AIChannel("ai", provider, system_prompt, memory=..., policy=...)`.
 
@@ -131,6 +141,8 @@ class AIChannel(Channel):
         self._speakers: dict[str, set[str]] = {}
         """Per room: the labels of the turns it heard, once `speak_turn` asked (G6 counts them;
         reading the whole room for every turn made each turn cost as much as the room)."""
+        self._failing: set[str] = set()
+        """Rooms told their model is unavailable (its last call failed), until one succeeds."""
 
     def should_answer(self, event: RoomEvent) -> bool:
         if event.kind != "message":
@@ -240,6 +252,19 @@ class AIChannel(Channel):
             kit, room_id, worker, request=request, task=task, delegated_by=self.channel_id
         )
 
+    def _told(self, ctx: RoomContext, status: AgentStatus) -> None:
+        """The room's `ON_AGENT_STATUS` observers hear the first failed call of a run of them,
+        and the call that succeeds after it (nothing while calls succeed)."""
+        failing = ctx.room_id in self._failing
+        if status.available == (not failing):
+            return
+        if status.available:
+            self._failing.discard(ctx.room_id)
+        else:
+            self._failing.add(ctx.room_id)
+        ctx.kit.emit(HookTrigger.ON_AGENT_STATUS, status,
+                     HookContext(room_id=ctx.room_id, channel_id=self.channel_id, kit=ctx.kit))  # fmt: skip
+
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
         answering = self.should_answer(event)
         if answering and self.policy is not None:
@@ -251,7 +276,12 @@ class AIChannel(Channel):
         if not answering:
             return
         context = await self.build_context(event, ctx)
-        response = await self.provider.generate(context)
+        try:
+            response = await self.provider.generate(context)
+        except Exception as exc:
+            self._told(ctx, AgentStatus(self.channel_id, False, failure_reason(exc)))
+            raise
+        self._told(ctx, AgentStatus(self.channel_id, True))
         if not response.text:
             return
         await ctx.kit.post_event(

@@ -38,8 +38,8 @@ class HookTrigger(StrEnum):
     ON_DTMF = "on_dtmf"
     """Observer: a caller pressed a key on a phone leg (the feed's `dtmf` message as value)."""
     ON_AGENT_STATUS = "on_agent_status"
-    """Observer: a model channel of the room (the realtime session, an ACP agent) lost its
-    provider or process, or has it back (an `AgentStatus` as value)."""
+    """Observer: a model channel of the room (the realtime session, an ACP agent, a chat model)
+    lost its provider or process, or has it back (an `AgentStatus` as value)."""
 
 
 @dataclass(frozen=True)
