@@ -57,9 +57,10 @@ Per interruption:
   whether its first word was transcribed;
 - what the model was told: the stand-in's `response.cancel`s and `conversation.item.truncate`s.
 
-Per thing the caller said (SIP path): **reply after**, from the last frame of their speech to the
-first packet of the reply to it (voice to voice at the phone; the stand-in answers at once, so it
-is Chorus's own time), and the server's own `chorus_reply_latency_seconds` (sum and count).
+Per thing the caller said: **reply after**, from the last frame of their speech to the first
+packet (SIP) or frame (device) of the reply to it (voice to voice at the phone or the device; the
+stand-in answers at once, so it is Chorus's own time), and the server's own
+`chorus_reply_latency_seconds` (sum and count).
 """
 
 from __future__ import annotations
@@ -302,6 +303,12 @@ def reply_after(arrivals: list[float], spoke_until: float, before: float | None)
     return None
 
 
+def replies_after(arrivals: list[float], spoke_until: list[float]) -> list[float | None]:
+    """`reply_after` for each thing said, each bounded by the end of the next."""
+    return [reply_after(arrivals, at, nxt)
+            for at, nxt in zip(spoke_until, [*spoke_until[1:], None], strict=True)]  # fmt: skip
+
+
 def stop_time(arrivals: list[float], loud_at: float) -> float | None:
     """From `loud_at` to the last arrival before the first `QUIET_GAP_S` gap after it; None when
     nothing was arriving (no reply playing at `loud_at`)."""
@@ -464,9 +471,7 @@ async def barge_in_call(
         await hang_up_and_flush(caller, stopped)
     for other in others:
         await other.leave()
-    result.reply_after_s = [reply_after(arrivals.times, at, nxt)
-                            for at, nxt in zip(spoke_until, [*spoke_until[1:], None],
-                                               strict=True)]  # fmt: skip
+    result.reply_after_s = replies_after(arrivals.times, spoke_until)
     result.turns = len(turns)
     _score(result, turns, audio, spans)
     result.echo_turns = echo_turns(turns, said)
@@ -639,11 +644,20 @@ async def device_barge_in(
     def silence(seconds: float) -> Any:
         return np.zeros(int(seconds * 16000), np.float32)
 
+    spoke_until: list[float] = []
+    """When the last frame of each span's speech went (monotonic)."""
+
+    async def say_span(start: float, end: float) -> float | None:
+        """The span, then `PAUSE_S` of silence; the time of its first loud frame (as `say`)."""
+        loud_at = await say(recording[int(start * 16000) : int(end * 16000)])
+        spoke_until.append(time.monotonic())
+        await say(silence(PAUSE_S))
+        return loud_at
+
     try:
         began = time.monotonic()
         first, *rest = spans
-        await say(np.concatenate([recording[int(first[0] * 16000) : int(first[1] * 16000)],
-                                  silence(PAUSE_S)]))  # fmt: skip
+        await say_span(*first)
         for start, end in rest:
             seen = len(arrivals)
             deadline = time.monotonic() + 60.0
@@ -652,8 +666,7 @@ async def device_barge_in(
                     raise TimeoutError("no reply came")
                 await say(silence(0.02))
             at = sent * 0.02
-            loud_at = await say(np.concatenate([recording[int(start * 16000) : int(end * 16000)],
-                                                silence(PAUSE_S)]))  # fmt: skip
+            loud_at = await say_span(start, end)
             item = Interruption(round(at, 2), round(at + end - start, 2))
             if loud_at is not None:
                 item.stop_s = stop_time(arrivals, loud_at)
@@ -664,6 +677,7 @@ async def device_barge_in(
         result.error = f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):
             await desk.ws.close()
+    result.reply_after_s = replies_after(arrivals, spoke_until)
     turns = [m for m in desk.received if isinstance(m, TurnMessage)]
     result.turns = len({t.event_id for t in turns})
     _score(result, turns, audio, spans)
@@ -744,7 +758,8 @@ async def _run(args: argparse.Namespace) -> int:
               + (f" ({result.echo_words!r})" if heard else ""))  # fmt: skip
     replies = [r for r in result.reply_after_s if r is not None]
     if replies:
-        print(f"reply after the caller's speech ended (at the phone, the model answering at once): "
+        print(f"reply after the caller's speech ended (at the {'device' if args.path != 'sip' else 'phone'}, "
+              f"the model answering at once): "
               f"p50 {percentile(replies, 50) * 1000:.0f} ms, p95 "
               f"{percentile(replies, 95) * 1000:.0f} ms, max {max(replies) * 1000:.0f} ms over "
               f"{len(replies)} of {len(result.reply_after_s)}")  # fmt: skip

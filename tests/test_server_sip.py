@@ -1026,6 +1026,24 @@ async def test_the_barge_in_bench_caller_interrupts_and_is_heard() -> None:
     assert all(r is not None and 0 < r < 60 for r in result.reply_after_s), result.reply_after_s
 
 
+async def test_the_barge_in_bench_device_interrupts_and_times_each_answer() -> None:
+    """`chorus bench barge_in --path device`: a room's device that stops the reply as the page
+    does; each time it talks over the reply, it stops, and each thing it said is answered, its
+    answer timed from the end of what it said to the reply's first frame."""
+    from bench.barge_in import device_barge_in, utterances
+
+    async with OpenAIRealtimeServer(reply_audio_seconds=8.0, audio_pace=4.0) as model:
+        words = MeetingWords.from_meeting(MEETING)
+        async with running_server_with_local_stt(answering(model.base_url, "Bench"), words) as srv:
+            audio = str(MEETING / "meeting.wav")
+            result = await device_barge_in(srv.base, "standup", issue_token(SECRET, "standup"),
+                                           audio, utterances(audio, 3), after=0.5)  # fmt: skip
+    assert result.error is None, result
+    assert len(result.stop_times()) == 2 and all(0 <= s < 1.5 for s in result.stop_times())
+    assert len(result.reply_after_s) == 3
+    assert all(r is not None and 0 < r < 60 for r in result.reply_after_s), result.reply_after_s
+
+
 def test_a_reply_is_timed_from_the_end_of_what_it_answers() -> None:
     from bench.barge_in import reply_after
 
