@@ -211,6 +211,11 @@ WAITING_AUDIO_S = 120.0
 away, a reconnect under way): past that, the oldest waiting turns go as their lines alone, as a
 reconnect replays them anyway (R6), so a long outage never holds a meeting's audio in memory."""
 
+FAILED_RETRY_S = 1.0
+"""A response that failed with nothing said (the provider's `server_error`, a refused
+`response.create`) is asked for again once, this long after; a line asked meanwhile answers it
+instead."""
+
 UNREACHABLE_AFTER_S = 2.0
 """A session that has worked and cannot reach its provider for this long says so (a
 `SessionError` `session_unreachable`: the room's model is unavailable until it reconnects); a
@@ -290,6 +295,7 @@ class RealtimeSession(ABC):
         renew_before_s: float | None = RENEW_BEFORE_S,
         refused_retry: Backoff = REFUSED_RETRY,
         waiting_audio_s: float = WAITING_AUDIO_S,
+        failed_retry_s: float | None = FAILED_RETRY_S,
     ) -> None:
         if record_limit < 0:
             raise ValueError("record_limit must be 0 (record nothing) or more")
@@ -321,6 +327,13 @@ class RealtimeSession(ABC):
         """Turn audio the session holds while it cannot send it (`WAITING_AUDIO_S`)."""
         self.audio_dropped_s = 0.0
         """Turn audio that waited past `waiting_audio_s` and went as its line alone."""
+        self.failed_retry_s = failed_retry_s
+        """When a response that failed with nothing said is asked for again (`FAILED_RETRY_S`;
+        None: never)."""
+        self.retried = 0
+        """Failed responses asked for again so far."""
+        self._retry: int | None = None  # the request that is a failed one's retry
+        self._output_of: int | None = None  # the request in flight that has said something
         self._waiting_audio: deque[_Op] = deque()  # audio turns not yet sent, oldest first
         self._waiting_audio_bytes = 0
         self.reconnect_forever = reconnect_forever
@@ -498,6 +511,7 @@ class RealtimeSession(ABC):
             self._pending_response = True
             return False
         self._enqueue(_Op("response"))
+        self._pending_response = False  # (a failed one held for its retry: this answers too)
         self._begin_request()
         return True
 
@@ -858,6 +872,8 @@ class RealtimeSession(ABC):
         if isinstance(event, ReplyAudio | ReplyTranscript):
             if event.response_id in self._abandoned_rids:
                 return  # a late piece of a response that timed out: never delivered
+            if self._in_flight and event.response_id in ("", self._active_rid):
+                self._output_of = self._active
             await self._emit(event)
             return
         if isinstance(event, ReplyDone):
@@ -877,6 +893,7 @@ class RealtimeSession(ABC):
                 # it, but it must not free the request in flight.
                 await self._emit(event)
                 return
+            request, said = self._active, self._output_of == self._active
             self._finish_request()
             self._closed_refusals = 0  # the connection answers
             if event.transcript:
@@ -884,7 +901,10 @@ class RealtimeSession(ABC):
                                        response_id=event.response_id))  # fmt: skip
             await self._emit(event)
             self._renew_if_due()
+            held = self._pending_response  # (a held request answers the same lines)
             self._send_held_request()
+            if event.status == "failed" and not event.transcript and not said and not held:
+                self._retry_failed(request)
             return
         await self._emit(event)
 
@@ -908,6 +928,25 @@ class RealtimeSession(ABC):
         self._response_written = False
         self._active = None
         self._active_rid = None
+
+    def _retry_failed(self, request: int | None) -> None:
+        """A response failed with nothing said (and no request was held behind it): unless it
+        was a retry itself, it is asked for again after `failed_retry_s`, held meanwhile
+        (`wait_idle` waits for it; a line asked meanwhile answers it instead)."""
+        if (self.failed_retry_s is None or request is None or request == self._retry
+                or self._closing):  # fmt: skip
+            return
+        log.warning("%s: response to request %d failed with nothing said; asking again in %.3g s",
+                    self.provider, request, self.failed_retry_s)  # fmt: skip
+        self._pending_response = True
+        asyncio.get_running_loop().call_later(self.failed_retry_s, self._send_retry)
+
+    def _send_retry(self) -> None:
+        if self._in_flight or not self._pending_response or self._closing or self.failed:
+            return  # a request went meanwhile, or holds this one; or the session is done
+        self._send_held_request()
+        self._retry = self._active
+        self.retried += 1
 
     def _send_held_request(self) -> None:
         if self._pending_response and not self._closing and self.failed is None:

@@ -713,14 +713,36 @@ async def test_R6_a_connection_closed_as_refused_is_reopened_ever_more_slowly() 
 async def test_R4_a_refused_response_create_does_not_block_later_answers(
     server: OpenAIRealtimeServer,
 ) -> None:
-    room = await open_room(server, policy=AnswerAlways())
-    server.refuse_responses(1)
+    """A `response.create` refused twice (the service's error names it): the request is done,
+    nothing stays "in flight"; it is asked for again once (`failed_retry_s`), and given up when
+    that is refused too. The next line is answered."""
+    room = await open_room(server, policy=AnswerAlways(), failed_retry_s=0.05)
+    server.refuse_responses(2)
     await room.say("Speaker A", "First?")
-    await room.idle()  # the refusal releases the request: nothing stays "in flight"
+    await room.idle()  # the refusal releases the request; its retry is refused too
     await room.say("Speaker A", "Second?")
     await room.idle()
-    assert [e["code"] for e in server.latest.errors] == ["rate_limit_exceeded"]
-    assert server.latest.errors[0]["event_id"] == "chorus_response_1"
+    assert [e["code"] for e in server.latest.errors] == ["rate_limit_exceeded"] * 2
+    assert [e["event_id"] for e in server.latest.errors] == ["chorus_response_1",
+                                                             "chorus_response_2"]  # fmt: skip
+    assert types_sent(server).count("response.create") == 3
+    assert room.realtime.session_for(room.id).retried == 1
+    replies = [e.text for e in await room.kit.list_events("r1") if e.source.channel_id == "rt"]
+    assert replies == ["Reply 1"]
+    await room.kit.close()
+
+
+async def test_R4_a_response_that_failed_with_nothing_said_is_asked_for_again_once(
+    server: OpenAIRealtimeServer,
+) -> None:
+    """The service fails a response before it said anything (a refused `response.create`, as
+    for a `server_error` or a rate limit): it is asked for again once, after `failed_retry_s`,
+    and the question is answered. Before, it went unanswered, and nobody was told."""
+    room = await open_room(server, policy=AnswerWhenAddressed(), failed_retry_s=0.05)
+    server.refuse_responses(1, "server_error")
+    await room.say("Speaker A", "Chorus, first?")
+    await room.idle()  # (waits for the retry too: it is held until it goes)
+    assert [e["code"] for e in server.latest.errors] == ["server_error"]
     assert types_sent(server).count("response.create") == 2
     replies = [e.text for e in await room.kit.list_events("r1") if e.source.channel_id == "rt"]
     assert replies == ["Reply 1"]
