@@ -271,7 +271,13 @@ class LiveRooms:
             )
         self.metrics.feed_consumers += 1
         live.touch()
-        return live.feed.subscribe()
+        consumer = live.feed.subscribe()
+        replayed = set(list(live.feed.history)[-live.feed.queue_size :])  # (what it was sent)
+        for text in live.agents_away.values():  # a model away since before the recent history
+            if text not in replayed:
+                with contextlib.suppress(asyncio.QueueFull):
+                    consumer.queue.put_nowait(text)
+        return consumer
 
     def unsubscribe(self, live: LiveRoom, consumer: FeedConsumer) -> None:
         self.metrics.feed_consumers -= 1

@@ -280,6 +280,10 @@ class ServerOutput(Channel):
         text = dump(AssistantStatusMessage(
             room=ctx.room_id, channel=value.channel_id,
             status="available" if value.available else "unavailable", reason=value.reason))  # fmt: skip
+        if value.available:
+            live.agents_away.pop(value.channel_id, None)
+        else:
+            live.agents_away[value.channel_id] = text
         live.feed.publish(text)
         for stream in list(live.streams.values()):
             if stream.kind == "device":

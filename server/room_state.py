@@ -179,6 +179,9 @@ class LiveRoom:
     """The last seconds of each speaker's voice, for the page's speakers panel (in memory)."""
     suggested: set[tuple[str | None, str, str]] = field(default_factory=set)
     """(stream, label, name) already suggested from an introduction (each once)."""
+    agents_away: dict[str, str] = field(default_factory=dict)
+    """Channel id → its `assistant_status` (unavailable) message, while a model of the room is
+    away: a feed consumer that joins meanwhile is told first."""
     turn_latencies: OrderedDict[str, float] = field(default_factory=OrderedDict)
     """Event id → turn latency of the room's latest voice turns (`server.output`: a reply's
     latency starts from its asking turn's)."""

@@ -47,3 +47,30 @@ async def test_the_room_hears_when_its_assistant_is_away_and_when_it_is_back() -
             _, metrics = await srv.http_get("/metrics")
             assert "chorus_assistant_outages_total 1.0" in metrics
             await feed.close()
+
+
+async def test_who_joins_while_the_assistant_is_away_is_told_first() -> None:
+    """A feed consumer that joins while the room's model is away hears it first, even when the
+    status is older than the recent messages a new consumer is sent (`limits.history` 0 here);
+    once the model is back, a new consumer hears nothing of it."""
+    async with OpenAIRealtimeServer(api_key="sk-test") as model:
+        config = {"realtime": {"provider": "openai", "base_url": model.base_url,
+                               "api_key": "sk-test"}, "limits": {"history": 0}}  # fmt: skip
+        async with running_server(config) as srv:
+            token = issue_token(SECRET, ROOM)
+            first = await EventFeed.open(srv.base, ROOM, token)
+            await eventually(lambda: len(model.connections) == 1, BOUND_S, "the room's session")
+            model.api_key = "sk-revoked"
+            model.drop()
+            await eventually(lambda: len(statuses(first)) == 1, BOUND_S, "the assistant away")
+            late = await EventFeed.open(srv.base, ROOM, token)
+            await eventually(lambda: len(statuses(late)) == 1, BOUND_S, "told on joining")
+            assert statuses(late)[0].status == "unavailable"
+            model.api_key = "sk-test"
+            await eventually(lambda: len(statuses(first)) == 2, BOUND_S, "the assistant back")
+            later = await EventFeed.open(srv.base, ROOM, token)
+            await first.message("guest", "Hello?")  # a message through: the feed is live
+            await eventually(lambda: any(m.type == "message" for m in later.received), BOUND_S)
+            assert statuses(later) == []
+            for feed in (first, late, later):
+                await feed.close()
