@@ -29,7 +29,9 @@ from server.framing import (
 )
 from server.protocol import (
     BargeInMessage,
+    BargeInRuleMessage,
     CloseCode,
+    DeviceRequest,
     StartedMessage,
     StartMessage,
     StopMessage,
@@ -45,10 +47,10 @@ from server.reply_audio import (
 )
 from voice.audio import StreamFormat, mulaw_decode
 
-_NAMES = schema_names(StartMessage, StopMessage, BargeInMessage)
+_NAMES = schema_names(StartMessage, StopMessage, BargeInMessage, BargeInRuleMessage)
 
 
-def parse(text: str) -> StartMessage | StopMessage | BargeInMessage:
+def parse(text: str) -> DeviceRequest:
     """A device's JSON message, or the refusal for it (an unknown encoding is told apart)."""
     try:
         return parse_device_message(text)
@@ -100,13 +102,19 @@ class DeviceFraming:
         parsed = parse(message)
         if isinstance(parsed, StopMessage):
             raise StoppedBeforeStart
-        if isinstance(parsed, BargeInMessage):
-            raise Refusal(CloseCode.BAD_MESSAGE, "barge_in before start", "bad_message")
+        if isinstance(parsed, BargeInMessage | BargeInRuleMessage):
+            raise Refusal(CloseCode.BAD_MESSAGE, f"{parsed.type} before start", "bad_message")
         self.declaration = declaration_of(parsed)
-        if parsed.echo_cancelled or parsed.server_barge_in:
+        self._server_decides(parsed.echo_cancelled or parsed.server_barge_in)
+        return self.declaration
+
+    def _server_decides(self, decides: bool) -> None:
+        """Run the server's barge-in rule on this device's audio (or stop running it)."""
+        if not decides:
+            self.barge_in = None
+        elif self.barge_in is None:
             self.barge_in = echo_cancelled_barge_in()
             self.barge_in.on_barge_in = lambda: self.on_barge_in() if self.on_barge_in else None
-        return self.declaration
 
     def audio(self, message: str | bytes) -> bytes | None:
         """Whole sample frames of a binary message (a split sample waits for the next); None
@@ -128,6 +136,9 @@ class DeviceFraming:
         if isinstance(parsed, BargeInMessage):
             if self.on_barge_in is not None:
                 self.on_barge_in()
+            return b""
+        if isinstance(parsed, BargeInRuleMessage):  # the page's switch, changed mid-stream
+            self._server_decides(parsed.server_decides)
             return b""
         raise Refusal(CloseCode.BAD_MESSAGE, "stream already started", "bad_message")
 

@@ -105,13 +105,22 @@ class BargeInMessage(_Wire):
     type: Literal["barge_in"] = "barge_in"
 
 
-DeviceMessage = Annotated[StartMessage | StopMessage | BargeInMessage, Field(discriminator="type")]
-_device_adapter: TypeAdapter[StartMessage | StopMessage | BargeInMessage] = TypeAdapter(
-    DeviceMessage
-)
+class BargeInRuleMessage(_Wire):
+    """Mid-stream: whether the server decides when someone talks over the reply on this
+    microphone from now on (`server_decides`, as `server_barge_in` at `start`: the page's
+    barge-in switch turned on or off while it streams). Off, nothing on the server stops the
+    reply for this microphone's audio (the device still may, with `barge_in`)."""
+
+    type: Literal["barge_in_rule"] = "barge_in_rule"
+    server_decides: bool
 
 
-def parse_device_message(text: str | bytes) -> StartMessage | StopMessage | BargeInMessage:
+DeviceRequest = StartMessage | StopMessage | BargeInMessage | BargeInRuleMessage
+DeviceMessage = Annotated[DeviceRequest, Field(discriminator="type")]
+_device_adapter: TypeAdapter[DeviceRequest] = TypeAdapter(DeviceMessage)
+
+
+def parse_device_message(text: str | bytes) -> DeviceRequest:
     """Raises `pydantic.ValidationError` for bad JSON, an unknown type or a bad field."""
     return _device_adapter.validate_json(text)
 

@@ -15,6 +15,7 @@ import pytest
 
 from server.audiosocket import AudioSocketFraming, Kind
 from server.device import DeviceFraming
+from server.framing import Refusal
 from server.protocol import ReplyStoppedMessage, dump
 from server.reply_audio import (
     BARGE_IN_FLOOR_DBFS,
@@ -316,4 +317,30 @@ def test_a_device_that_leaves_the_barge_in_to_the_server_is_heard_by_its_rule_an
     page.reply_audio(frame(2000, -20, 16000), 16000)  # a reply plays there
     for piece in pieces(meeting_speech(0.0, 2.0, 16000), 16000, 20):
         page.audio(piece)
+    assert told == ["barge-in"]
+
+
+def test_the_barge_in_rule_can_be_switched_mid_stream() -> None:
+    """`barge_in_rule` (the page's barge-in switch, turned while it streams): off, the server no
+    longer stops the reply on this microphone's speech; on again, it does. Before `start` it is
+    refused, as any message but `start` is."""
+    framing = DeviceFraming()
+    with pytest.raises(Refusal, match="barge_in_rule before start"):
+        framing.start(json.dumps({"type": "barge_in_rule", "server_decides": True}))
+    framing.start(json.dumps({"type": "start", "participant": "desk", "server_barge_in": True}))
+    told: list[str] = []
+    framing.on_barge_in = lambda: told.append("barge-in")
+    speech = pieces(meeting_speech(0.0, 2.0, 16000), 16000, 20)
+
+    def talk_over_a_reply() -> None:
+        framing.reply_audio(frame(2000, -20, 16000), 16000)  # a reply plays there
+        for piece in speech:
+            framing.audio(piece)
+
+    assert framing.audio(json.dumps({"type": "barge_in_rule", "server_decides": False})) == b""
+    assert framing.barge_in is None
+    talk_over_a_reply()
+    assert told == []
+    framing.audio(json.dumps({"type": "barge_in_rule", "server_decides": True}))
+    talk_over_a_reply()
     assert told == ["barge-in"]

@@ -28,7 +28,7 @@ from playwright.async_api import Page, async_playwright
 from realtime.testing.openai_server import OpenAIRealtimeServer
 from server.auth import issue_token
 from server.device import DeviceFraming
-from server.protocol import StartMessage, parse_device_message
+from server.protocol import BargeInRuleMessage, StartMessage, parse_device_message
 from server.testing.harness import SECRET, RunningServer, local_deepgram_stt, running_server
 from tests.test_server_page import find_chromium, wait_for
 from voice.audio import float_to_pcm16
@@ -131,6 +131,9 @@ async def test_the_page_streams_the_room_microphone_plays_the_reply_and_shows_th
         )
         assert (settings["echoCancellation"], settings["noiseSuppression"],
                 settings["autoGainControl"]) == (False, False, False)  # fmt: skip
+        # the browser's processing is chosen at start: those switches wait while it runs
+        assert [await page.is_disabled(s) for s in switches] == [True, True, True]
+        assert not await page.is_disabled("#barge-in")  # this one works at once
         start = parse_device_message(json.dumps(await page.evaluate("chorus.mic.startMessage")))
         assert isinstance(start, StartMessage)
         assert (start.sample_rate, start.encoding, start.channels, start.shared_mic) == (
@@ -370,3 +373,19 @@ async def test_with_echo_cancellation_on_the_server_decides_the_barge_in(
             start = parse_device_message(json.dumps(await page.evaluate("chorus.startMessage()")))
             assert isinstance(start, StartMessage) and not start.server_barge_in, switch
             await page.check(switch)
+        # the barge-in switch turned off and on while the page streams: the server is told
+        # (`barge_in_rule`), and the page's own rule steps back in while the server does not
+        await page.evaluate("""() => {
+          const {mic} = chorus;
+          window.sent = [];
+          mic.socket = {readyState: WebSocket.OPEN, chorusStarted: true,
+                        send: (m) => window.sent.push(JSON.parse(m))};
+          mic.startMessage = chorus.startMessage();
+        }""")
+        await page.uncheck("#barge-in")
+        assert await page.evaluate("chorus.mic.startMessage.server_barge_in") is False
+        await page.check("#barge-in")
+        sent = await page.evaluate("window.sent")
+        assert [parse_device_message(json.dumps(m)) for m in sent] == [
+            BargeInRuleMessage(server_decides=False), BargeInRuleMessage(server_decides=True)]
+        await page.evaluate("() => { chorus.mic.socket = null; chorus.mic.startMessage = null; }")
