@@ -97,7 +97,7 @@ from server.overload import (
     DiarizationStatus,
     OverloadPolicy,
 )
-from server.pipeline import VoiceStreamAudio
+from server.pipeline import VoiceStreamAudio, stop_room_reply
 from server.protocol import AssistantStatusMessage, SpeakerSuggestionMessage, dump
 from server.reply_audio import BargeIn, ReplyEnvelope, echo_cancelled_barge_in
 from server.stage_guard import StageGuard, status_message
@@ -1032,11 +1032,9 @@ class ChorusRoomAgent:
         self.reply_source.clear_queue()
         self.reply_envelope.stopped()
         log.info("room %s: a caller talked over the reply: stopped", self.room_name)
-        self.voice.stop_playing(self.room_name)  # the microphones are not silenced for it (V9)
-        self.diarized.stop_playing(self.room_name)
+        stop_room_reply(self.room_name, self.realtime, (self.voice, self.diarized))
         session.reply_stopped()
         if self.realtime is not None:
-            self.realtime.stop_reply(self.room_name)  # now: no piece of it arriving later plays
             self._spawn(self._interrupted())
 
     async def _reply_loop(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -398,10 +398,7 @@ class VoicePipeline:
         return self.shared_voice.is_playing(room_id) or self.diarized_voice.is_playing(room_id)
 
     def stop_reply(self, room_id: str) -> None:
-        if self.realtime is not None:
-            self.realtime.stop_reply(room_id)
-        self.shared_voice.stop_playing(room_id)
-        self.diarized_voice.stop_playing(room_id)
+        stop_room_reply(room_id, self.realtime, (self.shared_voice, self.diarized_voice))
 
     async def interrupt(self, room_id: str) -> None:
         if self.realtime is None:
@@ -600,6 +597,19 @@ def realtime_channel(config: ServerConfig) -> RealtimeChannel | None:
         response_timeout=rt.response_timeout,
         **options,
     )
+
+
+def stop_room_reply(
+    room_id: str, realtime: RealtimeChannel | None, voices: Iterable[VoiceChannel]
+) -> None:
+    """Someone talked over the reply (a barge-in): the rest of the model's response is dropped
+    (`RealtimeChannel.stop_reply`) and the room's microphones are no longer silenced for it (V9,
+    `VoiceChannel.stop_playing`). Synchronous, at the barge-in itself. The one home of these
+    steps, for `chorus serve` (`VoicePipeline.stop_reply`) and the LiveKit worker."""
+    if realtime is not None:
+        realtime.stop_reply(room_id)
+    for voice in voices:
+        voice.stop_playing(room_id)
 
 
 def chat_channel(config: ServerConfig) -> AIChannel | None:
