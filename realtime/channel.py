@@ -44,6 +44,7 @@ from realtime.session import (
     ReplyAudio,
     ReplyDone,
     ReplyTranscript,
+    SessionCounts,
     SessionError,
     SessionEvent,
     SessionOptions,
@@ -261,8 +262,17 @@ class RealtimeChannel(Channel):
             response_timeout=response_timeout,
         )
         self._rooms: dict[str, _RoomState] = {}
+        self._ended = SessionCounts()  # what the sessions of rooms gone went through
 
     # ------------------------------------------------------------------ sessions
+
+    def session_counts(self) -> SessionCounts:
+        """What every session of this channel went through, the rooms gone included
+        (`chorus serve`'s `/metrics`: `chorus_realtime_*`)."""
+        total = self._ended
+        for state in self._rooms.values():
+            total = total + state.session.counts()
+        return total
 
     def _new_session(self) -> RealtimeSession:
         if callable(self.provider):
@@ -315,6 +325,7 @@ class RealtimeChannel(Channel):
                 await state.session.close()
             except Exception:
                 log.exception("closing realtime session of room %s failed", room_id)
+            self._ended = self._ended + state.session.counts()
 
     async def close(self) -> None:
         for state in self._rooms.values():
@@ -322,6 +333,7 @@ class RealtimeChannel(Channel):
                 await state.session.close()
             except Exception:
                 log.exception("closing realtime session failed")
+            self._ended = self._ended + state.session.counts()
         self._rooms.clear()
 
     def stop_reply(self, room_id: str) -> bool:

@@ -184,6 +184,27 @@ Listener = Callable[[SessionEvent], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
+class SessionCounts:
+    """What a session (or a channel's sessions together) went through: connections opened after
+    the first (`reconnects`: drops and renewals), `renewals` ahead of a provider's announced end,
+    `refusals` after it had worked, failed responses asked for again (`retried`), and turn
+    audio that waited too long and went as its line alone (`audio_dropped_s`)."""
+
+    reconnects: int = 0
+    renewals: int = 0
+    refusals: int = 0
+    retried: int = 0
+    audio_dropped_s: float = 0.0
+
+    def __add__(self, other: SessionCounts) -> SessionCounts:
+        return SessionCounts(
+            self.reconnects + other.reconnects, self.renewals + other.renewals,
+            self.refusals + other.refusals, self.retried + other.retried,
+            self.audio_dropped_s + other.audio_dropped_s,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SentEvent:
     """One client event as it went on the wire, and on which connection (0, 1, … after drops)."""
 
@@ -312,6 +333,8 @@ class RealtimeSession(ABC):
         to end it, and the session reconnects as after a drop."""
         self.renewals = 0
         """Connections renewed before their announced end so far."""
+        self.connections_opened = 0
+        """Connections opened so far (the first, then every reconnect and renewal)."""
         self.playing_until = 0.0
         """Loop time until which the room is still playing the model's last reply (the realtime
         channel sets it as reply audio reaches the room's sinks). A renewal waits for it: a
@@ -553,6 +576,11 @@ class RealtimeSession(ABC):
         talked over it): the provider's context keeps only that much of it (OpenAI
         `conversation.item.truncate`; providers without it do nothing)."""
         await self._enqueue(_Op("truncate", item_id=item_id, audio_end_ms=max(0, audio_end_ms)))
+
+    def counts(self) -> SessionCounts:
+        """What this session went through so far (`SessionCounts`)."""
+        return SessionCounts(max(0, self.connections_opened - 1), self.renewals, self.refusals,
+                             self.retried, self.audio_dropped_s)  # fmt: skip
 
     def reply_heard(self, response_id: str, text: str) -> bool:
         """The room heard only `text` of the reply `response_id` (someone talked over it): the
@@ -814,6 +842,7 @@ class RealtimeSession(ABC):
                 continue
             self._connected = True
             self._ever_connected = True
+            self.connections_opened += 1
             self._reader = asyncio.create_task(self._read_loop(self.connection_index))
             if self.connection_index > 0:
                 await self._emit(SessionReconnected(self.connection_index))

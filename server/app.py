@@ -110,6 +110,7 @@ class ChorusServer:
         """The process's CPU share (`server.load`), for the load figure."""
         self.metrics.stage_load = pipeline.stage_load
         self.metrics.second_pass = pipeline.second_pass_outcomes
+        self.metrics.realtime = pipeline.realtime_counts
         self.metrics.load = self.load
         self._closing = False
         self._drain = Drain()

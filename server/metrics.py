@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from realtime import SessionCounts
 from rooms import ChannelDeliveryStats
 from server.load import Load, load_figure
 from server.overload import StageLoad
@@ -84,6 +85,8 @@ class ServerMetrics(Collector):
         self.diarization_recoveries_total = 0
         self.rooms = 0
         self.second_pass: Callable[[], dict[str, int] | None] = lambda: None
+        self.realtime: Callable[[], SessionCounts | None] = lambda: None
+        """What the rooms' realtime sessions went through (`RealtimeChannel.session_counts`)."""
         """What the live second pass did with the turns (`SecondPassStats.as_dict`), read at
         scrape time; None when it is off."""
         self.voice_turns: Callable[[], tuple[int, int] | None] = lambda: None
@@ -203,6 +206,9 @@ class ServerMetrics(Collector):
             "its lines waited for it.",
             self.assistant_outages_total,
         )
+        counts = self.realtime()
+        if counts is not None:
+            yield from _realtime_families(counts)
         outcomes = self.second_pass()
         if outcomes is not None:
             second = CounterMetricFamily(
@@ -315,6 +321,24 @@ def _delivery_families(stats: dict[str, ChannelDeliveryStats]) -> Iterator[Metri
         waiting.add_metric([channel_id], counts.waiting)
     yield deliveries
     yield waiting
+
+
+def _realtime_families(counts: SessionCounts) -> Iterator[Metric]:
+    yield _counter("chorus_realtime_reconnects",
+                   "Realtime model connections opened after a room's first: drops and renewals.",
+                   counts.reconnects)  # fmt: skip
+    yield _counter("chorus_realtime_renewals",
+                   "Realtime model connections renewed ahead of the end their provider announced.",
+                   counts.renewals)  # fmt: skip
+    yield _counter("chorus_realtime_refusals",
+                   "Realtime model connects refused (or connections closed as refused) after the "
+                   "session had worked; each was tried again.", counts.refusals)  # fmt: skip
+    yield _counter("chorus_realtime_retried_responses",
+                   "Realtime responses that failed with nothing said and were asked for again.",
+                   counts.retried)  # fmt: skip
+    yield _counter("chorus_realtime_audio_dropped_seconds",
+                   "Turn audio that waited too long for an away provider and went as its line "
+                   "alone.", counts.audio_dropped_s)  # fmt: skip
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from diarization import enroll_voices, load_stage
 from models.extras import require
-from realtime import AnswerOnly, RealtimeChannel, SpeakPolicy, default_policy
+from realtime import AnswerOnly, RealtimeChannel, SessionCounts, SpeakPolicy, default_policy
 from realtime.providers import require_provider
 from rooms import AIChannel, RoomKit, SlidingWindowMemory
 from server.config import ServerConfig
@@ -116,6 +116,10 @@ class Pipeline(Protocol):
 
     def second_pass_outcomes(self) -> dict[str, int] | None:
         """What the live second pass did (`/metrics`), or None when it is off."""
+        ...
+
+    def realtime_counts(self) -> SessionCounts | None:
+        """What the realtime sessions went through (`/metrics`), or None without them."""
         ...
 
     async def release_room(self, kit: RoomKit, room_id: str) -> None:
@@ -414,6 +418,9 @@ class VoicePipeline:
         if not self.diarizes_with_stage:
             return None
         return self.overload.load()
+
+    def realtime_counts(self) -> SessionCounts | None:
+        return None if self.realtime is None else self.realtime.session_counts()
 
     def second_pass_outcomes(self) -> dict[str, int] | None:
         """What the live second pass did (`/metrics`), or None when it is off."""

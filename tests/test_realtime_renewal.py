@@ -92,7 +92,11 @@ async def test_R6_openai_renews_the_session_before_it_expires_and_never_mid_repl
         await asyncio.sleep(max(0.0, first.session["expires_at"] - time.time()) + 0.3)
         assert server.expired == []
         assert rt.session_for("r1").renewals >= 1
+        counts = rt.session_counts()  # (`/metrics`: chorus_realtime_*)
+        assert counts.renewals >= 1 and counts.reconnects >= 1 and counts.refusals == 0
         await kit.close()
+        kept = rt.session_counts()  # the room's session gone, its counts kept
+        assert kept.renewals >= counts.renewals and kept.reconnects >= counts.reconnects
 
 
 async def test_R6_a_session_the_service_ends_is_reopened_with_the_history() -> None:

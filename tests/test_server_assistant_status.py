@@ -46,6 +46,12 @@ async def test_the_room_hears_when_its_assistant_is_away_and_when_it_is_back() -
             assert away.room == ROOM and away.channel == "realtime"
             _, metrics = await srv.http_get("/metrics")
             assert "chorus_assistant_outages_total 1.0" in metrics
+            # the session reconnected after the refusals it counted, all of it in `/metrics`
+            counts = srv.server.rooms.pipeline.realtime_counts()
+            assert counts is not None and counts.reconnects == 1 and counts.refusals >= 1
+            assert "chorus_realtime_reconnects_total 1.0" in metrics
+            assert f"chorus_realtime_refusals_total {float(counts.refusals)}" in metrics
+            assert "chorus_realtime_renewals_total 0.0" in metrics
             await feed.close()
 
 
