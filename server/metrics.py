@@ -323,22 +323,25 @@ def _delivery_families(stats: dict[str, ChannelDeliveryStats]) -> Iterator[Metri
     yield waiting
 
 
+REALTIME_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("reconnects", "chorus_realtime_reconnects",
+     "Realtime model connections opened after a room's first: drops and renewals."),
+    ("renewals", "chorus_realtime_renewals",
+     "Realtime model connections renewed ahead of the end their provider announced."),
+    ("refusals", "chorus_realtime_refusals",
+     "Realtime model connects refused (or connections closed as refused) after the session had "
+     "worked; each was tried again."),
+    ("retried", "chorus_realtime_retried_responses",
+     "Realtime responses that failed with nothing said and were asked for again."),
+    ("audio_dropped_s", "chorus_realtime_audio_dropped_seconds",
+     "Turn audio that waited too long for an away provider and went as its line alone."),
+)  # fmt: skip
+"""`SessionCounts` field, metric name, help: what `/metrics` says of the realtime sessions."""
+
+
 def _realtime_families(counts: SessionCounts) -> Iterator[Metric]:
-    yield _counter("chorus_realtime_reconnects",
-                   "Realtime model connections opened after a room's first: drops and renewals.",
-                   counts.reconnects)  # fmt: skip
-    yield _counter("chorus_realtime_renewals",
-                   "Realtime model connections renewed ahead of the end their provider announced.",
-                   counts.renewals)  # fmt: skip
-    yield _counter("chorus_realtime_refusals",
-                   "Realtime model connects refused (or connections closed as refused) after the "
-                   "session had worked; each was tried again.", counts.refusals)  # fmt: skip
-    yield _counter("chorus_realtime_retried_responses",
-                   "Realtime responses that failed with nothing said and were asked for again.",
-                   counts.retried)  # fmt: skip
-    yield _counter("chorus_realtime_audio_dropped_seconds",
-                   "Turn audio that waited too long for an away provider and went as its line "
-                   "alone.", counts.audio_dropped_s)  # fmt: skip
+    for field_name, name, help_text in REALTIME_COUNTERS:
+        yield _counter(name, help_text, float(getattr(counts, field_name)))
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

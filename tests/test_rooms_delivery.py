@@ -30,6 +30,7 @@ from rooms import (
     TextChannel,
 )
 from rooms.providers.openai_chat import OpenAIChatProvider
+from tests.test_openai_chat import ChatServer
 
 
 class HeldProvider(AIProvider):
@@ -361,57 +362,12 @@ async def test_a_chat_completions_server_that_never_answers_holds_no_turn(
     await kit.close()
 
 
-class FailingChatServer:
-    """`POST /v1/chat/completions` answered HTTP 503 (the service away, with a message quoting
-    part of a key, as API errors can) while `failing` is set, a `ChatCompletion` otherwise."""
-
-    def __init__(self) -> None:
-        self.failing = threading.Event()
-        self.failing.set()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                request = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
-                if server.failing.is_set():
-                    status, body = 503, {"error": {"message": "Overloaded for key sk-te**st",
-                                                   "type": "server_error"}}  # fmt: skip
-                else:
-                    status, body = 200, chat_completion(request["model"], "Back.", 1)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)  # fmt: skip
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def __enter__(self) -> FailingChatServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 async def test_the_room_hears_when_its_chat_model_fails_and_when_it_answers_again() -> None:
     """The chat model's service answers HTTP 503 (after the client's own retries): the room's
     `ON_AGENT_STATUS` observers hear once that the model is unavailable, with the status and
     never the service's words, however many calls fail; the next call that succeeds says it is
     back. The turns themselves were never held."""
-    with FailingChatServer() as server:
+    with ChatServer(["Back."], status=503) as server:
         provider = OpenAIChatProvider("gpt-test", api_key="sk-test", base_url=server.base_url,
                                       max_retries=0)  # fmt: skip
         kit, voice, device = await room(AIChannel("ai", provider, attribution=False))
@@ -422,7 +378,7 @@ async def test_the_room_hears_when_its_chat_model_fails_and_when_it_answers_agai
             await voice.say("r", text)
             await kit.drain()
         assert told == [AgentStatus("ai", False, "the chat model failed, HTTP 503")]
-        server.failing.clear()
+        server.status = 200
         await voice.say("r", "three")
         await kit.drain()
         assert told[1:] == [AgentStatus("ai", True)]
