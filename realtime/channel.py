@@ -50,15 +50,7 @@ from realtime.session import (
     SessionOptions,
     SessionReconnected,
 )
-from rooms import (
-    AgentStatus,
-    AudioSink,
-    Channel,
-    HookContext,
-    HookTrigger,
-    RoomContext,
-    TurnAudioSource,
-)
+from rooms import AgentStatusBoard, AudioSink, Channel, RoomContext, TurnAudioSource
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +163,6 @@ class _RoomState:
     asked: tuple[str, float] | None = None
     """(event id, loop time it reached the channel) of the oldest line that asked for an answer
     not heard yet: the next reply's first audio answers it."""
-    unavailable: bool = False
-    """The session told the room its provider is away (`ON_AGENT_STATUS`), and not yet back."""
     answered: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
     """Response id → (the event it answers, ms from that event to the reply's first audio),
     until its `ReplyDone` posts the reply with them (`asked_by`, `first_audio_ms`)."""
@@ -263,6 +253,7 @@ class RealtimeChannel(Channel):
         )
         self._rooms: dict[str, _RoomState] = {}
         self._ended = SessionCounts()  # what the sessions of rooms gone went through
+        self._status = AgentStatusBoard(channel_id)  # the rooms told the model is away
 
     # ------------------------------------------------------------------ sessions
 
@@ -320,6 +311,7 @@ class RealtimeChannel(Channel):
         """The room is gone: close its session and forget what it was sent (a room that comes
         back gets a new session on attach)."""
         state = self._rooms.pop(room_id, None)
+        self._status.away.discard(room_id)  # a room that comes back starts afresh
         if state is not None:
             try:
                 await state.session.close()
@@ -589,21 +581,16 @@ class RealtimeChannel(Channel):
         if state is None or kit is None:
             return
         if isinstance(event, SessionReconnected):
-            if not state.unavailable:
-                return
-            state.unavailable = False
-            status = AgentStatus(self.channel_id, True)
-        elif event.code in UNAVAILABLE_CODES and not state.unavailable:
-            state.unavailable = True
-            status = AgentStatus(self.channel_id, False, unavailable_reason(
-                state.session.provider, event))  # fmt: skip
+            status = self._status.tell(kit, room_id, True)
+        elif event.code in UNAVAILABLE_CODES:
+            reason = unavailable_reason(state.session.provider, event)
+            status = self._status.tell(kit, room_id, False, reason)
         else:
             return
-        log.warning("room %s: the realtime model is %s%s", room_id,
-                    "back" if status.available else "unavailable",
-                    f" ({status.reason})" if status.reason else "")  # fmt: skip
-        kit.emit(HookTrigger.ON_AGENT_STATUS, status,
-                 HookContext(room_id=room_id, channel_id=self.channel_id, kit=kit))  # fmt: skip
+        if status is not None:
+            log.warning("room %s: the realtime model is %s%s", room_id,
+                        "back" if status.available else "unavailable",
+                        f" ({status.reason})" if status.reason else "")  # fmt: skip
 
     async def _on_session_event(self, room_id: str, event: SessionEvent) -> None:
         kit = self.kit
@@ -645,10 +632,12 @@ class RealtimeChannel(Channel):
             answered: dict[str, str | int] = {}
             if state is not None:
                 state.said.pop(event.response_id, None)
-                made_audio = state.audio_of == event.response_id or (
-                    state.playing is not None and state.playing.response_id == event.response_id)
-                if state.playing is not None and state.playing.response_id == event.response_id:
-                    state.playing.done = True
+                playing = state.playing
+                if playing is not None and playing.response_id != event.response_id:
+                    playing = None
+                if playing is not None:
+                    playing.done = True
+                made_audio = playing is not None or state.audio_of == event.response_id
                 if state.audio_of == event.response_id:
                     state.audio_of = None
                 if event.response_id in state.stopped:

@@ -13,7 +13,7 @@ Imports `models` and `attribution` only; voice, diarization, realtime and the se
 from rooms.ai import AIChannel, AIProvider, AIResponse, MockAIProvider
 from rooms.channel import AudioSink, Channel, RoomContext, TextChannel, TurnAudioSource
 from rooms.delegation import Delegation, TaskWorker, delegate_task
-from rooms.hooks import AgentStatus, HookContext, HookResult, HookTrigger
+from rooms.hooks import AgentStatus, AgentStatusBoard, HookContext, HookResult, HookTrigger
 from rooms.kit import ChannelDeliveryStats, InboundResult, RoomKit, RoutingError, open_kit
 from rooms.locks import InProcessLocks, RoomLockManager
 from rooms.memory import (
@@ -53,6 +53,7 @@ __all__ = [
     "AIProvider",
     "AIResponse",
     "AgentStatus",
+    "AgentStatusBoard",
     "AnswerAlways",
     "AnswerNever",
     "AnswerOnly",

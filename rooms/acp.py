@@ -63,7 +63,7 @@ from attribution import Register, label_for, labelled_lines, labelling_on, neutr
 from attribution.session import CorrectionWording, SessionLabels, SessionLine, correction_note
 from models import RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
-from rooms.hooks import AgentStatus, HookContext, HookTrigger
+from rooms.hooks import AgentStatusBoard
 from rooms.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,7 @@ class ACPAgentChannel(Channel):
         self._watcher: asyncio.Task[None] | None = None
         self._restarter: asyncio.Task[None] | None = None
         self._closing = False
+        self._status = AgentStatusBoard(channel_id)  # the rooms told the agent is away
 
     # ------------------------------------------------------------------ the agent process
 
@@ -295,7 +296,7 @@ class ACPAgentChannel(Channel):
         if stack is not None:
             with contextlib.suppress(Exception):
                 await stack.aclose()
-        self._tell(AgentStatus(self.channel_id, False, f"the agent exited with code {code}"))
+        self._tell(False, f"the agent exited with code {code}")
         self._restarter = asyncio.create_task(self._restart(),
                                               name=f"acp-{self.channel_id}-restart")  # fmt: skip
 
@@ -320,7 +321,7 @@ class ACPAgentChannel(Channel):
             self.restarts += 1
             self._up.set()  # (only now: every room holds its fresh session)
             log.info("agent %s started again (restart %d)", self.channel_id, self.restarts)
-            self._tell(AgentStatus(self.channel_id, True))
+            self._tell(True)
             return
 
     async def _fresh_session(self, connection: ClientSideConnection, state: _RoomSession) -> None:
@@ -338,14 +339,13 @@ class ACPAgentChannel(Channel):
         state.sent.clear()
         state.corrections.clear()
 
-    def _tell(self, status: AgentStatus) -> None:
-        """Every attached room's `ON_AGENT_STATUS` observers hear `status`."""
+    def _tell(self, available: bool, reason: str | None = None) -> None:
+        """Every attached room's `ON_AGENT_STATUS` observers hear whether the agent runs."""
         kit = self.kit
         if kit is None:
             return
         for room_id in list(self._rooms):
-            kit.emit(HookTrigger.ON_AGENT_STATUS, status,
-                     HookContext(room_id=room_id, channel_id=self.channel_id, kit=kit))  # fmt: skip
+            self._status.tell(kit, room_id, available, reason)
 
     async def _log_stderr(self, stderr: asyncio.StreamReader) -> None:
         while line := await stderr.readline():

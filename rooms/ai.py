@@ -28,7 +28,7 @@ from attribution import (
 from models import AIContext, AIMessage, RoomEvent, TextContent
 from rooms.channel import Channel, RoomContext
 from rooms.delegation import Delegation, TaskWorker, delegate_task
-from rooms.hooks import AgentStatus, HookContext, HookTrigger
+from rooms.hooks import AgentStatusBoard
 from rooms.memory import Memory, SlidingWindowMemory, SummarizingMemory
 from rooms.policy import SpeakPolicy, SpeakTurn
 
@@ -141,7 +141,7 @@ class AIChannel(Channel):
         self._speakers: dict[str, set[str]] = {}
         """Per room: the labels of the turns it heard, once `speak_turn` asked (G6 counts them;
         reading the whole room for every turn made each turn cost as much as the room)."""
-        self._failing: set[str] = set()
+        self._status = AgentStatusBoard(channel_id)
         """Rooms told their model is unavailable (its last call failed), until one succeeds."""
 
     def should_answer(self, event: RoomEvent) -> bool:
@@ -252,19 +252,6 @@ class AIChannel(Channel):
             kit, room_id, worker, request=request, task=task, delegated_by=self.channel_id
         )
 
-    def _told(self, ctx: RoomContext, status: AgentStatus) -> None:
-        """The room's `ON_AGENT_STATUS` observers hear the first failed call of a run of them,
-        and the call that succeeds after it (nothing while calls succeed)."""
-        failing = ctx.room_id in self._failing
-        if status.available == (not failing):
-            return
-        if status.available:
-            self._failing.discard(ctx.room_id)
-        else:
-            self._failing.add(ctx.room_id)
-        ctx.kit.emit(HookTrigger.ON_AGENT_STATUS, status,
-                     HookContext(room_id=ctx.room_id, channel_id=self.channel_id, kit=ctx.kit))  # fmt: skip
-
     async def deliver(self, event: RoomEvent, ctx: RoomContext) -> None:
         answering = self.should_answer(event)
         if answering and self.policy is not None:
@@ -278,10 +265,10 @@ class AIChannel(Channel):
         context = await self.build_context(event, ctx)
         try:
             response = await self.provider.generate(context)
-        except Exception as exc:
-            self._told(ctx, AgentStatus(self.channel_id, False, failure_reason(exc)))
+        except Exception as exc:  # the room hears the first of a run of failed calls
+            self._status.tell(ctx.kit, ctx.room_id, False, failure_reason(exc))
             raise
-        self._told(ctx, AgentStatus(self.channel_id, True))
+        self._status.tell(ctx.kit, ctx.room_id, True)  # and the call that succeeds after it
         if not response.text:
             return
         await ctx.kit.post_event(

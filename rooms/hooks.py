@@ -92,6 +92,34 @@ class HookContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class AgentStatusBoard:
+    """Which rooms were told that a model channel (`channel_id`) is away: `tell` emits
+    `ON_AGENT_STATUS` only when a room's status changes, so each room hears once per outage and
+    once when it is over. The one home of that rule for every model channel (the realtime
+    channel, an ACP agent, a chat model)."""
+
+    def __init__(self, channel_id: str) -> None:
+        self.channel_id = channel_id
+        self.away: set[str] = set()
+        """The rooms told the model is away, and not yet that it is back."""
+
+    def tell(
+        self, kit: RoomKit, room_id: str, available: bool, reason: str | None = None
+    ) -> AgentStatus | None:
+        """The room's `ON_AGENT_STATUS` observers hear `available` (with `reason`) when it is
+        news for the room; the status told, or None when it was not."""
+        if available != (room_id in self.away):
+            return None
+        if available:
+            self.away.discard(room_id)
+        else:
+            self.away.add(room_id)
+        status = AgentStatus(self.channel_id, available, reason)
+        kit.emit(HookTrigger.ON_AGENT_STATUS, status,
+                 HookContext(room_id=room_id, channel_id=self.channel_id, kit=kit))  # fmt: skip
+        return status
+
+
 HookFn = Callable[[Any, HookContext], "HookResult[Any] | Awaitable[HookResult[Any] | None] | None"]
 
 

@@ -80,15 +80,16 @@ class ServerMetrics(Collector):
         self.stt_stream_errors_total = 0
         self.stt_refused_total = 0
         self.assistant_outages_total = 0
-        """Times a room's realtime model lost its provider (`assistant_status` unavailable)."""
+        """Times a model of a room (the realtime session, the agent, the chat model) was away
+        (`assistant_status` unavailable)."""
         self.diarization_fallbacks_total = 0
         self.diarization_recoveries_total = 0
         self.rooms = 0
         self.second_pass: Callable[[], dict[str, int] | None] = lambda: None
-        self.realtime: Callable[[], SessionCounts | None] = lambda: None
-        """What the rooms' realtime sessions went through (`RealtimeChannel.session_counts`)."""
         """What the live second pass did with the turns (`SecondPassStats.as_dict`), read at
         scrape time; None when it is off."""
+        self.realtime: Callable[[], SessionCounts | None] = lambda: None
+        """What the rooms' realtime sessions went through (`RealtimeChannel.session_counts`)."""
         self.voice_turns: Callable[[], tuple[int, int] | None] = lambda: None
         """(unmatched, claimed): turns of directory-named voices that read their letter
         (`[voices] verify`), and turns that read another voice's person (`[voices] claim`),
@@ -202,8 +203,9 @@ class ServerMetrics(Collector):
         )
         yield _counter(
             "chorus_assistant_outages",
-            "Times a room's realtime model lost its provider (refused, or unreachable for 2 s); "
-            "its lines waited for it.",
+            "Times a model of a room (the realtime session, the agent, the chat model) was away: "
+            "its provider refused or could not be reached, its process exited, or its call "
+            "failed.",
             self.assistant_outages_total,
         )
         counts = self.realtime()

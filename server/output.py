@@ -269,9 +269,9 @@ class ServerOutput(Channel):
             self._send(stream, text)
 
     def agent_status(self, value: object, ctx: HookContext) -> None:
-        """ON_AGENT_STATUS: the room's realtime model lost its provider or has it back. The
-        room's feed and its devices hear it (`assistant_status`; a phone caller has no message
-        channel), and `/metrics` counts the outages."""
+        """ON_AGENT_STATUS: a model of the room (the realtime session, the agent, the chat
+        model) is away or back. The room's feed and its devices hear it (`assistant_status`; a
+        phone caller has no message channel), and `/metrics` counts the outages."""
         live = self.rooms.get(ctx.room_id)
         if live is None or not isinstance(value, AgentStatus):
             return
