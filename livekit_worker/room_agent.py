@@ -130,7 +130,7 @@ ATTRIBUTE_LAG = "chorus.lag_s"
 NOT_ADMITTED = "the diarization stage cannot keep up: no room for another shared-mic track"
 """The reason a shared-mic track subscribed while the stage sheds load runs without one."""
 TOPIC_ASSISTANT = "chorus.assistant"
-"""The room's realtime model lost its provider or has it back (`ON_AGENT_STATUS`): the text is the
+"""A model of the room is away or back (`ON_AGENT_STATUS`): the text is the
 `assistant_status` message of `chorus serve`'s feed (`server.protocol.AssistantStatusMessage`,
 JSON), sent as the agent; `ATTRIBUTE_ASSISTANT` (and `ATTRIBUTE_REASON`) say the same."""
 ATTRIBUTE_ASSISTANT = "chorus.assistant"
@@ -843,15 +843,13 @@ class ChorusRoomAgent:
         self._queue.put_nowait(_Status(session_id, status))
 
     def _agent_status(self, value: object, ctx: HookContext) -> None:
-        """ON_AGENT_STATUS: the room's realtime model lost its provider or has it back; told
-        in order with the captions (on `chorus.assistant`, as the agent)."""
+        """ON_AGENT_STATUS: a model of the room is away or back; told in order with the
+        captions (on `chorus.assistant`, as the agent)."""
         if isinstance(value, AgentStatus) and ctx.room_id == self.room_name:
             self._queue.put_nowait(value)
 
     async def _publish_agent_status(self, status: AgentStatus) -> None:
-        message = AssistantStatusMessage(
-            room=self.room_name, channel=status.channel_id,
-            status="available" if status.available else "unavailable", reason=status.reason)  # fmt: skip
+        message = AssistantStatusMessage.of(self.room_name, status)
         attributes: dict[str, str] = {ATTRIBUTE_ASSISTANT: message.status}
         if status.reason:
             attributes[ATTRIBUTE_REASON] = status.reason

@@ -277,9 +277,7 @@ class ServerOutput(Channel):
             return
         if not value.available:
             self.metrics.assistant_outages_total += 1
-        text = dump(AssistantStatusMessage(
-            room=ctx.room_id, channel=value.channel_id,
-            status="available" if value.available else "unavailable", reason=value.reason))  # fmt: skip
+        text = dump(AssistantStatusMessage.of(ctx.room_id, value))
         if value.available:
             live.agents_away.pop(value.channel_id, None)
         else:

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from rooms import AgentStatus
+
 
 class CloseCode(enum.IntEnum):
     """Close codes the server uses; the close reason repeats the problem in words.
@@ -238,17 +240,24 @@ class DtmfMessage(_Wire):
 
 
 class AssistantStatusMessage(_Wire):
-    """A model of the room (the realtime session, the ACP agent: `channel`) lost its provider
-    or process, or has it back (`rooms.AgentStatus`), sent to the room's feed and its devices:
-    `unavailable` (the provider refused the session or cannot be reached, or the agent process
-    exited; the room's lines wait for it, in order, and it keeps trying; `reason` says who and the
-    HTTP status or exit code, never the provider's words), `available` (it answers again)."""
+    """A model of the room (the realtime session, the ACP agent, the chat model: `channel`)
+    lost its provider or process, or has it back (`rooms.AgentStatus`), sent to the room's feed
+    and its devices: `unavailable` (the provider refused the session or cannot be reached, the
+    agent process exited, or the chat model's call failed; the room's lines wait for it, in
+    order, and it keeps trying; `reason` says who and the HTTP status or exit code, never the
+    provider's words), `available` (it answers again)."""
 
     type: Literal["assistant_status"] = "assistant_status"
     room: str
     channel: str
     status: Literal["unavailable", "available"]
     reason: str | None = None
+
+    @classmethod
+    def of(cls, room: str, status: AgentStatus) -> AssistantStatusMessage:
+        """The message for an `ON_AGENT_STATUS` in `room` (`chorus serve`, the LiveKit agent)."""
+        return cls(room=room, channel=status.channel_id, reason=status.reason,
+                   status="available" if status.available else "unavailable")  # fmt: skip
 
 
 class SttStatusMessage(_Wire):
